@@ -1,0 +1,238 @@
+// Variable, Node, Context, Tape and grad mode: the engine's data structures.
+#include <atomic>
+#include <sstream>
+
+#include "autograd/function.h"
+
+namespace tl {
+
+// ---- grad mode ------------------------------------------------------------------------------
+namespace {
+thread_local bool grad_enabled = true;
+thread_local Tape* current_tape = nullptr;
+std::atomic<uint64_t> next_sequence_nr{1};
+}  // namespace
+
+bool GradMode::is_enabled() { return grad_enabled; }
+void GradMode::set_enabled(bool enabled) { grad_enabled = enabled; }
+
+// ---- Node -----------------------------------------------------------------------------------
+Node::Node() : seq_(next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
+
+void Node::add_pre_hook(uint32_t output_nr, GradHook hook) { pre_hooks_.emplace_back(output_nr, std::move(hook)); }
+
+void Node::release() {
+  if (released_) return;
+  released_ = true;
+  release_saved();
+  // Clearing edges here (while the tape still owns every node) means no chain of shared_ptrs is
+  // ever destroyed recursively.
+  next_edges_.clear();
+  grad_buffer_.clear();
+  pre_hooks_.clear();
+}
+
+// ---- Context --------------------------------------------------------------------------------
+void Context::save_for_backward(std::vector<at::Tensor> tensors) {
+  versions_.clear();
+  versions_.reserve(tensors.size());
+  for (const auto& t : tensors) versions_.push_back(t.defined() ? t._version() : 0);
+  saved_ = std::move(tensors);
+}
+
+const std::vector<at::Tensor>& Context::saved() const {
+  TORCH_CHECK(!released_, "op '", op_name_,
+              "': its saved tensors were already freed by an earlier backward; pass retain_graph=true "
+              "to the first backward to run it twice");
+  for (size_t i = 0; i < saved_.size(); ++i) {
+    if (saved_[i].defined() && saved_[i]._version() != versions_[i]) {
+      TORCH_CHECK(false, "op '", op_name_, "': saved tensor ", i, " (shape ", saved_[i].sizes(),
+                  ") was modified in place after the forward (version ", versions_[i], " -> ",
+                  saved_[i]._version(),
+                  "); an optimizer step or an in-place op ran before this backward. Run backward "
+                  "first, or clone the tensor");
+    }
+  }
+  return saved_;
+}
+
+size_t Context::saved_bytes() const {
+  size_t n = 0;
+  for (const auto& t : saved_)
+    if (t.defined()) n += t.numel() * t.element_size();
+  return n;
+}
+
+void Context::release() {
+  released_ = true;
+  saved_.clear();
+  saved_data.clear();
+}
+
+namespace detail {
+std::vector<Edge> make_edges(const std::vector<const Variable*>& inputs, std::vector<bool>& needs) {
+  std::vector<Edge> edges(inputs.size());
+  needs.assign(inputs.size(), false);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Variable& v = *inputs[i];
+    if (!v.defined() || !v.requires_grad()) continue;
+    needs[i] = true;
+    if (v.grad_fn()) {
+      edges[i].fn = v.grad_fn();
+      edges[i].input_nr = v.output_nr();
+    } else {
+      edges[i].leaf = v.impl_ptr();
+    }
+  }
+  return edges;
+}
+
+OutputMeta meta_of(const at::Tensor& t) { return OutputMeta{t.sizes().vec(), t.options()}; }
+}  // namespace detail
+
+// ---- Variable -------------------------------------------------------------------------------
+namespace {
+const at::Tensor& undefined_tensor() {
+  static const at::Tensor t;
+  return t;
+}
+const std::shared_ptr<Node>& null_node() {
+  static const std::shared_ptr<Node> n;
+  return n;
+}
+VariableImpl& checked(const std::shared_ptr<VariableImpl>& impl, const char* what) {
+  TORCH_CHECK(impl, "Variable::", what, " called on an undefined Variable");
+  return *impl;
+}
+}  // namespace
+
+Variable::Variable(at::Tensor data, bool requires_grad) : impl_(std::make_shared<VariableImpl>()) {
+  impl_->data = std::move(data);
+  if (requires_grad) set_requires_grad(true);
+}
+
+Variable Variable::make_output(at::Tensor data, std::shared_ptr<Node> fn, uint32_t output_nr) {
+  Variable v;
+  v.impl_ = std::make_shared<VariableImpl>();
+  v.impl_->data = std::move(data);
+  v.impl_->requires_grad = true;
+  v.impl_->grad_fn = std::move(fn);
+  v.impl_->output_nr = output_nr;
+  return v;
+}
+
+const at::Tensor& Variable::data() const { return impl_ ? impl_->data : undefined_tensor(); }
+at::Tensor& Variable::mutable_data() { return checked(impl_, "mutable_data").data; }
+void Variable::set_data(at::Tensor data) { checked(impl_, "set_data").data = std::move(data); }
+at::Tensor Variable::grad() const { return impl_ ? impl_->grad : at::Tensor(); }
+void Variable::set_grad(at::Tensor grad) { checked(impl_, "set_grad").grad = std::move(grad); }
+void Variable::zero_grad() {
+  if (impl_) impl_->grad = at::Tensor();
+}
+bool Variable::requires_grad() const { return impl_ && impl_->requires_grad; }
+void Variable::set_requires_grad(bool requires_grad) {
+  auto& impl = checked(impl_, "set_requires_grad");
+  TORCH_CHECK(!impl.grad_fn, "set_requires_grad: only leaf variables can change requires_grad; this one is "
+              "the output of '", impl.grad_fn->name(), "' (use detach() first)");
+  TORCH_CHECK(!requires_grad || at::isFloatingType(impl.data.scalar_type()) || at::isComplexType(impl.data.scalar_type()),
+              "set_requires_grad: only floating-point tensors can require grad, got ", impl.data.scalar_type());
+  impl.requires_grad = requires_grad;
+}
+bool Variable::is_leaf() const { return !impl_ || !impl_->grad_fn; }
+const std::shared_ptr<Node>& Variable::grad_fn() const { return impl_ ? impl_->grad_fn : null_node(); }
+uint32_t Variable::output_nr() const { return impl_ ? impl_->output_nr : 0; }
+Variable Variable::detach() const { return Variable(data(), false); }
+
+void Variable::register_hook(GradHook hook) const {
+  auto& impl = checked(impl_, "register_hook");
+  TORCH_CHECK(impl.requires_grad, "register_hook: this variable does not require grad, so no gradient "
+              "will ever reach the hook");
+  if (impl.grad_fn) {
+    impl.grad_fn->add_pre_hook(impl.output_nr, std::move(hook));
+  } else {
+    impl.hooks.push_back(std::move(hook));
+  }
+}
+
+const std::string& Variable::name() const {
+  static const std::string empty;
+  return impl_ ? impl_->name : empty;
+}
+void Variable::set_name(std::string name) { checked(impl_, "set_name").name = std::move(name); }
+
+void Variable::backward(const at::Tensor& grad, bool retain_graph) const {
+  tl::backward({*this}, {grad}, retain_graph);
+}
+
+// ---- Tape -----------------------------------------------------------------------------------
+Tape& Tape::current() {
+  if (current_tape) return *current_tape;
+  thread_local Tape default_tape;
+  return default_tape;
+}
+
+Tape::~Tape() { reset(); }
+
+void Tape::record(std::shared_ptr<Node> node) {
+  node->tape_ = this;
+  nodes_.push_back(std::move(node));
+  if (nodes_.size() >= next_gc_) collect_garbage();
+}
+
+void Tape::reset() {
+  for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
+    (*it)->release();
+    (*it)->tape_ = nullptr;
+  }
+  nodes_.clear();
+  next_gc_ = 4096;
+}
+
+void Tape::collect_garbage() {
+  // Newest first: dropping a node drops its edges, which may leave older nodes unreachable in the
+  // same sweep. A node whose only owner is this tape can never be reached by a backward again.
+  for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
+    Node& n = **it;
+    if (n.released_ || it->use_count() == 1) {
+      n.release();
+      n.tape_ = nullptr;
+    }
+  }
+  nodes_.erase(std::remove_if(nodes_.begin(), nodes_.end(), [](const auto& n) { return n->tape_ == nullptr; }),
+               nodes_.end());
+  next_gc_ = std::max<size_t>(4096, 2 * nodes_.size());
+}
+
+int64_t Tape::index_of(const Node* node) const {
+  auto it = std::lower_bound(nodes_.begin(), nodes_.end(), node->sequence_nr(),
+                             [](const std::shared_ptr<Node>& n, uint64_t s) { return n->sequence_nr() < s; });
+  if (it == nodes_.end() || it->get() != node) return -1;
+  return it - nodes_.begin();
+}
+
+size_t Tape::saved_bytes() const {
+  size_t n = 0;
+  for (const auto& node : nodes_) n += node->saved_bytes();
+  return n;
+}
+
+std::string Tape::to_string() const {
+  std::ostringstream os;
+  size_t total = 0;
+  os << "tape: " << nodes_.size() << " ops\n";
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    const Node& n = *nodes_[i];
+    os << "  [" << i << "] " << n.name() << " ->";
+    for (const auto& o : n.outputs()) os << " " << at::IntArrayRef(o.sizes);
+    size_t b = n.saved_bytes();
+    total += b;
+    os << "  saved " << b << " B" << (n.released() ? " (released)" : "") << "\n";
+  }
+  os << "  total saved for backward: " << total << " B\n";
+  return os.str();
+}
+
+TapeGuard::TapeGuard(Tape& tape) : prev_(current_tape) { current_tape = &tape; }
+TapeGuard::~TapeGuard() { current_tape = prev_; }
+
+}  // namespace tl
