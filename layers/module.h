@@ -1,0 +1,88 @@
+#pragma once
+// Module: the unit of a model. Holds named parameters (leaf Variables that require grad),
+// buffers (Variables that do not: BatchNorm running statistics, compression state, RNG state) and
+// child modules, all in registration order. Dotted names (`layer1.0.conv1.weight`) key
+// checkpoints, optimizer groups, per-boundary configs and reference tests.
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "autograd/autograd.h"
+
+namespace tl {
+
+using TensorMap = std::map<std::string, at::Tensor>;
+
+class Module : public std::enable_shared_from_this<Module> {
+ public:
+  explicit Module(std::string type_name = "Module") : type_name_(std::move(type_name)) {}
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  /// Single-input forward, used by Sequential and by pipeline stages. Modules with other
+  /// signatures (models taking token ids) provide their own and leave this one throwing.
+  virtual Variable forward(const Variable& x);
+  Variable operator()(const Variable& x) { return forward(x); }
+
+  const std::string& type_name() const { return type_name_; }
+
+  // ---- registration ----------------------------------------------------------------------------
+  Variable register_parameter(const std::string& name, at::Tensor value, bool requires_grad = true);
+  Variable register_buffer(const std::string& name, at::Tensor value);
+  template <class M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    add_child(name, module);
+    return module;
+  }
+
+  // ---- traversal (dotted names, registration order, depth first) --------------------------------
+  std::vector<std::pair<std::string, Variable>> named_parameters(bool recurse = true) const;
+  std::vector<Variable> parameters(bool recurse = true) const;
+  std::vector<std::pair<std::string, Variable>> named_buffers(bool recurse = true) const;
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& named_children() const { return children_; }
+  /// This module (name "") and every descendant.
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules();
+  /// The descendant at a dotted path ("layer1.0"); error naming the missing part otherwise.
+  std::shared_ptr<Module> submodule(const std::string& path);
+
+  // ---- state ------------------------------------------------------------------------------------
+  /// Parameters and buffers by dotted name (tensors share storage with the module).
+  TensorMap state_dict() const;
+  /// Copies values in. strict: missing or unexpected names are an error. A shape mismatch is
+  /// always an error. The error lists every missing, unexpected and mis-shaped entry.
+  void load_state_dict(const TensorMap& state, bool strict = true);
+
+  // ---- mode and placement ------------------------------------------------------------------------
+  /// Training mode (BatchNorm batch statistics, dropout); separate from grad mode.
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+  /// Moves parameters and buffers; dtype applies to floating-point tensors only.
+  void to(at::Device device, std::optional<at::ScalarType> dtype = std::nullopt);
+  void to(at::ScalarType dtype);
+  void zero_grad();
+  size_t num_parameters() const;
+
+ protected:
+  void add_child(const std::string& name, std::shared_ptr<Module> child);
+  /// Called by train() on every module (e.g. to propagate to non-child helpers).
+  virtual void on_train(bool on) {}
+
+ private:
+  void check_name(const std::string& name) const;
+  std::string type_name_;
+  bool training_ = true;
+  std::vector<std::pair<std::string, Variable>> params_;
+  std::vector<std::pair<std::string, Variable>> buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+};
+
+using ModulePtr = std::shared_ptr<Module>;
+
+}  // namespace tl
