@@ -1,0 +1,64 @@
+#pragma once
+// Compressor: one operator family (TopK, quantisation, PowerSGD, EF(...), ...). It is a Module so
+// that its state (EF residuals, AQ-SGD caches, PowerSGD warm starts, generator state, learned
+// weights) is registered, checkpointed and moved like any parameter or buffer; a compressor
+// belongs to exactly one boundary direction and is never shared.
+//
+// Note [sender and receiver state]. In a pipeline the sender (stage i) runs encode and the
+// receiver (stage i+1) runs decode, each on its own replica of the compressor. Stateful codecs
+// (EF21's A, AQ-SGD's cache) keep a sender copy updated by encode and a receiver copy updated by
+// decode; both are deterministic functions of the payloads, so they stay identical. In one
+// process both copies live in the same object, which lets the tests check that they agree.
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+
+#include "compression/payload.h"
+#include "layers/module.h"
+
+namespace tl {
+
+/// Per-call information a codec may use.
+struct CodecContext {
+  at::Tensor sample_ids;  // (B) int64 ids of the samples in the micro-batch (AQ-SGD); may be undefined
+  int64_t micro_batch = 0;
+  int64_t epoch = 0;
+  bool training = true;
+};
+
+class Compressor : public Module {
+ public:
+  explicit Compressor(std::string type_name) : Module(std::move(type_name)) {}
+
+  /// Canonical spec string: parse_compressor(spec()) builds an equivalent compressor.
+  virtual std::string spec() const = 0;
+
+  /// Sender side: pack x (any shape; float32/16/bf16) into a payload. May update sender state.
+  virtual Payload encode(const at::Tensor& x, const CodecContext& ctx) = 0;
+  /// Receiver side: unpack to a tensor of the original shape and dtype. May update receiver state.
+  /// A payload this codec did not produce, or a corrupt one, is an error.
+  virtual at::Tensor decode(const Payload& p, const CodecContext& ctx) = 0;
+
+  /// Backward mode `shared`: whether the gradient can be sent on the forward payload's support
+  /// (TopK/RandK mask) or basis (projection).
+  virtual bool supports_shared() const { return false; }
+  /// Encode gradient g on the support/basis of forward payload `fwd` (both ends have `fwd`).
+  virtual Payload encode_shared(const at::Tensor& g, const Payload& fwd, const CodecContext& ctx);
+  virtual at::Tensor decode_shared(const Payload& p, const Payload& fwd, const CodecContext& ctx);
+
+  /// Differentiable transforms around the wire for learned and projecting compressors
+  /// (autoencoder: pre = encoder on the sender, post = decoder on the receiver; subspace: U^T and
+  /// U). The wire then carries pre(h), compressed by wire_codec() if any. Identity by default.
+  virtual bool has_transform() const { return false; }
+  virtual Variable pre(const Variable& h, const CodecContext& ctx) { return h; }
+  virtual Variable post(const Variable& z, const CodecContext& ctx) { return z; }
+
+  /// Hook for schedules: called after every optimizer step (subspace weight projection).
+  virtual void after_optimizer_step() {}
+};
+
+using CompressorPtr = std::shared_ptr<Compressor>;
+
+}  // namespace tl

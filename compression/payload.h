@@ -1,0 +1,75 @@
+#pragma once
+// Payload: the bytes one compressed message puts on the wire. A fixed-layout header (codec id,
+// original dtype and shape, codec parameters, body length) followed by the packed body. nbytes()
+// is exact: it is what the statistics count and what a transport sends.
+//
+// Wire layout (little endian):
+//   u8 magic 'T', u8 version, u16 codec, u8 dtype, u8 ndim, u8 nparams, u8 reserved,
+//   i64 shape[ndim], i64 params[nparams], u64 body_bytes, body[body_bytes]
+// so header_bytes() = 8 + 8 * (ndim + nparams) + 8.
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tl {
+
+struct Payload {
+  uint16_t codec = 0;                       // id of the codec that packed it (see codec_id())
+  at::ScalarType dtype = at::kFloat;        // of the original tensor
+  std::vector<int64_t> shape;               // of the original tensor
+  std::vector<int64_t> params;              // what the decoder needs: k, bits, rank, flags, ...
+  at::Tensor body;                          // 1-D uint8 on the tensor's device (may be empty)
+
+  size_t header_bytes() const { return 8 + 8 * (shape.size() + params.size()) + 8; }
+  size_t body_bytes() const { return body.defined() ? static_cast<size_t>(body.numel()) : 0; }
+  size_t nbytes() const { return header_bytes() + body_bytes(); }
+  int64_t numel() const;
+
+  /// Header and body as host bytes (what a transport sends).
+  std::vector<uint8_t> serialize() const;
+  /// Validates everything before use: a truncated or corrupt buffer is an error that says what
+  /// was wrong. The body is placed on `device`.
+  static Payload deserialize(const uint8_t* data, size_t size, at::Device device = at::kCPU);
+};
+
+/// Stable small ids for codec names (hash-free: a fixed table in payload.cpp). Unknown name: error.
+uint16_t codec_id(const std::string& name);
+const std::string& codec_name(uint16_t id);
+
+/// Appends sections to a body. Sections are byte-aligned and packed back to back; put the widest
+/// element types first so that decode can view them in place without copies.
+class BodyWriter {
+ public:
+  /// Appends the raw bytes of `t` (made contiguous).
+  void put(const at::Tensor& t);
+  /// The body: one uint8 tensor on the device of the sections (CPU if none).
+  at::Tensor finish();
+
+ private:
+  std::vector<at::Tensor> parts_;
+  int64_t bytes_ = 0;
+};
+
+/// Reads sections back, with bounds checks that name the codec.
+class BodyReader {
+ public:
+  BodyReader(const Payload& p, const char* codec_name);
+  /// The next `numel` elements of type `type` (a view when aligned, a copy otherwise).
+  at::Tensor take(at::ScalarType type, int64_t numel);
+  /// Error unless every byte was consumed.
+  void finish() const;
+
+ private:
+  at::Tensor body_;
+  int64_t offset_ = 0;
+  const char* codec_;
+};
+
+/// Bit packing of integer codes in [0, 2^bits), bits in 1..8: n codes -> ceil(n * bits / 8) bytes.
+at::Tensor pack_bits(const at::Tensor& codes, int64_t bits);
+at::Tensor unpack_bits(const at::Tensor& packed, int64_t bits, int64_t n);
+
+}  // namespace tl

@@ -1,0 +1,70 @@
+#pragma once
+// Compressor spec strings (documented in docs/COMPRESSION.md), e.g.
+//   topk(0.1)   quant(bits=4, scale=channel, round=stochastic)   ef(topk(0.1))
+//   topk(0.1) | quant(4)   powersgd(rank=16)   ae(64)   subspace(k=8)   aqsgd(quant(4))
+// A spec is a pipeline of calls joined by '|'; each call has positional and key=value arguments
+// whose values are numbers, words or nested specs.
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "compression/compressor.h"
+
+namespace tl {
+
+struct SpecCall;
+/// A value: number, bare word, or nested spec.
+struct SpecValue {
+  std::variant<double, std::string, std::shared_ptr<SpecCall>> v;
+  std::string text;  // as written, for error messages
+};
+
+struct SpecCall {
+  std::string name;
+  std::vector<SpecValue> positional;
+  std::vector<std::pair<std::string, SpecValue>> named;
+  std::shared_ptr<SpecCall> next;  // the stage after '|', if any
+  std::string text;                // as written
+};
+
+/// Parse; a syntax error names the position and the offending token.
+std::shared_ptr<SpecCall> parse_spec(const std::string& text);
+
+/// Argument access for factories: typed, with errors naming the codec, the argument and what is
+/// accepted. Every argument must be consumed (unknown arguments are errors).
+class SpecArgs {
+ public:
+  explicit SpecArgs(const SpecCall& call);
+  double number(size_t pos, const std::string& key, std::optional<double> fallback = std::nullopt);
+  int64_t integer(size_t pos, const std::string& key, std::optional<int64_t> fallback = std::nullopt);
+  std::string word(size_t pos, const std::string& key, const std::vector<std::string>& accepted,
+                   std::optional<std::string> fallback = std::nullopt);
+  /// A nested spec argument (e.g. the inner codec of ef(...)).
+  std::shared_ptr<SpecCall> spec(size_t pos, const std::string& key, bool required = true);
+  bool has(size_t pos, const std::string& key) const;
+  /// Error if any argument was not consumed.
+  void done() const;
+  const SpecCall& call() const { return call_; }
+
+ private:
+  const SpecValue* find(size_t pos, const std::string& key) const;
+  const SpecCall& call_;
+  mutable std::vector<bool> used_pos_, used_named_;
+};
+
+using CompressorFactory = std::function<CompressorPtr(SpecArgs&)>;
+
+/// Registry of codec names. `help` is one line shown in the list of accepted names.
+void register_compressor(const std::string& name, CompressorFactory factory, const std::string& help);
+/// Builds a compressor (a '|' pipeline becomes a composition). Unknown name: error listing the
+/// known ones.
+CompressorPtr parse_compressor(const std::string& text);
+CompressorPtr build_compressor(const SpecCall& call);
+/// name -> help line, sorted.
+std::map<std::string, std::string> known_compressors();
+
+}  // namespace tl
