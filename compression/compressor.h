@@ -23,6 +23,7 @@ namespace tl {
 /// Per-call information a codec may use.
 struct CodecContext {
   at::Tensor sample_ids;  // (B) int64 ids of the samples in the micro-batch (AQ-SGD); may be undefined
+  at::Tensor token_ids;   // (B, T) int64 token ids travelling with the message (subspace); may be undefined
   int64_t micro_batch = 0;
   int64_t epoch = 0;
   bool training = true;

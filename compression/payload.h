@@ -38,6 +38,10 @@ struct Payload {
 /// Stable small ids for codec names (hash-free: a fixed table in payload.cpp). Unknown name: error.
 uint16_t codec_id(const std::string& name);
 const std::string& codec_name(uint16_t id);
+/// Adds a name to the table (for codecs outside it). The id must be fixed by the caller, not
+/// counted, so that every process agrees; reusing a taken id or name with a different partner is
+/// an error, registering the same pair twice is a no-op.
+void register_codec_id(const std::string& name, uint16_t id);
 
 /// Appends sections to a body. Sections are byte-aligned and packed back to back; put the widest
 /// element types first so that decode can view them in place without copies.
@@ -45,7 +49,10 @@ class BodyWriter {
  public:
   /// Appends the raw bytes of `t` (made contiguous).
   void put(const at::Tensor& t);
-  /// The body: one uint8 tensor on the device of the sections (CPU if none).
+  /// Appends a whole payload (header and body), e.g. the inner payloads of a composition.
+  void put_payload(const Payload& p);
+  /// The body: one uint8 tensor on the device of the sections (CPU if none; CPU sections such as
+  /// nested headers are moved to the device of the others).
   at::Tensor finish();
 
  private:
@@ -59,6 +66,11 @@ class BodyReader {
   BodyReader(const Payload& p, const char* codec_name);
   /// The next `numel` elements of type `type` (a view when aligned, a copy otherwise).
   at::Tensor take(at::ScalarType type, int64_t numel);
+  /// The next nested payload written by BodyWriter::put_payload (header validated as in
+  /// Payload::deserialize; its body is a view of this body).
+  Payload take_payload();
+  /// Bytes not yet taken.
+  int64_t remaining() const { return body_.numel() - offset_; }
   /// Error unless every byte was consumed.
   void finish() const;
 
@@ -69,6 +81,8 @@ class BodyReader {
 };
 
 /// Bit packing of integer codes in [0, 2^bits), bits in 1..8: n codes -> ceil(n * bits / 8) bytes.
+/// Code i occupies bits [i * bits, (i + 1) * bits) of the little-endian bit stream; only the low
+/// `bits` bits of each code are kept.
 at::Tensor pack_bits(const at::Tensor& codes, int64_t bits);
 at::Tensor unpack_bits(const at::Tensor& packed, int64_t bits, int64_t n);
 

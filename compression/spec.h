@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -38,6 +39,9 @@ std::shared_ptr<SpecCall> parse_spec(const std::string& text);
 /// accepted. Every argument must be consumed (unknown arguments are errors).
 class SpecArgs {
  public:
+  /// Position for arguments that can only be given as key=value.
+  static constexpr size_t kNamedOnly = static_cast<size_t>(-1);
+
   explicit SpecArgs(const SpecCall& call);
   double number(size_t pos, const std::string& key, std::optional<double> fallback = std::nullopt);
   int64_t integer(size_t pos, const std::string& key, std::optional<int64_t> fallback = std::nullopt);
@@ -46,14 +50,21 @@ class SpecArgs {
   /// A nested spec argument (e.g. the inner codec of ef(...)).
   std::shared_ptr<SpecCall> spec(size_t pos, const std::string& key, bool required = true);
   bool has(size_t pos, const std::string& key) const;
+  /// The value at `pos` or `key` without consuming it (nullptr if absent), e.g. to tell `dim=auto`
+  /// from `dim=2` or a fraction `0.5` from a count `5`.
+  const SpecValue* peek(size_t pos, const std::string& key) const;
+  /// Bad-argument error: names the codec, the argument, its value as written and `accepted`.
+  [[noreturn]] void fail(size_t pos, const std::string& key, const std::string& accepted) const;
   /// Error if any argument was not consumed.
   void done() const;
   const SpecCall& call() const { return call_; }
 
  private:
   const SpecValue* find(size_t pos, const std::string& key) const;
+  void note(size_t pos, const std::string& key) const;
   const SpecCall& call_;
   mutable std::vector<bool> used_pos_, used_named_;
+  mutable std::vector<std::pair<size_t, std::string>> asked_;  // what the factory accepts, for errors
 };
 
 using CompressorFactory = std::function<CompressorPtr(SpecArgs&)>;

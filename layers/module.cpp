@@ -35,6 +35,16 @@ Variable Module::register_buffer(const std::string& name, at::Tensor value) {
   return v;
 }
 
+void Module::mark_resizable(const std::string& name) {
+  for (const auto* list : {&params_, &buffers_})
+    for (const auto& [n, v] : *list)
+      if (n == name) {
+        resizable_.push_back(v.impl());
+        return;
+      }
+  TORCH_CHECK(false, type_name_, ": mark_resizable('", name, "'): no parameter or buffer of that name");
+}
+
 void Module::add_child(const std::string& name, std::shared_ptr<Module> child) {
   check_name(name);
   TORCH_CHECK(child, type_name_, ": child '", name, "' is null");
@@ -112,12 +122,22 @@ TensorMap Module::state_dict() const {
 void Module::load_state_dict(const TensorMap& state, bool strict) {
   std::vector<std::string> missing, unexpected, misshaped;
   std::set<std::string> seen;
-  std::vector<std::pair<Variable, at::Tensor>> copies;
+  std::vector<std::pair<Variable, at::Tensor>> copies, replacements;
+  std::set<const VariableImpl*> resizable;
+  std::vector<const Module*> walk{this};
+  for (size_t i = 0; i < walk.size(); ++i) {
+    resizable.insert(walk[i]->resizable_.begin(), walk[i]->resizable_.end());
+    for (const auto& [_, c] : walk[i]->children_) walk.push_back(c.get());
+  }
   auto visit = [&](const std::string& n, Variable v) {
     seen.insert(n);
     auto it = state.find(n);
     if (it == state.end()) {
       missing.push_back(n);
+      return;
+    }
+    if (!it->second.sizes().equals(v.sizes()) && resizable.count(v.impl())) {
+      replacements.emplace_back(v, it->second);
       return;
     }
     if (!it->second.sizes().equals(v.sizes())) {
@@ -142,6 +162,7 @@ void Module::load_state_dict(const TensorMap& state, bool strict) {
   // Everything validated: only now is anything written.
   NoGradGuard no_grad;
   for (auto& [v, t] : copies) v.mutable_data().copy_(t);
+  for (auto& [v, t] : replacements) v.set_data(t.to(v.options(), /*non_blocking=*/false, /*copy=*/true));
 }
 
 void Module::train(bool on) {

@@ -35,6 +35,11 @@ class Module : public std::enable_shared_from_this<Module> {
   // ---- registration ----------------------------------------------------------------------------
   Variable register_parameter(const std::string& name, at::Tensor value, bool requires_grad = true);
   Variable register_buffer(const std::string& name, at::Tensor value);
+  /// Marks a registered parameter or buffer of this module as resizable: its shape is set by the
+  /// data it meets (EF residuals, per-sample caches, lazily sized weights), so load_state_dict
+  /// replaces it with the checkpoint's tensor (keeping its dtype and device) instead of failing on
+  /// a shape mismatch. The Variable handle stays the same.
+  void mark_resizable(const std::string& name);
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
     add_child(name, module);
@@ -81,6 +86,7 @@ class Module : public std::enable_shared_from_this<Module> {
   std::vector<std::pair<std::string, Variable>> params_;
   std::vector<std::pair<std::string, Variable>> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  std::vector<const VariableImpl*> resizable_;
 };
 
 using ModulePtr = std::shared_ptr<Module>;

@@ -1,0 +1,363 @@
+#include "compression/boundary.h"
+
+#include <ATen/core/ivalue.h>
+
+#include "autograd/function.h"
+#include "compression/spec.h"
+#include "compression/stateful/error_feedback.h"
+
+namespace tl {
+
+BackwardMode parse_backward_mode(const std::string& text) {
+  if (text == "independent") return BackwardMode::Independent;
+  if (text == "shared") return BackwardMode::Shared;
+  if (text == "straight-through" || text == "straight_through" || text == "ste") return BackwardMode::StraightThrough;
+  if (text == "none") return BackwardMode::None;
+  TORCH_CHECK(false, "unknown backward mode '", text, "'; accepted: independent, shared, straight-through, none");
+}
+
+std::string to_string(BackwardMode mode) {
+  switch (mode) {
+    case BackwardMode::Independent: return "independent";
+    case BackwardMode::Shared: return "shared";
+    case BackwardMode::StraightThrough: return "straight-through";
+    case BackwardMode::None: return "none";
+  }
+  return "?";
+}
+
+int64_t identity_payload_bytes(const at::Tensor& t) {
+  Payload p;  // the identity codec's header: shape, no parameters
+  p.shape = t.sizes().vec();
+  return static_cast<int64_t>(p.header_bytes()) + t.numel() * static_cast<int64_t>(t.element_size());
+}
+
+namespace {
+
+bool is_identity_spec(const std::string& s) {
+  std::string t;
+  for (char c : s)
+    if (!std::isspace(static_cast<unsigned char>(c))) t += c;
+  return t.empty() || t == "none" || t == "identity" || t == "identity()" || t == "none()";
+}
+
+CompressorPtr build(const std::string& boundary, const char* which, const std::string& spec) {
+  try {
+    return parse_compressor(is_identity_spec(spec) ? "identity" : spec);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "boundary '", boundary, "': ", which, " codec spec '", spec, "': ", e.what_without_backtrace());
+  }
+}
+
+at::Tensor rel_error(const at::Tensor& x, const at::Tensor& xhat) {
+  const at::ScalarType acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor xf = x.to(acc);
+  return ((xf - xhat.to(acc)).norm() / xf.norm().clamp_min(1e-30)).to(at::kDouble);
+}
+
+at::Tensor density(const at::Tensor& t) {
+  return t.ne(0).sum().to(at::kDouble) / static_cast<double>(std::max<int64_t>(t.numel(), 1));
+}
+
+// The state a WireFn node keeps for its backward: the boundary (checked alive), the context of
+// its micro-batch (sample ids for per-sample codecs) and, in shared mode, the forward payload.
+struct WireCall : torch::CustomClassHolder {
+  std::weak_ptr<Module> owner;
+  Boundary* boundary = nullptr;
+  CodecContext ctx;
+  int64_t raw_bytes = 0;
+  Payload forward_payload;
+};
+
+struct WireFn : Function<WireFn> {
+  static constexpr const char* name = "boundary_wire";
+  static at::Tensor forward(Context& ctx, const at::Tensor& z, c10::intrusive_ptr<WireCall> call) {
+    const bool keep = call->boundary->mode() == BackwardMode::Shared;
+    at::Tensor out = call->boundary->wire_forward(z, call->ctx, call->raw_bytes, keep ? &call->forward_payload : nullptr);
+    ctx.saved_data["call"] = at::IValue::make_capsule(call);
+    return out;
+  }
+  static std::vector<at::Tensor> backward(Context& ctx, std::vector<at::Tensor> grads) {
+    auto call = c10::static_intrusive_pointer_cast<WireCall>(ctx.saved_data.at("call").toCapsule());
+    auto alive = call->owner.lock();
+    TORCH_CHECK(alive, "boundary wire: the Boundary was destroyed before the backward of its forward");
+    return {call->boundary->wire_backward(grads[0], call->ctx, call->raw_bytes, &call->forward_payload)};
+  }
+};
+
+}  // namespace
+
+// ---- construction ---------------------------------------------------------------------------------
+
+Boundary::Boundary(std::string name, const std::string& forward_spec, const std::string& backward_spec,
+                   BackwardMode mode, bool active_at_inference)
+    : Boundary(name, build(name, "forward", forward_spec), build(name, "backward", backward_spec), mode,
+               active_at_inference) {}
+
+Boundary::Boundary(std::string name, CompressorPtr forward_codec, CompressorPtr backward_codec, BackwardMode mode,
+                   bool active_at_inference)
+    : Module("Boundary"),
+      name_(std::move(name)),
+      fwd_(forward_codec ? std::move(forward_codec) : parse_compressor("identity")),
+      bwd_(backward_codec ? std::move(backward_codec) : parse_compressor("identity")),
+      mode_(mode),
+      active_at_inference_(active_at_inference) {
+  TORCH_CHECK(fwd_ != bwd_, "boundary '", name_, "': the forward and backward codecs must be distinct objects");
+  fwd_identity_ = fwd_->spec() == "identity";
+  bwd_identity_ = bwd_->spec() == "identity";
+  validate();
+  register_module("forward", fwd_);
+  register_module("backward", bwd_);
+}
+
+void Boundary::validate() {
+  TORCH_CHECK(!bwd_->has_transform(), "boundary '", name_, "': the backward codec '", bwd_->spec(),
+              "' has a learned/projecting transform; ae and subspace are forward codecs (their gradient is already ",
+              "narrow: it crosses the wire as wide as the code)");
+  switch (mode_) {
+    case BackwardMode::Shared:
+      TORCH_CHECK(fwd_->supports_shared(), "boundary '", name_, "': backward mode 'shared' reuses the forward ",
+                  "codec's mask or basis, but forward codec '", fwd_->spec(), "' has none; codecs that support it: ",
+                  "topk, randk (and wrappers of them); otherwise use independent, straight-through or none");
+      TORCH_CHECK(bwd_identity_, "boundary '", name_, "': backward mode 'shared' sends the gradient with the ",
+                  "forward codec; leave the backward spec empty (got '", bwd_->spec(), "')");
+      break;
+    case BackwardMode::StraightThrough:
+    case BackwardMode::None:
+      TORCH_CHECK(bwd_identity_, "boundary '", name_, "': backward mode '", to_string(mode_),
+                  "' uses no backward codec, but '", bwd_->spec(), "' was given; use mode independent to compress ",
+                  "the gradient");
+      break;
+    case BackwardMode::Independent: break;
+  }
+}
+
+std::string Boundary::describe() const {
+  std::string s = "boundary '" + name_ + "': forward=" + fwd_->spec() + " backward=" + bwd_->spec() +
+                  " mode=" + to_string(mode_) + " inference=" + (active_at_inference_ ? "on" : "off");
+  if (epilogue_only_) s += " epilogue-only";
+  return s;
+}
+
+bool Boundary::active() const { return is_training() || active_at_inference_; }
+
+CodecContext Boundary::with_mode(const CodecContext& ctx) const {
+  CodecContext c = ctx;
+  c.training = is_training();
+  return c;
+}
+
+void Boundary::after_optimizer_step() {
+  fwd_->after_optimizer_step();
+  bwd_->after_optimizer_step();
+}
+
+// ---- in-process forward -------------------------------------------------------------------------
+
+Variable Boundary::forward(const Variable& h) { return forward(h, context_); }
+
+Variable Boundary::forward(const Variable& h, const CodecContext& ctx) {
+  TORCH_CHECK(h.defined(), "boundary '", name_, "': undefined input");
+  if (!active()) return h;
+  const CodecContext c = with_mode(ctx);
+  const bool transform = fwd_->has_transform();
+  Variable z = transform ? fwd_->pre(h, c) : h;
+  if (GradMode::is_enabled() && z.requires_grad()) {
+    TORCH_CHECK(!weak_from_this().expired(), "boundary '", name_,
+                "': must be owned by a std::shared_ptr (std::make_shared<Boundary>(...)) so that a pending backward "
+                "can refer to it");
+  }
+  auto call = c10::make_intrusive<WireCall>();
+  call->owner = weak_from_this();
+  call->boundary = this;
+  call->ctx = c;
+  call->raw_bytes = raw_size(h.data());
+  Variable zhat = WireFn::apply(z, call);
+  Variable out = transform ? fwd_->post(zhat, c) : zhat;
+  if (measure_error_) {
+    NoGradGuard no_grad;
+    fwd_stats_.add_measure(rel_error(h.data(), out.data()), density(zhat.data()));
+  }
+  return out;
+}
+
+at::Tensor Boundary::wire_forward(const at::Tensor& z, const CodecContext& ctx, int64_t raw_bytes, Payload* keep) {
+  NoGradGuard no_grad;
+  if (fwd_identity_) {
+    fwd_stats_.add_bytes(identity_payload_bytes(z), raw_bytes);
+    return z;
+  }
+  Payload p = fwd_->encode(z, ctx);
+  at::Tensor zhat = fwd_->decode(p, ctx);
+  fwd_stats_.add_bytes(static_cast<int64_t>(p.nbytes()), raw_bytes);
+  if (keep) *keep = std::move(p);
+  return zhat;
+}
+
+at::Tensor Boundary::pass_uncompressed(const at::Tensor& g, const CodecContext& ctx, Accumulator& acc,
+                                       int64_t raw_bytes) {
+  at::Tensor out = g;
+  // An error-feedback backward codec delivers its pending residual with the lossless message.
+  if (mode_ == BackwardMode::Independent)
+    if (auto* ef = dynamic_cast<ErrorFeedback*>(bwd_.get())) out = ef->flush(g, ctx);
+  acc.add_bytes(identity_payload_bytes(out), raw_bytes);
+  return out;
+}
+
+at::Tensor Boundary::wire_backward(const at::Tensor& g, const CodecContext& ctx, int64_t raw_bytes,
+                                   const Payload* fwd) {
+  NoGradGuard no_grad;
+  at::Tensor ghat;
+  switch (mode_) {
+    case BackwardMode::None:
+      bwd_stats_.add_bytes(0, raw_bytes);
+      return at::zeros_like(g);
+    case BackwardMode::StraightThrough:
+      ghat = pass_uncompressed(g, ctx, bwd_stats_, raw_bytes);
+      break;
+    case BackwardMode::Shared: {
+      if (!backward_enabled_) {
+        ghat = pass_uncompressed(g, ctx, bwd_stats_, raw_bytes);
+        break;
+      }
+      TORCH_CHECK(fwd && fwd->body.defined(), "boundary '", name_,
+                  "': backward mode 'shared' found no forward payload for this micro-batch");
+      Payload p = fwd_->encode_shared(g, *fwd, ctx);
+      ghat = fwd_->decode_shared(p, *fwd, ctx);
+      bwd_stats_.add_bytes(static_cast<int64_t>(p.nbytes()), raw_bytes);
+      break;
+    }
+    case BackwardMode::Independent: {
+      if (bwd_identity_ || !backward_enabled_) {
+        ghat = pass_uncompressed(g, ctx, bwd_stats_, raw_bytes);
+        break;
+      }
+      Payload p = bwd_->encode(g, ctx);
+      ghat = bwd_->decode(p, ctx);
+      bwd_stats_.add_bytes(static_cast<int64_t>(p.nbytes()), raw_bytes);
+      break;
+    }
+  }
+  if (measure_error_) bwd_stats_.add_measure(rel_error(g, ghat), density(ghat));
+  return ghat;
+}
+
+// ---- sender / receiver halves ---------------------------------------------------------------------
+
+Variable Boundary::sender_transform(const Variable& h, const CodecContext& ctx) {
+  return active() && fwd_->has_transform() ? fwd_->pre(h, with_mode(ctx)) : h;
+}
+
+Variable Boundary::receiver_transform(const Variable& z, const CodecContext& ctx) {
+  return active() && fwd_->has_transform() ? fwd_->post(z, with_mode(ctx)) : z;
+}
+
+Payload Boundary::send_forward(const at::Tensor& z, const CodecContext& ctx, int64_t raw_bytes) {
+  NoGradGuard no_grad;
+  if (!active()) return identity_codec()->encode(z, ctx);
+  const CodecContext c = with_mode(ctx);
+  Payload p = fwd_->encode(z, c);
+  fwd_stats_.add_bytes(static_cast<int64_t>(p.nbytes()), raw_bytes >= 0 ? raw_bytes : raw_size(z));
+  if (mode_ == BackwardMode::Shared && c.training) sent_forward_[ctx.micro_batch] = p;
+  return p;
+}
+
+at::Tensor Boundary::receive_forward(const Payload& p, const CodecContext& ctx) {
+  NoGradGuard no_grad;
+  if (!active()) return identity_codec()->decode(p, ctx);
+  const CodecContext c = with_mode(ctx);
+  at::Tensor z = fwd_->decode(p, c);
+  if (mode_ == BackwardMode::Shared && c.training) received_forward_[ctx.micro_batch] = p;
+  return z;
+}
+
+Payload Boundary::send_backward(const at::Tensor& grad, const CodecContext& ctx, int64_t raw_bytes) {
+  NoGradGuard no_grad;
+  TORCH_CHECK(sends_gradient(), "boundary '", name_, "': backward mode 'none' sends no gradient (check ",
+              "sends_gradient() and use a zero gradient on the sender)");
+  const CodecContext c = with_mode(ctx);
+  const int64_t raw = raw_bytes >= 0 ? raw_bytes : raw_size(grad);
+  const bool compress = backward_enabled_ && mode_ != BackwardMode::StraightThrough &&
+                        !(mode_ == BackwardMode::Independent && bwd_identity_);
+  Payload p;
+  if (!compress) {
+    Accumulator scratch;  // bytes are counted below from the actual payload
+    p = identity_codec()->encode(pass_uncompressed(grad, c, scratch, raw), c);
+  } else if (mode_ == BackwardMode::Shared) {
+    auto it = received_forward_.find(ctx.micro_batch);
+    TORCH_CHECK(it != received_forward_.end(), "boundary '", name_, "': backward mode 'shared' has no forward ",
+                "payload received for micro-batch ", ctx.micro_batch);
+    p = fwd_->encode_shared(grad, it->second, c);
+  } else {
+    p = bwd_->encode(grad, c);
+  }
+  if (mode_ == BackwardMode::Shared) received_forward_.erase(ctx.micro_batch);
+  bwd_stats_.add_bytes(static_cast<int64_t>(p.nbytes()), raw);
+  return p;
+}
+
+at::Tensor Boundary::receive_backward(const Payload& p, const CodecContext& ctx) {
+  NoGradGuard no_grad;
+  TORCH_CHECK(sends_gradient(), "boundary '", name_, "': backward mode 'none' receives no gradient");
+  const CodecContext c = with_mode(ctx);
+  const bool raw = p.codec == codec_id("identity");
+  if (mode_ == BackwardMode::Shared) {
+    auto it = sent_forward_.find(ctx.micro_batch);
+    TORCH_CHECK(raw || it != sent_forward_.end(), "boundary '", name_, "': backward mode 'shared' has no forward ",
+                "payload sent for micro-batch ", ctx.micro_batch);
+    at::Tensor g = raw ? identity_codec()->decode(p, c) : fwd_->decode_shared(p, it->second, c);
+    if (it != sent_forward_.end()) sent_forward_.erase(it);
+    return g;
+  }
+  if (raw || mode_ == BackwardMode::StraightThrough) return identity_codec()->decode(p, c);
+  return bwd_->decode(p, c);
+}
+
+const CompressorPtr& Boundary::identity_codec() {
+  if (!identity_) identity_ = parse_compressor("identity");
+  return identity_;
+}
+
+// ---- statistics ------------------------------------------------------------------------------------
+
+void Boundary::Accumulator::add_bytes(int64_t sent, int64_t raw) {
+  ++messages;
+  bytes += sent;
+  raw_bytes += raw;
+  last_bytes = sent;
+  last_raw_bytes = raw;
+}
+
+void Boundary::Accumulator::add_measure(const at::Tensor& err, const at::Tensor& dens) {
+  ++measured;
+  err_sum = err_sum.defined() ? err_sum + err : err.clone();
+  dens_sum = dens_sum.defined() ? dens_sum + dens : dens.clone();
+  err_last = err;
+  dens_last = dens;
+}
+
+DirectionStats Boundary::Accumulator::snapshot() const {
+  DirectionStats s;
+  s.messages = messages;
+  s.bytes = bytes;
+  s.raw_bytes = raw_bytes;
+  s.last_bytes = last_bytes;
+  s.last_raw_bytes = last_raw_bytes;
+  s.measured = measured;
+  if (measured > 0) {
+    s.rel_error_mean = err_sum.item<double>() / measured;
+    s.rel_error_last = err_last.item<double>();
+    s.density_mean = dens_sum.item<double>() / measured;
+    s.density_last = dens_last.item<double>();
+  }
+  return s;
+}
+
+BoundaryStats Boundary::stats() const { return {fwd_stats_.snapshot(), bwd_stats_.snapshot()}; }
+
+void Boundary::reset_stats() {
+  fwd_stats_ = Accumulator();
+  bwd_stats_ = Accumulator();
+}
+
+}  // namespace tl

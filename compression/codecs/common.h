@@ -1,0 +1,56 @@
+#pragma once
+// Helpers shared by the codecs: value types on the wire, payload checks, number formatting and
+// the switch between CPU fast paths and the portable ATen-op path.
+//
+// Note [two paths]. Every hot loop has two implementations: a tight C++ loop with
+// at::parallel_for for CPU tensors, and a sequence of ATen ops that runs on any device (the path
+// CUDA tensors take). Both produce the same payload bytes (stochastic rounding aside: each path
+// has its own random stream). Tests switch the fast paths off with PortableKernelsGuard to run
+// the portable path on CPU and compare, so the CUDA path is exercised on machines without a GPU.
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "compression/payload.h"
+
+namespace tl::codec {
+
+/// Whether CPU tensors take the tight-loop fast paths (true unless a PortableKernelsGuard is alive
+/// on this thread).
+bool cpu_kernels_enabled();
+/// Forces the portable ATen-op path on this thread for its lifetime (tests).
+class PortableKernelsGuard {
+ public:
+  PortableKernelsGuard();
+  ~PortableKernelsGuard();
+  PortableKernelsGuard(const PortableKernelsGuard&) = delete;
+  PortableKernelsGuard& operator=(const PortableKernelsGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+/// True when t is a CPU tensor and the fast paths are enabled.
+inline bool use_cpu_kernel(const at::Tensor& t) { return t.device().is_cpu() && cpu_kernels_enabled(); }
+
+/// Value types a codec may put on the wire: "fp32", "fp16", "bf16".
+const std::vector<std::string>& wire_type_words();
+at::ScalarType wire_type_from_word(const std::string& word);
+std::string wire_type_word(at::ScalarType t);
+/// A value type read back from payload params; error naming the codec if it is not one of the above.
+at::ScalarType wire_type_from_param(int64_t code, const char* codec);
+inline int64_t wire_type_param(at::ScalarType t) { return static_cast<int64_t>(t); }
+
+/// Error unless `p` was packed by `codec` and carries exactly `nparams` params.
+void check_payload(const Payload& p, const char* codec, size_t nparams);
+/// Error unless x is a floating tensor a codec can pack (float32, float16, bfloat16, float64).
+void check_input(const at::Tensor& x, const char* codec);
+
+/// Shortest decimal text that reads back as exactly v; with `fraction`, always has a '.'.
+std::string format_number(double v, bool fraction = false);
+
+/// Product of a shape (checked: no negative extent, no overflow).
+int64_t shape_numel(const std::vector<int64_t>& shape);
+
+}  // namespace tl::codec

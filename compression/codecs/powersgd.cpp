@@ -1,0 +1,152 @@
+#include "compression/codecs/powersgd.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+
+#include "compression/codecs/common.h"
+
+namespace tl {
+namespace {
+constexpr const char* kName = "powersgd";
+constexpr int64_t kPlain = 0, kShared = 1;
+
+at::ScalarType compute_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+// (rows, cols) of the matrix view with cols = the product of shape[dim:].
+std::pair<int64_t, int64_t> matrix_dims(const std::vector<int64_t>& shape, int64_t dim) {
+  int64_t rows = 1, cols = 1;
+  for (int64_t i = 0; i < static_cast<int64_t>(shape.size()); ++i) (i < dim ? rows : cols) *= shape[i];
+  return {rows, cols};
+}
+}  // namespace
+
+PowerSgd::PowerSgd(PowerSgdOptions o) : SectionedCodec("PowerSgd"), o_(o) {
+  TORCH_CHECK(o_.rank >= 1, kName, ": rank=", o_.rank, " is not accepted; accepted: an integer >= 1");
+  q_ = register_buffer("q", at::empty({0}));
+  mark_resizable("q");
+}
+
+CompressorPtr PowerSgd::from_spec(SpecArgs& args) {
+  constexpr size_t kNamed = SpecArgs::kNamedOnly;
+  PowerSgdOptions o;
+  o.rank = args.integer(0, "rank", 4);
+  if (o.rank < 1) args.fail(0, "rank", "an integer >= 1");
+  o.dim = args.integer(kNamed, "dim", -1);
+  o.values = codec::wire_type_from_word(args.word(kNamed, "values", codec::wire_type_words(), std::string("fp32")));
+  const int64_t seed = args.integer(kNamed, "seed", 0);
+  if (seed < 0) args.fail(kNamed, "seed", "an integer >= 0");
+  o.seed = static_cast<uint64_t>(seed);
+  return std::make_shared<PowerSgd>(o);
+}
+
+std::string PowerSgd::spec() const {
+  return "powersgd(" + std::to_string(o_.rank) + ", dim=" + std::to_string(o_.dim) +
+         ", values=" + codec::wire_type_word(o_.values) + ", seed=" + std::to_string(o_.seed) + ")";
+}
+
+Payload PowerSgd::encode_parts(const at::Tensor& x, const CodecContext& ctx, std::vector<at::Tensor>& values) {
+  const int64_t ndim = std::max<int64_t>(x.dim(), 1);
+  TORCH_CHECK(o_.dim >= -ndim && o_.dim < ndim, kName, ": dim=", o_.dim, " is out of range for a tensor of ", x.dim(),
+              " dims");
+  const int64_t dim = x.dim() == 0 ? 0 : (o_.dim < 0 ? o_.dim + ndim : o_.dim);
+  const auto [rows, cols] = matrix_dims(x.sizes().vec(), dim);
+  const int64_t r = std::max<int64_t>(0, std::min({o_.rank, rows, cols}));
+  const at::ScalarType ct = compute_type(x.scalar_type());
+  at::Tensor m = x.reshape({rows, cols}).to(ct);  // (rows, cols)
+
+  at::Tensor q = q_.data();
+  if (!(q.dim() == 2 && q.size(0) == cols && q.size(1) == r)) {
+    // First call, or the message's width changed: a fresh seeded start.
+    at::Generator gen = at::detail::createCPUGenerator(o_.seed);
+    q = at::randn({cols, r}, gen, at::TensorOptions().dtype(ct));
+  }
+  q = q.to(m.device(), ct);
+  at::Tensor p, q_new;
+  if (r > 0) {
+    p = std::get<0>(at::linalg_qr(m.mm(q)));  // (rows, r) orthonormal columns
+    q_new = m.t().mm(p);                       // (cols, r)
+  } else {
+    p = at::zeros({rows, 0}, m.options());
+    q_new = at::zeros({cols, 0}, m.options());
+  }
+  q_.set_data(q_new.clone());
+  values = {p, q_new};
+
+  Payload out;
+  out.codec = codec_id(kName);
+  out.dtype = x.scalar_type();
+  out.shape = x.sizes().vec();
+  out.params = {kPlain, r, rows, cols, dim, codec::wire_type_param(o_.values)};
+  return out;
+}
+
+PowerSgd::Layout PowerSgd::layout(const Payload& rest) const {
+  codec::check_payload(rest, kName, 6);
+  TORCH_CHECK(rest.params[0] == kPlain, kName, ": this is a shared-mode (backward) payload; decode it with ",
+              "decode_shared and its forward payload");
+  Layout l{rest.params[1], rest.params[2], rest.params[3], rest.params[4], at::kFloat};
+  TORCH_CHECK(l.dim >= 0 && l.dim <= std::max<int64_t>(static_cast<int64_t>(rest.shape.size()) - 1, 0), kName,
+              ": corrupt payload: dim ", l.dim, " for ", rest.shape.size(), " dims");
+  const auto [rows, cols] = matrix_dims(rest.shape, l.dim);
+  TORCH_CHECK(l.rows == rows && l.cols == cols && l.r >= 0 && l.r <= std::min(rows, cols), kName,
+              ": corrupt payload: rank ", l.r, " and a ", l.rows, " x ", l.cols, " matrix for shape ",
+              c10::IntArrayRef(rest.shape));
+  l.wire = codec::wire_type_from_param(rest.params[5], kName);
+  return l;
+}
+
+std::vector<SectionedCodec::Section> PowerSgd::sections(const Payload& rest) const {
+  Layout l = layout(rest);
+  return {Section{{l.rows, l.r}, l.wire}, Section{{l.cols, l.r}, l.wire}};
+}
+
+at::Tensor PowerSgd::decode_parts(const Payload& rest, const std::vector<at::Tensor>& values,
+                                  const CodecContext& ctx) {
+  Layout l = layout(rest);
+  TORCH_CHECK(rest.body_bytes() == 0, kName, ": corrupt payload: ", rest.body_bytes(), " bytes besides P and Q");
+  TORCH_CHECK(values.size() == 2, kName, ": expected sections P and Q, got ", values.size());
+  const at::ScalarType ct = compute_type(rest.dtype);
+  at::Tensor m = values[0].to(ct).mm(values[1].to(ct).t());  // (rows, cols)
+  return m.to(rest.dtype).view(rest.shape);
+}
+
+Payload PowerSgd::encode_shared_parts(const at::Tensor& g, const Payload& fwd_rest,
+                                      const std::vector<at::Tensor>& fwd_values, const CodecContext& ctx,
+                                      std::vector<at::Tensor>& values) {
+  Layout l = layout(fwd_rest);
+  TORCH_CHECK(g.sizes().equals(fwd_rest.shape), kName, ": shared mode: gradient of shape ", g.sizes(),
+              " for a forward payload of shape ", c10::IntArrayRef(fwd_rest.shape));
+  TORCH_CHECK(fwd_values.size() == 2, kName, ": shared mode needs the forward P and Q");
+  const at::ScalarType ct = compute_type(g.scalar_type());
+  at::Tensor p = fwd_values[0].to(g.device(), ct);            // (rows, r)
+  values = {g.reshape({l.rows, l.cols}).to(ct).t().mm(p)};   // (cols, r) = G^T P
+  Payload out;
+  out.codec = codec_id(kName);
+  out.dtype = g.scalar_type();
+  out.shape = g.sizes().vec();
+  out.params = {kShared, codec::wire_type_param(o_.values)};
+  return out;
+}
+
+std::vector<SectionedCodec::Section> PowerSgd::shared_sections(const Payload& rest, const Payload& fwd_rest) const {
+  codec::check_payload(rest, kName, 2);
+  TORCH_CHECK(rest.params[0] == kShared, kName, ": not a shared-mode payload (kind ", rest.params[0], ")");
+  const at::ScalarType wire = codec::wire_type_from_param(rest.params[1], kName);
+  Layout l = layout(fwd_rest);
+  TORCH_CHECK(rest.shape == fwd_rest.shape, kName, ": shared-mode payload of shape ", c10::IntArrayRef(rest.shape),
+              " for a forward payload of shape ", c10::IntArrayRef(fwd_rest.shape));
+  return {Section{{l.cols, l.r}, wire}};
+}
+
+at::Tensor PowerSgd::decode_shared_parts(const Payload& rest, const Payload& fwd_rest,
+                                         const std::vector<at::Tensor>& fwd_values,
+                                         const std::vector<at::Tensor>& values, const CodecContext& ctx) {
+  TORCH_CHECK(rest.body_bytes() == 0, kName, ": corrupt shared-mode payload: ", rest.body_bytes(),
+              " bytes besides Q_g");
+  TORCH_CHECK(fwd_values.size() == 2 && values.size() == 1, kName, ": shared mode needs the forward P and Q_g");
+  const at::ScalarType ct = compute_type(rest.dtype);
+  at::Tensor m = fwd_values[0].to(ct).mm(values[0].to(fwd_values[0].device(), ct).t());
+  return m.to(rest.dtype).view(rest.shape);
+}
+
+}  // namespace tl

@@ -1,0 +1,294 @@
+#include "compression/codecs/quant.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+
+#include "compression/codecs/common.h"
+#include "compression/codecs/quant_kernels.h"
+
+namespace tl {
+namespace {
+
+constexpr const char* kName = "quant";
+using Scale = QuantOptions::Scale;
+using Mode = QuantOptions::Mode;
+
+// Where the scale groups lie in a tensor of `shape` (see quant_kernels.h), and the same as a 3-D
+// view (outer, groups, inner) for the portable path: element (o, g, i) uses group g.
+struct Geometry {
+  codec::QuantGeometry g;
+  int64_t outer, inner;  // channel: view (outer, groups, inner); tensor/block: (groups, run) after padding
+};
+
+Geometry geometry(const std::vector<int64_t>& shape, Scale scale, int64_t dim, int64_t block) {
+  const int64_t n = codec::shape_numel(shape);
+  Geometry geo;
+  switch (scale) {
+    case Scale::kTensor: geo.g = {n, std::max<int64_t>(n, 1), 1}; geo.outer = 1; geo.inner = geo.g.run; break;
+    case Scale::kChannel: {
+      int64_t outer = 1, inner = 1;
+      for (int64_t i = 0; i < dim; ++i) outer *= shape[i];
+      for (size_t i = dim + 1; i < shape.size(); ++i) inner *= shape[i];
+      geo.g = {n, std::max<int64_t>(inner, 1), std::max<int64_t>(shape[dim], 1)};
+      geo.outer = outer;
+      geo.inner = inner;
+      break;
+    }
+    case Scale::kBlock:
+      geo.g = {n, block, std::max<int64_t>((n + block - 1) / block, 1)};
+      geo.outer = 1;
+      geo.inner = block;
+      break;
+  }
+  return geo;
+}
+
+// Rounds float values to `t` and moves those that rounded the wrong way one representable step
+// (int16 bit patterns: +1 moves away from zero) so that the result is >= v (up) or <= v (down).
+at::Tensor round_outward(const at::Tensor& v, at::ScalarType t, bool up) {
+  if (t == at::kFloat) return v;
+  at::Tensor r = v.to(t);
+  at::Tensor wrong = up ? r.to(at::kFloat) < v : r.to(at::kFloat) > v;
+  at::Tensor bits = r.view(at::kShort).to(at::kInt);
+  at::Tensor neg = (bits < 0).to(at::kInt);
+  at::Tensor step = up ? 1 - 2 * neg : 2 * neg - 1;
+  at::Tensor moved = (bits + step).to(at::kShort).view(t);
+  return at::where(wrong, moved, r).to(at::kFloat);
+}
+
+// Per-group quantities both ends derive from the wire scales, by the same ATen ops.
+struct Derived {
+  at::Tensor a, b, step, lo;  // (G) float
+};
+Derived derive(const at::Tensor& scales, Mode mode, int64_t bits, int64_t groups) {
+  Derived d;
+  if (mode == Mode::kMaxAbs) {
+    const double p = static_cast<double>(int64_t(1) << (bits - 1));
+    d.a = scales + 1e-6f;
+    d.step = scales / p;
+  } else {
+    const double levels = static_cast<double>((int64_t(1) << bits) - 1);
+    d.lo = scales.narrow(0, 0, groups);
+    at::Tensor hi = scales.narrow(0, groups, groups);
+    at::Tensor range = hi - d.lo;
+    d.a = d.lo;
+    d.b = at::where(range > 0, levels / range, at::zeros_like(range));
+    d.step = range / levels;
+  }
+  return d;
+}
+
+}  // namespace
+
+Quantize::Quantize(QuantOptions o) : Compressor("Quantize"), o_(std::move(o)) {
+  TORCH_CHECK(o_.bits >= 1 && o_.bits <= 8, kName, ": bits=", o_.bits, " is not accepted; accepted: 1..8");
+  TORCH_CHECK(o_.block >= 1, kName, ": block=", o_.block, " is not accepted; accepted: an integer >= 1");
+  if (o_.stochastic) generator_ = register_buffer("generator", at::detail::createCPUGenerator(o_.seed).get_state());
+}
+
+CompressorPtr Quantize::from_spec(SpecArgs& args) {
+  constexpr size_t kNamed = SpecArgs::kNamedOnly;
+  QuantOptions o;
+  o.bits = args.integer(0, "bits", 8);
+  if (o.bits < 1 || o.bits > 8) args.fail(0, "bits", "an integer in 1..8");
+  const std::string scale = args.word(kNamed, "scale", {"tensor", "channel", "block"}, std::string("tensor"));
+  o.scale = scale == "channel" ? Scale::kChannel : scale == "block" ? Scale::kBlock : Scale::kTensor;
+  const SpecValue* dim = args.peek(kNamed, "dim");
+  if (dim && std::holds_alternative<double>(dim->v)) {
+    o.dim = args.integer(kNamed, "dim");
+  } else {
+    args.word(kNamed, "dim", {"auto"}, std::string("auto"));
+  }
+  o.block = args.integer(kNamed, "block", 256);
+  if (o.block < 1) args.fail(kNamed, "block", "an integer >= 1");
+  if ((dim && o.scale != Scale::kChannel) || (args.has(kNamed, "block") && o.scale != Scale::kBlock))
+    TORCH_CHECK(false, kName, ": dim= goes with scale=channel and block= with scale=block, in '", args.call().text,
+                "'");
+  o.mode = args.word(kNamed, "mode", {"maxabs", "minmax"}, std::string("maxabs")) == "minmax" ? Mode::kMinMax
+                                                                                              : Mode::kMaxAbs;
+  o.stochastic = args.word(kNamed, "round", {"nearest", "stochastic"}, std::string("nearest")) == "stochastic";
+  o.scale_type = codec::wire_type_from_word(args.word(kNamed, "scales", codec::wire_type_words(), std::string("fp16")));
+  const int64_t seed = args.integer(kNamed, "seed", 0);
+  if (seed < 0) args.fail(kNamed, "seed", "an integer >= 0");
+  o.seed = static_cast<uint64_t>(seed);
+  return std::make_shared<Quantize>(o);
+}
+
+std::string Quantize::spec() const {
+  std::string s = "quant(" + std::to_string(o_.bits) + ", scale=";
+  switch (o_.scale) {
+    case Scale::kTensor: s += "tensor"; break;
+    case Scale::kChannel: s += "channel, dim=" + (o_.dim ? std::to_string(*o_.dim) : std::string("auto")); break;
+    case Scale::kBlock: s += "block, block=" + std::to_string(o_.block); break;
+  }
+  s += std::string(", mode=") + (o_.mode == Mode::kMinMax ? "minmax" : "maxabs") +
+       ", round=" + (o_.stochastic ? "stochastic" : "nearest") + ", scales=" + codec::wire_type_word(o_.scale_type);
+  if (o_.stochastic) s += ", seed=" + std::to_string(o_.seed);
+  return s + ")";
+}
+
+int64_t Quantize::channel_dim(int64_t ndim) const {
+  TORCH_CHECK(ndim >= 2, kName, ": scale=channel needs a tensor of at least 2 dims, got ", ndim,
+              "; use scale=tensor or scale=block");
+  int64_t d = o_.dim ? *o_.dim : (ndim >= 4 ? 1 : ndim - 1);
+  TORCH_CHECK(d >= -ndim && d < ndim, kName, ": dim=", d, " is out of range for a tensor of ", ndim, " dims");
+  return d < 0 ? d + ndim : d;
+}
+
+Payload Quantize::encode(const at::Tensor& x, const CodecContext& ctx) {
+  codec::check_input(x, kName);
+  const std::vector<int64_t> shape = x.sizes().vec();
+  const int64_t dim = o_.scale == Scale::kChannel ? channel_dim(x.dim()) : -1;
+  const Geometry geo = geometry(shape, o_.scale, dim, o_.block);
+  const int64_t n = geo.g.n, groups = geo.g.groups;
+  const bool cpu = codec::use_cpu_kernel(x);
+  at::Tensor xf = x.to(at::kFloat).contiguous().reshape({-1});
+
+  // Per-group min and max.
+  at::Tensor mn, mx;
+  if (n == 0) {
+    mn = mx = at::zeros({groups}, xf.options());
+  } else if (groups == 1) {
+    std::tie(mn, mx) = at::aminmax(xf);
+    mn = mn.reshape({1});
+    mx = mx.reshape({1});
+  } else if (cpu) {
+    mn = at::empty({groups}, xf.options());
+    mx = at::empty({groups}, xf.options());
+    codec::group_minmax_cpu(xf.data_ptr<float>(), geo.g, mn.data_ptr<float>(), mx.data_ptr<float>());
+  } else if (o_.scale == Scale::kChannel) {
+    at::Tensor v = xf.view({geo.outer, groups, geo.inner});
+    mn = v.amin({0, 2});
+    mx = v.amax({0, 2});
+  } else {  // blocks: pad the last one with a copy of its last element (neutral for min and max)
+    at::Tensor padded = at::cat({xf, xf.narrow(0, n - 1, 1).expand({groups * o_.block - n})}).view({groups, o_.block});
+    mn = padded.amin(1);
+    mx = padded.amax(1);
+  }
+
+  // Wire scales, rounded outward; both ends use exactly these.
+  at::Tensor scales;
+  if (o_.mode == Mode::kMaxAbs)
+    scales = round_outward(at::maximum(-mn, mx), o_.scale_type, /*up=*/true);
+  else
+    scales = at::cat({round_outward(mn, o_.scale_type, false), round_outward(mx, o_.scale_type, true)});
+  at::Tensor wire = scales.to(o_.scale_type);
+  scales = wire.to(at::kFloat);
+  TORCH_CHECK(at::isfinite(scales).all().item<bool>(), kName, ": a scale is not finite in ",
+              codec::wire_type_word(o_.scale_type), " (the tensor holds inf/NaN, or values beyond the ",
+              "type's range: use scales=fp32)");
+  const Derived d = derive(scales, o_.mode, o_.bits, groups);
+
+  uint64_t seed = 0;
+  at::Generator device_gen;
+  if (o_.stochastic) {
+    at::Generator gen = at::detail::createCPUGenerator();
+    gen.set_state(generator_.data().cpu());
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      seed = gen.get<at::CPUGeneratorImpl>()->random64();
+    }
+    generator_.mutable_data().copy_(gen.get_state());
+  }
+
+  at::Tensor codes_packed = at::empty({0}, xf.options().dtype(at::kByte));
+  const int64_t packed_bytes = (n * o_.bits + 7) / 8;
+  if (cpu) {
+    codes_packed = at::empty({packed_bytes}, xf.options().dtype(at::kByte));
+    at::Tensor a = d.a.contiguous(), b = o_.mode == Mode::kMinMax ? d.b.contiguous() : a;
+    codec::QuantParams q{static_cast<int>(o_.bits), o_.mode == Mode::kMinMax, o_.stochastic, seed,
+                         a.data_ptr<float>(), b.data_ptr<float>()};
+    if (n > 0) codec::quantise_pack_cpu(xf.data_ptr<float>(), geo.g, q, codes_packed.data_ptr<uint8_t>());
+  } else if (n > 0) {
+    // Portable path: the same formulas with broadcasting over the (outer, G, inner) view.
+    const int64_t pad = o_.scale == Scale::kBlock ? groups * o_.block - n : 0;
+    at::Tensor v3 = (pad > 0 ? at::constant_pad_nd(xf, {0, pad}, 0) : xf).view({geo.outer, groups, geo.inner});
+    auto bc = [&](const at::Tensor& t) { return t.view({1, groups, 1}); };
+    const double p = static_cast<double>(int64_t(1) << (o_.bits - 1));
+    at::Tensor v, lo_b, hi_b;
+    double lo, hi, off;
+    if (o_.mode == Mode::kMaxAbs) {
+      v = v3 / bc(d.a) * p;
+      lo = -p, hi = p - 1, off = p;
+    } else {
+      v = (v3 - bc(d.a)) * bc(d.b);
+      lo = 0, hi = static_cast<double>((int64_t(1) << o_.bits) - 1), off = 0;
+    }
+    if (o_.stochastic) {
+      at::Generator g = x.device().is_cpu() ? at::detail::createCPUGenerator(seed)
+                                            : at::globalContext().defaultGenerator(x.device()).clone();
+      g.set_current_seed(seed);
+      v = at::floor(v + at::rand(v.sizes(), g, v.options()));
+    } else {
+      v = at::round(v);
+    }
+    at::Tensor codes = (v.clamp(lo, hi) + off).to(at::kByte).reshape({-1}).narrow(0, 0, n);
+    codes_packed = pack_bits(codes, o_.bits);
+  }
+
+  BodyWriter w;
+  w.put(wire);
+  w.put(codes_packed);
+  Payload p;
+  p.codec = codec_id(kName);
+  p.dtype = x.scalar_type();
+  p.shape = shape;
+  p.params = {o_.bits,
+              static_cast<int64_t>(o_.scale),
+              static_cast<int64_t>(o_.mode),
+              o_.stochastic ? 1 : 0,
+              dim,
+              o_.scale == Scale::kBlock ? o_.block : 0,
+              codec::wire_type_param(o_.scale_type)};
+  p.body = w.finish();
+  return p;
+}
+
+at::Tensor Quantize::decode(const Payload& p, const CodecContext& ctx) {
+  codec::check_payload(p, kName, 7);
+  const int64_t bits = p.params[0];
+  TORCH_CHECK(bits >= 1 && bits <= 8, kName, ": corrupt payload: bits=", bits);
+  TORCH_CHECK(p.params[1] >= 0 && p.params[1] <= 2 && p.params[2] >= 0 && p.params[2] <= 1 && p.params[3] >= 0 &&
+                  p.params[3] <= 1,
+              kName, ": corrupt payload: scale kind ", p.params[1], ", mode ", p.params[2], ", round ", p.params[3]);
+  const Scale scale = static_cast<Scale>(p.params[1]);
+  const Mode mode = static_cast<Mode>(p.params[2]);
+  const int64_t dim = p.params[4], block = p.params[5];
+  if (scale == Scale::kChannel)
+    TORCH_CHECK(dim >= 0 && dim < static_cast<int64_t>(p.shape.size()), kName, ": corrupt payload: channel dim ", dim,
+                " for ", p.shape.size(), " dims");
+  else
+    TORCH_CHECK(dim == -1, kName, ": corrupt payload: channel dim ", dim, " without scale=channel");
+  TORCH_CHECK(scale == Scale::kBlock ? block >= 1 : block == 0, kName, ": corrupt payload: block=", block);
+  const at::ScalarType scale_type = codec::wire_type_from_param(p.params[6], kName);
+  const Geometry geo = geometry(p.shape, scale, dim, block);
+  const int64_t n = geo.g.n, groups = geo.g.groups;
+
+  BodyReader r(p, kName);
+  at::Tensor scales = r.take(scale_type, mode == Mode::kMaxAbs ? groups : 2 * groups).to(at::kFloat);
+  at::Tensor packed = r.take(at::kByte, (n * bits + 7) / 8);
+  r.finish();
+  const Derived d = derive(scales, mode, bits, groups);
+
+  at::Tensor out;
+  if (codec::use_cpu_kernel(packed)) {
+    out = at::empty({n}, scales.options());
+    at::Tensor step = d.step.contiguous(), lo = mode == Mode::kMinMax ? d.lo.contiguous() : step;
+    codec::DequantParams q{static_cast<int>(bits), mode == Mode::kMinMax, step.data_ptr<float>(), lo.data_ptr<float>()};
+    if (n > 0) codec::unpack_dequantise_cpu(packed.data_ptr<uint8_t>(), geo.g, q, out.data_ptr<float>());
+  } else if (n == 0) {
+    out = at::empty({0}, scales.options());
+  } else {
+    const int64_t pad = scale == Scale::kBlock ? groups * block - n : 0;
+    at::Tensor c = unpack_bits(packed, bits, n).to(at::kFloat);
+    if (pad > 0) c = at::constant_pad_nd(c, {0, pad}, 0);
+    at::Tensor c3 = c.view({geo.outer, groups, geo.inner});
+    auto bc = [&](const at::Tensor& t) { return t.view({1, groups, 1}); };
+    const double pw = static_cast<double>(int64_t(1) << (bits - 1));
+    at::Tensor x3 = mode == Mode::kMaxAbs ? (c3 - pw) * bc(d.step) : c3 * bc(d.step) + bc(d.lo);
+    out = x3.reshape({-1}).narrow(0, 0, n);
+  }
+  return out.to(p.dtype).view(p.shape);
+}
+
+}  // namespace tl

@@ -1,0 +1,52 @@
+#pragma once
+// CPU loops of uniform quantisation (the fast path of Note [two paths] in common.h). Element i
+// uses scale group (i / run) % groups: per tensor run = n, groups = 1; per channel run = the
+// extent after the channel dim, groups = channels; per block run = block, groups = #blocks.
+// Each loop is compiled for AVX2 and for the baseline ISA and picks one at run time.
+
+#include <cstdint>
+
+namespace tl::codec {
+
+struct QuantGeometry {
+  int64_t n;       // elements
+  int64_t run;     // consecutive elements sharing a scale group
+  int64_t groups;  // scale groups
+};
+
+/// Per-group min and max of x (groups > 1; one group: use at::aminmax).
+void group_minmax_cpu(const float* x, const QuantGeometry& g, float* mn, float* mx);
+
+struct QuantParams {
+  int bits;
+  bool minmax;      // false: max-abs (AQ-SGD), true: min-max
+  bool stochastic;  // floor(v + u), u ~ U[0, 1) from a counter hash of (seed, i)
+  uint64_t seed;
+  const float* a;  // per group: max-abs: s + 1e-6 (the divisor); min-max: lo
+  const float* b;  // per group: min-max: (2^bits - 1) / (hi - lo) or 0; unused for max-abs
+};
+/// Codes of x packed as pack_bits does: ceil(n * bits / 8) bytes.
+///   max-abs: q = clip(round(x / a * 2^(bits-1)), -2^(bits-1), 2^(bits-1) - 1) + 2^(bits-1)
+///   min-max: q = clip(round((x - lo) * b), 0, 2^bits - 1)
+void quantise_pack_cpu(const float* x, const QuantGeometry& g, const QuantParams& q, uint8_t* out);
+
+struct DequantParams {
+  int bits;
+  bool minmax;
+  const float* step;  // per group: max-abs: s / 2^(bits-1); min-max: (hi - lo) / (2^bits - 1)
+  const float* lo;    // per group: min-max only
+};
+///   max-abs: x^ = (q - 2^(bits-1)) * step;   min-max: x^ = q * step + lo
+void unpack_dequantise_cpu(const uint8_t* in, const QuantGeometry& g, const DequantParams& q, float* out);
+
+}  // namespace tl::codec
+
+namespace tl::codec {
+
+/// Quantile codebooks: for each x, the index of the nearest of 2^bits sorted codewords given
+/// their 2^bits - 1 midpoints, i.e. the number of midpoints < x (as at::bucketize). With `sums`
+/// and `counts` (2^bits each), also the per-code sum (double) and count of the x assigned.
+void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, uint8_t* codes, double* sums,
+                       int64_t* counts);
+
+}  // namespace tl::codec

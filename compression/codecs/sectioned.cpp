@@ -1,0 +1,111 @@
+#include "compression/codecs/sectioned.h"
+
+#include <c10/util/Exception.h>
+
+#include "compression/codecs/common.h"
+
+namespace tl {
+
+int64_t SectionedCodec::Section::numel() const { return codec::shape_numel(shape); }
+
+Payload SectionedCodec::join(Payload rest, const std::vector<at::Tensor>& values,
+                             const std::vector<Section>& secs) const {
+  TORCH_CHECK(values.size() == secs.size(), codec(), ": encoder produced ", values.size(), " sections, its header announces ",
+              secs.size());
+  BodyWriter w;
+  if (rest.body_bytes() > 0) w.put(rest.body);
+  for (size_t i = 0; i < values.size(); ++i) {
+    TORCH_CHECK(values[i].numel() == secs[i].numel(), codec(), ": section ", i, " has ", values[i].numel(),
+                " values, its header announces ", secs[i].numel());
+    w.put(values[i].to(secs[i].wire_type));
+  }
+  rest.body = w.finish();
+  return rest;
+}
+
+SectionedCodec::Parts SectionedCodec::split_with(const Payload& p, const std::vector<Section>& secs) const {
+  int64_t section_bytes = 0;
+  for (const auto& s : secs) section_bytes += s.numel() * static_cast<int64_t>(c10::elementSize(s.wire_type));
+  const int64_t body = static_cast<int64_t>(p.body_bytes());
+  TORCH_CHECK(body >= section_bytes, codec(), ": payload body truncated: ", body, " bytes, its value sections alone need ",
+              section_bytes);
+  BodyReader r(p, codec());
+  Parts parts;
+  parts.rest = p;
+  parts.rest.body = r.take(at::kByte, body - section_bytes);
+  for (const auto& s : secs) parts.values.push_back(r.take(s.wire_type, s.numel()).view(s.shape));
+  r.finish();
+  return parts;
+}
+
+SectionedCodec::Parts SectionedCodec::split(const Payload& p) const {
+  check_payload_codec(p);
+  Payload header = p;
+  header.body = at::Tensor();
+  return split_with(p, sections(header));
+}
+
+SectionedCodec::Parts SectionedCodec::split_shared(const Payload& p, const Payload& fwd_rest) const {
+  check_payload_codec(p);
+  Payload header = p;
+  header.body = at::Tensor();
+  return split_with(p, shared_sections(header, fwd_rest));
+}
+
+void SectionedCodec::check_payload_codec(const Payload& p) const {
+  const uint16_t mine = codec_id(codec());
+  TORCH_CHECK(p.codec == mine, codec(), ": cannot decode a payload packed by '", codec_name(p.codec), "' (codec id ",
+              p.codec, ", expected ", mine, ")");
+}
+
+Payload SectionedCodec::encode(const at::Tensor& x, const CodecContext& ctx) {
+  codec::check_input(x, codec());
+  std::vector<at::Tensor> values;
+  Payload rest = encode_parts(x, ctx, values);
+  Payload header = rest;
+  header.body = at::Tensor();
+  return join(std::move(rest), values, sections(header));
+}
+
+at::Tensor SectionedCodec::decode(const Payload& p, const CodecContext& ctx) {
+  Parts parts = split(p);
+  return decode_parts(parts.rest, parts.values, ctx);
+}
+
+Payload SectionedCodec::encode_shared(const at::Tensor& g, const Payload& fwd, const CodecContext& ctx) {
+  if (!supports_shared()) return Compressor::encode_shared(g, fwd, ctx);
+  codec::check_input(g, codec());
+  Parts f = split(fwd);
+  if (!shared_uses_forward_values()) f.values.clear();
+  std::vector<at::Tensor> values;
+  Payload rest = encode_shared_parts(g, f.rest, f.values, ctx, values);
+  Payload header = rest;
+  header.body = at::Tensor();
+  return join(std::move(rest), values, shared_sections(header, f.rest));
+}
+
+at::Tensor SectionedCodec::decode_shared(const Payload& p, const Payload& fwd, const CodecContext& ctx) {
+  if (!supports_shared()) return Compressor::decode_shared(p, fwd, ctx);
+  Parts f = split(fwd);
+  if (!shared_uses_forward_values()) f.values.clear();
+  Parts parts = split_shared(p, f.rest);
+  return decode_shared_parts(parts.rest, f.rest, f.values, parts.values, ctx);
+}
+
+Payload SectionedCodec::encode_shared_parts(const at::Tensor& g, const Payload& fwd_rest,
+                                            const std::vector<at::Tensor>& fwd_values, const CodecContext& ctx,
+                                            std::vector<at::Tensor>& values) {
+  return Compressor::encode_shared(g, fwd_rest, ctx);
+}
+
+std::vector<SectionedCodec::Section> SectionedCodec::shared_sections(const Payload& rest, const Payload& fwd_rest) const {
+  TORCH_CHECK(false, codec(), ": backward mode 'shared' is not supported");
+}
+
+at::Tensor SectionedCodec::decode_shared_parts(const Payload& rest, const Payload& fwd_rest,
+                                               const std::vector<at::Tensor>& fwd_values,
+                                               const std::vector<at::Tensor>& values, const CodecContext& ctx) {
+  return Compressor::decode_shared(rest, fwd_rest, ctx);
+}
+
+}  // namespace tl

@@ -1,0 +1,283 @@
+#include "compression/codecs/sparse_index.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <limits>
+#include <vector>
+
+#include "compression/codecs/common.h"
+#include "compression/payload.h"
+
+namespace tl::codec {
+namespace {
+
+constexpr int64_t kInt32Universe = int64_t(1) << 31;
+
+int varint_len(uint64_t v) {
+  int n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+// ---- CPU loops ----
+int64_t delta_bytes_cpu(const int64_t* idx, int64_t n) {
+  int64_t total = 0, prev = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    total += varint_len(static_cast<uint64_t>(idx[i] - prev - 1));
+    prev = idx[i];
+  }
+  return total;
+}
+
+void delta_encode_cpu(const int64_t* idx, int64_t n, uint8_t* out) {
+  int64_t prev = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t g = static_cast<uint64_t>(idx[i] - prev - 1);
+    prev = idx[i];
+    while (g >= 0x80) {
+      *out++ = static_cast<uint8_t>(g | 0x80);
+      g >>= 7;
+    }
+    *out++ = static_cast<uint8_t>(g);
+  }
+}
+
+void delta_decode_cpu(const uint8_t* in, int64_t size, int64_t n, int64_t universe, int64_t* idx, const char* codec) {
+  int64_t pos = 0, prev = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t g = 0;
+    int shift = 0;
+    while (true) {
+      TORCH_CHECK(pos < size, codec, ": corrupt delta index: the varints end after ", i, " of ", n, " indices");
+      const uint8_t b = in[pos++];
+      TORCH_CHECK(shift < 63, codec, ": corrupt delta index: varint ", i, " is longer than 9 bytes");
+      g |= static_cast<uint64_t>(b & 0x7f) << shift;
+      shift += 7;
+      if (!(b & 0x80)) break;
+    }
+    TORCH_CHECK(g < static_cast<uint64_t>(universe) && prev + 1 + static_cast<int64_t>(g) < universe, codec,
+                ": corrupt delta index: index ", i, " lies past the ", universe, " elements of the tensor");
+    prev += 1 + static_cast<int64_t>(g);
+    idx[i] = prev;
+  }
+  TORCH_CHECK(pos == size, codec, ": corrupt delta index: ", size - pos, " bytes left after ", n, " indices");
+}
+
+void bitmap_encode_cpu(const int64_t* idx, int64_t n, uint8_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[idx[i] >> 3] |= static_cast<uint8_t>(1u << (idx[i] & 7));
+}
+
+// Set bits of a bitmap, in order. Chunks of bytes count their bits first, then write in parallel.
+void bitmap_decode_cpu(const uint8_t* in, int64_t size, int64_t universe, int64_t n, int64_t* idx, const char* codec) {
+  constexpr int64_t kChunk = 1 << 16;
+  const int64_t chunks = (size + kChunk - 1) / kChunk;
+  std::vector<int64_t> count(chunks + 1, 0);
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      int64_t s = 0;
+      for (int64_t b = c * kChunk, e = std::min(size, b + kChunk); b < e; ++b) s += __builtin_popcount(in[b]);
+      count[c + 1] = s;
+    }
+  });
+  for (int64_t c = 0; c < chunks; ++c) count[c + 1] += count[c];
+  TORCH_CHECK(count[chunks] == n, codec, ": corrupt bitmap index: ", count[chunks], " bits set, the header announces ",
+              n);
+  if (size > 0 && universe % 8 != 0)
+    TORCH_CHECK((in[size - 1] >> (universe % 8)) == 0, codec, ": corrupt bitmap index: bits set past the ", universe,
+                " elements of the tensor");
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      int64_t o = count[c];
+      for (int64_t b = c * kChunk, e = std::min(size, b + kChunk); b < e; ++b) {
+        unsigned v = in[b];
+        while (v) {
+          idx[o++] = 8 * b + __builtin_ctz(v);
+          v &= v - 1;
+        }
+      }
+    }
+  });
+}
+
+// ---- portable (ATen ops) ----
+at::Tensor varint_lengths(const at::Tensor& gaps) {
+  at::Tensor len = at::ones_like(gaps);
+  for (int s = 7; s < 63; s += 7) len += (gaps >= (int64_t(1) << s)).to(at::kLong);
+  return len;
+}
+
+at::Tensor gaps_of(const at::Tensor& idx) {
+  at::Tensor prev = at::cat({at::full({1}, -1, idx.options()), idx.narrow(0, 0, std::max<int64_t>(idx.numel() - 1, 0))});
+  return idx.numel() == 0 ? idx.clone() : idx - prev - 1;
+}
+
+at::Tensor delta_encode_portable(const at::Tensor& idx) {
+  at::Tensor gaps = gaps_of(idx);
+  at::Tensor len = varint_lengths(gaps);
+  at::Tensor ends = len.cumsum(0);
+  const int64_t total = idx.numel() == 0 ? 0 : ends[-1].item<int64_t>();
+  at::Tensor out = at::empty({total}, idx.options().dtype(at::kByte));
+  if (total == 0) return out;
+  at::Tensor start = ends - len;
+  const int64_t longest = len.max().item<int64_t>();
+  for (int64_t b = 0; b < longest; ++b) {
+    at::Tensor sel = len > b;
+    at::Tensor byte = at::bitwise_and(at::bitwise_right_shift(gaps, 7 * b), 0x7f) + (len > b + 1).to(at::kLong) * 0x80;
+    out.index_put_({(start + b).masked_select(sel)}, byte.masked_select(sel).to(at::kByte));
+  }
+  return out;
+}
+
+at::Tensor delta_decode_portable(const at::Tensor& bytes, int64_t n, int64_t universe, const char* codec) {
+  const int64_t size = bytes.numel();
+  if (n == 0) {
+    TORCH_CHECK(size == 0, codec, ": corrupt delta index: ", size, " bytes for 0 indices");
+    return at::empty({0}, bytes.options().dtype(at::kLong));
+  }
+  at::Tensor b = bytes.to(at::kLong);
+  at::Tensor last = at::bitwise_and(b, 0x80) == 0;  // (T) bool: a varint ends here
+  const int64_t ends = last.sum().item<int64_t>();
+  TORCH_CHECK(ends == n && last[-1].item<bool>(), codec, ": corrupt delta index: ", ends,
+              " complete varints, the header announces ", n);
+  at::Tensor last_l = last.to(at::kLong);
+  at::Tensor id = last_l.cumsum(0) - last_l;  // (T) which varint each byte belongs to
+  at::Tensor starts = at::cat({at::zeros({1}, b.options()), at::nonzero(last).view(-1).narrow(0, 0, n - 1) + 1});
+  at::Tensor pos = at::arange(size, b.options()) - starts.index_select(0, id);  // byte position within its varint
+  TORCH_CHECK(pos.max().item<int64_t>() < 9, codec, ": corrupt delta index: a varint is longer than 9 bytes");
+  at::Tensor gaps = at::zeros({n}, b.options()).index_add_(0, id, at::bitwise_left_shift(at::bitwise_and(b, 0x7f), 7 * pos));
+  TORCH_CHECK(gaps.max().item<int64_t>() < universe, codec, ": corrupt delta index: a gap exceeds the ", universe,
+              " elements of the tensor");
+  at::Tensor idx = (gaps + 1).cumsum(0) - 1;
+  TORCH_CHECK(idx[-1].item<int64_t>() < universe && (n < 2 || (idx.narrow(0, 1, n - 1) > idx.narrow(0, 0, n - 1)).all().item<bool>()),
+              codec, ": corrupt delta index: indices run past the ", universe, " elements of the tensor");
+  return idx;
+}
+
+}  // namespace
+
+std::optional<IndexFormat> index_format_from_word(const std::string& word) {
+  if (word == "auto") return std::nullopt;
+  if (word == "int32") return IndexFormat::kInt;
+  if (word == "delta") return IndexFormat::kDelta;
+  if (word == "bitmap") return IndexFormat::kBitmap;
+  TORCH_CHECK(false, "unknown index format '", word, "'; accepted: auto, int32, delta, bitmap");
+}
+
+std::string index_format_word(std::optional<IndexFormat> f) {
+  if (!f) return "auto";
+  switch (*f) {
+    case IndexFormat::kInt: return "int32";
+    case IndexFormat::kDelta: return "delta";
+    case IndexFormat::kBitmap: return "bitmap";
+  }
+  return "?";
+}
+
+IndexFormat index_format_from_param(int64_t v, const char* codec) {
+  TORCH_CHECK(v >= 0 && v <= 2, codec, ": corrupt payload: index format ", v, " is not 0 (int), 1 (delta) or 2 (bitmap)");
+  return static_cast<IndexFormat>(v);
+}
+
+int64_t index_int_width(int64_t universe) { return universe <= kInt32Universe ? 4 : 8; }
+int64_t index_int_bytes(int64_t n, int64_t universe) { return n * index_int_width(universe); }
+int64_t index_bitmap_bytes(int64_t universe) { return (universe + 7) / 8; }
+
+int64_t index_delta_bytes(const at::Tensor& idx) {
+  if (use_cpu_kernel(idx)) {
+    at::Tensor c = idx.contiguous();
+    return delta_bytes_cpu(c.data_ptr<int64_t>(), c.numel());
+  }
+  return idx.numel() == 0 ? 0 : varint_lengths(gaps_of(idx)).sum().item<int64_t>();
+}
+
+EncodedIndex encode_index(const at::Tensor& idx_in, int64_t universe, std::optional<IndexFormat> forced) {
+  TORCH_CHECK(idx_in.scalar_type() == at::kLong && idx_in.dim() == 1, "encode_index: expected (n) int64 indices");
+  at::Tensor idx = idx_in.contiguous();
+  const int64_t n = idx.numel();
+  IndexFormat f;
+  if (forced) {
+    f = *forced;
+  } else {
+    // Varints take at least one byte per index, so the delta size is only computed when it can win.
+    const int64_t plain = index_int_bytes(n, universe), bitmap = index_bitmap_bytes(universe);
+    f = bitmap < plain ? IndexFormat::kBitmap : IndexFormat::kInt;
+    const int64_t best = std::min(plain, bitmap);
+    if (n < best && index_delta_bytes(idx) < best) f = IndexFormat::kDelta;
+  }
+  const bool cpu = use_cpu_kernel(idx);
+  at::Tensor bytes;
+  switch (f) {
+    case IndexFormat::kInt:
+      bytes = idx.to(index_int_width(universe) == 4 ? at::kInt : at::kLong).view(at::kByte);
+      break;
+    case IndexFormat::kDelta:
+      if (cpu) {
+        bytes = at::empty({index_delta_bytes(idx)}, idx.options().dtype(at::kByte));
+        delta_encode_cpu(idx.data_ptr<int64_t>(), n, bytes.data_ptr<uint8_t>());
+      } else {
+        bytes = delta_encode_portable(idx);
+      }
+      break;
+    case IndexFormat::kBitmap:
+      if (cpu) {
+        bytes = at::zeros({index_bitmap_bytes(universe)}, idx.options().dtype(at::kByte));
+        bitmap_encode_cpu(idx.data_ptr<int64_t>(), n, bytes.data_ptr<uint8_t>());
+      } else {
+        at::Tensor mask = at::zeros({universe}, idx.options().dtype(at::kByte)).index_fill_(0, idx, 1);
+        bytes = pack_bits(mask, 1);
+      }
+      break;
+  }
+  return {f, bytes};
+}
+
+at::Tensor decode_index(IndexFormat format, const at::Tensor& bytes_in, int64_t n, int64_t universe, const char* codec) {
+  TORCH_CHECK(n >= 0 && n <= universe, codec, ": corrupt payload: ", n, " indices into ", universe, " elements");
+  at::Tensor bytes = bytes_in.contiguous();
+  const int64_t size = bytes.numel();
+  const bool cpu = use_cpu_kernel(bytes);
+  switch (format) {
+    case IndexFormat::kInt: {
+      const int64_t w = index_int_width(universe);
+      TORCH_CHECK(size == n * w, codec, ": corrupt int index: ", size, " bytes for ", n, " indices of ", w, " bytes");
+      at::Tensor aligned = reinterpret_cast<uintptr_t>(bytes.data_ptr()) % w == 0 ? bytes : bytes.clone();
+      at::Tensor idx = aligned.view(w == 4 ? at::kInt : at::kLong).to(at::kLong);
+      if (n > 0) {
+        auto [lo, hi] = at::aminmax(idx);
+        TORCH_CHECK(lo.item<int64_t>() >= 0 && hi.item<int64_t>() < universe, codec,
+                    ": corrupt int index: indices outside [0, ", universe, ")");
+      }
+      return idx;
+    }
+    case IndexFormat::kDelta: {
+      if (!cpu) return delta_decode_portable(bytes, n, universe, codec);
+      at::Tensor idx = at::empty({n}, bytes.options().dtype(at::kLong));
+      delta_decode_cpu(bytes.data_ptr<uint8_t>(), size, n, universe, idx.data_ptr<int64_t>(), codec);
+      return idx;
+    }
+    case IndexFormat::kBitmap: {
+      TORCH_CHECK(size == index_bitmap_bytes(universe), codec, ": corrupt bitmap index: ", size, " bytes for ",
+                  universe, " elements (expected ", index_bitmap_bytes(universe), ")");
+      if (cpu) {
+        at::Tensor idx = at::empty({n}, bytes.options().dtype(at::kLong));
+        bitmap_decode_cpu(bytes.data_ptr<uint8_t>(), size, universe, n, idx.data_ptr<int64_t>(), codec);
+        return idx;
+      }
+      // Unpack the padded length so that stray bits past the tensor are seen and rejected.
+      at::Tensor mask = unpack_bits(bytes, 1, size * 8);
+      const int64_t set = mask.sum().item<int64_t>();
+      TORCH_CHECK(set == n, codec, ": corrupt bitmap index: ", set, " bits set, the header announces ", n);
+      at::Tensor idx = at::nonzero(mask).view(-1);
+      TORCH_CHECK(n == 0 || idx[-1].item<int64_t>() < universe, codec, ": corrupt bitmap index: bits set past the ",
+                  universe, " elements of the tensor");
+      return idx;
+    }
+  }
+  TORCH_CHECK(false, codec, ": unknown index format");
+}
+
+}  // namespace tl::codec

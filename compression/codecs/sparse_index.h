@@ -1,0 +1,41 @@
+#pragma once
+// Index sets of sparse payloads: sorted, distinct flat indices into a tensor of `universe`
+// elements, in the cheapest of three forms (chosen per payload, recorded in the params):
+//   int    : one int32 per index (int64 when universe > 2^31)          n * 4 bytes
+//   delta  : gaps idx[i] - idx[i-1] - 1 (idx[-1] = -1) as LEB128 varints  sum of varint lengths
+//   bitmap : one bit per element, packed as pack_bits(mask, 1)             ceil(universe / 8)
+// On ties the earlier form in that order wins.
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <string>
+
+namespace tl::codec {
+
+enum class IndexFormat : int64_t { kInt = 0, kDelta = 1, kBitmap = 2 };
+
+/// "int32" (also used for int64 when needed), "delta", "bitmap"; "auto" -> nullopt (cheapest).
+std::optional<IndexFormat> index_format_from_word(const std::string& word);
+std::string index_format_word(std::optional<IndexFormat> f);
+IndexFormat index_format_from_param(int64_t v, const char* codec);
+
+/// Bytes per index of the `int` form.
+int64_t index_int_width(int64_t universe);
+int64_t index_int_bytes(int64_t n, int64_t universe);
+int64_t index_bitmap_bytes(int64_t universe);
+/// Exact size of the delta form of `idx` ((n) int64, sorted).
+int64_t index_delta_bytes(const at::Tensor& idx);
+
+struct EncodedIndex {
+  IndexFormat format;
+  at::Tensor bytes;  // (size) uint8, on idx's device
+};
+
+/// idx: (n) int64, strictly increasing, in [0, universe). forced: a fixed form, else the cheapest.
+EncodedIndex encode_index(const at::Tensor& idx, int64_t universe, std::optional<IndexFormat> forced);
+/// Inverse of encode_index; corrupt bytes (wrong count, out of range, malformed varints) are an
+/// error naming `codec`. Returns (n) int64, sorted.
+at::Tensor decode_index(IndexFormat format, const at::Tensor& bytes, int64_t n, int64_t universe, const char* codec);
+
+}  // namespace tl::codec

@@ -1,0 +1,43 @@
+#pragma once
+// CPU loops of the sparse codecs (the fast path of Note [two paths] in common.h): exact
+// top-k selection by radix select on magnitude bits, emission of the kept elements in index
+// order, and RandK's sampling without replacement.
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace tl::codec {
+
+/// Orders |v| like its float value (NaN above inf): the float's bits without the sign.
+inline uint32_t magnitude_key(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof(u));
+  return u & 0x7fffffffu;
+}
+
+/// A row keeps the elements whose key is > `key`, plus the first `ties` (in index order) whose key
+/// equals it. {0xffffffff, 0} keeps nothing.
+struct RowCut {
+  uint32_t key;
+  int64_t ties;
+};
+
+/// The cut keeping the k largest |x| of each of `rows` rows of D contiguous floats.
+std::vector<RowCut> topk_cuts_cpu(const float* x, int64_t rows, int64_t D, int64_t k);
+
+/// The kept elements of each row, in index order: flat indices (n) int64 and values (n) float.
+/// `row_count` is the number kept per row when known (TopK, RandK), -1 to count them first.
+void emit_cuts_cpu(const float* x, int64_t rows, int64_t D, const std::vector<RowCut>& cuts, int64_t row_count,
+                   at::Tensor& idx, at::Tensor& vals);
+void emit_mask_cpu(const float* x, const uint8_t* mask, int64_t rows, int64_t D, int64_t row_count, at::Tensor& idx,
+                   at::Tensor& vals);
+
+/// k distinct positions per row, uniform over the k-subsets (Floyd's algorithm, k draws per row
+/// from `gen`), as a (rows * D) 0/1 mask.
+void randk_mask_cpu(at::CPUGeneratorImpl* gen, int64_t rows, int64_t D, int64_t k, uint8_t* mask);
+
+}  // namespace tl::codec

@@ -1,0 +1,354 @@
+#include "compression/payload.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <cstring>
+#include <limits>
+#include <map>
+#include <mutex>
+
+#include "compression/codecs/common.h"
+
+namespace tl {
+namespace {
+
+constexpr uint8_t kMagic = 'T';
+constexpr uint8_t kVersion = 1;
+constexpr size_t kFixedHeader = 8;
+constexpr size_t kMaxDims = 16;
+constexpr size_t kMaxParams = 64;
+
+// ---- codec ids -------------------------------------------------------------------------------
+// Fixed ids: never renumber (payloads on disk and on other ranks use them). Stateful and learned
+// codecs are reserved here too so that their ids do not depend on registration order.
+struct CodecTable {
+  std::mutex mutex;
+  std::map<std::string, uint16_t> by_name;
+  std::map<uint16_t, std::string> by_id;
+  CodecTable() {
+    const std::pair<uint16_t, const char*> fixed[] = {
+        {1, "identity"}, {2, "fp16"},      {3, "bf16"},  {4, "topk"},  {5, "randk"},   {6, "threshold"},
+        {7, "quant"},    {8, "quantile"},  {9, "powersgd"}, {10, "compose"},
+        // stateful / learned (compression/ helpers of issue 4)
+        {32, "ef"},      {33, "ef21"},     {34, "aqsgd"}, {35, "lazy"}, {36, "ae"}, {37, "subspace"},
+    };
+    for (const auto& [id, name] : fixed) {
+      by_name[name] = id;
+      by_id[id] = name;
+    }
+  }
+};
+
+CodecTable& codec_table() {
+  static CodecTable table;
+  return table;
+}
+
+// ---- header (de)serialisation -------------------------------------------------------------------
+void put_u16(std::vector<uint8_t>& out, uint16_t v) {
+  out.push_back(static_cast<uint8_t>(v & 0xff));
+  out.push_back(static_cast<uint8_t>(v >> 8));
+}
+void put_i64(std::vector<uint8_t>& out, int64_t v) {
+  uint64_t u = static_cast<uint64_t>(v);
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>((u >> (8 * i)) & 0xff));
+}
+int64_t get_i64(const uint8_t* p) {
+  uint64_t u = 0;
+  for (int i = 0; i < 8; ++i) u |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return static_cast<int64_t>(u);
+}
+
+bool valid_dtype(uint8_t code) {
+  for (at::ScalarType t : {at::kFloat, at::kHalf, at::kBFloat16, at::kDouble})
+    if (code == static_cast<uint8_t>(t)) return true;
+  return false;
+}
+
+std::vector<uint8_t> header_of(const Payload& p) {
+  TORCH_CHECK(p.shape.size() <= kMaxDims, "payload: ", p.shape.size(), " dims; at most ", kMaxDims, " are accepted");
+  TORCH_CHECK(p.params.size() <= kMaxParams, "payload: ", p.params.size(), " params; at most ", kMaxParams,
+              " are accepted");
+  TORCH_CHECK(valid_dtype(static_cast<uint8_t>(p.dtype)), "payload: dtype ", p.dtype,
+              " is not accepted (float32, float16, bfloat16, float64)");
+  std::vector<uint8_t> out;
+  out.reserve(p.header_bytes());
+  out.push_back(kMagic);
+  out.push_back(kVersion);
+  put_u16(out, p.codec);
+  out.push_back(static_cast<uint8_t>(p.dtype));
+  out.push_back(static_cast<uint8_t>(p.shape.size()));
+  out.push_back(static_cast<uint8_t>(p.params.size()));
+  out.push_back(0);
+  for (int64_t d : p.shape) put_i64(out, d);
+  for (int64_t v : p.params) put_i64(out, v);
+  put_i64(out, static_cast<int64_t>(p.body_bytes()));
+  return out;
+}
+
+// Parses and validates a header from `avail` bytes; returns the payload without body, the header
+// size and the body size it announces. `what` prefixes errors ("payload", "nested payload").
+Payload parse_header(const uint8_t* data, size_t avail, const char* what, size_t& header_size, size_t& body_size) {
+  TORCH_CHECK(avail >= kFixedHeader, what, " truncated: ", avail, " bytes, the fixed header alone needs ",
+              kFixedHeader);
+  TORCH_CHECK(data[0] == kMagic, what, ": bad magic byte 0x", std::hex, static_cast<int>(data[0]),
+              " (expected 0x54 'T'): not a tapeline payload");
+  TORCH_CHECK(data[1] == kVersion, what, ": unsupported version ", static_cast<int>(data[1]), " (this build reads ",
+              static_cast<int>(kVersion), ")");
+  Payload p;
+  p.codec = static_cast<uint16_t>(data[2] | (data[3] << 8));
+  codec_name(p.codec);  // unknown id: error
+  TORCH_CHECK(valid_dtype(data[4]), what, ": unknown dtype code ", static_cast<int>(data[4]),
+              "; accepted: float32, float16, bfloat16, float64");
+  p.dtype = static_cast<at::ScalarType>(data[4]);
+  const size_t ndim = data[5], nparams = data[6];
+  TORCH_CHECK(ndim <= kMaxDims && nparams <= kMaxParams, what, ": corrupt header: ", ndim, " dims and ", nparams,
+              " params (at most ", kMaxDims, " and ", kMaxParams, ")");
+  TORCH_CHECK(data[7] == 0, what, ": corrupt header: reserved byte is ", static_cast<int>(data[7]), ", expected 0");
+  header_size = kFixedHeader + 8 * (ndim + nparams) + 8;
+  TORCH_CHECK(avail >= header_size, what, " truncated: ", avail, " bytes, its header alone needs ", header_size);
+  const uint8_t* q = data + kFixedHeader;
+  for (size_t i = 0; i < ndim; ++i, q += 8) p.shape.push_back(get_i64(q));
+  for (size_t i = 0; i < nparams; ++i, q += 8) p.params.push_back(get_i64(q));
+  codec::shape_numel(p.shape);  // negative or overflowing extents: error
+  const int64_t body = get_i64(q);
+  TORCH_CHECK(body >= 0, what, ": corrupt header: negative body length ", body);
+  body_size = static_cast<size_t>(body);
+  return p;
+}
+
+// ---- bit packing: CPU loops ---------------------------------------------------------------------
+// Groups of 8 codes fill exactly `bits` bytes: code j of a group sits at bit j * bits of a
+// little-endian uint64 of which the low `bits` bytes are stored.
+constexpr int64_t kGrain = 1 << 15;
+
+void pack_bits_cpu(const uint8_t* codes, int64_t n, int64_t bits, uint8_t* out) {
+  const uint64_t mask = (1u << bits) - 1;
+  const int64_t groups = n / 8;
+  at::parallel_for(0, groups, kGrain, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const uint8_t* c = codes + 8 * g;
+      uint64_t acc = 0;
+      for (int j = 0; j < 8; ++j) acc |= (c[j] & mask) << (j * bits);
+      std::memcpy(out + g * bits, &acc, bits);  // little-endian host
+    }
+  });
+  const int64_t rest = n - 8 * groups;
+  if (rest > 0) {
+    uint64_t acc = 0;
+    for (int64_t j = 0; j < rest; ++j) acc |= (codes[8 * groups + j] & mask) << (j * bits);
+    std::memcpy(out + groups * bits, &acc, (rest * bits + 7) / 8);
+  }
+}
+
+void unpack_bits_cpu(const uint8_t* in, int64_t n, int64_t bits, uint8_t* codes) {
+  const uint64_t mask = (1u << bits) - 1;
+  const int64_t groups = n / 8;
+  at::parallel_for(0, groups, kGrain, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      uint64_t acc = 0;
+      std::memcpy(&acc, in + g * bits, bits);
+      uint8_t* c = codes + 8 * g;
+      for (int j = 0; j < 8; ++j) c[j] = static_cast<uint8_t>((acc >> (j * bits)) & mask);
+    }
+  });
+  const int64_t rest = n - 8 * groups;
+  if (rest > 0) {
+    uint64_t acc = 0;
+    std::memcpy(&acc, in + groups * bits, (rest * bits + 7) / 8);
+    for (int64_t j = 0; j < rest; ++j) codes[8 * groups + j] = static_cast<uint8_t>((acc >> (j * bits)) & mask);
+  }
+}
+
+}  // namespace
+
+// ---- codec ids ------------------------------------------------------------------------------------
+uint16_t codec_id(const std::string& name) {
+  auto& t = codec_table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  auto it = t.by_name.find(name);
+  if (it != t.by_name.end()) return it->second;
+  std::string known;
+  for (const auto& [n, _] : t.by_name) known += (known.empty() ? "" : ", ") + n;
+  TORCH_CHECK(false, "no codec id for '", name, "'; known: ", known, " (add one with register_codec_id)");
+}
+
+const std::string& codec_name(uint16_t id) {
+  auto& t = codec_table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  auto it = t.by_id.find(id);
+  TORCH_CHECK(it != t.by_id.end(), "unknown codec id ", id, " in payload (corrupt, or written by a build with codecs",
+              " this one lacks)");
+  return it->second;
+}
+
+void register_codec_id(const std::string& name, uint16_t id) {
+  auto& t = codec_table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  auto n = t.by_name.find(name);
+  auto i = t.by_id.find(id);
+  if (n != t.by_name.end() && n->second == id) return;
+  TORCH_CHECK(n == t.by_name.end(), "register_codec_id: '", name, "' already has id ", n->second);
+  TORCH_CHECK(i == t.by_id.end(), "register_codec_id: id ", id, " is taken by '", i->second, "'");
+  t.by_name[name] = id;
+  t.by_id[id] = name;
+}
+
+// ---- Payload ------------------------------------------------------------------------------------------
+int64_t Payload::numel() const { return codec::shape_numel(shape); }
+
+std::vector<uint8_t> Payload::serialize() const {
+  std::vector<uint8_t> out = header_of(*this);
+  const size_t body = body_bytes();
+  if (body > 0) {
+    TORCH_CHECK(this->body.scalar_type() == at::kByte && this->body.dim() == 1, "payload body must be 1-D uint8");
+    at::Tensor host = this->body.contiguous().cpu();
+    const size_t h = out.size();
+    out.resize(h + body);
+    std::memcpy(out.data() + h, host.data_ptr<uint8_t>(), body);
+  }
+  return out;
+}
+
+Payload Payload::deserialize(const uint8_t* data, size_t size, at::Device device) {
+  TORCH_CHECK(data != nullptr || size == 0, "payload: null buffer");
+  size_t header = 0, body = 0;
+  Payload p = parse_header(data, size, "payload", header, body);
+  TORCH_CHECK(size - header == body, "payload: body length mismatch: the header announces ", body,
+              " body bytes, the buffer holds ", size - header, " after the ", header, "-byte header");
+  at::Tensor host = at::empty({static_cast<int64_t>(body)}, at::kByte);
+  if (body > 0) std::memcpy(host.data_ptr<uint8_t>(), data + header, body);
+  p.body = device.is_cpu() ? host : host.to(device);
+  return p;
+}
+
+// ---- BodyWriter / BodyReader -----------------------------------------------------------------------
+void BodyWriter::put(const at::Tensor& t) {
+  TORCH_CHECK(t.defined(), "BodyWriter: undefined section");
+  at::Tensor flat = t.contiguous().reshape({-1});
+  at::Tensor bytes = flat.scalar_type() == at::kByte ? flat : flat.view(at::kByte);
+  bytes_ += bytes.numel();
+  parts_.push_back(bytes);
+}
+
+void BodyWriter::put_payload(const Payload& p) {
+  std::vector<uint8_t> h = header_of(p);
+  at::Tensor header = at::empty({static_cast<int64_t>(h.size())}, at::kByte);
+  std::memcpy(header.data_ptr<uint8_t>(), h.data(), h.size());
+  put(header);
+  if (p.body_bytes() > 0) put(p.body);
+}
+
+at::Tensor BodyWriter::finish() {
+  at::Device device = at::kCPU;
+  for (const auto& t : parts_)
+    if (!t.device().is_cpu()) device = t.device();
+  std::vector<at::Tensor> parts;
+  for (auto& t : parts_)
+    if (t.numel() > 0) parts.push_back(t.device() == device ? t : t.to(device));
+  at::Tensor out = parts.empty() ? at::empty({0}, at::TensorOptions().dtype(at::kByte).device(device))
+                                 : at::cat(parts);  // a fresh buffer even for one part
+  parts_.clear();
+  bytes_ = 0;
+  return out;
+}
+
+BodyReader::BodyReader(const Payload& p, const char* codec_name) : codec_(codec_name) {
+  body_ = p.body.defined() ? p.body : at::empty({0}, at::kByte);
+  TORCH_CHECK(body_.scalar_type() == at::kByte && body_.dim() == 1, codec_, ": payload body must be a 1-D uint8 tensor, got ",
+              body_.scalar_type(), " of shape ", body_.sizes());
+  body_ = body_.contiguous();
+}
+
+at::Tensor BodyReader::take(at::ScalarType type, int64_t numel) {
+  TORCH_CHECK(numel >= 0, codec_, ": corrupt payload: negative section length ", numel);
+  const int64_t esize = static_cast<int64_t>(c10::elementSize(type));
+  TORCH_CHECK(numel <= (std::numeric_limits<int64_t>::max() - offset_) / esize, codec_,
+              ": corrupt payload: section of ", numel, " elements overflows");
+  const int64_t bytes = numel * esize;
+  TORCH_CHECK(offset_ + bytes <= body_.numel(), codec_, ": payload body truncated: a section of ", numel, " ", type,
+              " (", bytes, " bytes) at offset ", offset_, " runs past the end of the ", body_.numel(), "-byte body");
+  at::Tensor slice = body_.narrow(0, offset_, bytes);
+  offset_ += bytes;
+  if (type == at::kByte) return slice;
+  const auto addr = reinterpret_cast<uintptr_t>(slice.data_ptr());
+  if (addr % esize != 0) slice = slice.clone();  // unaligned: copy, then view in place
+  return slice.view(type);
+}
+
+Payload BodyReader::take_payload() {
+  const int64_t avail = remaining();
+  // The fixed header says how long the whole header is; read it to the host.
+  at::Tensor fixed = body_.narrow(0, offset_, std::min<int64_t>(avail, kFixedHeader)).cpu();
+  std::vector<uint8_t> head(fixed.data_ptr<uint8_t>(), fixed.data_ptr<uint8_t>() + fixed.numel());
+  size_t header = 0, body = 0;
+  if (head.size() >= kFixedHeader) {
+    const size_t full = kFixedHeader + 8 * (head[5] + head[6]) + 8;
+    at::Tensor all = body_.narrow(0, offset_, std::min<int64_t>(avail, full)).cpu();
+    head.assign(all.data_ptr<uint8_t>(), all.data_ptr<uint8_t>() + all.numel());
+  }
+  std::string what = std::string(codec_) + ": nested payload";
+  Payload p = parse_header(head.data(), head.size(), what.c_str(), header, body);
+  TORCH_CHECK(static_cast<size_t>(avail) - header >= body, codec_, ": nested payload truncated: its header announces ",
+              body, " body bytes, only ", avail - static_cast<int64_t>(header), " remain");
+  offset_ += header;
+  p.body = body_.narrow(0, offset_, body);
+  offset_ += body;
+  return p;
+}
+
+void BodyReader::finish() const {
+  TORCH_CHECK(offset_ == body_.numel(), codec_, ": payload body length mismatch: ", body_.numel(),
+              " bytes, the sections account for ", offset_);
+}
+
+// ---- bit packing ------------------------------------------------------------------------------------
+at::Tensor pack_bits(const at::Tensor& codes, int64_t bits) {
+  TORCH_CHECK(bits >= 1 && bits <= 8, "pack_bits: bits=", bits, " is not accepted; accepted: 1..8");
+  TORCH_CHECK(!at::isFloatingType(codes.scalar_type()), "pack_bits: codes must be integers, got ", codes.scalar_type());
+  at::Tensor c = codes.reshape({-1});
+  if (c.scalar_type() != at::kByte) c = c.to(at::kByte);
+  c = c.contiguous();
+  const int64_t n = c.numel();
+  const int64_t out_bytes = (n * bits + 7) / 8;
+  if (codec::use_cpu_kernel(c)) {
+    at::Tensor out = at::empty({out_bytes}, c.options());
+    pack_bits_cpu(c.data_ptr<uint8_t>(), n, bits, out.data_ptr<uint8_t>());
+    return out;
+  }
+  if (bits == 8) return c.clone();
+  // Portable path: (G, 8) codes -> shift into one int64 per group -> its low `bits` bytes.
+  const int64_t groups = (n + 7) / 8;
+  at::Tensor padded = at::constant_pad_nd(c, {0, groups * 8 - n}, 0).view({groups, 8});
+  at::Tensor field = at::bitwise_and(padded.to(at::kLong), (1 << bits) - 1);
+  at::Tensor weights = at::pow(2, at::arange(0, 8 * bits, bits, c.options().dtype(at::kLong)));  // (8)
+  at::Tensor acc = (field * weights).sum(1);  // (G) disjoint bit fields: sum == or, < 2^56
+  at::Tensor bytes = acc.view(at::kByte).view({groups, 8}).narrow(1, 0, bits).reshape({-1});
+  return bytes.narrow(0, 0, out_bytes).contiguous();
+}
+
+at::Tensor unpack_bits(const at::Tensor& packed, int64_t bits, int64_t n) {
+  TORCH_CHECK(bits >= 1 && bits <= 8, "unpack_bits: bits=", bits, " is not accepted; accepted: 1..8");
+  TORCH_CHECK(n >= 0, "unpack_bits: negative count ", n);
+  TORCH_CHECK(packed.scalar_type() == at::kByte, "unpack_bits: packed bytes must be uint8, got ", packed.scalar_type());
+  at::Tensor p = packed.reshape({-1}).contiguous();
+  const int64_t need = (n * bits + 7) / 8;
+  TORCH_CHECK(p.numel() == need, "unpack_bits: ", n, " codes of ", bits, " bits need ", need, " bytes, got ",
+              p.numel());
+  if (codec::use_cpu_kernel(p)) {
+    at::Tensor out = at::empty({n}, p.options());
+    unpack_bits_cpu(p.data_ptr<uint8_t>(), n, bits, out.data_ptr<uint8_t>());
+    return out;
+  }
+  if (bits == 8) return p.clone();
+  const int64_t groups = (n + 7) / 8;
+  at::Tensor padded = at::constant_pad_nd(p, {0, groups * bits - need}, 0).view({groups, bits});
+  at::Tensor weights = at::pow(2, at::arange(0, 8 * bits, 8, p.options().dtype(at::kLong)));  // (bits)
+  at::Tensor acc = (padded.to(at::kLong) * weights).sum(1, /*keepdim=*/true);                  // (G, 1)
+  at::Tensor shifts = at::arange(0, 8 * bits, bits, p.options().dtype(at::kLong));             // (8)
+  at::Tensor codes = at::bitwise_and(at::bitwise_right_shift(acc, shifts), (1 << bits) - 1);   // (G, 8)
+  return codes.reshape({-1}).narrow(0, 0, n).to(at::kByte);
+}
+
+}  // namespace tl

@@ -1,0 +1,120 @@
+// Spec factories of the stateful and learned codecs; register_stateful_codecs() is called by the
+// registry in compression/spec.cpp. Syntax and formulas: docs/COMPRESSION.md.
+#include "compression/stateful/aqsgd.h"
+#include "compression/stateful/autoencoder.h"
+#include "compression/stateful/error_feedback.h"
+#include "compression/stateful/subspace.h"
+
+namespace tl {
+
+namespace {
+
+constexpr size_t kNamed = SpecArgs::kNamedOnly;
+
+at::ScalarType cache_dtype(SpecArgs& a) {
+  const std::string w = a.word(kNamed, "cache", {"fp32", "fp16", "bf16"}, std::string("fp32"));
+  return w == "fp16" ? at::kHalf : w == "bf16" ? at::kBFloat16 : at::kFloat;
+}
+
+int64_t non_negative(SpecArgs& a, size_t pos, const std::string& key, int64_t fallback, const char* what) {
+  const int64_t v = a.integer(pos, key, fallback);
+  if (v < 0) a.fail(pos, key, what);
+  return v;
+}
+
+CompressorPtr optional_wire(SpecArgs& a) {
+  auto call = a.spec(kNamed, "wire", /*required=*/false);
+  return call ? build_compressor(*call) : nullptr;
+}
+
+CompressorPtr make_ef(SpecArgs& a) {
+  CompressorPtr inner = stateful::build_inner(a, 0, "inner", "ef");
+  ErrorFeedback::Options o;
+  o.per = a.word(kNamed, "per", {"boundary", "sample"}, std::string("boundary")) == "sample"
+              ? ErrorFeedback::Per::Sample
+              : ErrorFeedback::Per::Boundary;
+  o.cache.capacity = non_negative(a, kNamed, "capacity", 0, "an integer >= 0 (0: grow as sample ids appear)");
+  if (o.per == ErrorFeedback::Per::Boundary && o.cache.capacity > 0)
+    a.fail(kNamed, "capacity", "capacity only with per=sample (the per-boundary buffer has the message's shape)");
+  a.done();
+  return std::make_shared<ErrorFeedback>(inner, o);
+}
+
+CompressorPtr make_lazy(SpecArgs& a) {
+  CompressorPtr inner = stateful::build_inner(a, 0, "inner", "lazy");
+  ErrorFeedback::Options o;
+  o.lazy = true;
+  o.carry = a.word(kNamed, "carry", {"steps", "microbatches"}, std::string("steps")) == "microbatches"
+                ? ErrorFeedback::Carry::MicroBatches
+                : ErrorFeedback::Carry::Steps;
+  a.done();
+  return std::make_shared<ErrorFeedback>(inner, o);
+}
+
+CompressorPtr make_ef21(SpecArgs& a) {
+  CompressorPtr inner = stateful::build_inner(a, 0, "inner", "ef21");
+  a.done();
+  return std::make_shared<EF21>(inner);
+}
+
+CompressorPtr make_aqsgd(SpecArgs& a) {
+  CompressorPtr inner = stateful::build_inner(a, 0, "inner", "aqsgd");
+  AqSgd::Options o;
+  o.warmup_epochs = non_negative(a, kNamed, "warmup", 1, "an integer >= 0 (epochs sent uncompressed)");
+  o.cache.capacity = non_negative(a, kNamed, "capacity", 0, "an integer >= 0 (0: grow as sample ids appear)");
+  o.cache.dtype = cache_dtype(a);
+  // A file name is a bare word (letters, digits, '_', '-', '.'; relative to the working directory);
+  // other paths are given through AqSgd::Options.
+  o.cache.file = a.word(kNamed, "file", {}, std::string());
+  a.done();
+  return std::make_shared<AqSgd>(inner, o);
+}
+
+CompressorPtr make_ae(SpecArgs& a) {
+  Autoencoder::Options o;
+  o.d_code = a.integer(0, "d_code");
+  if (o.d_code < 1) a.fail(0, "d_code", "an integer >= 1 (the code width)");
+  o.d = non_negative(a, kNamed, "d", 0, "an integer >= 0 (input width; 0: from the first input)");
+  const std::string layout = a.word(kNamed, "layout", {"auto", "last", "channel"}, std::string("auto"));
+  o.layout = layout == "last"      ? Autoencoder::Layout::Last
+             : layout == "channel" ? Autoencoder::Layout::Channel
+                                   : Autoencoder::Layout::Auto;
+  o.seed = static_cast<uint64_t>(non_negative(a, kNamed, "seed", 0, "an integer >= 0"));
+  o.wire = optional_wire(a);
+  a.done();
+  return std::make_shared<Autoencoder>(o);
+}
+
+CompressorPtr make_subspace(SpecArgs& a) {
+  Subspace::Options o;
+  o.k = a.integer(0, "k");
+  if (o.k < 1) a.fail(0, "k", "an integer >= 1 (the subspace dimension)");
+  o.d = non_negative(a, kNamed, "d", 0, "an integer >= 0 (hidden width; 0: from the first input)");
+  o.vocab = non_negative(a, kNamed, "vocab", 0, "an integer >= 0 (vocabulary size; 0: no token embedding)");
+  o.seed = static_cast<uint64_t>(non_negative(a, kNamed, "seed", 0, "an integer >= 0"));
+  o.token_std = a.number(kNamed, "token_std", 0.02);
+  if (!(o.token_std > 0)) a.fail(kNamed, "token_std", "a number > 0");
+  o.wire = optional_wire(a);
+  a.done();
+  return std::make_shared<Subspace>(o);
+}
+
+}  // namespace
+
+void register_stateful_codecs() {
+  register_compressor("ef", make_ef,
+                      "ef(C, per=boundary|sample, capacity=N): error feedback x+=e; c=C(x); e=x-c");
+  register_compressor("lazy", make_lazy,
+                      "lazy(C, carry=steps|microbatches): Optimus-CC lazy error propagation, one buffer per boundary");
+  register_compressor("ef21", make_ef21, "ef21(C): EF21, both ends keep A; send C(x - A); A += C(x - A)");
+  register_compressor("aqsgd", make_aqsgd,
+                      "aqsgd(C, warmup=1, capacity=N, cache=fp32|fp16|bf16, file=PATH): AQ-SGD per-sample delta "
+                      "compression");
+  register_compressor("ae", make_ae,
+                      "ae(d_code, d=0, layout=auto|last|channel, wire=SPEC, seed=0): learned linear autoencoder");
+  register_compressor("subspace", make_subspace,
+                      "subspace(k, d=0, vocab=0, seed=0, token_std=0.02, wire=SPEC): Protocol Models subspace "
+                      "projection");
+}
+
+}  // namespace tl

@@ -1,0 +1,151 @@
+#include "layers/models/bert.h"
+
+namespace tl {
+
+namespace {
+void check_ids(const at::Tensor& t, const char* what, const at::Tensor& ids) {
+  TORCH_CHECK(t.dim() == 2 && (t.scalar_type() == at::kLong || t.scalar_type() == at::kInt), "Bert: ", what,
+              " must be int64 (B, T), got ", t.scalar_type(), " ", t.sizes());
+  TORCH_CHECK(!ids.defined() || t.sizes().equals(ids.sizes()), "Bert: ", what, " shape ", t.sizes(),
+              " differs from the token ids' ", ids.sizes());
+}
+
+/// Pooler and classifier on the last hidden states (B, T, C).
+void run_head(const std::shared_ptr<Linear>& pooler, const std::shared_ptr<Dropout>& drop,
+              const std::shared_ptr<Linear>& classifier, BertOutput& out) {
+  if (!pooler) return;
+  Variable first = squeeze(narrow(out.hidden, 1, 0, 1), 1);  // (B, C): the [CLS] position
+  out.pooled = tanh(pooler->forward(first));
+  if (classifier) out.logits = classifier->forward(drop->forward(out.pooled));  // (B, num_labels)
+}
+}  // namespace
+
+// ---- embeddings ---------------------------------------------------------------------------------
+BertEmbeddings::BertEmbeddings(const BertConfig& c, const init::Generator& gen) : Module("BertEmbeddings") {
+  word_ = register_module("word", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, c.pad_token_id, gen));
+  position_ = register_module("position", std::make_shared<Embedding>(c.max_position_embeddings, c.hidden_size, -1, gen));
+  token_type_ = register_module("token_type", std::make_shared<Embedding>(c.type_vocab_size, c.hidden_size, -1, gen));
+  norm_ = register_module("norm", std::make_shared<LayerNorm>(c.hidden_size, c.layer_norm_eps));
+  drop_ = register_module("drop", std::make_shared<Dropout>(c.hidden_dropout, gen));
+}
+
+Variable BertEmbeddings::forward(const at::Tensor& ids, const at::Tensor& token_type_ids) {
+  check_ids(ids, "token ids", at::Tensor());
+  const int64_t t = ids.size(1);
+  TORCH_CHECK(t <= position_->num_embeddings(), "Bert: sequence length ", t,
+              " exceeds max_position_embeddings = ", position_->num_embeddings());
+  at::Tensor pos = at::arange(t, ids.options().dtype(at::kLong));  // (T)
+  Variable x = word_->forward(ids) + position_->forward(pos);      // (B, T, C) + (T, C)
+  if (token_type_ids.defined()) {
+    check_ids(token_type_ids, "token_type_ids", ids);
+    x = x + token_type_->forward(token_type_ids);
+  } else {
+    x = x + token_type_->forward(at::zeros({t}, ids.options().dtype(at::kLong)));  // type 0 everywhere
+  }
+  return drop_->forward(norm_->forward(x));
+}
+
+// ---- model --------------------------------------------------------------------------------------
+Bert::Bert(const BertConfig& c, const init::Generator& gen) : Module("Bert"), config_(c) {
+  TORCH_CHECK(c.hidden_size > 0 && c.num_attention_heads > 0 && c.hidden_size % c.num_attention_heads == 0 &&
+                  c.num_hidden_layers > 0 && c.intermediate_size > 0,
+              "Bert: hidden_size (", c.hidden_size, ") must be a positive multiple of num_attention_heads (",
+              c.num_attention_heads, "), with positive num_hidden_layers (", c.num_hidden_layers,
+              ") and intermediate_size (", c.intermediate_size, ")");
+  TORCH_CHECK(c.num_labels == 0 || c.add_pooler, "Bert: a classifier (num_labels = ", c.num_labels,
+              ") needs the pooler (add_pooler = true)");
+  embeddings_ = register_module("embeddings", std::make_shared<BertEmbeddings>(c, gen));
+  auto layers = register_module("layers", std::make_shared<Sequential>());
+  const auto opts = TransformerBlockOptions(c.hidden_size, c.num_attention_heads)
+                        .hidden(c.intermediate_size)
+                        .norm(NormPlacement::Post)
+                        .fused_qkv(false)
+                        .causal(false)
+                        .activation(c.hidden_act)
+                        .norm_eps(c.layer_norm_eps)
+                        .dropout(c.hidden_dropout)
+                        .attention_dropout(c.attention_dropout);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    layers_.push_back(layers->push_back(std::make_shared<TransformerBlock>(opts, gen)));
+  if (c.add_pooler) pooler_ = register_module("pooler", std::make_shared<Linear>(c.hidden_size, c.hidden_size, true, gen));
+  drop_ = register_module("drop", std::make_shared<Dropout>(c.hidden_dropout, gen));
+  if (c.num_labels > 0)
+    classifier_ = register_module("classifier", std::make_shared<Linear>(c.hidden_size, c.num_labels, true, gen));
+
+  // Hugging Face initialisation (replaces the layer defaults drawn above).
+  const double std = c.initializer_range;
+  auto init_linear = [&](const std::shared_ptr<Linear>& l) {
+    if (!l) return;
+    init::normal_(l->weight().data(), 0.0, std, gen);
+    l->bias().data().zero_();
+  };
+  init::normal_(embeddings_->word()->weight().data(), 0.0, std, gen);
+  if (c.pad_token_id >= 0) embeddings_->word()->weight().data()[c.pad_token_id].zero_();
+  init::normal_(embeddings_->position()->weight().data(), 0.0, std, gen);
+  init::normal_(embeddings_->token_type()->weight().data(), 0.0, std, gen);
+  for (auto& l : layers_) {
+    for (auto& p : {l->attn()->query(), l->attn()->key(), l->attn()->value(), l->attn()->out(), l->mlp()->fc(),
+                    l->mlp()->proj()})
+      init_linear(p);
+  }
+  init_linear(pooler_);
+  init_linear(classifier_);
+
+  // Segments: embeddings, one per layer, then the head. They read the batch inputs.
+  auto emb = embeddings_;
+  auto batch = batch_;
+  segments_.push_back({"embeddings", {{"embeddings", emb}}, [emb, batch](const Variable& ids) {
+                         return emb->forward(ids.data(), batch->token_type_ids);
+                       }});
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    auto layer = layers_[i];
+    const std::string path = "layers." + std::to_string(i);
+    segments_.push_back({path, {{path, layer}}, [layer, batch](const Variable& x) {
+                           return layer->forward(x, batch->key_padding_mask);
+                         }});
+  }
+  std::vector<std::pair<std::string, ModulePtr>> head_modules;
+  if (pooler_) head_modules.emplace_back("pooler", pooler_);
+  if (classifier_) {
+    head_modules.emplace_back("drop", drop_);
+    head_modules.emplace_back("classifier", classifier_);
+  }
+  auto pooler = pooler_, classifier = classifier_;
+  auto drop = drop_;
+  segments_.push_back({"", head_modules, [pooler, drop, classifier](const Variable& x) {
+                         BertOutput out{x, {}, {}};
+                         run_head(pooler, drop, classifier, out);
+                         return out.logits.defined() ? out.logits : out.pooled.defined() ? out.pooled : out.hidden;
+                       }});
+}
+
+at::Tensor Bert::key_padding_mask(const at::Tensor& attention_mask, const at::Tensor& ids) {
+  if (!attention_mask.defined()) return {};
+  TORCH_CHECK(attention_mask.dim() == 2 && (!ids.defined() || attention_mask.sizes().equals(ids.sizes())),
+              "Bert: attention_mask must be (B, T) like the token ids ", ids.defined() ? ids.sizes() : at::IntArrayRef(),
+              ", got ", attention_mask.sizes());
+  return attention_mask.scalar_type() == at::kBool ? attention_mask.logical_not() : attention_mask.eq(0);
+}
+
+void Bert::set_batch_inputs(const at::Tensor& attention_mask, const at::Tensor& token_type_ids) {
+  batch_->key_padding_mask = key_padding_mask(attention_mask, at::Tensor());
+  batch_->token_type_ids = token_type_ids;
+}
+
+BertOutput Bert::forward(const at::Tensor& ids, const at::Tensor& attention_mask, const at::Tensor& token_type_ids) {
+  const at::Tensor kpm = key_padding_mask(attention_mask, ids);
+  BertOutput out;
+  out.hidden = embeddings_->forward(ids, token_type_ids);  // (B, T, C)
+  for (auto& l : layers_) out.hidden = l->forward(out.hidden, kpm);
+  run_head(pooler_, drop_, classifier_, out);
+  return out;
+}
+
+Variable Bert::forward(const Variable& ids) { return run_segments(segments_, ids); }
+
+const std::shared_ptr<TransformerBlock>& Bert::layer(size_t i) const {
+  TORCH_CHECK(i < layers_.size(), "Bert: layer ", i, " out of range (", layers_.size(), " layers)");
+  return layers_[i];
+}
+
+}  // namespace tl

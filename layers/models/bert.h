@@ -1,0 +1,112 @@
+#pragma once
+// BERT-style encoder: word + position + token-type embeddings and a LayerNorm, post-LN
+// transformer blocks with separate query/key/value projections and a gelu MLP, a pooler (tanh of
+// a dense layer on the first token) and an optional sequence-classification head.
+//
+// Names: embeddings.{word, position, token_type, norm}, layers.{i}.{attn.query, attn.key,
+// attn.value, attn.out, ln1, mlp.fc, mlp.proj, ln2}, pooler, classifier.
+// Initialisation (as Hugging Face): Linear weights and embeddings N(0, initializer_range), biases
+// 0, the padding row of the word embedding 0, LayerNorms 1/0.
+//
+// Cut points: "embeddings", then "layers.0" .. "layers.{n-1}" (after each block).
+
+#include "layers/models/splittable.h"
+#include "layers/nn/activation.h"
+#include "layers/nn/embedding.h"
+#include "layers/nn/linear.h"
+#include "layers/nn/norm.h"
+#include "layers/nn/sequential.h"
+#include "layers/nn/transformer.h"
+
+namespace tl {
+
+struct BertConfig {
+  int64_t vocab_size = 30522;
+  int64_t hidden_size = 768;
+  int64_t num_hidden_layers = 12;
+  int64_t num_attention_heads = 12;
+  int64_t intermediate_size = 3072;
+  int64_t max_position_embeddings = 512;
+  int64_t type_vocab_size = 2;
+  int64_t pad_token_id = 0;
+  std::string hidden_act = "gelu";  // gelu (erf), gelu_tanh, relu
+  double layer_norm_eps = 1e-12;
+  double hidden_dropout = 0.1;
+  double attention_dropout = 0.1;
+  double initializer_range = 0.02;
+  bool add_pooler = true;
+  int64_t num_labels = 0;  // > 0: a classifier (dropout, Linear) on the pooled output
+};
+
+/// Children: word, position, token_type, norm, drop.
+class BertEmbeddings : public Module {
+ public:
+  BertEmbeddings(const BertConfig& config, const init::Generator& gen = std::nullopt);
+  /// ids (B, T) int64, token_type_ids (B, T) int64 or undefined (all 0) -> (B, T, C)
+  Variable forward(const at::Tensor& ids, const at::Tensor& token_type_ids);
+  Variable forward(const Variable& ids) override { return forward(ids.data(), at::Tensor()); }
+
+  const std::shared_ptr<Embedding>& word() const { return word_; }
+  const std::shared_ptr<Embedding>& position() const { return position_; }
+  const std::shared_ptr<Embedding>& token_type() const { return token_type_; }
+  const std::shared_ptr<LayerNorm>& norm() const { return norm_; }
+
+ private:
+  std::shared_ptr<Embedding> word_, position_, token_type_;
+  std::shared_ptr<LayerNorm> norm_;
+  std::shared_ptr<Dropout> drop_;
+};
+
+struct BertOutput {
+  Variable hidden;  // (B, T, C) last hidden states
+  Variable pooled;  // (B, C), undefined without pooler
+  Variable logits;  // (B, num_labels), undefined without classifier
+};
+
+class Bert : public Module, public Splittable {
+ public:
+  explicit Bert(const BertConfig& config, const init::Generator& gen = std::nullopt);
+
+  /// ids (B, T) int64; attention_mask (B, T), 1/true = token, 0/false = padding (Hugging Face
+  /// convention; any dtype), or undefined (all tokens); token_type_ids (B, T) or undefined (0).
+  BertOutput forward(const at::Tensor& ids, const at::Tensor& attention_mask = {},
+                     const at::Tensor& token_type_ids = {});
+
+  /// Single-input form used by the unsplit model as a stage and by split() stages: ids in, the
+  /// last stage returns logits (classifier), else the pooled output (pooler), else the hidden
+  /// states. The attention mask and token types come from set_batch_inputs().
+  Variable forward(const Variable& ids) override;
+  /// Note [BERT stage inputs]: split stages take one Variable, so the attention mask and token
+  /// types of the batch are set here before the first stage's forward and read by every stage
+  /// when its forward runs. With several micro-batches in flight, set them before each
+  /// micro-batch's forward (backward does not read them). Undefined tensors: no padding, type 0.
+  void set_batch_inputs(const at::Tensor& attention_mask, const at::Tensor& token_type_ids = {});
+
+  std::vector<std::string> cut_points() const override { return segment_cut_points(segments_); }
+  std::vector<ModulePtr> split(const std::vector<std::string>& cuts) override {
+    return split_segments("Bert", segments_, cuts);
+  }
+
+  const BertConfig& config() const { return config_; }
+  const std::shared_ptr<BertEmbeddings>& embeddings() const { return embeddings_; }
+  const std::shared_ptr<TransformerBlock>& layer(size_t i) const;
+  const std::shared_ptr<Linear>& pooler() const { return pooler_; }
+  const std::shared_ptr<Linear>& classifier() const { return classifier_; }
+
+ private:
+  struct BatchInputs {
+    at::Tensor key_padding_mask;  // bool (B, T), true = padding
+    at::Tensor token_type_ids;
+  };
+  static at::Tensor key_padding_mask(const at::Tensor& attention_mask, const at::Tensor& ids);
+
+  BertConfig config_;
+  std::shared_ptr<BertEmbeddings> embeddings_;
+  std::vector<std::shared_ptr<TransformerBlock>> layers_;
+  std::shared_ptr<Linear> pooler_, classifier_;
+  std::shared_ptr<Dropout> drop_;
+  std::shared_ptr<BatchInputs> batch_ = std::make_shared<BatchInputs>();
+  std::vector<Segment> segments_;
+};
+
+}  // namespace tl

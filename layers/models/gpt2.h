@@ -1,0 +1,62 @@
+#pragma once
+// GPT-2: token + learned position embeddings, pre-LN transformer blocks with causal fused-qkv
+// attention and a gelu_tanh MLP, a final LayerNorm, and an output projection tied to the token
+// embedding (logits = h wte^T).
+//
+// Names: wte, wpe, drop, h.{i}.{ln1, attn.qkv, attn.out, ln2, mlp.fc, mlp.proj}, ln_f.
+// Initialisation (as GPT-2 / Hugging Face): every Linear weight and both embeddings
+// N(0, init_std), biases 0, LayerNorms 1/0, and the two projections that write into the
+// residual stream (attn.out, mlp.proj) N(0, init_std / sqrt(2 * n_layer)).
+//
+// Cut points: "embed" (after the embeddings), then "h.0" .. "h.{n_layer-1}" (after each block).
+
+#include "layers/models/splittable.h"
+#include "layers/nn/activation.h"
+#include "layers/nn/embedding.h"
+#include "layers/nn/norm.h"
+#include "layers/nn/sequential.h"
+#include "layers/nn/transformer.h"
+
+namespace tl {
+
+struct GPT2Config {
+  int64_t vocab_size = 50257;
+  int64_t n_positions = 1024;  // context length
+  int64_t n_embd = 768;
+  int64_t n_layer = 12;
+  int64_t n_head = 12;
+  double dropout = 0.1;  // embedding, attention-probability and residual dropout
+  double layer_norm_eps = 1e-5;
+  double init_std = 0.02;
+};
+
+class GPT2 : public Module, public Splittable {
+ public:
+  explicit GPT2(const GPT2Config& config, const init::Generator& gen = std::nullopt);
+
+  /// ids (B, T) int64, T <= n_positions -> logits (B, T, vocab_size)
+  Variable forward(const at::Tensor& ids);
+  /// The same, with the ids carried by a Variable (pipeline stage 0 input).
+  Variable forward(const Variable& ids) override;
+
+  std::vector<std::string> cut_points() const override { return segment_cut_points(segments_); }
+  std::vector<ModulePtr> split(const std::vector<std::string>& cuts) override {
+    return split_segments("GPT2", segments_, cuts);
+  }
+
+  const GPT2Config& config() const { return config_; }
+  const std::shared_ptr<Embedding>& wte() const { return wte_; }
+  const std::shared_ptr<Embedding>& wpe() const { return wpe_; }
+  const std::shared_ptr<TransformerBlock>& block(size_t i) const;
+  const std::shared_ptr<LayerNorm>& ln_f() const { return ln_f_; }
+
+ private:
+  GPT2Config config_;
+  std::shared_ptr<Embedding> wte_, wpe_;
+  std::shared_ptr<Dropout> drop_;
+  std::vector<std::shared_ptr<TransformerBlock>> blocks_;
+  std::shared_ptr<LayerNorm> ln_f_;
+  std::vector<Segment> segments_;
+};
+
+}  // namespace tl

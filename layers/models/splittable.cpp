@@ -1,0 +1,92 @@
+#include "layers/models/splittable.h"
+
+#include <sstream>
+
+namespace tl {
+
+namespace {
+std::string join_list(const std::vector<std::string>& names) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s.empty() ? "none" : s;
+}
+}  // namespace
+
+void Stage::add_at_path(const std::string& path, const ModulePtr& module) {
+  // Walk (creating plain containers) down to the parent of the leaf, then register the leaf.
+  Module* parent = this;
+  std::istringstream is(path);
+  std::vector<std::string> parts;
+  for (std::string p; std::getline(is, p, '.');) parts.push_back(p);
+  TORCH_CHECK(!parts.empty(), "Stage: empty module path");
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    ModulePtr next;
+    for (const auto& [n, c] : parent->named_children())
+      if (n == parts[i]) next = c;
+    if (!next) next = parent->register_module(parts[i], std::make_shared<Module>("ModuleList"));
+    parent = next.get();
+  }
+  for (const auto& [n, c] : parent->named_children()) {
+    if (n == parts.back()) {
+      TORCH_CHECK(c == module, "Stage: two different modules under the path '", path, "'");
+      return;  // shared by two segments of this stage (tied weights): registered once
+    }
+  }
+  parent->register_module(parts.back(), module);
+}
+
+void Stage::add(const Segment& segment) {
+  for (const auto& [path, m] : segment.modules) add_at_path(path, m);
+  fns_.push_back(segment.fn);
+  names_.push_back(segment.end.empty() ? "output" : segment.end);
+}
+
+Variable Stage::forward(const Variable& x) {
+  Variable y = x;
+  for (auto& fn : fns_) y = fn(y);
+  return y;
+}
+
+std::vector<std::string> segment_cut_points(const std::vector<Segment>& segments) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i + 1 < segments.size(); ++i) out.push_back(segments[i].end);
+  return out;
+}
+
+std::vector<ModulePtr> split_segments(const std::string& model, const std::vector<Segment>& segments,
+                                      const std::vector<std::string>& cuts) {
+  const auto valid = segment_cut_points(segments);
+  // Position of every cut: known, and strictly increasing in model order.
+  std::vector<size_t> at;
+  for (const auto& cut : cuts) {
+    size_t i = 0;
+    while (i < valid.size() && valid[i] != cut) ++i;
+    TORCH_CHECK(i < valid.size(), model, ": unknown cut point '", cut, "'; valid cut points, in order: ",
+                join_list(valid));
+    TORCH_CHECK(at.empty() || i > at.back(), model, ": cut point '", cut, "' ",
+                i == at.back() ? "is given twice" : "comes before the previous cut '" + valid[at.back()] + "'",
+                "; cuts must be distinct and in model order: ", join_list(valid));
+    at.push_back(i);
+  }
+  std::vector<ModulePtr> stages;
+  auto stage = std::make_shared<Stage>();
+  size_t next_cut = 0;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    stage->add(segments[i]);
+    if (next_cut < at.size() && at[next_cut] == i) {
+      stages.push_back(stage);
+      stage = std::make_shared<Stage>();
+      ++next_cut;
+    }
+  }
+  stages.push_back(stage);
+  return stages;
+}
+
+Variable run_segments(const std::vector<Segment>& segments, const Variable& x) {
+  Variable y = x;
+  for (const auto& s : segments) y = s.fn(y);
+  return y;
+}
+
+}  // namespace tl

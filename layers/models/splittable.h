@@ -1,0 +1,70 @@
+#pragma once
+// Splitting a model into pipeline stages at named cut points.
+//
+// A model is an ordered list of Segments, each ending at a named cut point (the last segment
+// ends at the model's output). split({"layer1", "layer3"}) groups consecutive segments into
+// stages; each stage is a Module whose forward(Variable) runs its segments in order, and whose
+// children are the model's own modules registered under their original dotted paths, so a stage's
+// named_parameters() are a subset of the model's, with the same names, sharing storage.
+//
+// Note [tied parameters across stages]: a module used by two segments (GPT-2's token embedding,
+// which is also the output projection) is registered in every stage that uses it. In-process the
+// stages share one Variable and its gradient accumulates both uses; a multi-process pipeline must
+// all-reduce such a parameter's gradient between the stages that hold it.
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "layers/module.h"
+
+namespace tl {
+
+struct Splittable {
+  virtual ~Splittable() = default;
+  /// The ordered names where the model may be cut (a cut is "after this point").
+  virtual std::vector<std::string> cut_points() const = 0;
+  /// cuts: distinct cut points in model order. Returns cuts.size() + 1 stages; stage i's
+  /// forward(Variable) -> Variable runs the slice between cut i-1 and cut i. Stages share
+  /// parameters with the model. An error names a bad cut and lists the valid ones.
+  virtual std::vector<ModulePtr> split(const std::vector<std::string>& cuts) = 0;
+};
+
+/// One atomic piece of a model between two consecutive cut points.
+struct Segment {
+  /// The cut point at the end of this segment; empty for the model's last segment.
+  std::string end;
+  /// Modules this segment uses, registered in a stage under these dotted paths ("layer1.0").
+  std::vector<std::pair<std::string, ModulePtr>> modules;
+  /// The computation, from the previous segment's output (or the model input) to this one's.
+  std::function<Variable(const Variable&)> fn;
+};
+
+/// A pipeline stage: a run of segments. Children mirror the model's dotted names.
+class Stage : public Module {
+ public:
+  Stage() : Module("Stage") {}
+  /// Registers the segment's modules (once each) and appends its computation.
+  void add(const Segment& segment);
+  Variable forward(const Variable& x) override;
+  /// The cut points this stage spans, e.g. "layer1.1 .. layer2" (for messages and printing).
+  const std::vector<std::string>& segment_names() const { return names_; }
+
+ private:
+  void add_at_path(const std::string& path, const ModulePtr& module);
+  std::vector<std::function<Variable(const Variable&)>> fns_;
+  std::vector<std::string> names_;
+};
+
+/// The cut points of a segment list: every segment's `end` but the last's.
+std::vector<std::string> segment_cut_points(const std::vector<Segment>& segments);
+
+/// Validates `cuts` (known, distinct, in model order; errors name `model` and list the valid cut
+/// points) and groups the segments into cuts.size() + 1 stages.
+std::vector<ModulePtr> split_segments(const std::string& model, const std::vector<Segment>& segments,
+                                      const std::vector<std::string>& cuts);
+
+/// Runs every segment in order (the unsplit forward).
+Variable run_segments(const std::vector<Segment>& segments, const Variable& x);
+
+}  // namespace tl

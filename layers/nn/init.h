@@ -1,0 +1,28 @@
+#pragma once
+// Parameter initialisation, as PyTorch's torch.nn.init. Every function takes an optional
+// generator; without one ATen's default generator is used (seed it with at::manual_seed).
+// All fill in place under no-grad and return the tensor.
+
+#include <ATen/ATen.h>
+
+#include <optional>
+
+namespace tl::init {
+
+using Generator = std::optional<at::Generator>;
+
+/// fan_in of a weight laid out (out, in, k...): in * prod(k). For a 1-D tensor, its size.
+int64_t fan_in(const at::Tensor& weight);
+
+at::Tensor uniform_(at::Tensor t, double low, double high, const Generator& gen = std::nullopt);
+at::Tensor normal_(at::Tensor t, double mean, double std, const Generator& gen = std::nullopt);
+
+/// kaiming_uniform_(t, a) with fan_in mode and leaky_relu gain sqrt(2 / (1 + a^2)):
+/// U(-b, b), b = gain * sqrt(3 / fan_in). With a = sqrt(5) (the Linear/Conv default) b = 1/sqrt(fan_in).
+at::Tensor kaiming_uniform_(at::Tensor t, double a, const Generator& gen = std::nullopt);
+
+/// PyTorch's default for a Linear/Conv layer: weight kaiming_uniform(a = sqrt(5)), bias (if
+/// defined) U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+void default_linear_(at::Tensor weight, at::Tensor bias, const Generator& gen = std::nullopt);
+
+}  // namespace tl::init

@@ -1,0 +1,212 @@
+// Initialisation and the basic layers: Linear, Conv2d, pooling, BatchNorm2d, LayerNorm,
+// Embedding, activations, Dropout, Flatten, Sequential.
+#include <cmath>
+
+#include "layers/nn/activation.h"
+#include "layers/nn/conv.h"
+#include "layers/nn/embedding.h"
+#include "layers/nn/init.h"
+#include "layers/nn/linear.h"
+#include "layers/nn/norm.h"
+#include "layers/nn/sequential.h"
+
+namespace tl {
+
+// ---- init -----------------------------------------------------------------------------------------
+namespace init {
+namespace {
+c10::optional<at::Generator> c10_gen(const Generator& gen) {
+  return gen ? c10::optional<at::Generator>(*gen) : c10::nullopt;
+}
+}  // namespace
+
+int64_t fan_in(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() >= 1, "init::fan_in: needs a tensor with at least one dim, got a scalar");
+  if (weight.dim() == 1) return weight.size(0);
+  return weight.numel() / weight.size(0);  // in * prod(kernel)
+}
+
+at::Tensor uniform_(at::Tensor t, double low, double high, const Generator& gen) {
+  return t.uniform_(low, high, c10_gen(gen));
+}
+
+at::Tensor normal_(at::Tensor t, double mean, double std, const Generator& gen) {
+  return t.normal_(mean, std, c10_gen(gen));
+}
+
+at::Tensor kaiming_uniform_(at::Tensor t, double a, const Generator& gen) {
+  const double gain = std::sqrt(2.0 / (1.0 + a * a));
+  const double bound = gain * std::sqrt(3.0 / static_cast<double>(fan_in(t)));
+  return uniform_(t, -bound, bound, gen);
+}
+
+void default_linear_(at::Tensor weight, at::Tensor bias, const Generator& gen) {
+  kaiming_uniform_(weight, std::sqrt(5.0), gen);
+  if (bias.defined()) {
+    const int64_t fi = fan_in(weight);
+    const double bound = fi > 0 ? 1.0 / std::sqrt(static_cast<double>(fi)) : 0.0;
+    uniform_(bias, -bound, bound, gen);
+  }
+}
+}  // namespace init
+
+// ---- Linear ---------------------------------------------------------------------------------------
+Linear::Linear(int64_t in_features, int64_t out_features, bool bias, const init::Generator& gen)
+    : Module("Linear"), in_features_(in_features), out_features_(out_features) {
+  TORCH_CHECK(in_features > 0 && out_features > 0, "Linear: in_features and out_features must be positive, got ",
+              in_features, " and ", out_features);
+  at::Tensor w = at::empty({out_features, in_features});
+  at::Tensor b = bias ? at::empty({out_features}) : at::Tensor();
+  init::default_linear_(w, b, gen);
+  weight_ = register_parameter("weight", w);
+  if (bias) bias_ = register_parameter("bias", b);
+}
+
+Variable Linear::forward(const Variable& x) {
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == in_features_, "Linear(", in_features_, " -> ", out_features_,
+              "): input must be (..., ", in_features_, "), got ", x.sizes());
+  return linear(x, weight_, bias_);
+}
+
+// ---- Conv2d and pooling ---------------------------------------------------------------------------
+Conv2d::Conv2d(const Conv2dOptions& o, const init::Generator& gen) : Module("Conv2d"), options_(o) {
+  TORCH_CHECK(o.in_channels_ > 0 && o.out_channels_ > 0 && o.groups_ > 0 && o.in_channels_ % o.groups_ == 0 &&
+                  o.out_channels_ % o.groups_ == 0,
+              "Conv2d: channels must be positive and divisible by groups, got in ", o.in_channels_, ", out ",
+              o.out_channels_, ", groups ", o.groups_);
+  at::Tensor w = at::empty({o.out_channels_, o.in_channels_ / o.groups_, o.kernel_[0], o.kernel_[1]});
+  at::Tensor b = o.bias_ ? at::empty({o.out_channels_}) : at::Tensor();
+  init::default_linear_(w, b, gen);
+  weight_ = register_parameter("weight", w);
+  if (o.bias_) bias_ = register_parameter("bias", b);
+}
+
+Variable Conv2d::forward(const Variable& x) {
+  TORCH_CHECK(x.dim() == 4 && x.size(1) == options_.in_channels_, "Conv2d(", options_.in_channels_, " -> ",
+              options_.out_channels_, "): input must be (N, ", options_.in_channels_, ", H, W), got ", x.sizes());
+  return conv2d(x, weight_, bias_, options_.stride_, options_.padding_, options_.dilation_, options_.groups_);
+}
+
+MaxPool2d::MaxPool2d(int64_t kernel, int64_t stride, int64_t padding)
+    : Module("MaxPool2d"), kernel_(kernel), stride_(stride > 0 ? stride : kernel), padding_(padding) {}
+
+Variable MaxPool2d::forward(const Variable& x) {
+  return max_pool2d(x, {kernel_, kernel_}, {stride_, stride_}, {padding_, padding_});
+}
+
+AvgPool2d::AvgPool2d(int64_t kernel, int64_t stride, int64_t padding)
+    : Module("AvgPool2d"), kernel_(kernel), stride_(stride > 0 ? stride : kernel), padding_(padding) {}
+
+Variable AvgPool2d::forward(const Variable& x) {
+  return avg_pool2d(x, {kernel_, kernel_}, {stride_, stride_}, {padding_, padding_});
+}
+
+AdaptiveAvgPool2d::AdaptiveAvgPool2d(std::array<int64_t, 2> output_size)
+    : Module("AdaptiveAvgPool2d"), output_size_(output_size) {}
+
+Variable AdaptiveAvgPool2d::forward(const Variable& x) { return adaptive_avg_pool2d(x, output_size_); }
+
+// ---- normalisation ------------------------------------------------------------------------------
+BatchNorm2d::BatchNorm2d(int64_t num_features, double eps, double momentum, bool affine, bool track_running_stats)
+    : Module("BatchNorm2d"),
+      num_features_(num_features),
+      eps_(eps),
+      momentum_(momentum),
+      track_running_stats_(track_running_stats) {
+  TORCH_CHECK(num_features > 0, "BatchNorm2d: num_features must be positive, got ", num_features);
+  if (affine) {
+    weight_ = register_parameter("weight", at::ones({num_features}));
+    bias_ = register_parameter("bias", at::zeros({num_features}));
+  }
+  if (track_running_stats) {
+    running_mean_ = register_buffer("running_mean", at::zeros({num_features}));
+    running_var_ = register_buffer("running_var", at::ones({num_features}));
+    num_batches_tracked_ = register_buffer("num_batches_tracked", at::zeros({}, at::kLong));
+  }
+}
+
+Variable BatchNorm2d::forward(const Variable& x) {
+  TORCH_CHECK(x.dim() == 4 && x.size(1) == num_features_, "BatchNorm2d(", num_features_, "): input must be (N, ",
+              num_features_, ", H, W), got ", x.sizes());
+  // Batch statistics in training, and in eval when no running statistics are tracked (as torch).
+  // running_mean/var are undefined when not tracked; in training they are updated in place.
+  const bool batch_stats = is_training() || !track_running_stats_;
+  if (track_running_stats_ && is_training()) num_batches_tracked_.mutable_data().add_(1);
+  const at::Tensor none;
+  return batch_norm(x, weight_, bias_, track_running_stats_ ? running_mean_.data() : none,
+                    track_running_stats_ ? running_var_.data() : none, batch_stats, momentum_, eps_);
+}
+
+LayerNorm::LayerNorm(std::vector<int64_t> normalized_shape, double eps, bool elementwise_affine)
+    : Module("LayerNorm"), normalized_shape_(std::move(normalized_shape)), eps_(eps) {
+  TORCH_CHECK(!normalized_shape_.empty(), "LayerNorm: normalized_shape must have at least one dim");
+  if (elementwise_affine) {
+    weight_ = register_parameter("weight", at::ones(normalized_shape_));
+    bias_ = register_parameter("bias", at::zeros(normalized_shape_));
+  }
+}
+
+Variable LayerNorm::forward(const Variable& x) { return layer_norm(x, normalized_shape_, weight_, bias_, eps_); }
+
+// ---- Embedding ----------------------------------------------------------------------------------
+Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, int64_t padding_idx, const init::Generator& gen)
+    : Module("Embedding"), num_embeddings_(num_embeddings), embedding_dim_(embedding_dim), padding_idx_(padding_idx) {
+  TORCH_CHECK(num_embeddings > 0 && embedding_dim > 0, "Embedding: sizes must be positive, got ", num_embeddings,
+              " x ", embedding_dim);
+  TORCH_CHECK(padding_idx >= -1 && padding_idx < num_embeddings, "Embedding: padding_idx must be in [0, ",
+              num_embeddings, ") or -1 (none), got ", padding_idx);
+  at::Tensor w = init::normal_(at::empty({num_embeddings, embedding_dim}), 0.0, 1.0, gen);
+  if (padding_idx >= 0) w[padding_idx].zero_();
+  weight_ = register_parameter("weight", w);
+}
+
+Variable Embedding::forward(const at::Tensor& ids) {
+  TORCH_CHECK(ids.scalar_type() == at::kLong || ids.scalar_type() == at::kInt,
+              "Embedding: indices must be int64 or int32, got ", ids.scalar_type());
+  return embedding(weight_, ids.scalar_type() == at::kLong ? ids : ids.to(at::kLong), padding_idx_);
+}
+
+Variable Embedding::forward(const Variable& ids) { return forward(ids.data()); }
+
+// ---- parameter-free layers ------------------------------------------------------------------------
+Variable ReLU::forward(const Variable& x) { return relu(x); }
+
+GELU::GELU(const std::string& approximate) : Module("GELU"), tanh_(approximate == "tanh") {
+  TORCH_CHECK(approximate == "none" || approximate == "tanh", "GELU: approximate must be 'none' or 'tanh', got '",
+              approximate, "'");
+}
+
+Variable GELU::forward(const Variable& x) { return gelu(x, tanh_); }
+
+Variable Tanh::forward(const Variable& x) { return tanh(x); }
+
+Dropout::Dropout(double p, const init::Generator& gen) : Module("Dropout"), p_(p), gen_(gen) {
+  TORCH_CHECK(p >= 0.0 && p <= 1.0, "Dropout: probability must be in [0, 1], got ", p);
+}
+
+Variable Dropout::forward(const Variable& x) { return dropout(x, p_, is_training(), gen_); }
+
+Variable Flatten::forward(const Variable& x) { return flatten(x, start_dim_, end_dim_); }
+
+// ---- Sequential ---------------------------------------------------------------------------------
+Sequential::Sequential(std::vector<ModulePtr> modules) : Module("Sequential") {
+  for (auto& m : modules) push_back(std::to_string(modules_.size()), m);
+}
+
+void Sequential::push_back(const std::string& name, ModulePtr module) {
+  register_module(name, module);
+  modules_.push_back(std::move(module));
+}
+
+const ModulePtr& Sequential::operator[](size_t i) const {
+  TORCH_CHECK(i < modules_.size(), "Sequential: index ", i, " out of range (size ", modules_.size(), ")");
+  return modules_[i];
+}
+
+Variable Sequential::forward(const Variable& x) {
+  Variable y = x;
+  for (auto& m : modules_) y = m->forward(y);
+  return y;
+}
+
+}  // namespace tl

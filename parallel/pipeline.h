@@ -1,0 +1,109 @@
+#pragma once
+// Pipeline: a Splittable model cut into stages with a compression Boundary at every cut, run in
+// one process, micro-batch by micro-batch.
+//
+//   x -> stage 0 -> boundary 1 -> stage 1 -> boundary 2 -> ... -> stage K-1 -> logits
+//
+// The pipeline is a Module with two children: "model" (the unsplit model, which owns every layer;
+// the stages are views of it holding the same modules) and "boundaries" (children "1".."K-1",
+// each a Boundary whose codecs carry their state). So named_parameters(), state_dict() and
+// checkpoints hold every parameter exactly once, under the model's own dotted names, and
+// train()/eval()/to() reach every stage and boundary.
+//
+// Multi-process reuse: a worker for stage i keeps the same Pipeline object (built identically on
+// every worker from the same config and seed) and uses stage(i) with boundary(i) / boundary(i+1)
+// through the Boundary's sender/receiver halves; micro_batch_slices() and context() define the
+// split and the codec context every worker must agree on.
+//
+// Note [micro-batches and BatchNorm]. A step's batch is split into M micro-batches run one after
+// another (forward and backward of micro-batch i before micro-batch i+1: activation memory of one
+// micro-batch). Gradients are accumulated weighted by micro-batch size (GradAccumulator), so they
+// equal the full batch's gradient for every layer that treats samples independently. BatchNorm does
+// not: in training it normalises each micro-batch with that micro-batch's own mean and variance,
+// and updates its running statistics once per micro-batch (M updates per step, each with the
+// layer's momentum). Results therefore change with M for models with BatchNorm (ResNets); with
+// M = 1 the step is exactly the full-batch step. Stateful codecs see M messages per step in order
+// (ctx.micro_batch = 0..M-1).
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "compression/boundary.h"
+#include "layers/models/splittable.h"
+
+namespace tl {
+
+/// Per-boundary settings from which a Pipeline builds its boundaries.
+struct BoundarySpec {
+  std::string forward = "identity";
+  std::string backward = "identity";
+  BackwardMode mode = BackwardMode::Independent;
+  bool active_at_inference = true;
+};
+
+/// Result of one training step's forward and backward passes.
+struct StepResult {
+  double loss = 0.0;       // mean loss over the batch's samples
+  int64_t correct = 0;     // argmax(logits) == target
+  int64_t samples = 0;
+  int64_t micro_batches = 0;
+};
+
+class Pipeline : public Module {
+ public:
+  using LossFn = std::function<Variable(const Variable& logits, const at::Tensor& target)>;
+
+  /// Splits `model` (which must implement Splittable) at `cuts` and places boundaries[i] at
+  /// cut i. Errors name a model that cannot be split and a count mismatch.
+  Pipeline(ModulePtr model, std::vector<std::string> cuts, std::vector<BoundaryPtr> boundaries);
+  /// Builds the boundaries from specs (one per cut, named after the cut point).
+  static std::shared_ptr<Pipeline> build(ModulePtr model, std::vector<std::string> cuts,
+                                         const std::vector<BoundarySpec>& specs);
+
+  size_t num_stages() const { return stages_.size(); }
+  const ModulePtr& stage(size_t i) const { return stages_.at(i); }
+  /// Boundary i (0-based) sits after stage i, before stage i+1.
+  const BoundaryPtr& boundary(size_t i) const { return boundaries_.at(i); }
+  const std::vector<BoundaryPtr>& boundaries() const { return boundaries_; }
+  const std::vector<std::string>& cuts() const { return cuts_; }
+  const ModulePtr& model() const { return model_; }
+
+  /// Whole pipeline on one input, every boundary with the context `ctx` (training flag from the
+  /// module mode). forward(x) uses a default context.
+  Variable forward(const Variable& x, const CodecContext& ctx);
+  Variable forward(const Variable& x) override { return forward(x, CodecContext{}); }
+
+  /// Forward and backward of one step over `micro_batches` micro-batches (at::chunk along dim 0:
+  /// fewer when the batch has fewer rows). x (B, ...), target (B), sample_ids (B) int64 (undefined
+  /// allowed when no codec needs them). Each micro-batch records on its own tape, which is freed
+  /// after its backward. Gradients are accumulated into the parameters' grad (weighted as in
+  /// GradAccumulator, so the result is the gradient of the batch-mean loss); the caller zeroes
+  /// them before and steps the optimizer after.
+  StepResult train_step(const at::Tensor& x, const at::Tensor& target, const at::Tensor& sample_ids,
+                        int64_t micro_batches, const LossFn& loss_fn, int64_t epoch = 0);
+
+  /// Logits under NoGradGuard in the current mode; `compression` false bypasses every boundary's
+  /// forward codec in eval mode (the inference toggle), true keeps them on. The boundaries'
+  /// configured toggles are restored afterwards.
+  at::Tensor predict(const at::Tensor& x, bool compression);
+
+  /// Forwards to every boundary (and so to its codecs): call after each optimizer step.
+  void after_optimizer_step();
+  /// Sum of the boundaries' statistics per direction, and reset.
+  BoundaryStats total_stats() const;
+  void reset_stats();
+
+  /// The micro-batch row ranges of a batch of `batch` rows: (start, size) pairs, as at::chunk.
+  static std::vector<std::pair<int64_t, int64_t>> micro_batch_slices(int64_t batch, int64_t micro_batches);
+
+ private:
+  ModulePtr model_;
+  std::vector<std::string> cuts_;
+  std::vector<ModulePtr> stages_;
+  std::vector<BoundaryPtr> boundaries_;
+};
+
+}  // namespace tl

@@ -1,0 +1,232 @@
+// tapeline: the command-line front end.
+//   tapeline train --config FILE --out DIR [--resume DIR] [--with-baseline] [--section.key=value ...]
+//   tapeline eval --run DIR [--compression on|off|both] [--section.key=value ...]
+// Exit status: 0 success, 2 usage or configuration error (nothing ran), 1 failure while running.
+#include <boost/program_options.hpp>
+
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "tasks/config.h"
+#include "tasks/report.h"
+#include "tasks/trainer.h"
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+using namespace tl;
+
+namespace {
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+const char* kTopHelp = R"(tapeline: split-model training with compressed stage boundaries
+
+usage:
+  tapeline train --config FILE --out DIR [options] [--section.key=value ...]
+  tapeline eval --run DIR [--compression on|off|both] [--section.key=value ...]
+  tapeline help [train|eval]
+
+commands:
+  train   train a model cut into stages with a compression boundary at each cut; writes DIR/
+          (config.ini, metrics.csv, metrics.jsonl, summary.json, checkpoint.safetensors) and
+          prints test accuracy with and without compression and bytes per step
+  eval    test accuracy of a run's last checkpoint with compression on or off
+
+Run `tapeline train --help` for the options and every configuration key (docs/CONFIG.md).
+)";
+
+std::string keys_table() {
+  std::ostringstream s;
+  s << "configuration keys (INI [section] key = value, or --section.key=value; docs/CONFIG.md):\n";
+  std::string section;
+  for (const auto& k : Config::keys()) {
+    std::string sec = k.name.substr(0, k.name.find('.'));
+    if (sec != section) s << "\n  [" << sec << "]\n", section = sec;
+    s << "  " << std::left << std::setw(34) << k.name << " default " << (k.default_value.empty() ? "''" : k.default_value)
+      << "; " << k.accepted << "\n      " << k.help << "\n";
+  }
+  return s.str();
+}
+
+po::options_description train_options() {
+  po::options_description d("train options");
+  d.add_options()("help,h", "show this help")("config", po::value<std::string>(), "INI file (configs/*.ini)")(
+      "out", po::value<std::string>(), "run directory to write (created if missing)")(
+      "resume", po::value<std::string>(),
+      "continue the run in DIR from its last checkpoint (config from DIR/config.ini unless --config; --out "
+      "defaults to DIR)")("with-baseline",
+                          "also train the uncompressed baseline (same settings, identity boundaries) when no "
+                          "comparable cached one exists")(
+      "baseline", po::value<std::string>(),
+      "baseline run directory to compare with (default: a sibling 'baseline' of --out, e.g. runs/baseline)")(
+      "stop-after", po::value<int64_t>(), "stop after N epochs of this invocation (an interruption; resume later)")(
+      "quiet", "no progress output (the final table is still printed)");
+  return d;
+}
+
+po::options_description eval_options() {
+  po::options_description d("eval options");
+  d.add_options()("help,h", "show this help")("run", po::value<std::string>(), "run directory (from tapeline train)")(
+      "compression", po::value<std::string>()->default_value("both"),
+      "on: boundaries' forward codecs active; off: bypassed; both");
+  return d;
+}
+
+po::variables_map parse(const std::vector<std::string>& args, const po::options_description& desc) {
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw UsageError(e.what());
+  }
+  return vm;
+}
+
+bool all_identity(const Config& c) {
+  auto id = [](const std::string& s) { return s == "identity" || s == "none" || s.empty(); };
+  for (const auto& [k, v] : c.resolved())
+    if ((k.size() > 8 && (k.substr(k.size() - 8) == ".forward" || k.substr(k.size() - 9) == ".backward")) && !id(v))
+      return false;
+  return true;
+}
+
+int cmd_train(const std::vector<std::string>& argv) {
+  std::vector<std::string> rest;
+  auto overrides = split_overrides(argv, rest);
+  auto desc = train_options();
+  po::variables_map vm = parse(rest, desc);
+  if (vm.count("help")) {
+    std::cout << "usage: tapeline train --config FILE --out DIR [options] [--section.key=value ...]\n\n"
+              << desc << "\n"
+              << keys_table();
+    return 0;
+  }
+  TrainRequest req;
+  if (vm.count("resume")) req.resume_dir = vm["resume"].as<std::string>();
+  if (vm.count("config")) {
+    req.config_path = vm["config"].as<std::string>();
+  } else if (!req.resume_dir.empty()) {
+    req.config_path = (fs::path(req.resume_dir) / "config.ini").string();
+  } else {
+    throw UsageError("--config FILE is required (e.g. --config configs/default.ini)");
+  }
+  if (vm.count("out")) req.out_dir = vm["out"].as<std::string>();
+  else if (!req.resume_dir.empty()) req.out_dir = req.resume_dir;
+  else throw UsageError("--out DIR is required (e.g. --out runs/default)");
+  if (vm.count("stop-after")) {
+    req.stop_after_epochs = vm["stop-after"].as<int64_t>();
+    if (req.stop_after_epochs < 1) throw UsageError("--stop-after must be >= 1");
+  }
+  req.quiet = vm.count("quiet") > 0;
+  try {
+    req.config = Config::load(req.config_path, overrides);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+
+  RunSummary run = run_training(req);
+
+  // The comparison table: this run, and the uncompressed baseline when one is available.
+  std::vector<std::pair<std::string, RunSummary>> rows = {{run.name, run}};
+  std::vector<std::string> notes;
+  fs::path out = fs::absolute(req.out_dir).lexically_normal();
+  if (out.filename().empty()) out = out.parent_path();
+  fs::path baseline_dir = vm.count("baseline") ? fs::path(vm["baseline"].as<std::string>()) : out.parent_path() / "baseline";
+  bool is_baseline = all_identity(req.config) || fs::absolute(baseline_dir).lexically_normal() == out;
+  if (!is_baseline) {
+    const std::string fp = config_fingerprint(req.config);
+    std::optional<RunSummary> cached;
+    try {
+      cached = read_summary_json((baseline_dir / "summary.json").string());
+    } catch (const std::exception& e) {
+      notes.push_back(std::string("ignoring the cached baseline: ") + e.what());
+    }
+    bool usable = cached && cached->fingerprint == fp && cached->last.epoch == cached->epochs;
+    if (!usable && vm.count("with-baseline")) {
+      std::cerr << "training the uncompressed baseline into " << baseline_dir.string() << "\n";
+      TrainRequest base;
+      base.config = baseline_config(req.config);
+      base.config_path = req.config_path + " (boundaries uncompressed)";
+      base.out_dir = baseline_dir.string();
+      base.quiet = req.quiet;
+      cached = run_training(base);
+      write_file_atomic((baseline_dir / "summary.json").string(), summary_json(*cached));
+      usable = true;
+    }
+    if (usable) {
+      rows.emplace_back(baseline_dir.filename().string() + " (uncompressed)", *cached);
+    } else if (cached) {
+      notes.push_back("the run in " + baseline_dir.string() +
+                      " is not comparable (different settings or unfinished); --with-baseline retrains it");
+    } else {
+      notes.push_back("no baseline run in " + baseline_dir.string() +
+                      "; add --with-baseline to train it (same settings, uncompressed boundaries)");
+    }
+  }
+  std::cout << "\n" << comparison_table(rows);
+  for (const auto& n : notes) std::cout << "note: " << n << "\n";
+  if (run.last.epoch < run.epochs)
+    std::cout << "note: stopped after epoch " << run.last.epoch << " of " << run.epochs << "; continue with tapeline train --resume "
+              << req.out_dir << "\n";
+  std::cout << "run directory: " << req.out_dir << "\n";
+  return 0;
+}
+
+int cmd_eval(const std::vector<std::string>& argv) {
+  std::vector<std::string> rest;
+  auto overrides = split_overrides(argv, rest);
+  auto desc = eval_options();
+  po::variables_map vm = parse(rest, desc);
+  if (vm.count("help")) {
+    std::cout << "usage: tapeline eval --run DIR [--compression on|off|both] [--section.key=value ...]\n"
+              << "(overrides such as --data.root or --run.device change how the run is evaluated)\n\n"
+              << desc;
+    return 0;
+  }
+  if (!vm.count("run")) throw UsageError("--run DIR is required");
+  std::string run = vm["run"].as<std::string>(), mode = vm["compression"].as<std::string>();
+  if (mode != "on" && mode != "off" && mode != "both")
+    throw UsageError("--compression: '" + mode + "' is not accepted; use on, off or both");
+  for (bool on : {true, false}) {
+    if ((on && mode == "off") || (!on && mode == "on")) continue;
+    double acc = evaluate_run(run, on, overrides);
+    std::cout << "test accuracy, compression " << (on ? "on" : "off") << ": " << std::fixed << std::setprecision(2)
+              << 100.0 * acc << "%\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  std::string cmd = args.empty() ? "" : args[0];
+  std::vector<std::string> rest(args.begin() + (args.empty() ? 0 : 1), args.end());
+  try {
+    if (cmd.empty() || cmd == "--help" || cmd == "-h" || cmd == "help") {
+      if (cmd == "help" && !rest.empty()) return rest[0] == "train" ? cmd_train({"--help"}) : cmd_eval({"--help"});
+      std::cout << kTopHelp;
+      return cmd.empty() ? 2 : 0;
+    }
+    if (cmd == "train") return cmd_train(rest);
+    if (cmd == "eval") return cmd_eval(rest);
+    throw UsageError("unknown command '" + cmd + "'; commands: train, eval (tapeline --help)");
+  } catch (const UsageError& e) {
+    std::cerr << "tapeline " << cmd << ": error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "tapeline " << cmd << ": error: " << e.what() << "\n";
+    return 2;
+  } catch (const c10::Error& e) {
+    std::cerr << "tapeline " << cmd << ": error: " << e.what_without_backtrace() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "tapeline " << cmd << ": error: " << e.what() << "\n";
+    return 1;
+  }
+}

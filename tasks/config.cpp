@@ -1,0 +1,453 @@
+#include "tasks/config.h"
+
+#include <boost/program_options.hpp>
+
+#include <algorithm>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include "compression/spec.h"
+#include "tasks/data/dataset.h"
+
+namespace tl {
+namespace po = boost::program_options;
+namespace {
+
+// ---- value parsers: throw std::invalid_argument("expected ...") ----------------------------------
+
+std::string trim(const std::string& s) {
+  size_t a = s.find_first_not_of(" \t\r\n"), b = s.find_last_not_of(" \t\r\n");
+  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+}
+
+int64_t parse_int(const std::string& v, int64_t lo, int64_t hi, const std::string& accepted) {
+  size_t used = 0;
+  int64_t x = 0;
+  try {
+    x = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (v.empty() || used != v.size() || x < lo || x > hi) throw std::invalid_argument("expected " + accepted);
+  return x;
+}
+
+double parse_double(const std::string& v, double lo, double hi, const std::string& accepted, bool lo_open = false) {
+  size_t used = 0;
+  double x = 0;
+  try {
+    x = std::stod(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (v.empty() || used != v.size() || !(x >= lo) || !(x <= hi) || (lo_open && x == lo))
+    throw std::invalid_argument("expected " + accepted);
+  return x;
+}
+
+bool parse_bool(const std::string& v) {
+  std::string s = v;
+  std::transform(s.begin(), s.end(), s.begin(), ::tolower);
+  if (s == "true" || s == "yes" || s == "on" || s == "1") return true;
+  if (s == "false" || s == "no" || s == "off" || s == "0") return false;
+  throw std::invalid_argument("expected a boolean: true, false, yes, no, on, off, 1 or 0");
+}
+
+std::string parse_choice(const std::string& v, const std::vector<std::string>& choices) {
+  if (std::find(choices.begin(), choices.end(), v) != choices.end()) return v;
+  std::string list;
+  for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
+  throw std::invalid_argument("expected one of: " + list);
+}
+
+std::vector<std::string> split_list(const std::string& v) {
+  std::vector<std::string> out;
+  std::stringstream ss(v);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(trim(item));
+  return out;
+}
+
+std::vector<double> parse_channel_values(const std::string& v, bool positive) {
+  if (v == "auto") return {};
+  std::vector<double> out;
+  const std::string accepted =
+      std::string("'auto' or a comma-separated list of 1 or 3 numbers") + (positive ? " > 0" : "");
+  for (const auto& item : split_list(v)) out.push_back(parse_double(item, positive ? 0.0 : -1e9, 1e9, accepted, positive));
+  if (out.size() != 1 && out.size() != 3) throw std::invalid_argument("expected " + accepted);
+  return out;
+}
+
+std::string parse_spec_string(const std::string& v) {
+  // Building the compressor is the validation: a bad spec names the token and what is accepted.
+  try {
+    parse_compressor(v);
+  } catch (const c10::Error& e) {
+    throw std::invalid_argument(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(e.what());
+  }
+  return v;
+}
+
+std::string parse_device(const std::string& v) {
+  if (v == "cpu" || v == "cuda") return v;
+  if (v.rfind("cuda:", 0) == 0) {
+    parse_int(v.substr(5), 0, 1024, "");
+    return v;
+  }
+  throw std::invalid_argument("expected cpu, cuda or cuda:N");
+}
+
+// ---- the schema ----------------------------------------------------------------------------------
+
+struct Key {
+  ConfigKey doc;
+  std::function<void(Config&, const std::string&)> set;
+};
+
+const std::vector<std::string> kBackwardModes = {"independent", "shared", "straight-through", "none"};
+
+// Boundary keys, shared by [boundary] and [boundary.N].
+void set_boundary_key(BoundarySettings& b, const std::string& key, const std::string& v) {
+  if (key == "forward") b.forward = parse_spec_string(v);
+  else if (key == "backward") b.backward = parse_spec_string(v);
+  else if (key == "backward_mode") b.backward_mode = parse_choice(v, kBackwardModes);
+  else if (key == "active_at_inference") b.active_at_inference = parse_bool(v);
+  else throw std::logic_error("unknown boundary key " + key);
+}
+
+const std::vector<Key>& schema() {
+  static const std::vector<Key> keys = [] {
+    std::vector<Key> k;
+    auto add = [&](std::string name, std::string def, std::string accepted, std::string help,
+                   std::function<void(Config&, const std::string&)> set) {
+      k.push_back({{std::move(name), std::move(def), std::move(accepted), std::move(help)}, std::move(set)});
+    };
+    // [run]
+    add("run.seed", "0", "integer >= 0", "seed of model initialisation, data order, augmentation and codec RNGs",
+        [](Config& c, const std::string& v) { c.run.seed = parse_int(v, 0, INT64_MAX, "an integer >= 0"); });
+    add("run.device", "cpu", "cpu, cuda, cuda:N", "device for the model and the batches",
+        [](Config& c, const std::string& v) { c.run.device = parse_device(v); });
+    add("run.threads", "0", "integer >= 0", "ATen intra-op threads (0: ATen's default)",
+        [](Config& c, const std::string& v) { c.run.threads = parse_int(v, 0, 4096, "an integer >= 0"); });
+    add("run.log_every", "20", "integer >= 1", "steps between metrics.jsonl lines and plain progress lines",
+        [](Config& c, const std::string& v) { c.run.log_every = parse_int(v, 1, INT64_MAX, "an integer >= 1"); });
+    add("run.progress", "auto", "auto, bar, plain, none",
+        "auto: a progress bar on a terminal, plain lines otherwise or when CI=true",
+        [](Config& c, const std::string& v) { c.run.progress = parse_choice(v, {"auto", "bar", "plain", "none"}); });
+    add("run.checkpoint_every", "1", "integer >= 1", "epochs between checkpoints (the last epoch is always saved)",
+        [](Config& c, const std::string& v) { c.run.checkpoint_every = parse_int(v, 1, INT64_MAX, "an integer >= 1"); });
+    // [data]
+    add("data.dataset", "fashion-mnist", "fashion-mnist, mnist, cifar10, cifar100, folder", "which dataset to read",
+        [](Config& c, const std::string& v) { c.data.dataset = parse_choice(v, known_datasets()); });
+    add("data.root", "", "a directory (empty: the dataset's default)",
+        "where the dataset's files are; fashion-mnist defaults to /usr/share/datasets/fashion-mnist",
+        [](Config& c, const std::string& v) { c.data.root = v; });
+    add("data.train_limit", "0", "integer >= 0", "use only the first N training samples (0: all)",
+        [](Config& c, const std::string& v) { c.data.train_limit = parse_int(v, 0, INT64_MAX, "an integer >= 0"); });
+    add("data.test_limit", "0", "integer >= 0", "use only the first N test samples (0: all)",
+        [](Config& c, const std::string& v) { c.data.test_limit = parse_int(v, 0, INT64_MAX, "an integer >= 0"); });
+    add("data.image_size", "0", "integer >= 0", "folder datasets: resize images to N x N (0: keep; all must match)",
+        [](Config& c, const std::string& v) { c.data.image_size = parse_int(v, 0, 65536, "an integer >= 0"); });
+    add("data.channels", "0", "0, 1, 3", "folder datasets: decode to 1 (grey) or 3 (RGB) channels (0: 3)",
+        [](Config& c, const std::string& v) { c.data.channels = std::stoll(parse_choice(v, {"0", "1", "3"})); });
+    add("data.mean", "auto", "auto or 1 or 3 comma-separated numbers",
+        "per-channel mean subtracted from pixels in [0, 1] (auto: measured on the training split)",
+        [](Config& c, const std::string& v) { c.data.mean = parse_channel_values(v, false); });
+    add("data.std", "auto", "auto or 1 or 3 comma-separated numbers > 0",
+        "per-channel standard deviation pixels are divided by (auto: measured on the training split)",
+        [](Config& c, const std::string& v) { c.data.std = parse_channel_values(v, true); });
+    add("data.crop_padding", "0", "integer >= 0", "training augmentation: random crop after zero padding by N pixels",
+        [](Config& c, const std::string& v) { c.data.crop_padding = parse_int(v, 0, 1024, "an integer >= 0"); });
+    add("data.hflip", "false", "boolean", "training augmentation: random horizontal flip",
+        [](Config& c, const std::string& v) { c.data.hflip = parse_bool(v); });
+    add("data.prefetch", "2", "integer >= 0", "batches prepared ahead by the loader thread (0: no thread)",
+        [](Config& c, const std::string& v) { c.data.prefetch = parse_int(v, 0, 64, "an integer in [0, 64]"); });
+    // [model]
+    add("model.arch", "resnet8", "a ResNet name known to make_resnet (resnet8, resnet20, resnet18, ...)",
+        "the model", [](Config& c, const std::string& v) {
+          if (v.empty()) throw std::invalid_argument("expected a model name");
+          c.model.arch = v;
+        });
+    add("model.width", "1", "number > 0", "channel width multiplier",
+        [](Config& c, const std::string& v) { c.model.width = parse_double(v, 0.0, 64.0, "a number in (0, 64]", true); });
+    add("model.cuts", "all", "all, none, or comma-separated cut point names",
+        "where the model is split into stages (a boundary at each cut)", [](Config& c, const std::string& v) {
+          c.model.cuts.clear();
+          c.model.no_cuts = v == "none";
+          if (v == "all" || v == "none") return;
+          for (const auto& name : split_list(v)) {
+            if (name.empty()) throw std::invalid_argument("expected all, none, or comma-separated cut point names");
+            c.model.cuts.push_back(name);
+          }
+        });
+    // [train]
+    add("train.epochs", "10", "integer >= 1", "training epochs",
+        [](Config& c, const std::string& v) { c.train.epochs = parse_int(v, 1, 1000000, "an integer >= 1"); });
+    add("train.batch_size", "128", "integer >= 1", "samples per optimizer step",
+        [](Config& c, const std::string& v) { c.train.batch_size = parse_int(v, 1, 1 << 24, "an integer >= 1"); });
+    add("train.micro_batches", "1", "integer >= 1 and <= batch_size",
+        "micro-batches per step (gradients accumulated; BatchNorm statistics are per micro-batch)",
+        [](Config& c, const std::string& v) { c.train.micro_batches = parse_int(v, 1, 1 << 24, "an integer >= 1"); });
+    add("train.lr", "0.05", "number > 0", "peak learning rate (SGD)",
+        [](Config& c, const std::string& v) { c.train.lr = parse_double(v, 0.0, 1e6, "a number > 0", true); });
+    add("train.momentum", "0.9", "number in [0, 1)", "SGD momentum",
+        [](Config& c, const std::string& v) {
+          c.train.momentum = parse_double(v, 0.0, 0.999999, "a number in [0, 1)");
+        });
+    add("train.nesterov", "false", "boolean", "Nesterov momentum",
+        [](Config& c, const std::string& v) { c.train.nesterov = parse_bool(v); });
+    add("train.weight_decay", "0.0005", "number >= 0", "L2 weight decay (not applied to biases and norm parameters)",
+        [](Config& c, const std::string& v) { c.train.weight_decay = parse_double(v, 0.0, 1.0, "a number in [0, 1]"); });
+    add("train.schedule", "cosine", "constant, cosine, step, linear", "learning-rate schedule over all steps",
+        [](Config& c, const std::string& v) {
+          c.train.schedule = parse_choice(v, {"constant", "cosine", "step", "linear"});
+        });
+    add("train.warmup_epochs", "0", "number >= 0", "linear warm-up from 0 to lr (cosine and linear schedules)",
+        [](Config& c, const std::string& v) { c.train.warmup_epochs = parse_double(v, 0.0, 1e6, "a number >= 0"); });
+    add("train.step_epochs", "30", "integer >= 1", "schedule = step: multiply lr by step_gamma every N epochs",
+        [](Config& c, const std::string& v) { c.train.step_epochs = parse_int(v, 1, 1000000, "an integer >= 1"); });
+    add("train.step_gamma", "0.1", "number in (0, 1]", "schedule = step: decay factor",
+        [](Config& c, const std::string& v) { c.train.step_gamma = parse_double(v, 0.0, 1.0, "a number in (0, 1]", true); });
+    add("train.min_lr", "0", "number >= 0, <= lr", "schedule = cosine or linear: final learning rate",
+        [](Config& c, const std::string& v) { c.train.min_lr = parse_double(v, 0.0, 1e6, "a number >= 0"); });
+    add("train.grad_clip", "0", "number >= 0", "clip the global gradient norm to this value (0: off)",
+        [](Config& c, const std::string& v) { c.train.grad_clip = parse_double(v, 0.0, 1e12, "a number >= 0"); });
+    add("train.drop_last", "true", "boolean", "drop the last incomplete training batch of each epoch",
+        [](Config& c, const std::string& v) { c.train.drop_last = parse_bool(v); });
+    add("train.eval_batch_size", "500", "integer >= 1", "batch size of the test-set evaluations",
+        [](Config& c, const std::string& v) { c.train.eval_batch_size = parse_int(v, 1, 1 << 24, "an integer >= 1"); });
+    // [boundary]
+    add("boundary.forward", "identity", "a compressor spec (docs/COMPRESSION.md)",
+        "compressor of the activations sent forward at every cut",
+        [](Config& c, const std::string& v) { set_boundary_key(c.boundary, "forward", v); });
+    add("boundary.backward", "identity", "a compressor spec (docs/COMPRESSION.md)",
+        "compressor of the activation gradients sent backward at every cut",
+        [](Config& c, const std::string& v) { set_boundary_key(c.boundary, "backward", v); });
+    add("boundary.backward_mode", "independent", "independent, shared, straight-through, none",
+        "how the gradient is compressed: own compressor, forward mask/basis, uncompressed, or not at all",
+        [](Config& c, const std::string& v) { set_boundary_key(c.boundary, "backward_mode", v); });
+    add("boundary.active_at_inference", "true", "boolean",
+        "keep the forward compressor on in evaluation (the test set is always evaluated both ways)",
+        [](Config& c, const std::string& v) { set_boundary_key(c.boundary, "active_at_inference", v); });
+    return k;
+  }();
+  return keys;
+}
+
+const Key* find_key(const std::string& name) {
+  for (const auto& k : schema())
+    if (k.doc.name == name) return &k;
+  return nullptr;
+}
+
+const std::vector<std::string> kBoundaryKeys = {"forward", "backward", "backward_mode", "active_at_inference"};
+
+// boundary.N.key -> (N, key); nullopt if the name does not have that shape.
+std::optional<std::pair<int64_t, std::string>> boundary_override(const std::string& name) {
+  const std::string prefix = "boundary.";
+  if (name.rfind(prefix, 0) != 0) return std::nullopt;
+  size_t dot = name.find('.', prefix.size());
+  if (dot == std::string::npos) return std::nullopt;
+  std::string n = name.substr(prefix.size(), dot - prefix.size());
+  if (n.empty() || n.size() > 6 || !std::all_of(n.begin(), n.end(), ::isdigit)) return std::nullopt;
+  return std::make_pair(std::stoll(n), name.substr(dot + 1));
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t prev = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t cur = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, prev + (a[i - 1] != b[j - 1])});
+      prev = cur;
+    }
+  }
+  return row[b.size()];
+}
+
+[[noreturn]] void unknown_key(const std::string& source, const std::string& name) {
+  std::string best;
+  size_t best_d = 3;
+  for (const auto& k : schema()) {
+    size_t d = edit_distance(name, k.doc.name);
+    if (d < best_d) best_d = d, best = k.doc.name;
+  }
+  std::ostringstream msg;
+  msg << source << ": unknown key '" << name << "'";
+  if (!best.empty()) msg << " (did you mean '" << best << "'?)";
+  msg << "; the keys are listed by `tapeline train --help` and in docs/CONFIG.md";
+  if (name.rfind("boundary.", 0) == 0)
+    msg << "; per-cut overrides are boundary.N.forward, boundary.N.backward, boundary.N.backward_mode and "
+           "boundary.N.active_at_inference with N = 1 for the first cut";
+  throw std::invalid_argument(msg.str());
+}
+
+struct Setting {
+  std::string name, value, source;
+};
+
+}  // namespace
+
+BoundarySettings Config::boundary_at(int64_t index) const {
+  BoundarySettings b = boundary;
+  auto it = boundary_overrides_.find(index);
+  if (it != boundary_overrides_.end())
+    for (const auto& [key, v] : it->second) set_boundary_key(b, key, v);
+  return b;
+}
+
+std::vector<int64_t> Config::boundary_override_indices() const {
+  std::vector<int64_t> out;
+  for (const auto& [i, _] : boundary_overrides_) out.push_back(i);
+  return out;
+}
+
+std::string Config::value(const std::string& key) const {
+  for (const auto& [k, v] : resolved_)
+    if (k == key) return v;
+  throw std::invalid_argument("Config::value: unknown key '" + key + "'");
+}
+
+std::string Config::to_ini() const {
+  std::ostringstream out;
+  out << "# Resolved tapeline configuration (every key; docs/CONFIG.md)\n";
+  std::string section;
+  for (const auto& [name, v] : resolved_) {
+    size_t dot = name.rfind('.');
+    std::string sec = name.substr(0, dot), key = name.substr(dot + 1);
+    if (sec != section) {
+      out << (section.empty() ? "" : "\n") << "[" << sec << "]\n";
+      section = sec;
+    }
+    out << key << " = " << v << "\n";
+  }
+  return out.str();
+}
+
+Config Config::load(const std::string& ini_path, const std::vector<std::pair<std::string, std::string>>& overrides) {
+  std::vector<Setting> settings;
+  if (!ini_path.empty()) {
+    std::ifstream in(ini_path);
+    if (!in) throw std::invalid_argument("config file '" + ini_path + "' cannot be read (missing or not a file)");
+    po::options_description desc;
+    for (const auto& k : schema()) desc.add_options()(k.doc.name.c_str(), po::value<std::string>());
+    po::parsed_options parsed(&desc);
+    try {
+      parsed = po::parse_config_file(in, desc, /*allow_unregistered=*/true);
+    } catch (const po::error& e) {
+      throw std::invalid_argument(ini_path + ": " + e.what() + " (expected `key = value` lines under [section] headers)");
+    }
+    std::set<std::string> seen;
+    for (const auto& opt : parsed.options) {
+      std::string value = opt.value.empty() ? "" : opt.value.front();
+      if (!seen.insert(opt.string_key).second)
+        throw std::invalid_argument(ini_path + ": key '" + opt.string_key + "' is set more than once");
+      settings.push_back({opt.string_key, trim(value), ini_path});
+    }
+  }
+  for (const auto& [k, v] : overrides) settings.push_back({k, trim(v), "command line --" + k});
+
+  Config c;
+  std::map<std::string, std::string> values;  // name -> value after all sources
+  for (const auto& k : schema()) {
+    k.set(c, k.doc.default_value);
+    values[k.doc.name] = k.doc.default_value;
+  }
+  for (const auto& s : settings) {
+    auto fail = [&](const std::string& why) {
+      throw std::invalid_argument(s.source + ": " + s.name + " = '" + s.value + "': " + why);
+    };
+    if (const Key* key = find_key(s.name)) {
+      try {
+        key->set(c, s.value);
+      } catch (const std::invalid_argument& e) {
+        fail(e.what());
+      }
+      values[s.name] = s.value;
+    } else if (auto b = boundary_override(s.name)) {
+      const auto& [index, key] = *b;
+      if (std::find(kBoundaryKeys.begin(), kBoundaryKeys.end(), key) == kBoundaryKeys.end())
+        fail("unknown boundary key '" + key + "'; accepted: forward, backward, backward_mode, active_at_inference");
+      if (index < 1) fail("boundaries are numbered from 1 (boundary.1 is the first cut)");
+      BoundarySettings scratch;
+      try {
+        set_boundary_key(scratch, key, s.value);
+      } catch (const std::invalid_argument& e) {
+        fail(e.what());
+      }
+      c.boundary_overrides_[index][key] = s.value;
+    } else {
+      unknown_key(s.source, s.name);
+    }
+  }
+  // Cross-key checks.
+  if (c.train.micro_batches > c.train.batch_size)
+    throw std::invalid_argument("train.micro_batches = " + std::to_string(c.train.micro_batches) +
+                                " is larger than train.batch_size = " + std::to_string(c.train.batch_size) +
+                                "; expected 1 <= micro_batches <= batch_size");
+  if (c.data.mean.empty() != c.data.std.empty())
+    throw std::invalid_argument("data.mean and data.std: set both to numbers, or both to auto");
+  if (!c.data.mean.empty() && c.data.mean.size() != c.data.std.size())
+    throw std::invalid_argument("data.mean has " + std::to_string(c.data.mean.size()) + " values but data.std has " +
+                                std::to_string(c.data.std.size()));
+  if (c.train.min_lr > c.train.lr)
+    throw std::invalid_argument("train.min_lr = " + std::to_string(c.train.min_lr) + " exceeds train.lr = " +
+                                std::to_string(c.train.lr));
+  if (c.train.warmup_epochs > 0 && c.train.schedule != "cosine" && c.train.schedule != "linear")
+    throw std::invalid_argument("train.warmup_epochs is supported with train.schedule = cosine or linear, not " +
+                                c.train.schedule);
+  if (c.train.warmup_epochs > static_cast<double>(c.train.epochs))
+    throw std::invalid_argument("train.warmup_epochs exceeds train.epochs");
+
+  for (const auto& k : schema()) c.resolved_.emplace_back(k.doc.name, values[k.doc.name]);
+  for (const auto& [index, kv] : c.boundary_overrides_)
+    for (const auto& [key, v] : kv) c.resolved_.emplace_back("boundary." + std::to_string(index) + "." + key, v);
+  return c;
+}
+
+const std::vector<ConfigKey>& Config::keys() {
+  static const std::vector<ConfigKey> docs = [] {
+    std::vector<ConfigKey> d;
+    for (const auto& k : schema()) d.push_back(k.doc);
+    for (const auto& key : kBoundaryKeys)
+      d.push_back({"boundary.N." + key, "(boundary." + key + ")", find_key("boundary." + key)->doc.accepted,
+                   "override of boundary." + key + " for cut N only (N = 1 for the first cut)"});
+    return d;
+  }();
+  return docs;
+}
+
+std::vector<std::pair<std::string, std::string>> split_overrides(const std::vector<std::string>& args,
+                                                                 std::vector<std::string>& rest) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a.rfind("--", 0) == 0) {
+      std::string body = a.substr(2);
+      size_t eq = body.find('=');
+      std::string name = body.substr(0, eq);
+      if (name.find('.') != std::string::npos) {
+        if (eq != std::string::npos) {
+          out.emplace_back(name, body.substr(eq + 1));
+        } else {
+          if (i + 1 >= args.size())
+            throw std::invalid_argument("command line: --" + name + " needs a value (--" + name + "=VALUE)");
+          out.emplace_back(name, args[++i]);
+        }
+        continue;
+      }
+    }
+    rest.push_back(a);
+  }
+  return out;
+}
+
+}  // namespace tl

@@ -1,0 +1,118 @@
+#pragma once
+// The configuration of a training run: INI files read with Boost.Program_options, overridden
+// key by key from the command line (`--train.epochs=3`). Every key is declared once in a schema
+// (config.cpp) with its default, what it accepts and a help line; docs/CONFIG.md documents the
+// same keys (a test checks that every key is there). Unknown keys and bad values are errors
+// raised while the config is read, before any data is loaded or any model built.
+//
+// Boundaries: [boundary] sets the forward/backward compressors, backward mode and inference
+// toggle of every cut; a section [boundary.N] (N = 1 for the first cut) overrides keys for one
+// cut, e.g. `[boundary.2] forward = quant(4)` or `--boundary.2.forward=quant(4)`.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tl {
+
+struct RunSection {
+  uint64_t seed = 0;
+  std::string device = "cpu";  // cpu | cuda | cuda:N
+  int64_t threads = 0;         // ATen intra-op threads; 0 = ATen's default
+  int64_t log_every = 20;      // steps between metrics.jsonl lines and plain progress lines
+  std::string progress = "auto";  // auto | bar | plain | none
+  int64_t checkpoint_every = 1;   // epochs between checkpoints (the last epoch always)
+};
+
+struct DataSection {
+  std::string dataset = "fashion-mnist";
+  std::string root;  // empty: the dataset's default location
+  int64_t train_limit = 0, test_limit = 0;  // 0 = all samples
+  int64_t image_size = 0, channels = 0;     // image folders only
+  std::vector<double> mean, std;            // empty = computed from the training split ("auto")
+  int64_t crop_padding = 0;
+  bool hflip = false;
+  int64_t prefetch = 2;
+};
+
+struct ModelSection {
+  std::string arch = "resnet8";
+  double width = 1.0;
+  std::vector<std::string> cuts;  // cut point names; empty = all of the model's cut points
+  bool no_cuts = false;           // cuts = none: one stage, no boundary
+};
+
+struct TrainSection {
+  int64_t epochs = 10;
+  int64_t batch_size = 128;
+  int64_t micro_batches = 1;
+  double lr = 0.05, momentum = 0.9, weight_decay = 5e-4;
+  bool nesterov = false;
+  std::string schedule = "cosine";  // constant | cosine | step
+  double warmup_epochs = 0.0;
+  int64_t step_epochs = 30;         // schedule = step: decay every step_epochs
+  double step_gamma = 0.1;
+  double min_lr = 0.0;              // cosine floor
+  double grad_clip = 0.0;           // global-norm clipping; 0 = off
+  bool drop_last = true;
+  int64_t eval_batch_size = 500;
+};
+
+struct BoundarySettings {
+  std::string forward = "identity";
+  std::string backward = "identity";
+  std::string backward_mode = "independent";  // independent | shared | straight-through | none
+  bool active_at_inference = true;
+};
+
+/// One documented key.
+struct ConfigKey {
+  std::string name;           // section.key
+  std::string default_value;  // as written in an INI file
+  std::string accepted;       // what values are valid
+  std::string help;
+};
+
+class Config {
+ public:
+  RunSection run;
+  DataSection data;
+  ModelSection model;
+  TrainSection train;
+  BoundarySettings boundary;  // [boundary]: every cut
+
+  /// Settings of boundary `index` (1-based): [boundary] with [boundary.index] overrides applied.
+  BoundarySettings boundary_at(int64_t index) const;
+  /// Indices that have a [boundary.N] section (validated against the model's cut count later).
+  std::vector<int64_t> boundary_override_indices() const;
+
+  /// Every key with its value (schema order, then boundary overrides), as strings.
+  const std::vector<std::pair<std::string, std::string>>& resolved() const { return resolved_; }
+  /// The value of one key as a string (error for an unknown key).
+  std::string value(const std::string& key) const;
+  /// The resolved config as an INI file that load_config reads back to the same Config.
+  std::string to_ini() const;
+
+  /// Reads `ini_path` (may be empty: defaults only), then applies `overrides` ("section.key" ->
+  /// value; later entries win). Throws std::invalid_argument naming the source, the key and what
+  /// is accepted. Compressor specs are checked by building them (parse_compressor).
+  static Config load(const std::string& ini_path, const std::vector<std::pair<std::string, std::string>>& overrides = {});
+
+  /// The documented keys (boundary.N.* are described as boundary.N.<key>).
+  static const std::vector<ConfigKey>& keys();
+
+ private:
+  std::map<int64_t, std::map<std::string, std::string>> boundary_overrides_;
+  std::vector<std::pair<std::string, std::string>> resolved_;
+};
+
+/// Splits command-line tokens into config overrides and the rest. Accepted override forms:
+/// `--section.key=value` and `--section.key value`. Any other `--x.y` token with a dot is an
+/// override too (validated by Config::load). Returns overrides in order; `rest` gets the others.
+std::vector<std::pair<std::string, std::string>> split_overrides(const std::vector<std::string>& args,
+                                                                 std::vector<std::string>& rest);
+
+}  // namespace tl

@@ -1,0 +1,102 @@
+#pragma once
+// The image classification experiment: a config turned into data loaders, a ResNet split into
+// stages with a compression Boundary at each cut (parallel/Pipeline), SGD with a learning-rate
+// schedule, and the training loop that writes a run directory:
+//
+//   <run>/config.ini               the resolved configuration (every key)
+//   <run>/metrics.csv              one row per epoch (report.h)
+//   <run>/metrics.jsonl            one JSON object per run.log_every steps, plus one per epoch
+//   <run>/summary.json             the last epoch's values and run information
+//   <run>/checkpoint.safetensors   model + boundary state, optimizer, schedule, RNG (atomic)
+//
+// Note [resume reproduces the run]. Everything random is a function of run.seed and the epoch:
+// the sample order and augmentation of epoch e (loader.h), the model initialisation (seeded
+// generator), the codecs' generators (registered state, checkpointed). A checkpoint is written at
+// the end of an epoch with every piece of state, so resuming from it and training the remaining
+// epochs replays exactly what the uninterrupted run did (tests/tasks/trainer_test.cpp checks the
+// metrics are identical).
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "layers/optim/schedule.h"
+#include "layers/optim/sgd.h"
+#include "parallel/pipeline.h"
+#include "tasks/config.h"
+#include "tasks/data/loader.h"
+#include "tasks/report.h"
+
+namespace tl {
+
+/// Everything a run is made of. The constructor validates in the order that fails fastest:
+/// device, model and cuts and boundary specs (no data read yet), then the data files, then one
+/// forward pass on a training batch (shapes; creates lazily sized codec weights) before the
+/// optimizer is built. Nothing is trained here.
+class Experiment {
+ public:
+  explicit Experiment(const Config& config);
+
+  const Config& config() const { return config_; }
+  Pipeline& pipeline() { return *pipeline_; }
+  const std::shared_ptr<Pipeline>& pipeline_ptr() const { return pipeline_; }
+  DataLoader& train_loader() { return *train_loader_; }
+  DataLoader& test_loader() { return *test_loader_; }
+  SGD& optimizer() { return *optimizer_; }
+  LRScheduler& scheduler() { return *scheduler_; }
+  at::Device device() const { return device_; }
+  int64_t steps_per_epoch() const { return train_loader_->num_batches(); }
+  /// One line per stage and boundary (printed at the start of a run).
+  std::string describe() const;
+
+  /// Test-set accuracy with the boundaries' forward codecs on (`compression`) or bypassed.
+  double evaluate(bool compression);
+
+  /// Per-step report for logging: global step, epoch (0-based), loss and accuracy of the step,
+  /// learning rate, images per second over the last steps.
+  struct StepLog {
+    int64_t step = 0, epoch = 0, step_in_epoch = 0, steps_in_epoch = 0;
+    double loss = 0, acc = 0, lr = 0, images_per_s = 0;
+  };
+  /// Trains epoch `epoch` (0-based): returns the epoch's metrics without test accuracies and
+  /// wall time. `on_step` is called after every optimizer step.
+  EpochMetrics train_epoch(int64_t epoch, const std::function<void(const StepLog&)>& on_step);
+  int64_t global_step() const { return scheduler_->step_count(); }
+
+ private:
+  Config config_;
+  at::Device device_{at::kCPU};
+  std::shared_ptr<Pipeline> pipeline_;
+  std::unique_ptr<DataLoader> train_loader_, test_loader_;
+  std::unique_ptr<SGD> optimizer_;
+  std::unique_ptr<LRScheduler> scheduler_;
+};
+
+/// What `tapeline train` asks for.
+struct TrainRequest {
+  Config config;
+  std::string config_path;        // shown in summary.json
+  std::string out_dir;
+  std::string resume_dir;         // non-empty: continue from its checkpoint (may equal out_dir)
+  int64_t stop_after_epochs = 0;  // > 0: stop after this many epochs in this invocation
+  bool quiet = false;             // no progress output at all (tests)
+};
+
+/// Trains (or resumes) and writes the run directory; returns the summary of the last epoch.
+RunSummary run_training(const TrainRequest& request);
+
+/// `tapeline eval`: the test accuracy of the run's last checkpoint, compression on or off.
+/// `overrides` may change e.g. data.root or run.device.
+double evaluate_run(const std::string& run_dir, bool compression,
+                    const std::vector<std::pair<std::string, std::string>>& overrides = {});
+
+/// The settings a baseline must share with a run to be comparable (everything but the boundary
+/// keys and presentation keys), hashed (FNV-1a, hex).
+std::string config_fingerprint(const Config& config);
+/// The same config with every boundary uncompressed (identity both ways, no per-cut overrides).
+Config baseline_config(const Config& config);
+
+}  // namespace tl

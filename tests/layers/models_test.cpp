@@ -1,0 +1,339 @@
+// Models: ResNet, GPT-2 and BERT against torch::nn references with the same weights, shapes at
+// every cut point, split-vs-unsplit equality (outputs and gradients), errors.
+#include "layers/models/bert.h"
+#include "layers/models/gpt2.h"
+#include "layers/models/resnet.h"
+#include "tests/layers/models_reference.h"
+#include "tests/layers/parity.h"
+
+namespace tl {
+namespace {
+using testing::all_close;
+using testing::expect_parity;
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::set<std::string> param_names(const Module& m) {
+  std::set<std::string> s;
+  for (auto& [n, _] : m.named_parameters()) s.insert(n);
+  return s;
+}
+
+/// Runs `stages` one after another, backpropagates sum(out * g), and compares the output and every
+/// parameter gradient with the unsplit model's. Stage parameters must carry the model's names.
+void expect_split_equals_unsplit(Module& model, const std::vector<ModulePtr>& stages, const Variable& input,
+                                 const std::string& label, double atol = 1e-6) {
+  model.zero_grad();
+  Variable y = model.forward(input);
+  const at::Tensor g = at::randn_like(y.data());
+  y.backward(g);
+  std::map<std::string, at::Tensor> grads;
+  for (auto& [n, p] : model.named_parameters())
+    if (p.grad().defined()) grads[n] = p.grad().clone();
+  model.zero_grad();
+
+  Variable x = input;
+  for (auto& s : stages) x = s->forward(x);
+  EXPECT_TRUE(all_close(x.data(), y.data(), label + " split output", atol, 1e-5));
+  x.backward(g);
+  std::set<std::string> union_names;
+  const auto model_params = model.named_parameters();
+  for (auto& s : stages) {
+    for (auto& [n, p] : s->named_parameters()) {
+      union_names.insert(n);
+      bool same = false;
+      for (auto& [mn, mp] : model_params) same = same || (mn == n && mp.impl() == p.impl());
+      EXPECT_TRUE(same) << label << ": stage parameter '" << n << "' is not the model's parameter of that name";
+    }
+  }
+  EXPECT_EQ(union_names, param_names(model)) << label << ": stages must cover every parameter";
+  for (auto& [n, p] : model.named_parameters()) {
+    ASSERT_TRUE(grads.count(n) == p.grad().defined()) << label << " " << n;
+    if (grads.count(n)) EXPECT_TRUE(all_close(p.grad(), grads[n], label + " d/d(" + n + ")", atol, 1e-5));
+  }
+}
+
+// ---- ResNet -------------------------------------------------------------------------------------
+TEST(ModelsResNet, CutPointsAndShapesAtEveryCut) {
+  at::manual_seed(0);
+  auto net = make_resnet("resnet18", 3, 10, /*width=*/0.25);  // widths 16, 32, 64, 128
+  const std::vector<std::string> expected = {"stem",   "layer1.0", "layer1",   "layer2.0", "layer2",
+                                             "layer3.0", "layer3", "layer4.0", "layer4"};
+  ASSERT_EQ(net->cut_points(), expected);
+  const std::vector<std::vector<int64_t>> shapes = {{2, 16, 32, 32}, {2, 16, 32, 32}, {2, 16, 32, 32},
+                                                    {2, 32, 16, 16}, {2, 32, 16, 16}, {2, 64, 8, 8},
+                                                    {2, 64, 8, 8},   {2, 128, 4, 4},  {2, 128, 4, 4},
+                                                    {2, 10}};
+  auto stages = net->split(expected);
+  ASSERT_EQ(stages.size(), expected.size() + 1);
+  Variable x(at::randn({2, 3, 32, 32}));
+  for (size_t i = 0; i < stages.size(); ++i) {
+    x = stages[i]->forward(x);
+    EXPECT_EQ(x.sizes().vec(), shapes[i]) << "after stage " << i << (i < expected.size() ? " (" + expected[i] + ")" : "");
+  }
+  // Stage parameters keep the model's dotted names.
+  EXPECT_EQ(param_names(*stages[4]), (std::set<std::string>{"layer2.1.conv1.weight", "layer2.1.bn1.weight",
+                                                             "layer2.1.bn1.bias", "layer2.1.conv2.weight",
+                                                             "layer2.1.bn2.weight", "layer2.1.bn2.bias"}));
+  EXPECT_TRUE(param_names(*stages[3]).count("layer2.0.downsample.0.weight"));
+  EXPECT_EQ(stages[3]->named_buffers().size(), 9u);  // bn1, bn2, downsample.1: 3 buffers each
+}
+
+TEST(ModelsResNet, ResearchCutsOfResNet18) {
+  at::manual_seed(1);
+  auto net = make_resnet("resnet18", 3, 10);
+  net->eval();
+  NoGradGuard no_grad;
+  auto stages = net->split({"layer1", "layer2", "layer3"});
+  ASSERT_EQ(stages.size(), 4u);
+  Variable x(at::randn({2, 3, 32, 32}));
+  const std::vector<std::vector<int64_t>> shapes = {{2, 64, 32, 32}, {2, 128, 16, 16}, {2, 256, 8, 8}, {2, 10}};
+  for (size_t i = 0; i < 4; ++i) {
+    x = stages[i]->forward(x);
+    EXPECT_EQ(x.sizes().vec(), shapes[i]);
+  }
+  EXPECT_EQ(net->num_parameters(), 11173962u);  // CIFAR ResNet-18 with a 10-class head
+}
+
+TEST(ModelsResNet, SplitEqualsUnsplitForwardAndBackward) {
+  at::manual_seed(2);
+  auto net = make_resnet("resnet20", 3, 7, /*width=*/0.5);
+  const Variable x(at::randn({3, 3, 16, 16}));
+  expect_split_equals_unsplit(*net, net->split({"layer1", "layer2.1", "layer3"}), x, "resnet20 train");
+  net->eval();
+  expect_split_equals_unsplit(*net, net->split({"stem", "layer3.2"}), x, "resnet20 eval");
+  expect_split_equals_unsplit(*net, net->split({}), x, "resnet20 one stage");
+}
+
+TEST(ModelsResNet, MatchesTorchReference) {
+  at::manual_seed(3);
+  auto ours = make_resnet("resnet8", 3, 5);
+  reference::ResNet ref(std::vector<int64_t>{1, 1, 1}, std::vector<int64_t>{16, 32, 64}, 3, 5);
+  {  // non-trivial BatchNorm parameters and statistics, so eval mode tests them too
+    torch::NoGradGuard g;
+    for (auto& p : ref->named_parameters())
+      if (p.key().find("bn") != std::string::npos || p.key().find("downsample.1") != std::string::npos)
+        p.value().uniform_(0.5, 1.5);
+    for (auto& b : ref->named_buffers())
+      if (b.key().find("running_var") != std::string::npos) b.value().uniform_(0.5, 1.5);
+  }
+  expect_parity(*ours, *ref, [&](const at::Tensor& x) { return ref(x); }, at::randn({4, 3, 12, 12}),
+                "resnet8 train", {1e-4, 1e-4});
+  ours->eval();
+  ref->eval();
+  expect_parity(*ours, *ref, [&](const at::Tensor& x) { return ref(x); }, at::randn({4, 3, 12, 12}), "resnet8 eval",
+                {1e-4, 1e-4});
+}
+
+TEST(ModelsResNet, AnyChannelsAndSizes) {
+  at::manual_seed(4);
+  auto fmnist = make_resnet("resnet8", 1, 10);
+  EXPECT_EQ(fmnist->forward(Variable(at::randn({5, 1, 28, 28}))).sizes().vec(), (std::vector<int64_t>{5, 10}));
+  auto odd = make_resnet("resnet20", 3, 4, 0.25);
+  EXPECT_EQ(odd->forward(Variable(at::randn({2, 3, 19, 23}))).sizes().vec(), (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(make_resnet("resnet8", 3, 10, 2.0)->widths(), (std::vector<int64_t>{32, 64, 128}));
+  EXPECT_EQ(make_resnet("resnet34", 3, 10, 0.125)->cut_points().size(), 1u + 3 + 4 + 6 + 3);
+}
+
+TEST(ModelsResNet, ErrorsNameTheProblemAndTheChoices) {
+  auto net = make_resnet("resnet8", 3, 10);
+  std::string msg = error_of([&] { net->split({"layer5"}); });
+  EXPECT_NE(msg.find("'layer5'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("stem, layer1, layer2, layer3"), std::string::npos) << msg;
+  msg = error_of([&] { net->split({"layer2", "layer1"}); });
+  EXPECT_NE(msg.find("'layer1'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("order"), std::string::npos) << msg;
+  EXPECT_NE(error_of([&] { net->split({"layer1", "layer1"}); }).find("twice"), std::string::npos);
+  msg = error_of([] { make_resnet("resnet50", 3, 10); });
+  EXPECT_NE(msg.find("resnet8, resnet20, resnet18, resnet34"), std::string::npos) << msg;
+  EXPECT_THROW(net->forward(Variable(at::randn({2, 1, 8, 8}))), c10::Error);  // wrong channels
+  EXPECT_THROW(make_resnet("resnet8", 3, 10, 0.0), c10::Error);
+}
+
+// ---- GPT-2 --------------------------------------------------------------------------------------
+GPT2Config tiny_gpt2() {
+  GPT2Config c;
+  c.vocab_size = 37;
+  c.n_positions = 12;
+  c.n_embd = 16;
+  c.n_layer = 3;
+  c.n_head = 4;
+  c.dropout = 0.0;
+  return c;
+}
+
+TEST(ModelsGpt2, MatchesTorchReferenceIncludingTiedEmbedding) {
+  at::manual_seed(5);
+  GPT2 ours(tiny_gpt2());
+  reference::GPT2 ref(37, 12, 16, 3, 4);
+  // Copy ours into the reference by name (GPT-2's init is ours), then compare everything.
+  EXPECT_TRUE(reference::copy_into(*ref, ours.state_dict()).empty());
+  EXPECT_EQ(ref->named_parameters().size(), ours.named_parameters().size());
+  const at::Tensor ids = at::randint(37, {3, 10}, at::kLong);
+  testing::ParityOptions opt;
+  opt.atol = 2e-5;
+  opt.copy_weights = false;
+  expect_parity(ours, *ref, [&](const at::Tensor& x) { return ref(x); }, ids, "GPT-2 (3 layers)", opt);
+  EXPECT_EQ(ours.forward(ids).sizes().vec(), (std::vector<int64_t>{3, 10, 37}));
+}
+
+TEST(ModelsGpt2, Gpt2InitialisationScheme) {
+  GPT2Config c = tiny_gpt2();
+  c.n_embd = 128;
+  c.n_layer = 8;
+  c.vocab_size = 500;
+  c.n_positions = 64;
+  GPT2 m(c, at::detail::createCPUGenerator(0));
+  auto std_of = [](const Variable& v) { return v.data().std().item<double>(); };
+  EXPECT_NEAR(std_of(m.wte()->weight()), 0.02, 0.001);
+  EXPECT_NEAR(std_of(m.wpe()->weight()), 0.02, 0.002);
+  EXPECT_NEAR(std_of(m.block(0)->attn()->qkv()->weight()), 0.02, 0.001);
+  EXPECT_NEAR(std_of(m.block(3)->mlp()->fc()->weight()), 0.02, 0.001);
+  EXPECT_NEAR(std_of(m.block(1)->attn()->out()->weight()), 0.02 / 4.0, 0.0005);  // sqrt(2 * 8) = 4
+  EXPECT_NEAR(std_of(m.block(7)->mlp()->proj()->weight()), 0.02 / 4.0, 0.0003);
+  EXPECT_EQ(m.block(2)->attn()->qkv()->bias().data().abs().max().item<float>(), 0.0f);
+  EXPECT_TRUE(m.ln_f()->weight().data().equal(at::ones({128})));
+  // Tied: no separate output projection parameter.
+  for (auto& [n, _] : m.named_parameters()) EXPECT_EQ(n.find("lm_head"), std::string::npos);
+}
+
+TEST(ModelsGpt2, SplitEqualsUnsplitWithTiedEmbeddingAcrossStages) {
+  at::manual_seed(6);
+  GPT2 m(tiny_gpt2());
+  EXPECT_EQ(m.cut_points(), (std::vector<std::string>{"embed", "h.0", "h.1", "h.2"}));
+  const Variable ids(at::randint(37, {2, 9}, at::kLong));
+  auto stages = m.split({"h.0", "h.1"});
+  EXPECT_TRUE(param_names(*stages[0]).count("wte.weight"));
+  EXPECT_TRUE(param_names(*stages[2]).count("wte.weight")) << "the tied output projection lives in the last stage";
+  EXPECT_TRUE(param_names(*stages[2]).count("ln_f.weight"));
+  EXPECT_FALSE(param_names(*stages[1]).count("wte.weight"));
+  expect_split_equals_unsplit(m, stages, ids, "GPT-2 split h.0, h.1", 1e-5);
+  expect_split_equals_unsplit(m, m.split({"embed", "h.2"}), ids, "GPT-2 split embed, h.2", 1e-5);
+}
+
+TEST(ModelsGpt2, Errors) {
+  GPT2 m(tiny_gpt2());
+  EXPECT_NE(error_of([&] { m.forward(at::zeros({1, 13}, at::kLong)); }).find("n_positions"), std::string::npos);
+  EXPECT_THROW(m.forward(at::zeros({2, 3})), c10::Error);  // float ids
+  std::string msg = error_of([&] { m.split({"h.3"}); });
+  EXPECT_NE(msg.find("embed, h.0, h.1, h.2"), std::string::npos) << msg;
+  GPT2Config bad = tiny_gpt2();
+  bad.n_head = 5;
+  EXPECT_THROW(GPT2{bad}, c10::Error);
+}
+
+// ---- BERT ---------------------------------------------------------------------------------------
+BertConfig tiny_bert() {
+  BertConfig c;
+  c.vocab_size = 41;
+  c.hidden_size = 16;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.intermediate_size = 24;
+  c.max_position_embeddings = 20;
+  c.type_vocab_size = 2;
+  c.hidden_dropout = 0.0;
+  c.attention_dropout = 0.0;
+  c.num_labels = 3;
+  return c;
+}
+
+/// BERT from torch::nn pieces, same names as tl::Bert.
+struct RefBertEmbeddingsImpl : torch::nn::Module {
+  RefBertEmbeddingsImpl(const BertConfig& c)
+      : word(register_module("word", torch::nn::Embedding(c.vocab_size, c.hidden_size))),
+        position(register_module("position", torch::nn::Embedding(c.max_position_embeddings, c.hidden_size))),
+        token_type(register_module("token_type", torch::nn::Embedding(c.type_vocab_size, c.hidden_size))),
+        norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps)))) {}
+  torch::nn::Embedding word, position, token_type;
+  torch::nn::LayerNorm norm;
+};
+TORCH_MODULE(RefBertEmbeddings);
+
+struct RefBertImpl : torch::nn::Module {
+  explicit RefBertImpl(const BertConfig& c)
+      : embeddings(register_module("embeddings", RefBertEmbeddings(c))),
+        layers(register_module("layers", torch::nn::ModuleList())),
+        pooler(register_module("pooler", torch::nn::Linear(c.hidden_size, c.hidden_size))),
+        classifier(register_module("classifier", torch::nn::Linear(c.hidden_size, c.num_labels))) {
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+      layers->push_back(reference::Block(c.hidden_size, c.num_attention_heads, c.intermediate_size, false, false, false,
+                                         "none", c.layer_norm_eps));
+  }
+  torch::Tensor forward(const torch::Tensor& ids, const torch::Tensor& mask, const torch::Tensor& types) {
+    auto x = embeddings->word(ids) + embeddings->position(torch::arange(ids.size(1))) + embeddings->token_type(types);
+    x = embeddings->norm(x);
+    const auto kpm = mask.eq(0);
+    for (auto& l : *layers) x = l->as<reference::Block>()->forward(x, kpm);
+    return classifier(torch::tanh(pooler(x.select(1, 0))));
+  }
+  RefBertEmbeddings embeddings;
+  torch::nn::ModuleList layers;
+  torch::nn::Linear pooler, classifier;
+};
+TORCH_MODULE(RefBert);
+
+TEST(ModelsBert, MatchesTorchReferenceWithPaddingAndTokenTypes) {
+  at::manual_seed(7);
+  const BertConfig c = tiny_bert();
+  Bert ours(c);
+  RefBert ref(c);
+  EXPECT_TRUE(reference::copy_into(*ref, ours.state_dict()).empty());
+  EXPECT_EQ(ref->named_parameters().size(), ours.named_parameters().size());
+  const at::Tensor ids = at::randint(1, 41, {2, 7}, at::kLong);
+  const at::Tensor mask = at::arange(7).view({1, 7}).lt(at::tensor({7, 5}).view({2, 1})).to(at::kLong);
+  const at::Tensor types = at::arange(7).view({1, 7}).ge(3).to(at::kLong).expand({2, 7}).contiguous();
+  testing::ParityOptions opt;
+  opt.atol = 2e-5;
+  opt.copy_weights = false;
+  expect_parity(ours, *ref, [&](const Variable& x) { return ours.forward(x.data(), mask, types).logits; },
+                [&](const at::Tensor& x) { return ref->forward(x, mask, types); }, ids, "BERT (2 layers)", opt);
+  const BertOutput out = ours.forward(ids, mask, types);
+  EXPECT_EQ(out.hidden.sizes().vec(), (std::vector<int64_t>{2, 7, 16}));
+  EXPECT_EQ(out.pooled.sizes().vec(), (std::vector<int64_t>{2, 16}));
+  EXPECT_EQ(out.logits.sizes().vec(), (std::vector<int64_t>{2, 3}));
+}
+
+TEST(ModelsBert, PaddingDoesNotLeakAndInitIsHuggingFaces) {
+  at::manual_seed(8);
+  BertConfig c = tiny_bert();
+  Bert m(c);
+  m.eval();
+  at::Tensor ids = at::randint(1, 41, {1, 8}, at::kLong);
+  const at::Tensor mask = at::arange(8).lt(5).view({1, 8});
+  at::Tensor ids2 = ids.clone();
+  ids2.narrow(1, 5, 3).fill_(7);
+  auto h1 = m.forward(ids, mask).hidden.data(), h2 = m.forward(ids2, mask).hidden.data();
+  EXPECT_TRUE(all_close(h1.narrow(1, 0, 5), h2.narrow(1, 0, 5), "unpadded hidden states"));
+  EXPECT_EQ(m.embeddings()->word()->weight().data()[0].abs().max().item<float>(), 0.0f);  // pad row
+  EXPECT_NEAR(m.embeddings()->word()->weight().data().std().item<double>(), 0.02, 0.003);
+  EXPECT_EQ(m.layer(1)->attn()->query()->bias().data().abs().max().item<float>(), 0.0f);
+  EXPECT_THROW(m.forward(ids, mask.narrow(1, 0, 4)), c10::Error);
+  EXPECT_THROW(m.forward(at::zeros({1, 21}, at::kLong)), c10::Error);  // longer than max positions
+}
+
+TEST(ModelsBert, SplitStagesReadTheBatchInputs) {
+  at::manual_seed(9);
+  Bert m(tiny_bert());
+  EXPECT_EQ(m.cut_points(), (std::vector<std::string>{"embeddings", "layers.0", "layers.1"}));
+  const at::Tensor ids = at::randint(1, 41, {3, 6}, at::kLong);
+  const at::Tensor mask = at::arange(6).view({1, 6}).lt(at::tensor({6, 4, 2}).view({3, 1}));
+  const at::Tensor types = at::randint(2, {3, 6}, at::kLong);
+  m.set_batch_inputs(mask, types);
+  const at::Tensor logits = m.forward(ids, mask, types).logits.data();
+  EXPECT_TRUE(all_close(m.forward(Variable(ids)).data(), logits, "single-input forward"));
+  expect_split_equals_unsplit(m, m.split({"embeddings", "layers.0"}), Variable(ids), "BERT split", 1e-5);
+  auto stages = m.split({"layers.1"});
+  EXPECT_TRUE(param_names(*stages[1]).count("classifier.weight"));
+  EXPECT_TRUE(param_names(*stages[1]).count("pooler.weight"));
+}
+
+}  // namespace
+}  // namespace tl

@@ -1,0 +1,146 @@
+// The in-process pipeline: a split ResNet with identity boundaries computes exactly what the
+// unsplit model computes (outputs and gradients); micro-batches accumulate the full-batch gradient
+// where samples are independent, and BatchNorm's per-micro-batch statistics are what the
+// documentation says; the inference toggle; byte statistics; sample ids reaching the codecs.
+#include "layers/models/resnet.h"
+#include "layers/optim/grad_utils.h"
+#include "parallel/pipeline.h"
+#include "tests/common/testing.h"
+
+namespace tl {
+namespace {
+using testing::all_close;
+
+std::shared_ptr<ResNet> small_resnet(uint64_t seed) {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  return make_resnet("resnet8", 1, 10, 0.5, gen);
+}
+
+Variable ce(const Variable& logits, const at::Tensor& y) { return cross_entropy(logits, y); }
+
+std::vector<BoundarySpec> specs(size_t n, const std::string& fwd = "identity", const std::string& bwd = "identity") {
+  BoundarySpec s;
+  s.forward = fwd;
+  s.backward = bwd;
+  return std::vector<BoundarySpec>(n, s);
+}
+
+std::map<std::string, at::Tensor> grads_of(const Module& m) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [name, p] : m.named_parameters()) out[name] = p.grad().defined() ? p.grad().clone() : at::Tensor();
+  return out;
+}
+
+TEST(Pipeline, IdentityBoundariesMatchTheUnsplitModel) {
+  auto reference = small_resnet(3);
+  auto model = small_resnet(3);
+  auto pipe = Pipeline::build(model, {"layer1", "layer2", "layer3"}, specs(3));
+  ASSERT_EQ(pipe->num_stages(), 4u);
+  at::Tensor x = at::randn({6, 1, 12, 12}), y = at::randint(0, 10, {6}, at::kLong);
+
+  Variable ref_loss = cross_entropy(reference->forward(Variable(x)), y);
+  ref_loss.backward();
+  pipe->zero_grad();
+  StepResult r = pipe->train_step(x, y, {}, 1, ce);
+  EXPECT_NEAR(r.loss, ref_loss.item<double>(), 1e-6);
+  EXPECT_EQ(r.samples, 6);
+  auto ref_grads = grads_of(*reference);
+  for (const auto& [name, g] : grads_of(*model))
+    EXPECT_TRUE(all_close(g, ref_grads.at(name), "grad " + name, 1e-6, 1e-5));
+  // Every parameter once, under the model's names.
+  EXPECT_EQ(pipe->named_parameters().size(), reference->named_parameters().size());
+  EXPECT_EQ(pipe->named_parameters().front().first, "model." + reference->named_parameters().front().first);
+  // Running statistics updated identically.
+  auto ref_state = reference->state_dict();
+  for (const auto& [name, t] : model->state_dict())
+    EXPECT_TRUE(all_close(t.to(at::kDouble), ref_state.at(name).to(at::kDouble), "state " + name, 1e-6, 1e-5));
+}
+
+TEST(Pipeline, MicroBatchesGiveTheFullBatchGradientWhenSamplesAreIndependent) {
+  // In eval mode BatchNorm uses its running statistics, so samples are independent and the
+  // accumulated gradient of M micro-batches (sizes 3, 3, 1 for B = 7, M = 3) equals M = 1's.
+  auto a = small_resnet(5), b = small_resnet(5);
+  auto pa = Pipeline::build(a, {"layer1", "layer2"}, specs(2));
+  auto pb = Pipeline::build(b, {"layer1", "layer2"}, specs(2));
+  pa->eval();
+  pb->eval();
+  at::Tensor x = at::randn({7, 1, 10, 10}), y = at::randint(0, 10, {7}, at::kLong);
+  pa->zero_grad();
+  pb->zero_grad();
+  StepResult ra = pa->train_step(x, y, {}, 1, ce);
+  StepResult rb = pb->train_step(x, y, {}, 3, ce);
+  EXPECT_EQ(rb.micro_batches, 3);
+  EXPECT_NEAR(ra.loss, rb.loss, 1e-6);
+  EXPECT_EQ(ra.correct, rb.correct);
+  auto ga = grads_of(*a);
+  for (const auto& [name, g] : grads_of(*b)) EXPECT_TRUE(all_close(g, ga.at(name), "grad " + name, 1e-6, 1e-4));
+}
+
+TEST(Pipeline, BatchNormUsesPerMicroBatchStatisticsInTraining) {
+  // Documented behaviour (pipeline.h, Note [micro-batches and BatchNorm]): with M = 2 in training
+  // each half is normalised with its own statistics and the running statistics are updated twice;
+  // exactly what two separate forward passes on the halves give.
+  auto a = small_resnet(7), ref = small_resnet(7);
+  auto pa = Pipeline::build(a, {"layer2"}, specs(1));
+  at::Tensor x = at::randn({8, 1, 8, 8}), y = at::randint(0, 10, {8}, at::kLong);
+  pa->zero_grad();
+  StepResult r = pa->train_step(x, y, {}, 2, ce);
+  double l0 = cross_entropy(ref->forward(Variable(x.narrow(0, 0, 4))), y.narrow(0, 0, 4)).item<double>();
+  double l1 = cross_entropy(ref->forward(Variable(x.narrow(0, 4, 4))), y.narrow(0, 4, 4)).item<double>();
+  EXPECT_NEAR(r.loss, (l0 + l1) / 2, 1e-5);
+  auto ref_state = ref->state_dict();
+  for (const auto& [name, t] : a->state_dict())
+    if (name.find("running_mean") != std::string::npos)
+      EXPECT_TRUE(all_close(t, ref_state.at(name), "running stats " + name, 1e-6, 1e-5));
+  // ...and it differs from the full-batch loss.
+  auto full = small_resnet(7);
+  double lf = cross_entropy(full->forward(Variable(x)), y).item<double>();
+  EXPECT_GT(std::abs(lf - r.loss), 1e-6);
+}
+
+TEST(Pipeline, InferenceToggleAndByteStatistics) {
+  auto model = small_resnet(11);
+  auto pipe = Pipeline::build(model, {"layer1", "layer2", "layer3"}, specs(3, "topk(0.1)", "topk(0.1)"));
+  at::Tensor x = at::randn({4, 1, 8, 8}), y = at::randint(0, 10, {4}, at::kLong);
+  pipe->reset_stats();
+  pipe->zero_grad();
+  pipe->train_step(x, y, {}, 2, ce);
+  BoundaryStats s = pipe->total_stats();
+  EXPECT_EQ(s.forward.messages, 6);  // 3 boundaries x 2 micro-batches
+  EXPECT_EQ(s.backward.messages, 6);
+  EXPECT_GT(s.forward.bytes, 0);
+  EXPECT_LT(s.forward.bytes, s.forward.raw_bytes / 3);  // 10% values + indices
+  EXPECT_LT(s.backward.bytes, s.backward.raw_bytes / 3);
+
+  pipe->eval();
+  at::Tensor on = pipe->predict(x, true), off = pipe->predict(x, false);
+  at::Tensor unsplit = [&] {
+    NoGradGuard g;
+    return model->forward(Variable(x)).data();
+  }();
+  EXPECT_TRUE(all_close(off, unsplit, "compression off = unsplit model", 1e-6, 1e-5));
+  EXPECT_GT(testing::max_diff(on, off), 1e-4) << "TopK 10% at inference should change the logits";
+  EXPECT_TRUE(pipe->boundary(0)->active_at_inference()) << "predict restores the configured toggle";
+}
+
+TEST(Pipeline, SampleIdsReachTheCodecs) {
+  auto pipe = Pipeline::build(small_resnet(2), {"layer1"}, specs(1, "aqsgd(quant(4))", "identity"));
+  at::Tensor x = at::randn({4, 1, 8, 8}), y = at::randint(0, 10, {4}, at::kLong);
+  pipe->zero_grad();
+  EXPECT_THROW(pipe->train_step(x, y, {}, 1, ce), c10::Error);  // AQ-SGD needs the ids
+  pipe->zero_grad();
+  StepResult r = pipe->train_step(x, y, at::arange(4, at::kLong) + 100, 2, ce);
+  EXPECT_EQ(r.samples, 4);
+}
+
+TEST(Pipeline, RejectsBadSplits) {
+  EXPECT_THROW(Pipeline::build(small_resnet(1), {"layer9"}, specs(1)), c10::Error);
+  EXPECT_THROW(Pipeline(small_resnet(1), {"layer1"}, {}), c10::Error);
+  auto slices = Pipeline::micro_batch_slices(10, 4);  // at::chunk: 3, 3, 3, 1
+  ASSERT_EQ(slices.size(), 4u);
+  EXPECT_EQ(slices[3], std::make_pair(int64_t(9), int64_t(1)));
+  EXPECT_EQ(Pipeline::micro_batch_slices(2, 4).size(), 2u);
+}
+
+}  // namespace
+}  // namespace tl

@@ -1,0 +1,53 @@
+#pragma once
+// Helpers for the tasks tests: temporary directories and error-message checks.
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tests/common/testing.h"
+
+namespace tl::testing {
+
+/// A fresh directory under the system temp dir, removed with everything in it at scope exit.
+class TempDir {
+ public:
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path_ = std::filesystem::temp_directory_path() /
+            ("tapeline-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// Expects fn to throw (c10::Error or std::exception) with a message containing every fragment.
+inline void expect_error(const std::function<void()>& fn, const std::vector<std::string>& fragments) {
+  std::string msg;
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    msg = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    msg = e.what();
+  }
+  ASSERT_FALSE(msg.empty()) << "expected an error containing '" << (fragments.empty() ? "" : fragments[0])
+                            << "' but nothing was thrown";
+  for (const auto& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "'" << f << "' not in: " << msg;
+}
+
+}  // namespace tl::testing
