@@ -5,7 +5,8 @@
 //   static std::vector<at::Tensor> backward(Context& ctx, std::vector<at::Tensor> grad_outputs);
 //
 // and users call T::apply(<args>...), passing Variables where forward takes tensors. Variable
-// arguments arrive in forward as `const at::Tensor&`; every other argument is forwarded as is.
+// arguments arrive in forward as `const at::Tensor&`, a variable_list as `std::vector<at::Tensor>`
+// (each element counts as one Variable argument); every other argument is forwarded as is.
 // backward returns one gradient per Variable argument, in order (undefined where
 // !ctx.needs_input_grad(i)). When no Variable argument requires grad (or grad mode is off),
 // nothing is recorded and the Context is a throwaway.
@@ -56,9 +57,17 @@ template <class A>
 using is_variable = std::is_same<std::decay_t<A>, Variable>;
 
 template <class A>
+using is_variable_list = std::is_same<std::decay_t<A>, std::vector<Variable>>;
+
+template <class A>
 decltype(auto) unwrap(A&& a) {
   if constexpr (is_variable<A>::value) {
     return static_cast<const at::Tensor&>(a.data());
+  } else if constexpr (is_variable_list<A>::value) {
+    std::vector<at::Tensor> tensors;
+    tensors.reserve(a.size());
+    for (const auto& v : a) tensors.push_back(v.data());
+    return tensors;
   } else {
     return std::forward<A>(a);
   }
@@ -66,7 +75,11 @@ decltype(auto) unwrap(A&& a) {
 
 template <class A>
 void collect(std::vector<const Variable*>& out, const A& a) {
-  if constexpr (is_variable<A>::value) out.push_back(&a);
+  if constexpr (is_variable<A>::value) {
+    out.push_back(&a);
+  } else if constexpr (is_variable_list<A>::value) {
+    for (const auto& v : a) out.push_back(&v);
+  }
 }
 
 // Demangled-ish name of T for tape printing: T::name if it defines one.

@@ -14,6 +14,7 @@ function(tapeline_test name label)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} tl_test_common GTest::gtest GTest::gtest_main)
-  target_precompile_headers(${name} REUSE_FROM tl_test_common)
+  # Its own PCH: REUSE_FROM a library would mix -fPIC and -fPIE, and GCC then ignores the PCH.
+  target_precompile_headers(${name} PRIVATE <torch/torch.h> <gtest/gtest.h> <vector> <string> <memory>)
   gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST PROPERTIES LABELS ${label} DISCOVERY_TIMEOUT 60)
 endfunction()

@@ -27,20 +27,6 @@ struct Token {
   size_t begin, end;  // [begin, end) in the text
 };
 
-const char* describe(Tok t) {
-  switch (t) {
-    case Tok::kName: return "a name";
-    case Tok::kNumber: return "a number";
-    case Tok::kLParen: return "'('";
-    case Tok::kRParen: return "')'";
-    case Tok::kComma: return "','";
-    case Tok::kEquals: return "'='";
-    case Tok::kPipe: return "'|'";
-    case Tok::kEnd: return "the end of the spec";
-  }
-  return "?";
-}
-
 bool name_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
 bool name_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.'; }
 bool digit(char c) { return std::isdigit(static_cast<unsigned char>(c)); }

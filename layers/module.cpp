@@ -166,9 +166,13 @@ void Module::load_state_dict(const TensorMap& state, bool strict) {
 }
 
 void Module::train(bool on) {
-  for (auto& [_, m] : named_modules()) {
-    m->training_ = on;
-    m->on_train(on);
+  // Raw-pointer walk (not named_modules(), which needs shared_from_this): modules held by value
+  // or on the stack can switch mode too.
+  std::vector<Module*> walk{this};
+  for (size_t i = 0; i < walk.size(); ++i) {
+    walk[i]->training_ = on;
+    walk[i]->on_train(on);
+    for (const auto& [_, c] : walk[i]->children_) walk.push_back(c.get());
   }
 }
 

@@ -1,5 +1,6 @@
 #include "tasks/trainer.h"
 
+#include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>

@@ -84,7 +84,8 @@ using MeanDimsFn = SumMeanDimsFn<true>;
 struct MaxAllFn : Function<MaxAllFn> {
   static constexpr const char* name = "max";
   static at::Tensor forward(Context& ctx, const at::Tensor& x) {
-    TORCH_CHECK(x.numel() > 0, "max: the input is empty (shape ", x.sizes(), "); max over all elements needs at "
+    TORCH_CHECK(x.numel() > 0, "max: the input is empty (shape ", x.sizes(),
+                "); max over all elements needs at "
                 "least one element");
     at::Tensor index = x.reshape({-1}).argmax();  // 0-d int64: first position of the max (NaN counts as max)
     ctx.save_for_backward({index});

@@ -125,7 +125,7 @@ struct NarrowFn : Function<NarrowFn> {
 };
 
 // cat: input i's gradient is its own stretch of grad_y along dim.
-struct CatFn {
+struct CatFn : Function<CatFn> {
   static constexpr const char* name = "cat";
   static at::Tensor forward(Context& ctx, const tensor_list& xs, int64_t dim) {
     at::Tensor y = at::cat(xs, dim);
@@ -247,7 +247,8 @@ struct WhereFn : Function<WhereFn> {
   static tensor_list backward(Context& ctx, tensor_list g) {
     const at::Tensor& condition = ctx.saved()[0];
     at::Tensor grad_a, grad_b;
-    if (ctx.needs_input_grad(0)) grad_a = sum_to_shape(g[0].masked_fill(condition.logical_not(), 0), ops::int_vec(ctx, "sa"));
+    if (ctx.needs_input_grad(0))
+      grad_a = sum_to_shape(g[0].masked_fill(condition.logical_not(), 0), ops::int_vec(ctx, "sa"));
     if (ctx.needs_input_grad(1)) grad_b = sum_to_shape(g[0].masked_fill(condition, 0), ops::int_vec(ctx, "sb"));
     return {grad_a, grad_b};
   }
@@ -287,27 +288,8 @@ Variable slice(const Variable& x, int64_t dim, int64_t start, int64_t end, int64
 // Variable arguments), so the node is built here the same way apply builds it.
 Variable cat(const variable_list& xs, int64_t dim) {
   TORCH_CHECK(!xs.empty(), "cat: expected a non-empty list of variables");
-  tensor_list data;
-  std::vector<const Variable*> inputs;
-  bool needs_grad = false;
-  for (size_t i = 0; i < xs.size(); ++i) {
-    TORCH_CHECK(xs[i].defined(), "cat: variable ", i, " of the list is undefined");
-    data.push_back(xs[i].data());
-    inputs.push_back(&xs[i]);
-    needs_grad = needs_grad || xs[i].requires_grad();
-  }
-  if (!needs_grad || !GradMode::is_enabled()) {
-    Context ctx;
-    ctx.op_name_ = CatFn::name;
-    return Variable(CatFn::forward(ctx, data, dim));
-  }
-  auto node = std::make_shared<detail::FunctionNode<CatFn>>();
-  node->ctx.op_name_ = CatFn::name;
-  node->next_edges_ = detail::make_edges(inputs, node->ctx.needs_input_grad_);
-  at::Tensor out = CatFn::forward(node->ctx, data, dim);
-  node->outputs_.push_back(detail::meta_of(out));
-  Tape::current().record(node);
-  return Variable::make_output(std::move(out), std::move(node), 0);
+  for (size_t i = 0; i < xs.size(); ++i) TORCH_CHECK(xs[i].defined(), "cat: variable ", i, " of the list is undefined");
+  return CatFn::apply(xs, dim);
 }
 
 variable_list split(const Variable& x, int64_t split_size, int64_t dim) { return SplitFn::apply(x, split_size, dim); }

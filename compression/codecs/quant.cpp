@@ -188,7 +188,7 @@ Payload Quantize::encode(const at::Tensor& x, const CodecContext& ctx) {
       std::lock_guard<std::mutex> lock(gen.mutex());
       seed = gen.get<at::CPUGeneratorImpl>()->random64();
     }
-    generator_.mutable_data().copy_(gen.get_state());
+    generator_.set_data(gen.get_state().to(generator_.device()));
   }
 
   at::Tensor codes_packed = at::empty({0}, xf.options().dtype(at::kByte));
@@ -254,11 +254,12 @@ at::Tensor Quantize::decode(const Payload& p, const CodecContext& ctx) {
   const Scale scale = static_cast<Scale>(p.params[1]);
   const Mode mode = static_cast<Mode>(p.params[2]);
   const int64_t dim = p.params[4], block = p.params[5];
-  if (scale == Scale::kChannel)
+  if (scale == Scale::kChannel) {
     TORCH_CHECK(dim >= 0 && dim < static_cast<int64_t>(p.shape.size()), kName, ": corrupt payload: channel dim ", dim,
                 " for ", p.shape.size(), " dims");
-  else
+  } else {
     TORCH_CHECK(dim == -1, kName, ": corrupt payload: channel dim ", dim, " without scale=channel");
+  }
   TORCH_CHECK(scale == Scale::kBlock ? block >= 1 : block == 0, kName, ": corrupt payload: block=", block);
   const at::ScalarType scale_type = codec::wire_type_from_param(p.params[6], kName);
   const Geometry geo = geometry(p.shape, scale, dim, block);

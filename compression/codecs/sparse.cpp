@@ -127,7 +127,7 @@ at::Tensor SparseCodec::randk_mask(int64_t rows, int64_t D, int64_t k) {
   gen.set_state(generator_.data().cpu());
   at::Tensor mask = at::empty({rows * D}, at::kByte);
   codec::randk_mask_cpu(gen.get<at::CPUGeneratorImpl>(), rows, D, k, mask.data_ptr<uint8_t>());
-  generator_.mutable_data().copy_(gen.get_state());
+  generator_.set_data(gen.get_state().to(generator_.device()));
   return mask;
 }
 

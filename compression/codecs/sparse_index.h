@@ -4,7 +4,7 @@
 //   int    : one int32 per index (int64 when universe > 2^31)          n * 4 bytes
 //   delta  : gaps idx[i] - idx[i-1] - 1 (idx[-1] = -1) as LEB128 varints  sum of varint lengths
 //   bitmap : one bit per element, packed as pack_bits(mask, 1)             ceil(universe / 8)
-// On ties the earlier form in that order wins.
+// On ties: int, then bitmap, then delta.
 
 #include <ATen/ATen.h>
 

@@ -67,8 +67,8 @@ CheckpointInfo info_from_metadata(const std::map<std::string, std::string>& meta
               "'); to read plain tensors use load_safetensors");
   auto ver = meta.find("version");
   TORCH_CHECK(ver != meta.end() && ver->second == kVersion, "checkpoint '", path, "': version ",
-              ver == meta.end() ? std::string("absent") : "'" + ver->second + "'", " is not supported (this build reads ",
-              kVersion, ")");
+              ver == meta.end() ? std::string("absent") : "'" + ver->second + "'",
+              " is not supported (this build reads ", kVersion, ")");
   CheckpointInfo info;
   info.step = parse_counter(meta, "step", path);
   info.epoch = parse_counter(meta, "epoch", path);
@@ -81,8 +81,8 @@ void check_rng_state(const TensorMap& state) {
   const int64_t n_cuda = cuda_device_count();
   for (const auto& [key, t] : state) {
     const bool is_cpu = key == "cpu";
-    bool is_cuda = key.rfind("cuda.", 0) == 0 && key.size() > 5 &&
-                   key.find_first_not_of("0123456789", 5) == std::string::npos;
+    bool is_cuda =
+        key.rfind("cuda.", 0) == 0 && key.size() > 5 && key.find_first_not_of("0123456789", 5) == std::string::npos;
     TORCH_CHECK(is_cpu || is_cuda, "rng state: unexpected entry '", key, "' (expected cpu or cuda.<index>)");
     if (is_cuda && std::stoll(key.substr(5)) >= n_cuda) continue;  // device absent here: skipped
     TORCH_CHECK(t.scalar_type() == at::kByte && t.dim() == 1, "rng state '", key, "' must be a 1-D uint8 tensor, got ",

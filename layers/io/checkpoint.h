@@ -46,8 +46,8 @@ void save_checkpoint(const std::string& path, const Module& model, const Optimiz
 /// Restores into the given targets (all validated first; nothing changes on error) and returns the
 /// stored counters and metadata. A target passed as nullptr is skipped (e.g. loading weights only);
 /// a target the checkpoint has no state for is an error.
-CheckpointInfo load_checkpoint(const std::string& path, Module& model, Optimizer* optimizer,
-                               LRScheduler* scheduler, const CheckpointLoadOptions& options = {});
+CheckpointInfo load_checkpoint(const std::string& path, Module& model, Optimizer* optimizer, LRScheduler* scheduler,
+                               const CheckpointLoadOptions& options = {});
 
 /// The counters and metadata only (reads the header, not the tensors).
 CheckpointInfo read_checkpoint_info(const std::string& path);

@@ -4,13 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <set>
 
 namespace tl {
@@ -31,11 +30,11 @@ struct DtypeInfo {
 };
 // Every dtype the format defines; the unsupported ones have no ATen type in libtorch 1.13.
 const DtypeInfo kDtypes[] = {
-    {"BOOL", at::kBool, 1, true},       {"U8", at::kByte, 1, true},         {"I8", at::kChar, 1, true},
-    {"I16", at::kShort, 2, true},       {"I32", at::kInt, 4, true},         {"I64", at::kLong, 8, true},
-    {"F16", at::kHalf, 2, true},        {"BF16", at::kBFloat16, 2, true},   {"F32", at::kFloat, 4, true},
-    {"F64", at::kDouble, 8, true},      {"U16", at::kByte, 2, false},       {"U32", at::kByte, 4, false},
-    {"U64", at::kByte, 8, false},       {"F8_E4M3", at::kByte, 1, false},   {"F8_E5M2", at::kByte, 1, false},
+    {"BOOL", at::kBool, 1, true},  {"U8", at::kByte, 1, true},       {"I8", at::kChar, 1, true},
+    {"I16", at::kShort, 2, true},  {"I32", at::kInt, 4, true},       {"I64", at::kLong, 8, true},
+    {"F16", at::kHalf, 2, true},   {"BF16", at::kBFloat16, 2, true}, {"F32", at::kFloat, 4, true},
+    {"F64", at::kDouble, 8, true}, {"U16", at::kByte, 2, false},     {"U32", at::kByte, 4, false},
+    {"U64", at::kByte, 8, false},  {"F8_E4M3", at::kByte, 1, false}, {"F8_E5M2", at::kByte, 1, false},
 };
 
 std::string supported_list() {
@@ -98,12 +97,13 @@ SafetensorsHeader parse_header(int fd, const std::string& path) {
   TORCH_CHECK(pread_all(fd, &header_len, 8, 0), where, ": cannot read the header length: ", errno_str());
   TORCH_CHECK(header_len <= kMaxHeaderBytes, where, ": header length ", header_len, " bytes exceeds the limit of ",
               kMaxHeaderBytes, " bytes (corrupt file, or not a safetensors file)");
-  TORCH_CHECK(header_len <= file_size - 8, where, ": header length ", header_len, " bytes runs past the end of the file (",
-              file_size - 8, " bytes follow the length field): the file is truncated");
+  TORCH_CHECK(header_len <= file_size - 8, where, ": header length ", header_len,
+              " bytes runs past the end of the file (", file_size - 8,
+              " bytes follow the length field): the file is truncated");
   TORCH_CHECK(header_len >= 2, where, ": header length ", header_len, " is too small for a JSON object");
   std::string text(header_len, '\0');
-  TORCH_CHECK(pread_all(fd, text.data(), header_len, 8), where, ": cannot read the ", header_len, "-byte header: ",
-              errno_str());
+  TORCH_CHECK(pread_all(fd, text.data(), header_len, 8), where, ": cannot read the ", header_len,
+              "-byte header: ", errno_str());
   TORCH_CHECK(text[0] == '{', where, ": the header does not start with '{' (got byte 0x", std::hex,
               static_cast<int>(static_cast<unsigned char>(text[0])), std::dec, "); not a safetensors file");
 
@@ -169,8 +169,10 @@ SafetensorsHeader parse_header(int fd, const std::string& path) {
                   ": 'shape' must be an array of non-negative integers, got ", sh.dump());
       const uint64_t n = d.get<uint64_t>();
       e.shape.push_back(static_cast<int64_t>(n));
-      if (n == 0) has_zero = true;
-      else if (numel > std::numeric_limits<uint64_t>::max() / n) overflow = true;
+      if (n == 0)
+        has_zero = true;
+      else if (numel > std::numeric_limits<uint64_t>::max() / n)
+        overflow = true;
       numel *= n;  // wraps only when overflow is set
     }
     // An overflow only matters when no dimension is 0.
@@ -188,8 +190,8 @@ SafetensorsHeader parse_header(int fd, const std::string& path) {
     TORCH_CHECK(e.end <= data_size, what, ": data_offsets [", e.begin, ", ", e.end, "] lie outside the data area (",
                 data_size, " bytes after the header): offsets out of range, or the file is truncated");
     const uint64_t nbytes = numel * info->size;
-    TORCH_CHECK(e.end - e.begin == nbytes, what, ": shape ", shape_str(e.shape), " of ", e.dtype_name, " needs ", nbytes,
-                " bytes but data_offsets [", e.begin, ", ", e.end, "] span ", e.end - e.begin,
+    TORCH_CHECK(e.end - e.begin == nbytes, what, ": shape ", shape_str(e.shape), " of ", e.dtype_name, " needs ",
+                nbytes, " bytes but data_offsets [", e.begin, ", ", e.end, "] span ", e.end - e.begin,
                 " (shape and offsets disagree)");
     out.tensors.push_back(std::move(e));
   }
@@ -226,7 +228,8 @@ std::string parent_dir(const std::string& path) {
 std::string safetensors_dtype_name(at::ScalarType type) {
   for (const auto& d : kDtypes)
     if (d.supported && d.type == type) return d.name;
-  TORCH_CHECK(false, "safetensors: dtype ", type, " cannot be stored; supported: bool, uint8, int8, int16, int32, int64, ",
+  TORCH_CHECK(false, "safetensors: dtype ", type,
+              " cannot be stored; supported: bool, uint8, int8, int16, int32, int64, ",
               "float16, bfloat16, float32, float64");
 }
 
@@ -250,8 +253,8 @@ TensorMap load_safetensors(const std::string& path) {
     const uint64_t nbytes = e.end - e.begin;
     errno = 0;
     const bool ok = pread_all(f.fd, t.data_ptr(), nbytes, h.data_start + e.begin);
-    TORCH_CHECK(ok, "safetensors file '", path,
-                "', tensor '", e.name, "': reading ", nbytes, " bytes at offset ", h.data_start + e.begin,
+    TORCH_CHECK(ok, "safetensors file '", path, "', tensor '", e.name, "': reading ", nbytes, " bytes at offset ",
+                h.data_start + e.begin,
                 " failed (file changed while reading?): ", errno ? errno_str() : std::string("short read"));
     out.emplace(e.name, std::move(t));
   }

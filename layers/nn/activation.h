@@ -28,8 +28,8 @@ class Tanh : public Module {
   Variable forward(const Variable& x) override;
 };
 
-/// Inverted dropout, active in training mode only. The generator (optional) makes the masks
-/// reproducible independently of ATen's default generator.
+/// Inverted dropout, active in training mode only. The generator (optional; one of the inputs'
+/// device type) makes the masks reproducible independently of ATen's default generator.
 class Dropout : public Module {
  public:
   explicit Dropout(double p = 0.5, const init::Generator& gen = std::nullopt);

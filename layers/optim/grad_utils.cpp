@@ -51,7 +51,7 @@ double clip_grad_norm(const std::vector<Variable>& params, double max_norm, doub
                 ", so the gradients cannot be clipped; pass error_if_nonfinite=false to scale them anyway");
   }
   // Kept on the device: coef = min(1, max_norm / (norm + 1e-6)).
-  at::Tensor coef = at::clamp(max_norm / (norm + 1e-6), c10::nullopt, 1.0);
+  at::Tensor coef = at::clamp_max(max_norm / (norm + 1e-6), 1.0);
   for (auto& g : grads) g.mul_(coef.to(g.device()));
   return norm.item<double>();
 }

@@ -7,30 +7,40 @@ namespace tl {
 namespace {
 
 // Group options as float64 scalars in the state dict (bools as 0/1).
-double get_option(const GroupOptions& o, const std::string& name) {
-  if (name == "lr") return o.lr;
-  if (name == "weight_decay") return o.weight_decay;
-  if (name == "momentum") return o.momentum;
-  if (name == "dampening") return o.dampening;
-  if (name == "nesterov") return o.nesterov ? 1.0 : 0.0;
-  if (name == "beta1") return o.beta1;
-  if (name == "beta2") return o.beta2;
-  if (name == "eps") return o.eps;
-  if (name == "amsgrad") return o.amsgrad ? 1.0 : 0.0;
+struct OptionField {
+  const char* name;
+  double GroupOptions::*number;  // exactly one of these is set
+  bool GroupOptions::*flag;
+};
+const OptionField kOptionFields[] = {
+    {"lr", &GroupOptions::lr, nullptr},
+    {"weight_decay", &GroupOptions::weight_decay, nullptr},
+    {"momentum", &GroupOptions::momentum, nullptr},
+    {"dampening", &GroupOptions::dampening, nullptr},
+    {"nesterov", nullptr, &GroupOptions::nesterov},
+    {"beta1", &GroupOptions::beta1, nullptr},
+    {"beta2", &GroupOptions::beta2, nullptr},
+    {"eps", &GroupOptions::eps, nullptr},
+    {"amsgrad", nullptr, &GroupOptions::amsgrad},
+};
+
+const OptionField& option_field(const std::string& name) {
+  for (const auto& f : kOptionFields)
+    if (name == f.name) return f;
   TORCH_CHECK(false, "internal: unknown optimizer option '", name, "'");
 }
 
+double get_option(const GroupOptions& o, const std::string& name) {
+  const OptionField& f = option_field(name);
+  return f.number ? o.*f.number : (o.*f.flag ? 1.0 : 0.0);
+}
+
 void set_option(GroupOptions& o, const std::string& name, double v) {
-  if (name == "lr") o.lr = v;
-  else if (name == "weight_decay") o.weight_decay = v;
-  else if (name == "momentum") o.momentum = v;
-  else if (name == "dampening") o.dampening = v;
-  else if (name == "nesterov") o.nesterov = v != 0.0;
-  else if (name == "beta1") o.beta1 = v;
-  else if (name == "beta2") o.beta2 = v;
-  else if (name == "eps") o.eps = v;
-  else if (name == "amsgrad") o.amsgrad = v != 0.0;
-  else TORCH_CHECK(false, "internal: unknown optimizer option '", name, "'");
+  const OptionField& f = option_field(name);
+  if (f.number)
+    o.*f.number = v;
+  else
+    o.*f.flag = v != 0.0;
 }
 
 bool is_no_decay(const std::string& name, const Variable& p, const std::string& owner_type,
@@ -121,7 +131,8 @@ void Optimizer::validate_group(const GroupOptions& o, const std::string& where) 
 }
 
 void Optimizer::validate_all() const {
-  for (size_t g = 0; g < groups_.size(); ++g) validate_group(groups_[g].options, name() + " group " + std::to_string(g));
+  for (size_t g = 0; g < groups_.size(); ++g)
+    validate_group(groups_[g].options, name() + " group " + std::to_string(g));
 }
 
 Optimizer::Group& Optimizer::group(size_t g) {
@@ -152,8 +163,8 @@ void Optimizer::step() {
       at::Tensor grad = p.grad();
       if (!grad.defined()) continue;
       TORCH_CHECK(!grad.is_sparse(), name(), ": parameter '", g.names[i], "' has a sparse gradient; not supported");
-      TORCH_CHECK(grad.sizes().equals(p.sizes()), name(), ": gradient of '", g.names[i], "' has shape ",
-                  grad.sizes(), " but the parameter has shape ", p.sizes());
+      TORCH_CHECK(grad.sizes().equals(p.sizes()), name(), ": gradient of '", g.names[i], "' has shape ", grad.sizes(),
+                  " but the parameter has shape ", p.sizes());
       update(p, grad, g.options, state_[g.names[i]]);
     }
   }
@@ -226,7 +237,8 @@ void Optimizer::check_state_dict(const TensorMap& state) const {
         used.insert(key);
         const at::Tensor& t = it->second;
         if (slot == "step") {
-          if (t.numel() != 1) problems.push_back(key + ": expected a scalar step count, got shape " + c10::str(t.sizes()));
+          if (t.numel() != 1)
+            problems.push_back(key + ": expected a scalar step count, got shape " + c10::str(t.sizes()));
         } else if (!t.sizes().equals(p.sizes())) {
           problems.push_back(key + ": shape " + c10::str(t.sizes()) + " but parameter '" + pname + "' has shape " +
                              c10::str(p.sizes()));

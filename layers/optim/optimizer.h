@@ -46,6 +46,7 @@ struct GroupOptions {
   double eps = 1e-8;
   bool amsgrad = false;
 
+  // clang-format off
   GroupOptions& set_lr(double v) { lr = v; return *this; }
   GroupOptions& set_weight_decay(double v) { weight_decay = v; return *this; }
   GroupOptions& set_momentum(double v) { momentum = v; return *this; }
@@ -54,6 +55,7 @@ struct GroupOptions {
   GroupOptions& set_betas(double b1, double b2) { beta1 = b1; beta2 = b2; return *this; }
   GroupOptions& set_eps(double v) { eps = v; return *this; }
   GroupOptions& set_amsgrad(bool v) { amsgrad = v; return *this; }
+  // clang-format on
 };
 
 /// What a caller hands to an optimizer: parameters, optional names (same length) and optional

@@ -13,8 +13,8 @@ void SGD::validate(const GroupOptions& o, const std::string& where) const {
               o.momentum);
   TORCH_CHECK(std::isfinite(o.dampening), where, ": dampening must be finite, got ", o.dampening);
   TORCH_CHECK(!o.nesterov || (o.momentum > 0.0 && o.dampening == 0.0), where,
-              ": Nesterov momentum requires momentum > 0 and dampening = 0 (got momentum ", o.momentum,
-              ", dampening ", o.dampening, ")");
+              ": Nesterov momentum requires momentum > 0 and dampening = 0 (got momentum ", o.momentum, ", dampening ",
+              o.dampening, ")");
 }
 
 std::vector<std::string> SGD::slot_names(const GroupOptions& o) const {

@@ -35,8 +35,8 @@ void run_oracle(const at::TensorOptions& opts) {
     auto fn = [&](const variable_list& v) { return op.tl_fn(v[0]); };
     auto ref = [&](const std::vector<at::Tensor>& t) { return op.ref(t[0]); };
     for (const auto& shape : shapes) {
-      const std::string label = std::string(op.name) + " " + c10::str(at::IntArrayRef(shape)) + " " +
-                                c10::str(opts.device());
+      const std::string label =
+          std::string(op.name) + " " + c10::str(at::IntArrayRef(shape)) + " " + c10::str(opts.device());
       EXPECT_TRUE(matches_torch(fn, ref, {3 * at::randn(shape, opts)}, label));
     }
     // Special points: 0 (relu's kink, where torch's gradient is 0), large magnitudes (saturation).

@@ -37,10 +37,10 @@ const std::vector<int64_t> kShape = {2, 3, 4};
 std::vector<Case> sum_mean_var_cases() {
   std::vector<Case> cases;
   const int64_t nd = static_cast<int64_t>(kShape.size());
-  cases.push_back({"sum()", [](const Variable& x) { return tl::sum(x); }, [](const at::Tensor& x) { return x.sum(); },
-                   kShape});
-  cases.push_back({"mean()", [](const Variable& x) { return tl::mean(x); },
-                   [](const at::Tensor& x) { return x.mean(); }, kShape});
+  cases.push_back(
+      {"sum()", [](const Variable& x) { return tl::sum(x); }, [](const at::Tensor& x) { return x.sum(); }, kShape});
+  cases.push_back(
+      {"mean()", [](const Variable& x) { return tl::mean(x); }, [](const at::Tensor& x) { return x.mean(); }, kShape});
   for (const auto& [dims, keepdim] : kDimCases) {
     const auto rd = ref_dims(dims, nd);
     const bool kd = keepdim;
@@ -60,9 +60,10 @@ std::vector<Case> sum_mean_var_cases() {
 
 std::vector<Case> max_cases() {
   std::vector<Case> cases;
-  cases.push_back({"max()", [](const Variable& x) { return tl::max(x); }, [](const at::Tensor& x) { return x.max(); },
-                   kShape});
-  for (const auto& [dim, keepdim] : std::vector<std::pair<int64_t, bool>>{{0, false}, {-1, false}, {1, true}, {-3, true}}) {
+  cases.push_back(
+      {"max()", [](const Variable& x) { return tl::max(x); }, [](const at::Tensor& x) { return x.max(); }, kShape});
+  for (const auto& [dim, keepdim] :
+       std::vector<std::pair<int64_t, bool>>{{0, false}, {-1, false}, {1, true}, {-3, true}}) {
     const int64_t d = dim;
     const bool kd = keepdim;
     cases.push_back({"max dim=" + std::to_string(d) + (kd ? " keepdim" : ""),
@@ -76,8 +77,8 @@ std::vector<Case> norm_cases() {
   std::vector<Case> cases;
   const double inf = std::numeric_limits<double>::infinity();
   for (double p : {2.0, 1.0, 3.0, 1.5, 0.5, inf, -inf, 0.0}) {
-    for (const auto& [dims, keepdim] : std::vector<std::pair<std::vector<int64_t>, bool>>{
-             {{}, false}, {{1}, false}, {{-1, 0}, true}, {{}, true}}) {
+    for (const auto& [dims, keepdim] :
+         std::vector<std::pair<std::vector<int64_t>, bool>>{{{}, false}, {{1}, false}, {{-1, 0}, true}, {{}, true}}) {
       const auto rd = ref_dims(dims, static_cast<int64_t>(kShape.size()));
       const bool kd = keepdim;
       cases.push_back({"norm p=" + std::to_string(p) + " " + dims_str(dims, kd),
@@ -91,16 +92,16 @@ std::vector<Case> norm_cases() {
 void run_gradcheck(const std::vector<Case>& cases) {
   for (const auto& c : cases) {
     // Random float64 values: ties (max, inf-norm) and zeros (|x| in norms) have probability 0.
-    EXPECT_TRUE(gradcheck([&](const variable_list& v) { return c.tl_fn(v[0]); }, {at::randn(c.shape, at::kDouble)},
-                          c.label));
+    EXPECT_TRUE(
+        gradcheck([&](const variable_list& v) { return c.tl_fn(v[0]); }, {at::randn(c.shape, at::kDouble)}, c.label));
   }
 }
 
 void run_oracle(const std::vector<Case>& cases, const at::TensorOptions& opts) {
   for (const auto& c : cases) {
     EXPECT_TRUE(matches_torch([&](const variable_list& v) { return c.tl_fn(v[0]); },
-                              [&](const std::vector<at::Tensor>& t) { return c.ref(t[0]); },
-                              {at::randn(c.shape, opts)}, c.label + " " + c10::str(opts.device())));
+                              [&](const std::vector<at::Tensor>& t) { return c.ref(t[0]); }, {at::randn(c.shape, opts)},
+                              c.label + " " + c10::str(opts.device())));
   }
 }
 
@@ -126,7 +127,7 @@ TEST(Reductions, MaxGradcheckOracleAndTies) {
 
   // Global max with ties: the whole gradient goes to the first arg max (torch would split it).
   Variable x(at::tensor({1.0, 3.0, -2.0, 3.0, 3.0}, at::kDouble), true);
-  tl::max(x).backward(at::tensor(2.0, at::kDouble));
+  tl::max(x).backward(at::scalar_tensor(2.0, at::kDouble));
   EXPECT_TRUE(all_close(x.grad(), at::tensor({0.0, 2.0, 0.0, 0.0, 0.0}, at::kDouble), "max() ties", 0, 0));
 
   // Max over a dim with ties: the gradient goes where at::max's index points, as in torch.
@@ -153,9 +154,10 @@ TEST(Reductions, NormGradcheckOracleAndZeroPoint) {
     for (const auto& dims : std::vector<std::vector<int64_t>>{{1}, {}}) {
       const std::string label = "norm p=" + std::to_string(p) + " with zeros dims=" + c10::str(at::IntArrayRef(dims));
       auto fn = [&](const variable_list& v) { return tl::norm(v[0], p, dims); };
-      EXPECT_TRUE(matches_torch(fn, [&](const std::vector<at::Tensor>& t) {
-        return at::linalg_vector_norm(t[0], p, ref_dims(dims, 2), false);
-      }, {z}, label));
+      EXPECT_TRUE(matches_torch(
+          fn,
+          [&](const std::vector<at::Tensor>& t) { return at::linalg_vector_norm(t[0], p, ref_dims(dims, 2), false); },
+          {z}, label));
       Variable v(z.clone(), true);
       tl::sum(fn({v})).backward();
       EXPECT_FALSE(v.grad().isnan().any().item<bool>()) << label << ": NaN in the gradient";

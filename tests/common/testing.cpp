@@ -55,7 +55,8 @@ double max_diff(const at::Tensor& a, const at::Tensor& b) {
   for (const auto& x : inputs) analytic.push_back(at::zeros({n_out, x.numel()}, x.options()));
   for (int64_t r = 0; r < n_out; ++r) {
     for (auto& v : vars) v.zero_grad();
-    at::Tensor seed = at::zeros_like(out.data());
+    // Contiguous (zeros_like would keep a permuted output's strides, and view() would fail).
+    at::Tensor seed = at::zeros(out.sizes(), out.options());
     seed.view({-1})[r] = 1.0;
     out.backward(seed, /*retain_graph=*/true);
     for (size_t i = 0; i < vars.size(); ++i) {

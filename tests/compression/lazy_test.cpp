@@ -65,11 +65,11 @@ TEST(LazyErrorPropagation, EpilogueOnlyThroughBoundary) {
   ASSERT_TRUE(lazy);
   at::manual_seed(2);
   CodecContext ctx;
-  const at::Tensor g1 = at::randn({5, 4}), g2 = at::randn({5, 4});
+  const at::Tensor g1 = at::randn({16, 12}), g2 = at::randn({16, 12});
 
   // A critical-path send: compressed, the error stays in the buffer.
   b->set_backward_compression_enabled(true);
-  Variable x1(at::randn({5, 4}), true);
+  Variable x1(at::randn({16, 12}), true);
   b->forward(x1, ctx).backward(g1);
   const at::Tensor e = lazy->residual(g1, ctx).clone();
   EXPECT_GT(e.norm().item<double>(), 1e-3);
@@ -79,7 +79,7 @@ TEST(LazyErrorPropagation, EpilogueOnlyThroughBoundary) {
 
   // Off the critical path: sent uncompressed, carrying the pending error, which is cleared.
   b->set_backward_compression_enabled(false);
-  Variable x2(at::randn({5, 4}), true);
+  Variable x2(at::randn({16, 12}), true);
   b->forward(x2, ctx).backward(g2);
   EXPECT_TRUE(all_close(x2.grad(), g2 + e, "uncompressed send delivers g + e", 1e-6, 0));
   EXPECT_EQ(lazy->residual(g2, ctx).abs().sum().item<double>(), 0.0);

@@ -2,12 +2,13 @@
 // optimizer and scheduler state, counters, metadata and the RNG (draws after restore equal draws
 // after save), so training resumes exactly; a load that does not fit changes nothing; a failed
 // save (bad tensor, or a write cut off mid-file) leaves the previous checkpoint intact.
+#include "layers/io/checkpoint.h"
+
 #include <dirent.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "layers/io/checkpoint.h"
 #include "layers/io/safetensors.h"
 #include "layers/optim/adam.h"
 #include "layers/optim/sgd.h"
@@ -47,8 +48,10 @@ void train_step(Module& net, Optimizer& opt, LRScheduler& sched) {
   opt.zero_grad();
   sched.step();
   for (auto& [n, b] : net.named_buffers()) {
-    if (n == "boundary.calls") b.mutable_data().add_(1);
-    else b.mutable_data().mul_(0.5).add_(at::randn(b.sizes()));
+    if (n == "boundary.calls")
+      b.mutable_data().add_(1);
+    else
+      b.mutable_data().mul_(0.5).add_(at::randn(b.sizes()));
   }
 }
 
@@ -123,8 +126,7 @@ TEST_F(Checkpoint, RoundTripRestoresEverythingAndResumesExactly) {
   for (int i = 0; i < 3; ++i) train_step(*a.net, *a.opt, *a.sched);
   at::manual_seed(42);
   for (int i = 0; i < 3; ++i) train_step(*b.net, *b.opt, *b.sched);
-  for (auto& [n, t] : a.net->state_dict())
-    EXPECT_TRUE(all_close(b.net->state_dict().at(n), t, "resumed " + n, 0, 0));
+  for (auto& [n, t] : a.net->state_dict()) EXPECT_TRUE(all_close(b.net->state_dict().at(n), t, "resumed " + n, 0, 0));
 
   const CheckpointInfo peek = read_checkpoint_info(path("ck.safetensors"));
   EXPECT_EQ(peek.step, 5);
@@ -152,11 +154,13 @@ TEST_F(Checkpoint, ModelOnlyAndOptionalParts) {
   expect_same_state(net->state_dict(), a.net->state_dict(), "weights only");
 
   Trainer b;
-  EXPECT_NE(error_of([&] { load_checkpoint(path("weights"), *b.net, b.opt.get(), nullptr, no_rng); })
-                .find("holds no optimizer state, but an optimizer (AdamW) was given"),
+  EXPECT_NE(error_of([&] {
+              load_checkpoint(path("weights"), *b.net, b.opt.get(), nullptr, no_rng);
+            }).find("holds no optimizer state, but an optimizer (AdamW) was given"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { load_checkpoint(path("weights"), *b.net, nullptr, b.sched.get(), no_rng); })
-                .find("holds no scheduler state"),
+  EXPECT_NE(error_of([&] {
+              load_checkpoint(path("weights"), *b.net, nullptr, b.sched.get(), no_rng);
+            }).find("holds no scheduler state"),
             std::string::npos);
   EXPECT_NE(error_of([&] { load_checkpoint(path("weights"), *b.net, nullptr, nullptr); }).find("holds no RNG state"),
             std::string::npos);

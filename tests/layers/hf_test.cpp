@@ -350,6 +350,9 @@ TEST(HfMiniLM, RealCheckpointGivesSensibleSentenceEmbeddings) {
   const at::Tensor b = sentence_embedding(m, tok, "Someone is playing an instrument.");
   const at::Tensor u = sentence_embedding(m, tok, "The stock market fell sharply today.");
   const double related = a.dot(b).item<double>(), unrelated = a.dot(u).item<double>();
+  RecordProperty("cos_related", std::to_string(related));
+  RecordProperty("cos_unrelated", std::to_string(unrelated));
+  std::printf("[ INFO     ] all-MiniLM-L6-v2: cos(related) = %.4f, cos(unrelated) = %.4f\n", related, unrelated);
   EXPECT_GT(related, unrelated + 0.2) << "cos(related) = " << related << ", cos(unrelated) = " << unrelated;
   EXPECT_GT(related, 0.4);
 

@@ -9,8 +9,8 @@ namespace {
 using testing::all_close;
 using testing::expect_parity;
 
-/// Our attention against torch::nn::MultiheadAttention (which takes (T, B, C) inputs; its bool
-/// attn_mask marks *forbidden* positions, its key_padding_mask padding keys).
+/// Our attention against torch::nn::MultiheadAttention (which takes (T, B, C) inputs, an additive
+/// attn_mask and a bool key_padding_mask marking padding keys).
 void expect_mha_parity(bool fused, bool causal, bool padding, const std::string& label) {
   const int64_t b = 3, t = 5, c = 8, h = 2;
   MultiHeadAttention ours(AttentionOptions(c, h).fused_qkv(fused).causal(causal));
@@ -38,7 +38,10 @@ void expect_mha_parity(bool fused, bool causal, bool padding, const std::string&
   Variable xv(x.clone(), true);
   Variable y = ours.forward(xv, kpm);
   at::Tensor xr = x.clone().transpose(0, 1).contiguous().requires_grad_(true);  // (T, B, C)
-  at::Tensor forbid = causal ? at::ones({t, t}, at::kBool).triu(1) : at::Tensor();
+  // torch's C++ MultiheadAttention adds attn_mask to the scores: an additive -inf mask.
+  at::Tensor forbid;
+  if (causal)
+    forbid = at::zeros({t, t}).masked_fill(at::ones({t, t}, at::kBool).triu(1), -std::numeric_limits<float>::infinity());
   at::Tensor yr = std::get<0>(ref->forward(xr, xr, xr, kpm, /*need_weights=*/false, forbid)).transpose(0, 1);
   EXPECT_TRUE(all_close(y.data(), yr, label + " output"));
   const at::Tensor g = at::randn_like(yr);

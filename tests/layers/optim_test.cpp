@@ -70,8 +70,8 @@ void run_parity(Optimizer& ours, std::vector<Variable>& p, torch::optim::Optimiz
     ours.step();
     ref.step();
     for (size_t i = 0; i < p.size(); ++i)
-      ASSERT_TRUE(all_close(p[i].data(), q[i].detach(), label + " step " + std::to_string(k + 1) + " param " +
-                                                           std::to_string(i), atol, rtol));
+      ASSERT_TRUE(all_close(p[i].data(), q[i].detach(),
+                            label + " step " + std::to_string(k + 1) + " param " + std::to_string(i), atol, rtol));
   }
 }
 
@@ -81,9 +81,7 @@ TEST(Optim, SgdNesterovMomentumWeightDecayMatchesTorch) {
   auto q = torch_params(tr);
   SGD ours(p, GroupOptions().set_lr(0.1).set_momentum(0.9).set_nesterov(true).set_weight_decay(0.05));
   torch::optim::SGD ref(q, torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(0.05));
-  auto set_lr = [&](double lr) {
-    static_cast<torch::optim::SGDOptions&>(ref.param_groups()[0].options()).lr(lr);
-  };
+  auto set_lr = [&](double lr) { static_cast<torch::optim::SGDOptions&>(ref.param_groups()[0].options()).lr(lr); };
   run_parity(ours, p, ref, q, tr, set_lr, "SGD nesterov", 1e-6, 1e-6);
 }
 
@@ -93,9 +91,7 @@ TEST(Optim, SgdMomentumDampeningMatchesTorch) {
   auto q = torch_params(tr);
   SGD ours(p, GroupOptions().set_lr(0.05).set_momentum(0.8).set_dampening(0.3).set_weight_decay(0.01));
   torch::optim::SGD ref(q, torch::optim::SGDOptions(0.05).momentum(0.8).dampening(0.3).weight_decay(0.01));
-  auto set_lr = [&](double lr) {
-    static_cast<torch::optim::SGDOptions&>(ref.param_groups()[0].options()).lr(lr);
-  };
+  auto set_lr = [&](double lr) { static_cast<torch::optim::SGDOptions&>(ref.param_groups()[0].options()).lr(lr); };
   run_parity(ours, p, ref, q, tr, set_lr, "SGD dampening", 1e-12, 1e-12);
 }
 
@@ -105,9 +101,7 @@ TEST(Optim, SgdPlainMatchesTorch) {
   auto q = torch_params(tr);
   SGD ours(p, GroupOptions().set_lr(0.2));
   torch::optim::SGD ref(q, torch::optim::SGDOptions(0.2));
-  auto set_lr = [&](double lr) {
-    static_cast<torch::optim::SGDOptions&>(ref.param_groups()[0].options()).lr(lr);
-  };
+  auto set_lr = [&](double lr) { static_cast<torch::optim::SGDOptions&>(ref.param_groups()[0].options()).lr(lr); };
   run_parity(ours, p, ref, q, tr, set_lr, "SGD plain", 1e-6, 1e-6);
 }
 
@@ -118,15 +112,14 @@ TEST(Optim, AdamMatchesTorch) {
     auto tr = make_trajectory(at::kDouble);
     auto p = tl_params(tr);
     auto q = torch_params(tr);
-    Adam ours(p, GroupOptions().set_lr(0.01).set_betas(0.8, 0.95).set_eps(0.05).set_weight_decay(0.02).set_amsgrad(amsgrad));
+    Adam ours(
+        p, GroupOptions().set_lr(0.01).set_betas(0.8, 0.95).set_eps(0.05).set_weight_decay(0.02).set_amsgrad(amsgrad));
     torch::optim::Adam ref(q, torch::optim::AdamOptions(0.01)
                                   .betas(std::make_tuple(0.8, 0.95))
                                   .eps(0.05)
                                   .weight_decay(0.02)
                                   .amsgrad(amsgrad));
-    auto set_lr = [&](double lr) {
-      static_cast<torch::optim::AdamOptions&>(ref.param_groups()[0].options()).lr(lr);
-    };
+    auto set_lr = [&](double lr) { static_cast<torch::optim::AdamOptions&>(ref.param_groups()[0].options()).lr(lr); };
     run_parity(ours, p, ref, q, tr, set_lr, amsgrad ? "Adam amsgrad" : "Adam", 1e-12, 1e-12);
   }
 }
@@ -136,12 +129,11 @@ TEST(Optim, AdamWMatchesTorch) {
     auto tr = make_trajectory(amsgrad ? at::kDouble : at::kFloat);
     auto p = tl_params(tr);
     auto q = torch_params(tr);
-    AdamW ours(p, GroupOptions().set_lr(0.01).set_weight_decay(0.1).set_eps(amsgrad ? 0.05 : 1e-8).set_amsgrad(amsgrad));
+    AdamW ours(p,
+               GroupOptions().set_lr(0.01).set_weight_decay(0.1).set_eps(amsgrad ? 0.05 : 1e-8).set_amsgrad(amsgrad));
     torch::optim::AdamW ref(
         q, torch::optim::AdamWOptions(0.01).weight_decay(0.1).eps(amsgrad ? 0.05 : 1e-8).amsgrad(amsgrad));
-    auto set_lr = [&](double lr) {
-      static_cast<torch::optim::AdamWOptions&>(ref.param_groups()[0].options()).lr(lr);
-    };
+    auto set_lr = [&](double lr) { static_cast<torch::optim::AdamWOptions&>(ref.param_groups()[0].options()).lr(lr); };
     run_parity(ours, p, ref, q, tr, set_lr, amsgrad ? "AdamW amsgrad (f64)" : "AdamW (f32)", amsgrad ? 1e-12 : 1e-6,
                amsgrad ? 1e-12 : 1e-5);
   }
@@ -156,8 +148,10 @@ void check_resume(const GroupOptions& opts, const std::string& label) {
   Opt a(p, opts);
   auto apply = [&](Optimizer& opt, std::vector<Variable>& params, size_t k) {
     for (size_t i = 0; i < params.size(); ++i) {
-      if (tr.grads[k][i].defined()) params[i].set_grad(tr.grads[k][i].clone());
-      else params[i].zero_grad();
+      if (tr.grads[k][i].defined())
+        params[i].set_grad(tr.grads[k][i].clone());
+      else
+        params[i].zero_grad();
     }
     opt.step();
   };
@@ -192,8 +186,9 @@ TEST(Optim, StateDictKeysAreParameterNames) {
   g.params[0].set_grad(at::ones({3, 2}));  // only the weight steps
   opt.step();
   auto sd = opt.state_dict();
-  for (const char* k : {"state.fc.weight.step", "state.fc.weight.exp_avg", "state.fc.weight.exp_avg_sq", "groups.0.lr",
-                        "groups.0.weight_decay", "groups.0.beta1", "groups.0.beta2", "groups.0.eps", "groups.0.amsgrad"})
+  for (const char* k :
+       {"state.fc.weight.step", "state.fc.weight.exp_avg", "state.fc.weight.exp_avg_sq", "groups.0.lr",
+        "groups.0.weight_decay", "groups.0.beta1", "groups.0.beta2", "groups.0.eps", "groups.0.amsgrad"})
     EXPECT_TRUE(sd.count(k)) << "missing " << k;
   EXPECT_FALSE(sd.count("state.fc.bias.exp_avg")) << "a parameter that never stepped has no state";
   EXPECT_EQ(sd.at("state.fc.weight.step").item<int64_t>(), 1);
@@ -221,8 +216,10 @@ TEST(Optim, LoadStateDictRejectsMismatchAndChangesNothing) {
 
   auto with = [&](const std::string& k, at::Tensor v) {
     TensorMap m = good;
-    if (v.defined()) m[k] = v;
-    else m.erase(k);
+    if (v.defined())
+      m[k] = v;
+    else
+      m.erase(k);
     return m;
   };
   auto expect_error = [&](const TensorMap& m, const std::string& needle) {
@@ -234,7 +231,8 @@ TEST(Optim, LoadStateDictRejectsMismatchAndChangesNothing) {
   expect_error(with("groups.0.momentum", at::Tensor()), "missing groups.0.momentum");
   expect_error(with("groups.0.lr", at::scalar_tensor(-1.0, at::kDouble)), "lr must be finite and >= 0");
   expect_error(with("groups.0.momentum", at::scalar_tensor(-0.5, at::kDouble)), "momentum must be finite and >= 0");
-  expect_error(with("groups.0.momentum", at::ones({2}, at::kDouble)), "groups.0.momentum: expected a floating-point scalar");
+  expect_error(with("groups.0.momentum", at::ones({2}, at::kDouble)),
+               "groups.0.momentum: expected a floating-point scalar");
   // Adam state into SGD: every slot is unexpected.
   ParamGroup g2;
   g2.params = {Variable(at::randn({3, 2}), true)};

@@ -2,6 +2,8 @@
 // layout, metadata, and one hand-crafted malformed file per validation rule, each rejected with
 // its own message (asserted). Truncations at every length and random header corruptions must be
 // rejected with a c10::Error, never a crash.
+#include "layers/io/safetensors.h"
+
 #include <dirent.h>
 #include <unistd.h>
 
@@ -10,7 +12,6 @@
 #include <fstream>
 #include <random>
 
-#include "layers/io/safetensors.h"
 #include "tests/common/testing.h"
 
 namespace tl {
@@ -173,7 +174,8 @@ TEST_F(Safetensors, MalformedFilesRejectedWithTheirOwnMessage) {
       {"overlap",
        R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})",
        24, -1, "tensors 'a' (data_offsets [0, 16]) and 'b' (data_offsets [8, 24]) overlap"},
-      {"metadata not strings", R"({"__metadata__":{"epoch":3}})", 0, -1, "'__metadata__' entry 'epoch' must be a string"},
+      {"metadata not strings", R"({"__metadata__":{"epoch":3}})", 0, -1,
+       "'__metadata__' entry 'epoch' must be a string"},
   };
   for (const auto& c : cases) {
     const std::string p = path(std::string("bad.safetensors"));
@@ -229,17 +231,25 @@ TEST_F(Safetensors, CorruptedHeadersNeverCrash) {
 }
 
 TEST_F(Safetensors, SaveRejectsWhatItCannotStore) {
-  EXPECT_NE(error_of([&] { save_safetensors(path("x"), {{"c", at::randn({2}, at::kComplexFloat)}}); })
-                .find("tensor 'c': safetensors: dtype ComplexFloat cannot be stored"),
+  EXPECT_NE(error_of([&] {
+              save_safetensors(path("x"), {{"c", at::randn({2}, at::kComplexFloat)}});
+            }).find("tensor 'c': safetensors: dtype ComplexFloat cannot be stored"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { save_safetensors(path("x"), {{"__metadata__", at::zeros({1})}}); }).find("is reserved"),
+  EXPECT_NE(error_of([&] {
+              save_safetensors(path("x"), {{"__metadata__", at::zeros({1})}});
+            }).find("is reserved"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { save_safetensors(path("x"), {{"", at::zeros({1})}}); }).find("empty name"),
+  EXPECT_NE(error_of([&] {
+              save_safetensors(path("x"), {{"", at::zeros({1})}});
+            }).find("empty name"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { save_safetensors(path("x"), {{"u", at::Tensor()}}); }).find("tensor 'u' is undefined"),
+  EXPECT_NE(error_of([&] {
+              save_safetensors(path("x"), {{"u", at::Tensor()}});
+            }).find("tensor 'u' is undefined"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { save_safetensors(dir_ + "/no/such/dir/x", {{"a", at::zeros({1})}}); })
-                .find("cannot create the temporary file"),
+  EXPECT_NE(error_of([&] {
+              save_safetensors(dir_ + "/no/such/dir/x", {{"a", at::zeros({1})}});
+            }).find("cannot create the temporary file"),
             std::string::npos);
   EXPECT_TRUE(files().empty()) << "nothing written";
 }

@@ -1,9 +1,10 @@
 // Learning-rate schedules: each against hand-computed values of its formula, the step schedule
 // against torch::optim::StepLR, the scheduler driving several groups, and its state round trip.
+#include "layers/optim/schedule.h"
+
 #include <cmath>
 
 #include "layers/optim/sgd.h"
-#include "layers/optim/schedule.h"
 #include "tests/common/testing.h"
 
 namespace tl {
@@ -45,7 +46,7 @@ TEST(Schedule, StepMatchesTorchStepLR) {
 TEST(Schedule, CosineToMinLr) {
   auto s = cosine_schedule(100, 0.01);
   EXPECT_DOUBLE_EQ(s->lr(0, 1.0), 1.0);
-  EXPECT_NEAR(s->lr(50, 1.0), 0.505, 1e-15);                                  // halfway: (b + m) / 2
+  EXPECT_NEAR(s->lr(50, 1.0), 0.505, 1e-15);  // halfway: (b + m) / 2
   EXPECT_NEAR(s->lr(25, 1.0), 0.01 + 0.99 * (1 + std::cos(kPi / 4)) / 2, 1e-15);
   EXPECT_NEAR(s->lr(100, 1.0), 0.01, 1e-15);
   EXPECT_NEAR(s->lr(250, 1.0), 0.01, 1e-15) << "held at min_lr after total_steps";

@@ -1,0 +1,141 @@
+// Training-step time of tapeline models against the same models in torch::nn + torch::optim, in
+// one process: forward, cross-entropy, backward, SGD (momentum 0.9) step. Both models start
+// from the same weights and see the same batch; steps are interleaved (tapeline, torch,
+// tapeline, ...) after a warm-up so that drift in machine load hits both alike, and the median
+// step time of each is reported. One JSON line per case:
+//   {"bench": "models", "case": ..., "tapeline_s": ..., "reference_s": ..., "ratio": ...}
+// ratio = tapeline_s / reference_s (target <= 1.05).
+//
+// Usage: bench_models [steps (default 5)] [warmup (default 2)]
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "layers/models/gpt2.h"
+#include "layers/models/resnet.h"
+#include "layers/optim/sgd.h"
+#include "tests/layers/models_reference.h"
+
+namespace {
+
+double seconds(const std::function<void()>& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+void run_case(const std::string& name, const std::string& shape, const std::function<double()>& tl_step,
+              const std::function<double()>& ref_step, int steps, int warmup) {
+  double tl_loss = 0, ref_loss = 0;
+  for (int i = 0; i < warmup; ++i) {
+    tl_loss = tl_step();
+    ref_loss = ref_step();
+  }
+  std::vector<double> tl_t, ref_t;
+  for (int i = 0; i < steps; ++i) {
+    tl_t.push_back(seconds([&] { tl_loss = tl_step(); }));
+    ref_t.push_back(seconds([&] { ref_loss = ref_step(); }));
+  }
+  const double a = median(tl_t), b = median(ref_t);
+  std::printf(
+      "{\"bench\": \"models\", \"case\": \"%s\", \"shape\": \"%s\", \"steps\": %d, \"warmup\": %d, \"threads\": %d, "
+      "\"tapeline_s\": %.5f, \"reference_s\": %.5f, \"ratio\": %.4f, \"tapeline_loss\": %.5f, "
+      "\"reference_loss\": %.5f}\n",
+      name.c_str(), shape.c_str(), steps, warmup, at::get_num_threads(), a, b, a / b, tl_loss, ref_loss);
+  std::fflush(stdout);
+}
+
+/// Copies tapeline's parameters and buffers into the reference (same names); aborts on a mismatch.
+void sync(torch::nn::Module& ref, const tl::Module& ours) {
+  const auto absent = tl::reference::copy_into(ref, ours.state_dict());
+  TORCH_CHECK(absent.empty() && ref.named_parameters().size() == ours.named_parameters().size(),
+              "bench_models: the reference model's names differ from tapeline's");
+}
+
+void resnet18(int steps, int warmup) {
+  at::manual_seed(0);
+  const int64_t batch = 32;
+  auto ours = tl::make_resnet("resnet18", 3, 10);
+  tl::reference::ResNet ref(std::vector<int64_t>{2, 2, 2, 2}, std::vector<int64_t>{64, 128, 256, 512}, 3, 10);
+  sync(*ref, *ours);
+  const at::Tensor x = at::randn({batch, 3, 32, 32});
+  const at::Tensor y = at::randint(10, {batch}, at::kLong);
+  const auto opt = tl::GroupOptions().set_lr(0.01).set_momentum(0.9);
+  tl::SGD tl_opt(ours->parameters(), opt);
+  torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  run_case(
+      "resnet18_cifar_train_step", "B32 3x32x32",
+      [&] {
+        tl_opt.zero_grad();
+        tl::Variable loss = tl::cross_entropy(ours->forward(tl::Variable(x)), y);
+        loss.backward();
+        tl_opt.step();
+        return loss.item<double>();
+      },
+      [&] {
+        ref_opt.zero_grad();
+        auto loss = torch::cross_entropy_loss(ref->forward(x), y);
+        loss.backward();
+        ref_opt.step();
+        return loss.item<double>();
+      },
+      steps, warmup);
+}
+
+void gpt2(int steps, int warmup, int64_t vocab) {
+  at::manual_seed(1);
+  const int64_t batch = 8, t = 128;
+  tl::GPT2Config c;
+  c.vocab_size = vocab;
+  c.n_positions = t;
+  c.n_embd = 256;
+  c.n_layer = 4;
+  c.n_head = 4;
+  c.dropout = 0.0;  // the torch reference has no dropout
+  auto ours = std::make_shared<tl::GPT2>(c);
+  tl::reference::GPT2 ref(vocab, t, 256, 4, 4);
+  sync(*ref, *ours);
+  const at::Tensor ids = at::randint(vocab, {batch, t}, at::kLong);
+  const at::Tensor target = at::randint(vocab, {batch * t}, at::kLong);
+  const auto opt = tl::GroupOptions().set_lr(0.01).set_momentum(0.9);
+  tl::SGD tl_opt(ours->parameters(), opt);
+  torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  run_case(
+      "gpt2_4x256_train_step", "B8 T128 V" + std::to_string(vocab),
+      [&] {
+        tl_opt.zero_grad();
+        tl::Variable logits = tl::reshape(ours->forward(ids), {batch * t, vocab});  // (B*T, V)
+        tl::Variable loss = tl::cross_entropy(logits, target);
+        loss.backward();
+        tl_opt.step();
+        return loss.item<double>();
+      },
+      [&] {
+        ref_opt.zero_grad();
+        auto loss = torch::cross_entropy_loss(ref->forward(ids).reshape({batch * t, vocab}), target);
+        loss.backward();
+        ref_opt.step();
+        return loss.item<double>();
+      },
+      steps, warmup);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int steps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 5;
+  const int warmup = argc > 2 ? std::max(0, std::atoi(argv[2])) : 2;
+  resnet18(steps, warmup);
+  gpt2(steps, warmup, 50257);
+  return 0;
+}
