@@ -81,9 +81,10 @@ Payload PowerSgd::encode_parts(const at::Tensor& x, const CodecContext& ctx, std
 }
 
 PowerSgd::Layout PowerSgd::layout(const Payload& rest) const {
+  TORCH_CHECK(rest.codec != codec_id(codec()) || rest.params.empty() || rest.params[0] != kShared, kName,
+              ": this is a shared-mode (backward) payload; decode it with decode_shared and its forward payload");
   codec::check_payload(rest, kName, 6);
-  TORCH_CHECK(rest.params[0] == kPlain, kName, ": this is a shared-mode (backward) payload; decode it with ",
-              "decode_shared and its forward payload");
+  TORCH_CHECK(rest.params[0] == kPlain, kName, ": corrupt payload: kind ", rest.params[0]);
   Layout l{rest.params[1], rest.params[2], rest.params[3], rest.params[4], at::kFloat};
   TORCH_CHECK(l.dim >= 0 && l.dim <= std::max<int64_t>(static_cast<int64_t>(rest.shape.size()) - 1, 0), kName,
               ": corrupt payload: dim ", l.dim, " for ", rest.shape.size(), " dims");

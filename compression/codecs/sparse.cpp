@@ -89,9 +89,10 @@ std::vector<int64_t> SparseCodec::Layout::section_shape() const {
 
 SparseCodec::Layout SparseCodec::layout(const Payload& rest) const {
   const char* name = codec();
+  TORCH_CHECK(rest.codec != codec_id(codec()) || rest.params.empty() || rest.params[0] != kShared, name,
+              ": this is a shared-mode (backward) payload; decode it with decode_shared and its forward payload");
   codec::check_payload(rest, name, 7);
-  TORCH_CHECK(rest.params[0] == kPlain, name, ": this is a shared-mode (backward) payload; decode it with ",
-              "decode_shared and its forward payload");
+  TORCH_CHECK(rest.params[0] == kPlain, name, ": corrupt payload: kind ", rest.params[0]);
   Layout l;
   TORCH_CHECK(rest.params[1] == 0 || rest.params[1] == 1, name, ": corrupt payload: scope ", rest.params[1]);
   l.per_sample = rest.params[1] == 1;

@@ -41,7 +41,7 @@ TEST(PowerSgd, WarmStartConvergesToTheBestRankR) {
   // Singular values 10, 8, 6, 4 and then 0.1: a clear gap after rank 4.
   at::Tensor u = std::get<0>(at::linalg_qr(at::randn({60, 8})));
   at::Tensor v = std::get<0>(at::linalg_qr(at::randn({30, 8})));
-  at::Tensor sv = at::tensor({10.0, 8.0, 6.0, 4.0, 0.1, 0.1, 0.1, 0.1});
+  at::Tensor sv = at::tensor({10.0, 8.0, 6.0, 4.0, 0.1, 0.1, 0.1, 0.1}, at::kFloat);
   at::Tensor m = u.mm(at::diag(sv)).mm(v.t());
   const double best = std::sqrt(4 * 0.01);  // ||tail||_F
   auto c = parse_compressor("powersgd(4)");
