@@ -2,6 +2,8 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <cctype>
+
 #include "autograd/function.h"
 #include "compression/spec.h"
 #include "compression/stateful/error_feedback.h"
@@ -18,10 +20,14 @@ BackwardMode parse_backward_mode(const std::string& text) {
 
 std::string to_string(BackwardMode mode) {
   switch (mode) {
-    case BackwardMode::Independent: return "independent";
-    case BackwardMode::Shared: return "shared";
-    case BackwardMode::StraightThrough: return "straight-through";
-    case BackwardMode::None: return "none";
+    case BackwardMode::Independent:
+      return "independent";
+    case BackwardMode::Shared:
+      return "shared";
+    case BackwardMode::StraightThrough:
+      return "straight-through";
+    case BackwardMode::None:
+      return "none";
   }
   return "?";
 }
@@ -73,7 +79,8 @@ struct WireFn : Function<WireFn> {
   static constexpr const char* name = "boundary_wire";
   static at::Tensor forward(Context& ctx, const at::Tensor& z, c10::intrusive_ptr<WireCall> call) {
     const bool keep = call->boundary->mode() == BackwardMode::Shared;
-    at::Tensor out = call->boundary->wire_forward(z, call->ctx, call->raw_bytes, keep ? &call->forward_payload : nullptr);
+    at::Tensor out =
+        call->boundary->wire_forward(z, call->ctx, call->raw_bytes, keep ? &call->forward_payload : nullptr);
     ctx.saved_data["call"] = at::IValue::make_capsule(call);
     return out;
   }
@@ -128,7 +135,8 @@ void Boundary::validate() {
                   "' uses no backward codec, but '", bwd_->spec(), "' was given; use mode independent to compress ",
                   "the gradient");
       break;
-    case BackwardMode::Independent: break;
+    case BackwardMode::Independent:
+      break;
   }
 }
 

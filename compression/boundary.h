@@ -51,14 +51,14 @@ std::string to_string(BackwardMode mode);
 
 struct DirectionStats {
   int64_t messages = 0;
-  int64_t bytes = 0;            // sum of Payload::nbytes sent
-  int64_t raw_bytes = 0;        // sum of uncompressed sizes (numel x element size)
+  int64_t bytes = 0;      // sum of Payload::nbytes sent
+  int64_t raw_bytes = 0;  // sum of uncompressed sizes (numel x element size)
   int64_t last_bytes = 0;
   int64_t last_raw_bytes = 0;
-  int64_t measured = 0;         // messages whose error and density were measured
-  double rel_error_mean = 0;    // ||x - x^|| / ||x||
+  int64_t measured = 0;       // messages whose error and density were measured
+  double rel_error_mean = 0;  // ||x - x^|| / ||x||
   double rel_error_last = 0;
-  double density_mean = 0;      // nnz(x^) / numel
+  double density_mean = 0;  // nnz(x^) / numel
   double density_last = 0;
   /// raw_bytes / bytes (0 when nothing was sent).
   double ratio() const { return bytes > 0 ? static_cast<double>(raw_bytes) / static_cast<double>(bytes) : 0.0; }
@@ -91,14 +91,16 @@ class Boundary : public Module {
   bool active() const;
   Variable sender_transform(const Variable& h, const CodecContext& ctx);
   /// Encodes the wire tensor z (= sender_transform(h)). In shared mode the payload is kept for
-  /// receive_backward of the same ctx.micro_batch.
+  /// receive_backward of the same ctx.micro_batch. raw_bytes: the uncompressed size counted in the
+  /// statistics (pass h's for a transform codec; default: z's).
   Payload send_forward(const at::Tensor& z, const CodecContext& ctx, int64_t raw_bytes = -1);
   /// Decodes on the receiver; in shared mode keeps the payload for send_backward.
   at::Tensor receive_forward(const Payload& p, const CodecContext& ctx);
   Variable receiver_transform(const Variable& z, const CodecContext& ctx);
   /// Whether a gradient crosses back (false in mode none: the sender uses a zero gradient).
   bool sends_gradient() const { return mode_ != BackwardMode::None; }
-  /// Receiver side of the forward message: encodes the gradient w.r.t. the received wire tensor.
+  /// Receiver side of the forward message: encodes the gradient w.r.t. the received wire tensor
+  /// (raw_bytes as in send_forward).
   Payload send_backward(const at::Tensor& grad, const CodecContext& ctx, int64_t raw_bytes = -1);
   /// Sender side: decodes the gradient w.r.t. z.
   at::Tensor receive_backward(const Payload& p, const CodecContext& ctx);

@@ -17,9 +17,7 @@ bool is_spec_word(const std::string& w) {
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) return false;
   return true;
 }
-const char* dtype_word(at::ScalarType t) {
-  return t == at::kHalf ? "fp16" : t == at::kBFloat16 ? "bf16" : "fp32";
-}
+const char* dtype_word(at::ScalarType t) { return t == at::kHalf ? "fp16" : t == at::kBFloat16 ? "bf16" : "fp32"; }
 }  // namespace
 
 AqSgd::AqSgd(CompressorPtr inner, Options opt) : WrappingCompressor("AqSgd", std::move(inner)), opt_(std::move(opt)) {
@@ -76,7 +74,7 @@ Payload AqSgd::encode(const at::Tensor& x, const CodecContext& ctx) {
   const at::ScalarType acc = accumulation_type(x.scalar_type());
   const int64_t d = batch > 0 ? x.numel() / batch : 0;
   at::Tensor m = sender_->gather(ids, d, acc, x.device()).view(x.sizes());  // m(id)
-  Payload p = inner_->encode((x.to(acc) - m).to(x.scalar_type()), ctx);   // C(x - m)
+  Payload p = inner_->encode((x.to(acc) - m).to(x.scalar_type()), ctx);     // C(x - m)
   at::Tensor c = inner_->decode(p, ctx).to(acc);
   sender_->set(ids, (m + c).reshape({batch, -1}));  // m(id) <- m(id) + C(x - m)
   return p;
@@ -84,8 +82,9 @@ Payload AqSgd::encode(const at::Tensor& x, const CodecContext& ctx) {
 
 at::Tensor AqSgd::decode(const Payload& p, const CodecContext& ctx) {
   if (!ctx.training) {
-    TORCH_CHECK(!is_raw(p), "aqsgd: got a raw (training warm-up) payload while decoding in eval mode: sender and "
-                            "receiver disagree on CodecContext::training");
+    TORCH_CHECK(!is_raw(p),
+                "aqsgd: got a raw (training warm-up) payload while decoding in eval mode: sender and "
+                "receiver disagree on CodecContext::training");
     return inner_->decode(p, ctx);
   }
   TORCH_CHECK(!p.shape.empty(), "aqsgd: the message must have a batch dimension, got a scalar payload");
@@ -96,7 +95,8 @@ at::Tensor AqSgd::decode(const Payload& p, const CodecContext& ctx) {
     receiver_->set(ids, x.reshape({batch, -1}));
     return x;
   }
-  TORCH_CHECK(receiver_->all_seen(ids), "aqsgd: received a delta for samples the receiver cache has never seen: "
+  TORCH_CHECK(receiver_->all_seen(ids),
+              "aqsgd: received a delta for samples the receiver cache has never seen: "
               "sender and receiver caches diverged (restore both ends from the same checkpoint)");
   at::Tensor c = inner_->decode(p, ctx);
   const at::ScalarType acc = accumulation_type(p.dtype);

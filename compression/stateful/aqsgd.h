@@ -24,8 +24,8 @@ namespace tl {
 class AqSgd : public stateful::WrappingCompressor {
  public:
   struct Options {
-    int64_t warmup_epochs = 1;            // epochs sent uncompressed
-    stateful::SampleCacheOptions cache;   // capacity, storage dtype, optional file
+    int64_t warmup_epochs = 1;           // epochs sent uncompressed
+    stateful::SampleCacheOptions cache;  // capacity, storage dtype, optional file
   };
   AqSgd(CompressorPtr inner, Options opt);
 

@@ -81,8 +81,8 @@ int64_t Autoencoder::feature_dim(const at::Tensor& t) const {
 }
 
 Payload Autoencoder::encode(const at::Tensor& z, const CodecContext& ctx) {
-  TORCH_CHECK(z.dim() >= 1 && z.size(feature_dim(z)) == opt_.d_code, "ae: encode() sends the code (width ",
-              opt_.d_code, " on dim ", z.dim() >= 1 ? feature_dim(z) : 0, "), got shape ", z.sizes(),
+  TORCH_CHECK(z.dim() >= 1 && z.size(feature_dim(z)) == opt_.d_code, "ae: encode() sends the code (width ", opt_.d_code,
+              " on dim ", z.dim() >= 1 ? feature_dim(z) : 0, "), got shape ", z.sizes(),
               "; use ae as a Boundary's forward codec, which applies the encoder (pre) first");
   return wire_->encode(z, ctx);
 }

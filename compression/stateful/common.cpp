@@ -7,20 +7,12 @@
 
 #include <cerrno>
 #include <cstring>
-#include <sstream>
 
 #include "compression/stateful/aqsgd.h"
 #include "compression/stateful/error_feedback.h"
 
 namespace tl {
 namespace stateful {
-
-std::string fmt_number(double v) {
-  std::ostringstream os;
-  os.precision(10);
-  os << v;
-  return os.str();
-}
 
 CompressorPtr build_inner(SpecArgs& args, size_t pos, const std::string& key, const std::string& wrapper) {
   auto call = args.spec(pos, key, /*required=*/true);
@@ -35,9 +27,7 @@ bool decode_has_state(const Compressor& c) {
   return false;
 }
 
-at::ScalarType accumulation_type(at::ScalarType t) {
-  return t == at::kDouble ? at::kDouble : at::kFloat;
-}
+at::ScalarType accumulation_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
 at::Tensor checked_sample_ids(const CodecContext& ctx, int64_t batch, const std::string& who) {
   TORCH_CHECK(ctx.sample_ids.defined(), who,
@@ -78,7 +68,6 @@ StateBuffer::StateBuffer(Module& owner, const std::string& name) {
 at::Tensor StateBuffer::get(at::IntArrayRef shape, at::ScalarType dtype, at::Device device) {
   const at::Tensor& cur = var_.data();
   if (!cur.sizes().equals(shape)) {
-    if (cur.numel() > 0) ++shape_resets_;
     var_.set_data(at::zeros(shape, at::TensorOptions().dtype(dtype).device(device)));
   } else if (cur.scalar_type() != dtype || cur.device() != device) {
     var_.set_data(cur.to(device, dtype));
@@ -207,8 +196,8 @@ at::Tensor SampleCache::gather(const at::Tensor& ids, int64_t row_numel, at::Sca
 
 void SampleCache::set(const at::Tensor& ids, const at::Tensor& rows_in) {
   if (ids.numel() == 0) return;
-  TORCH_CHECK(rows_in.dim() == 2 && rows_in.size(0) == ids.numel(), who_, ": cache rows must be (B, D) with B = ",
-              ids.numel(), ", got ", rows_in.sizes());
+  TORCH_CHECK(rows_in.dim() == 2 && rows_in.size(0) == ids.numel(), who_,
+              ": cache rows must be (B, D) with B = ", ids.numel(), ", got ", rows_in.sizes());
   ensure(rows_in.size(1), ids.max().item<int64_t>(), rows_in.device());
   at::Tensor r = rows();
   r.index_copy_(0, ids.to(r.device()), rows_in.to(r.device(), r.scalar_type()));

@@ -8,7 +8,7 @@
 //    residual, EF21's A), reset to zeros when the message shape changes.
 //  - SampleCache: one row per training sample keyed by sample id (AQ-SGD's m(id), per-sample EF),
 //    in memory or memory-mapped from a file.
-//  - small helpers for spec strings and argument checks.
+//  - small helpers for nested specs and argument checks.
 
 #include <ATen/ATen.h>
 
@@ -20,9 +20,6 @@
 
 namespace tl {
 namespace stateful {
-
-/// Number as written in canonical spec strings ("0.1", "16", "1e-06").
-std::string fmt_number(double v);
 
 /// Builds the nested codec argument `key` (or positional `pos`) of a wrapper's spec.
 CompressorPtr build_inner(SpecArgs& args, size_t pos, const std::string& key, const std::string& wrapper);
@@ -72,12 +69,9 @@ class StateBuffer {
   /// The current value (may be empty: never used or reset).
   const at::Tensor& value() const { return var_.data(); }
   void reset();
-  /// Number of times a shape change reset the state (diagnostics; not checkpointed).
-  int64_t shape_resets() const { return shape_resets_; }
 
  private:
   Variable var_;
-  int64_t shape_resets_ = 0;
 };
 
 struct SampleCacheOptions {

@@ -19,8 +19,9 @@ ErrorFeedback::ErrorFeedback(CompressorPtr inner, Options opt)
     : WrappingCompressor(opt.lazy ? "LazyErrorPropagation" : "ErrorFeedback", std::move(inner)), opt_(std::move(opt)) {
   const char* who = opt_.lazy ? "lazy" : "ef";
   check_inner_decode(*inner_, who);
-  TORCH_CHECK(!(opt_.lazy && opt_.per == Per::Sample), "lazy: the Optimus-CC buffer is one per boundary (shared by "
-                                                       "all micro-batches); use ef(C, per=sample) for per-sample EF");
+  TORCH_CHECK(!(opt_.lazy && opt_.per == Per::Sample),
+              "lazy: the Optimus-CC buffer is one per boundary (shared by "
+              "all micro-batches); use ef(C, per=sample) for per-sample EF");
   if (opt_.per == Per::Boundary) {
     error_.emplace(*this, "error");
   } else {
@@ -107,9 +108,9 @@ std::string EF21::spec() const { return "ef21(" + inner_->spec() + ")"; }
 Payload EF21::encode(const at::Tensor& x, const CodecContext& ctx) {
   if (!ctx.training) return inner_->encode(x, ctx);
   const at::ScalarType acc = accumulation_type(x.scalar_type());
-  at::Tensor a = sender_.get(x.sizes(), acc, x.device());             // A (sender copy)
+  at::Tensor a = sender_.get(x.sizes(), acc, x.device());                // A (sender copy)
   Payload p = inner_->encode((x.to(acc) - a).to(x.scalar_type()), ctx);  // C(x - A)
-  a.add_(inner_->decode(p, ctx).to(acc));                             // A <- A + C(x - A)
+  a.add_(inner_->decode(p, ctx).to(acc));                                // A <- A + C(x - A)
   return p;
 }
 

@@ -102,8 +102,7 @@ CompressorPtr make_subspace(SpecArgs& a) {
 }  // namespace
 
 void register_stateful_codecs() {
-  register_compressor("ef", make_ef,
-                      "ef(C, per=boundary|sample, capacity=N): error feedback x+=e; c=C(x); e=x-c");
+  register_compressor("ef", make_ef, "ef(C, per=boundary|sample, capacity=N): error feedback x+=e; c=C(x); e=x-c");
   register_compressor("lazy", make_lazy,
                       "lazy(C, carry=steps|microbatches): Optimus-CC lazy error propagation, one buffer per boundary");
   register_compressor("ef21", make_ef21, "ef21(C): EF21, both ends keep A; send C(x - A); A += C(x - A)");

@@ -3,16 +3,20 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "autograd/ops.h"
+#include "compression/codecs/common.h"
 
 namespace tl {
 
 Subspace::Subspace(Options opt) : Compressor("Subspace"), opt_(std::move(opt)) {
   TORCH_CHECK(opt_.k >= 1, "subspace: k must be >= 1, got ", opt_.k);
-  TORCH_CHECK(opt_.d >= 0 && opt_.vocab >= 0, "subspace: d and vocab must be >= 0 (0: from the input / no token "
-                                              "embedding), got d=", opt_.d, ", vocab=", opt_.vocab);
+  TORCH_CHECK(opt_.d >= 0 && opt_.vocab >= 0,
+              "subspace: d and vocab must be >= 0 (0: from the input / no token "
+              "embedding), got d=",
+              opt_.d, ", vocab=", opt_.vocab);
   TORCH_CHECK(opt_.token_std > 0, "subspace: token_std must be > 0, got ", opt_.token_std);
   wire_ = opt_.wire ? opt_.wire : parse_compressor("identity");
-  TORCH_CHECK(!wire_->has_transform(), "subspace: the wire codec '", wire_->spec(), "' cannot itself be ae or subspace");
+  TORCH_CHECK(!wire_->has_transform(), "subspace: the wire codec '", wire_->spec(),
+              "' cannot itself be ae or subspace");
   register_module("wire", wire_);
   basis_ = register_buffer("basis", at::zeros({0, opt_.k}));
   tokens_ = register_buffer("token_embedding", at::zeros({opt_.vocab, 0}));
@@ -26,7 +30,7 @@ std::string Subspace::spec() const {
   if (opt_.d > 0) s += ", d=" + std::to_string(opt_.d);
   if (opt_.vocab > 0) s += ", vocab=" + std::to_string(opt_.vocab);
   if (opt_.seed != 0) s += ", seed=" + std::to_string(opt_.seed);
-  if (opt_.token_std != 0.02) s += ", token_std=" + stateful::fmt_number(opt_.token_std);
+  if (opt_.token_std != 0.02) s += ", token_std=" + codec::format_number(opt_.token_std);
   if (opt_.wire) s += ", wire=" + opt_.wire->spec();
   return s + ")";
 }
@@ -77,7 +81,7 @@ Variable Subspace::pre(const Variable& h, const CodecContext& ctx) {
   Variable r = h;
   if (opt_.vocab > 0) r = sub(h, Variable(token_rows(ctx.token_ids, h, "pre")));  // h - T[tok]
   Variable ut(basis_.data().t().to(h.device(), h.scalar_type()));                 // (k, d)
-  return linear(r, ut);                                                            // (..., k) = U^T (h - T)
+  return linear(r, ut);                                                           // (..., k) = U^T (h - T)
 }
 
 Variable Subspace::post(const Variable& c, const CodecContext& ctx) {
@@ -113,11 +117,11 @@ void Subspace::project_weight(const Variable& w, int64_t dim) {
   NoGradGuard no_grad;
   Variable handle = w;
   at::Tensor& data = handle.mutable_data();
-  at::Tensor u = basis_.data().to(data.device(), at::kFloat);            // (d, k)
-  at::Tensor moved = data.transpose(0, dim);                             // d first
-  at::Tensor flat = moved.reshape({d, -1}).to(at::kFloat);               // (d, n)
-  at::Tensor proj = at::matmul(u, at::matmul(u.t(), flat));              // U U^T W
-  moved.copy_(proj.view(moved.sizes()));                                 // writes through the transpose view
+  at::Tensor u = basis_.data().to(data.device(), at::kFloat);  // (d, k)
+  at::Tensor moved = data.transpose(0, dim);                   // d first
+  at::Tensor flat = moved.reshape({d, -1}).to(at::kFloat);     // (d, n)
+  at::Tensor proj = at::matmul(u, at::matmul(u.t(), flat));    // U U^T W
+  moved.copy_(proj.view(moved.sizes()));                       // writes through the transpose view
 }
 
 void Subspace::project_weights(const std::vector<Variable>& weights) {

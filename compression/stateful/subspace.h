@@ -30,8 +30,8 @@ class Subspace : public Compressor {
  public:
   struct Options {
     int64_t k = 0;
-    int64_t d = 0;       // hidden width; 0: from the first input
-    int64_t vocab = 0;   // V; 0: no token embedding
+    int64_t d = 0;      // hidden width; 0: from the first input
+    int64_t vocab = 0;  // V; 0: no token embedding
     uint64_t seed = 0;
     double token_std = 0.02;
     CompressorPtr wire;  // null: raw values

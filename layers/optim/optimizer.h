@@ -118,6 +118,8 @@ class Optimizer {
   /// State of one parameter (by name); null when it has none yet.
   const SlotMap* param_state(const std::string& param_name) const;
 
+  /// Group options (fresh scalars) and per-parameter state; the state tensors share memory with
+  /// the live state (like Module::state_dict), so copy them to keep a snapshot across steps.
   TensorMap state_dict() const;
   /// Throws (and changes nothing) unless `state` fits this optimizer: same groups, known slots of
   /// known parameters with the parameter's shape. Used by load_state_dict and by checkpoints.

@@ -1,11 +1,12 @@
 // AQ-SGD: warm-up sends raw, the per-sample cache tracks a fixed input at both ends, unseen samples
 // go raw, missing ids are a clear error, fp16 and memory-mapped caches.
+#include "compression/stateful/aqsgd.h"
+
 #include <unistd.h>
 
 #include <filesystem>
 
 #include "compression/spec.h"
-#include "compression/stateful/aqsgd.h"
 #include "tests/common/testing.h"
 
 namespace tl {
@@ -112,10 +113,17 @@ TEST(AqSgd, Fp16CacheStaysIdenticalAtBothEnds) {
     at::Tensor s = cache_rows(aq->sender_cache(), {4, 5, 6}, 10);
     EXPECT_TRUE(all_close(cache_rows(aq->receiver_cache(), {4, 5, 6}, 10), s, "fp16 caches identical", 0, 0));
     // Warm-up (step 0) outputs x itself; afterwards the output is the stored (fp16) m(id).
-    if (step > 0) EXPECT_TRUE(all_close(out, s, "output = stored m(id)", 0, 0));
+    if (step > 0) {
+      EXPECT_TRUE(all_close(out, s, "output = stored m(id)", 0, 0));
+    }
   }
-  for (auto& [n, v] : aq->named_buffers())
-    if (n == "cache_sender_rows") EXPECT_EQ(v.scalar_type(), at::kHalf);
+  bool found = false;
+  for (auto& [n, v] : aq->named_buffers()) {
+    if (n != "cache_sender_rows") continue;
+    found = true;
+    EXPECT_EQ(v.scalar_type(), at::kHalf);
+  }
+  EXPECT_TRUE(found) << "the cache is a registered buffer";
 }
 
 TEST(AqSgd, EvalUsesPlainCodecAndLeavesCache) {
@@ -128,7 +136,8 @@ TEST(AqSgd, EvalUsesPlainCodecAndLeavesCache) {
   at::Tensor y = at::randn({2, 6});
   auto q = parse_compressor("quant(4)");
   CodecContext plain;
-  EXPECT_TRUE(all_close(aq->decode(aq->encode(y, eval), eval), q->decode(q->encode(y, plain), plain), "eval: C(x)", 0, 0));
+  EXPECT_TRUE(
+      all_close(aq->decode(aq->encode(y, eval), eval), q->decode(q->encode(y, plain), plain), "eval: C(x)", 0, 0));
   EXPECT_TRUE(all_close(cache_rows(aq->sender_cache(), {0, 1}, 6), before, "cache untouched", 0, 0));
 }
 

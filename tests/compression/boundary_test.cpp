@@ -2,6 +2,7 @@
 // and density, sender/receiver halves (with 1F1B order in shared mode), checkpoint round trip of
 // the codecs' state, construction errors.
 #include "compression/boundary.h"
+
 #include "compression/spec.h"
 #include "tests/common/testing.h"
 
@@ -200,7 +201,8 @@ TEST(Boundary, CheckpointRoundTripOfCodecState) {
 TEST(Boundary, CudaMatchesCpu) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   const std::vector<std::pair<std::string, std::string>> specs = {
-      {"ef(topk(0.25))", "ef21(topk(0.5))"}, {"aqsgd(topk(0.5), warmup=1)", "lazy(powersgd(rank=2))"},
+      {"ef(topk(0.25))", "ef21(topk(0.5))"},
+      {"aqsgd(topk(0.5), warmup=1)", "lazy(powersgd(rank=2))"},
       {"ae(4, d=8)", "topk(0.5)"}};
   for (const auto& [fwd, bwd] : specs) {
     auto cpu = std::make_shared<Boundary>("cut", fwd, bwd);

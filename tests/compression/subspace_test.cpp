@@ -1,10 +1,11 @@
 // Subspace (Protocol Models): orthonormal seeded basis, lossless forward through a small 2-layer
 // residual model once the weights writing into the residual stream are projected, the gradient
 // U U^T g, k-wide messages, projection after an optimizer step.
+#include "compression/stateful/subspace.h"
+
 #include "autograd/ops.h"
 #include "compression/boundary.h"
 #include "compression/spec.h"
-#include "compression/stateful/subspace.h"
 #include "tests/common/testing.h"
 
 namespace tl {
@@ -31,7 +32,7 @@ struct TinyModel {
     Variable h = sub.add_token_embedding(embedding(emb, tok), tok);  // (B, T, D)
     for (size_t l = 0; l < w1.size(); ++l) {
       Variable a = gelu(linear(layer_norm(h, {D}), w1[l], b1[l]));  // (B, T, H)
-      h = h + linear(a, w2[l], b2[l]);                             // residual stream
+      h = h + linear(a, w2[l], b2[l]);                              // residual stream
     }
     return h;
   }
