@@ -11,12 +11,15 @@
 // Each case: warm-up steps, then `repeats` timed runs of `steps` steps per engine, alternating
 // which engine goes first; the medians are reported. One JSON line per case:
 //   {"bench":"engine","case":"mlp","steps":..,"tapeline_s":..,"reference_s":..,"ratio":..,...}
-// tapeline_s and reference_s are the median seconds for `steps` steps. final_loss_* are the losses
+// tapeline_s and reference_s are the median wall seconds for `steps` steps (ratio = their quotient);
+// *_cpu_s and cpu_ratio the same in process CPU time. final_loss_* are the losses
 // of the last step of the last run of each engine (same trajectory up to float rounding).
 //
 // Usage: bench_engine [--steps-mlp N] [--steps-conv N] [--repeats N] [--threads N]
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/torch.h>
+
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -32,6 +35,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr double kLr = 0.01;
+
+// CPU seconds used by this process (all threads). On a shared machine wall time includes the
+// time other processes held the cores; CPU time does not, so its ratio is the steadier one.
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+struct Timing {
+  double wall = 0, cpu = 0;
+};
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -144,9 +159,10 @@ struct Case {
   std::function<at::Tensor(TorchModel&, const at::Tensor&, const at::Tensor&)> torch_loss;
 };
 
-// Runs `steps` SGD steps from `init`; returns seconds and stores the last loss.
-double run_tapeline(const Case& c, const Init& init, int steps, double& last_loss) {
+// Runs `steps` SGD steps from `init`; returns wall and CPU seconds and stores the last loss.
+Timing run_tapeline(const Case& c, const Init& init, int steps, double& last_loss) {
   TapelineModel m(init);
+  const double c0 = cpu_seconds();
   const auto t0 = Clock::now();
   for (int s = 0; s < steps; ++s) {
     tl::Variable loss = c.tl_loss(m, c.x, c.y);
@@ -154,11 +170,12 @@ double run_tapeline(const Case& c, const Init& init, int steps, double& last_los
     m.sgd();
     if (s == steps - 1) last_loss = loss.item<double>();
   }
-  return std::chrono::duration<double>(Clock::now() - t0).count();
+  return {std::chrono::duration<double>(Clock::now() - t0).count(), cpu_seconds() - c0};
 }
 
-double run_reference(const Case& c, const Init& init, int steps, double& last_loss) {
+Timing run_reference(const Case& c, const Init& init, int steps, double& last_loss) {
   TorchModel m(init);
+  const double c0 = cpu_seconds();
   const auto t0 = Clock::now();
   for (int s = 0; s < steps; ++s) {
     at::Tensor loss = c.torch_loss(m, c.x, c.y);
@@ -166,7 +183,7 @@ double run_reference(const Case& c, const Init& init, int steps, double& last_lo
     m.sgd();
     if (s == steps - 1) last_loss = loss.item<double>();
   }
-  return std::chrono::duration<double>(Clock::now() - t0).count();
+  return {std::chrono::duration<double>(Clock::now() - t0).count(), cpu_seconds() - c0};
 }
 
 void bench(const Case& c, int repeats) {
@@ -174,21 +191,27 @@ void bench(const Case& c, int repeats) {
   double loss_tl = 0, loss_ref = 0;
   run_tapeline(c, init, 3, loss_tl);  // warm-up: allocator, kernels' first-call setup
   run_reference(c, init, 3, loss_ref);
-  std::vector<double> t_tl, t_ref;
+  std::vector<double> wall_tl, wall_ref, cpu_tl, cpu_ref;
+  auto add = [](std::vector<double>& wall, std::vector<double>& cpu, Timing t) {
+    wall.push_back(t.wall);
+    cpu.push_back(t.cpu);
+  };
   for (int r = 0; r < repeats; ++r) {
     if (r % 2 == 0) {
-      t_tl.push_back(run_tapeline(c, init, c.steps, loss_tl));
-      t_ref.push_back(run_reference(c, init, c.steps, loss_ref));
+      add(wall_tl, cpu_tl, run_tapeline(c, init, c.steps, loss_tl));
+      add(wall_ref, cpu_ref, run_reference(c, init, c.steps, loss_ref));
     } else {
-      t_ref.push_back(run_reference(c, init, c.steps, loss_ref));
-      t_tl.push_back(run_tapeline(c, init, c.steps, loss_tl));
+      add(wall_ref, cpu_ref, run_reference(c, init, c.steps, loss_ref));
+      add(wall_tl, cpu_tl, run_tapeline(c, init, c.steps, loss_tl));
     }
   }
-  const double a = median(t_tl), b = median(t_ref);
+  const double a = median(wall_tl), b = median(wall_ref);
+  const double ca = median(cpu_tl), cb = median(cpu_ref);
   std::printf(
       "{\"bench\":\"engine\",\"case\":\"%s\",\"steps\":%d,\"repeats\":%d,\"threads\":%d,\"tapeline_s\":%.6f,"
-      "\"reference_s\":%.6f,\"ratio\":%.4f,\"final_loss_tapeline\":%.6f,\"final_loss_reference\":%.6f}\n",
-      c.name.c_str(), c.steps, repeats, at::get_num_threads(), a, b, a / b, loss_tl, loss_ref);
+      "\"reference_s\":%.6f,\"ratio\":%.4f,\"tapeline_cpu_s\":%.6f,\"reference_cpu_s\":%.6f,\"cpu_ratio\":%.4f,"
+      "\"final_loss_tapeline\":%.6f,\"final_loss_reference\":%.6f}\n",
+      c.name.c_str(), c.steps, repeats, at::get_num_threads(), a, b, a / b, ca, cb, ca / cb, loss_tl, loss_ref);
   std::fflush(stdout);
 }
 

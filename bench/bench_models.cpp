@@ -4,7 +4,8 @@
 // tapeline, ...) after a warm-up so that drift in machine load hits both alike, and the median
 // step time of each is reported. One JSON line per case:
 //   {"bench": "models", "case": ..., "tapeline_s": ..., "reference_s": ..., "ratio": ...}
-// ratio = tapeline_s / reference_s (target <= 1.05).
+// ratio = tapeline_s / reference_s (target <= 1.05); cpu_ratio is the same on process CPU time,
+// which a loaded machine disturbs less than wall time.
 //
 // Usage: bench_models [steps (default 5)] [warmup (default 2)] [gpt2 vocabulary (default 50257)]
 // With GPT-2's vocabulary the tied output projection is ~80% of the GPT-2 step's FLOPs; a small
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <functional>
 #include <string>
 #include <vector>
@@ -25,10 +27,21 @@
 
 namespace {
 
-double seconds(const std::function<void()>& fn) {
+struct Timing {
+  double wall, cpu;  // seconds; cpu = process CPU time (all threads), steadier on a loaded machine
+};
+
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+Timing measure(const std::function<void()>& fn) {
+  const double c0 = process_cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   fn();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return {std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), process_cpu_seconds() - c0};
 }
 
 double median(std::vector<double> v) {
@@ -43,17 +56,20 @@ void run_case(const std::string& name, const std::string& shape, const std::func
     tl_loss = tl_step();
     ref_loss = ref_step();
   }
-  std::vector<double> tl_t, ref_t;
+  std::vector<double> tl_wall, ref_wall, tl_cpu, ref_cpu;
   for (int i = 0; i < steps; ++i) {
-    tl_t.push_back(seconds([&] { tl_loss = tl_step(); }));
-    ref_t.push_back(seconds([&] { ref_loss = ref_step(); }));
+    const Timing a = measure([&] { tl_loss = tl_step(); });
+    const Timing b = measure([&] { ref_loss = ref_step(); });
+    tl_wall.push_back(a.wall), tl_cpu.push_back(a.cpu);
+    ref_wall.push_back(b.wall), ref_cpu.push_back(b.cpu);
   }
-  const double a = median(tl_t), b = median(ref_t);
+  const double a = median(tl_wall), b = median(ref_wall), ac = median(tl_cpu), bc = median(ref_cpu);
   std::printf(
       "{\"bench\": \"models\", \"case\": \"%s\", \"shape\": \"%s\", \"steps\": %d, \"warmup\": %d, \"threads\": %d, "
-      "\"tapeline_s\": %.5f, \"reference_s\": %.5f, \"ratio\": %.4f, \"tapeline_loss\": %.5f, "
-      "\"reference_loss\": %.5f}\n",
-      name.c_str(), shape.c_str(), steps, warmup, at::get_num_threads(), a, b, a / b, tl_loss, ref_loss);
+      "\"tapeline_s\": %.5f, \"reference_s\": %.5f, \"ratio\": %.4f, \"tapeline_cpu_s\": %.5f, "
+      "\"reference_cpu_s\": %.5f, \"cpu_ratio\": %.4f, \"tapeline_loss\": %.5f, \"reference_loss\": %.5f}\n",
+      name.c_str(), shape.c_str(), steps, warmup, at::get_num_threads(), a, b, a / b, ac, bc, ac / bc, tl_loss,
+      ref_loss);
   std::fflush(stdout);
 }
 

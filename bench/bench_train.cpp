@@ -63,7 +63,7 @@ struct Runner {
     }
     opt->step();
     if (pipeline) pipeline->after_optimizer_step();
-    if (device.is_cuda()) at::_local_scalar_dense(x.sum());  // wait for the device
+    if (device.is_cuda()) (void)x.sum().item<float>();  // wait for the device
     return std::chrono::duration<double>(Clock::now() - t0).count();
   }
 };

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "compression/codecs/common.h"
+#include "compression/codecs/quant_kernels.h"
 
 namespace tl {
 namespace {
@@ -28,10 +29,23 @@ struct CodecTable {
   std::map<uint16_t, std::string> by_id;
   CodecTable() {
     const std::pair<uint16_t, const char*> fixed[] = {
-        {1, "identity"}, {2, "fp16"},      {3, "bf16"},  {4, "topk"},  {5, "randk"},   {6, "threshold"},
-        {7, "quant"},    {8, "quantile"},  {9, "powersgd"}, {10, "compose"},
+        {1, "identity"},
+        {2, "fp16"},
+        {3, "bf16"},
+        {4, "topk"},
+        {5, "randk"},
+        {6, "threshold"},
+        {7, "quant"},
+        {8, "quantile"},
+        {9, "powersgd"},
+        {10, "compose"},
         // stateful / learned (compression/ helpers of issue 4)
-        {32, "ef"},      {33, "ef21"},     {34, "aqsgd"}, {35, "lazy"}, {36, "ae"}, {37, "subspace"},
+        {32, "ef"},
+        {33, "ef21"},
+        {34, "aqsgd"},
+        {35, "lazy"},
+        {36, "ae"},
+        {37, "subspace"},
     };
     for (const auto& [id, name] : fixed) {
       by_name[name] = id;
@@ -118,49 +132,6 @@ Payload parse_header(const uint8_t* data, size_t avail, const char* what, size_t
   return p;
 }
 
-// ---- bit packing: CPU loops ---------------------------------------------------------------------
-// Groups of 8 codes fill exactly `bits` bytes: code j of a group sits at bit j * bits of a
-// little-endian uint64 of which the low `bits` bytes are stored.
-constexpr int64_t kGrain = 1 << 15;
-
-void pack_bits_cpu(const uint8_t* codes, int64_t n, int64_t bits, uint8_t* out) {
-  const uint64_t mask = (1u << bits) - 1;
-  const int64_t groups = n / 8;
-  at::parallel_for(0, groups, kGrain, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g) {
-      const uint8_t* c = codes + 8 * g;
-      uint64_t acc = 0;
-      for (int j = 0; j < 8; ++j) acc |= (c[j] & mask) << (j * bits);
-      std::memcpy(out + g * bits, &acc, bits);  // little-endian host
-    }
-  });
-  const int64_t rest = n - 8 * groups;
-  if (rest > 0) {
-    uint64_t acc = 0;
-    for (int64_t j = 0; j < rest; ++j) acc |= (codes[8 * groups + j] & mask) << (j * bits);
-    std::memcpy(out + groups * bits, &acc, (rest * bits + 7) / 8);
-  }
-}
-
-void unpack_bits_cpu(const uint8_t* in, int64_t n, int64_t bits, uint8_t* codes) {
-  const uint64_t mask = (1u << bits) - 1;
-  const int64_t groups = n / 8;
-  at::parallel_for(0, groups, kGrain, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g) {
-      uint64_t acc = 0;
-      std::memcpy(&acc, in + g * bits, bits);
-      uint8_t* c = codes + 8 * g;
-      for (int j = 0; j < 8; ++j) c[j] = static_cast<uint8_t>((acc >> (j * bits)) & mask);
-    }
-  });
-  const int64_t rest = n - 8 * groups;
-  if (rest > 0) {
-    uint64_t acc = 0;
-    std::memcpy(&acc, in + groups * bits, (rest * bits + 7) / 8);
-    for (int64_t j = 0; j < rest; ++j) codes[8 * groups + j] = static_cast<uint8_t>((acc >> (j * bits)) & mask);
-  }
-}
-
 }  // namespace
 
 // ---- codec ids ------------------------------------------------------------------------------------
@@ -230,6 +201,13 @@ void BodyWriter::put(const at::Tensor& t) {
   at::Tensor bytes = flat.scalar_type() == at::kByte ? flat : flat.view(at::kByte);
   bytes_ += bytes.numel();
   parts_.push_back(bytes);
+  owned_.push_back(false);
+}
+
+void BodyWriter::put_owned(const at::Tensor& t) {
+  put(t);
+  owned_.back() = t.is_contiguous() && t.storage_offset() == 0 &&
+                  static_cast<int64_t>(t.storage().nbytes()) == parts_.back().numel();
 }
 
 void BodyWriter::put_payload(const Payload& p) {
@@ -244,20 +222,30 @@ at::Tensor BodyWriter::finish() {
   at::Device device = at::kCPU;
   for (const auto& t : parts_)
     if (!t.device().is_cpu()) device = t.device();
-  std::vector<at::Tensor> parts;
-  for (auto& t : parts_)
-    if (t.numel() > 0) parts.push_back(t.device() == device ? t : t.to(device));
-  at::Tensor out = parts.empty() ? at::empty({0}, at::TensorOptions().dtype(at::kByte).device(device))
-                                 : at::cat(parts);  // a fresh buffer even for one part
+  std::vector<size_t> nonempty;
+  for (size_t i = 0; i < parts_.size(); ++i)
+    if (parts_[i].numel() > 0) nonempty.push_back(i);
+  at::Tensor out;
+  if (nonempty.size() == 1 && owned_[nonempty[0]] && parts_[nonempty[0]].device() == device) {
+    out = parts_[nonempty[0]];  // a section nobody else holds becomes the body as is
+  } else {
+    out = at::empty({bytes_}, at::TensorOptions().dtype(at::kByte).device(device));
+    int64_t offset = 0;
+    for (size_t i : nonempty) {
+      out.narrow(0, offset, parts_[i].numel()).copy_(parts_[i]);
+      offset += parts_[i].numel();
+    }
+  }
   parts_.clear();
+  owned_.clear();
   bytes_ = 0;
   return out;
 }
 
 BodyReader::BodyReader(const Payload& p, const char* codec_name) : codec_(codec_name) {
   body_ = p.body.defined() ? p.body : at::empty({0}, at::kByte);
-  TORCH_CHECK(body_.scalar_type() == at::kByte && body_.dim() == 1, codec_, ": payload body must be a 1-D uint8 tensor, got ",
-              body_.scalar_type(), " of shape ", body_.sizes());
+  TORCH_CHECK(body_.scalar_type() == at::kByte && body_.dim() == 1, codec_,
+              ": payload body must be a 1-D uint8 tensor, got ", body_.scalar_type(), " of shape ", body_.sizes());
   body_ = body_.contiguous();
 }
 
@@ -314,7 +302,7 @@ at::Tensor pack_bits(const at::Tensor& codes, int64_t bits) {
   const int64_t out_bytes = (n * bits + 7) / 8;
   if (codec::use_cpu_kernel(c)) {
     at::Tensor out = at::empty({out_bytes}, c.options());
-    pack_bits_cpu(c.data_ptr<uint8_t>(), n, bits, out.data_ptr<uint8_t>());
+    codec::pack_codes_cpu(c.data_ptr<uint8_t>(), n, static_cast<int>(bits), out.data_ptr<uint8_t>());
     return out;
   }
   if (bits == 8) return c.clone();
@@ -338,16 +326,16 @@ at::Tensor unpack_bits(const at::Tensor& packed, int64_t bits, int64_t n) {
               p.numel());
   if (codec::use_cpu_kernel(p)) {
     at::Tensor out = at::empty({n}, p.options());
-    unpack_bits_cpu(p.data_ptr<uint8_t>(), n, bits, out.data_ptr<uint8_t>());
+    codec::unpack_codes_cpu(p.data_ptr<uint8_t>(), n, static_cast<int>(bits), out.data_ptr<uint8_t>());
     return out;
   }
   if (bits == 8) return p.clone();
   const int64_t groups = (n + 7) / 8;
   at::Tensor padded = at::constant_pad_nd(p, {0, groups * bits - need}, 0).view({groups, bits});
   at::Tensor weights = at::pow(2, at::arange(0, 8 * bits, 8, p.options().dtype(at::kLong)));  // (bits)
-  at::Tensor acc = (padded.to(at::kLong) * weights).sum(1, /*keepdim=*/true);                  // (G, 1)
-  at::Tensor shifts = at::arange(0, 8 * bits, bits, p.options().dtype(at::kLong));             // (8)
-  at::Tensor codes = at::bitwise_and(at::bitwise_right_shift(acc, shifts), (1 << bits) - 1);   // (G, 8)
+  at::Tensor acc = (padded.to(at::kLong) * weights).sum(1, /*keepdim=*/true);                 // (G, 1)
+  at::Tensor shifts = at::arange(0, 8 * bits, bits, p.options().dtype(at::kLong));            // (8)
+  at::Tensor codes = at::bitwise_and(at::bitwise_right_shift(acc, shifts), (1 << bits) - 1);  // (G, 8)
   return codes.reshape({-1}).narrow(0, 0, n).to(at::kByte);
 }
 

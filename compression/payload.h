@@ -17,11 +17,11 @@
 namespace tl {
 
 struct Payload {
-  uint16_t codec = 0;                       // id of the codec that packed it (see codec_id())
-  at::ScalarType dtype = at::kFloat;        // of the original tensor
-  std::vector<int64_t> shape;               // of the original tensor
-  std::vector<int64_t> params;              // what the decoder needs: k, bits, rank, flags, ...
-  at::Tensor body;                          // 1-D uint8 on the tensor's device (may be empty)
+  uint16_t codec = 0;                 // id of the codec that packed it (see codec_id())
+  at::ScalarType dtype = at::kFloat;  // of the original tensor
+  std::vector<int64_t> shape;         // of the original tensor
+  std::vector<int64_t> params;        // what the decoder needs: k, bits, rank, flags, ...
+  at::Tensor body;                    // 1-D uint8 on the tensor's device (may be empty)
 
   size_t header_bytes() const { return 8 + 8 * (shape.size() + params.size()) + 8; }
   size_t body_bytes() const { return body.defined() ? static_cast<size_t>(body.numel()) : 0; }
@@ -47,8 +47,11 @@ void register_codec_id(const std::string& name, uint16_t id);
 /// element types first so that decode can view them in place without copies.
 class BodyWriter {
  public:
-  /// Appends the raw bytes of `t` (made contiguous).
+  /// Appends the raw bytes of `t` (made contiguous); they are copied into the body.
   void put(const at::Tensor& t);
+  /// As put, for a tensor the caller will not use again (e.g. a fresh cast): when it is the only
+  /// section, it becomes the body without a copy.
+  void put_owned(const at::Tensor& t);
   /// Appends a whole payload (header and body), e.g. the inner payloads of a composition.
   void put_payload(const Payload& p);
   /// The body: one uint8 tensor on the device of the sections (CPU if none; CPU sections such as
@@ -57,6 +60,7 @@ class BodyWriter {
 
  private:
   std::vector<at::Tensor> parts_;
+  std::vector<bool> owned_;
   int64_t bytes_ = 0;
 };
 

@@ -52,8 +52,8 @@ class Parser {
                 caret);
   }
   [[noreturn]] void error(const Token& t, const std::string& expected) const {
-    const std::string found = t.kind == Tok::kEnd ? "unexpected end of the spec"
-                                                  : "unexpected '" + s_.substr(t.begin, t.end - t.begin) + "'";
+    const std::string found =
+        t.kind == Tok::kEnd ? "unexpected end of the spec" : "unexpected '" + s_.substr(t.begin, t.end - t.begin) + "'";
     error_at(t.begin, t.end - t.begin, found, expected);
   }
 
@@ -69,7 +69,8 @@ class Parser {
       if (name_start(c)) {
         while (i < s_.size() && name_char(s_[i])) ++i;
         toks_.push_back({Tok::kName, b, i});
-      } else if (digit(c) || c == '.' || ((c == '-' || c == '+') && i + 1 < s_.size() && (digit(s_[i + 1]) || s_[i + 1] == '.'))) {
+      } else if (digit(c) || c == '.' ||
+                 ((c == '-' || c == '+') && i + 1 < s_.size() && (digit(s_[i + 1]) || s_[i + 1] == '.'))) {
         if (c == '-' || c == '+') ++i;
         while (i < s_.size() && (digit(s_[i]) || s_[i] == '.')) ++i;
         if (i < s_.size() && (s_[i] == 'e' || s_[i] == 'E')) {
@@ -87,11 +88,21 @@ class Parser {
       } else {
         Tok k;
         switch (c) {
-          case '(': k = Tok::kLParen; break;
-          case ')': k = Tok::kRParen; break;
-          case ',': k = Tok::kComma; break;
-          case '=': k = Tok::kEquals; break;
-          case '|': k = Tok::kPipe; break;
+          case '(':
+            k = Tok::kLParen;
+            break;
+          case ')':
+            k = Tok::kRParen;
+            break;
+          case ',':
+            k = Tok::kComma;
+            break;
+          case '=':
+            k = Tok::kEquals;
+            break;
+          case '|':
+            k = Tok::kPipe;
+            break;
           default:
             error_at(b, 1, std::string("unexpected character '") + c + "'",
                      "accepted: names, numbers, '(', ')', ',', '=', '|' and spaces");
@@ -249,8 +260,9 @@ const SpecValue* SpecArgs::find(size_t pos, const std::string& key) const {
       by_key = &call_.named[i].second;
       used_named_[i] = true;
     }
-  TORCH_CHECK(!(by_pos && by_key), call_.name, ": argument '", key, "' is given twice: as '", by_pos ? by_pos->text : "",
-              "'", position_text(pos), " and as ", key, "=", by_key ? by_key->text : "", " in '", call_.text, "'");
+  TORCH_CHECK(!(by_pos && by_key), call_.name, ": argument '", key, "' is given twice: as '",
+              by_pos ? by_pos->text : "", "'", position_text(pos), " and as ", key, "=", by_key ? by_key->text : "",
+              " in '", call_.text, "'");
   return by_pos ? by_pos : by_key;
 }
 
@@ -346,7 +358,8 @@ void SpecArgs::done() const {
 void register_compressor(const std::string& name, CompressorFactory factory, const std::string& help) {
   TORCH_CHECK(!name.empty() && name_start(name[0]) &&
                   std::all_of(name.begin(), name.end(), [](char c) { return name_char(c); }),
-              "register_compressor: '", name, "' is not a valid name (a letter or '_', then letters, digits, '_', '-', '.')");
+              "register_compressor: '", name,
+              "' is not a valid name (a letter or '_', then letters, digits, '_', '-', '.')");
   TORCH_CHECK(factory, "register_compressor: no factory for '", name, "'");
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);

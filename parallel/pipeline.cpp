@@ -23,6 +23,18 @@ Pipeline::Pipeline(ModulePtr model, std::vector<std::string> cuts, std::vector<B
     holder->register_module(std::to_string(i + 1), boundaries_[i]);
   }
   register_module("boundaries", holder);
+  set_measure_error(true);
+}
+
+void Pipeline::set_measure_error(bool on) {
+  measure_.assign(boundaries_.size(), on);
+  for (size_t i = 0; i < boundaries_.size(); ++i) {
+    const Boundary& b = *boundaries_[i];
+    const bool uncompressed = b.forward_codec()->spec() == "identity" && b.backward_codec()->spec() == "identity" &&
+                              b.mode() != BackwardMode::None;
+    measure_[i] = on && !uncompressed;
+    boundaries_[i]->set_measure_error(measure_[i]);
+  }
 }
 
 std::shared_ptr<Pipeline> Pipeline::build(ModulePtr model, std::vector<std::string> cuts,
@@ -95,15 +107,22 @@ at::Tensor Pipeline::predict(const at::Tensor& x, bool compression) {
   for (const auto& b : boundaries_) {
     saved.push_back(b->active_at_inference());
     b->set_active_at_inference(compression);
+    b->set_measure_error(false);
   }
+  auto restore = [&] {
+    for (size_t i = 0; i < boundaries_.size(); ++i) {
+      boundaries_[i]->set_active_at_inference(saved[i]);
+      boundaries_[i]->set_measure_error(measure_[i]);
+    }
+  };
   at::Tensor out;
   try {
     out = forward(Variable(x), CodecContext{}).data();
   } catch (...) {
-    for (size_t i = 0; i < boundaries_.size(); ++i) boundaries_[i]->set_active_at_inference(saved[i]);
+    restore();
     throw;
   }
-  for (size_t i = 0; i < boundaries_.size(); ++i) boundaries_[i]->set_active_at_inference(saved[i]);
+  restore();
   return out;
 }
 
@@ -121,6 +140,16 @@ BoundaryStats Pipeline::total_stats() const {
       dst->raw_bytes += src->raw_bytes;
       dst->last_bytes += src->last_bytes;
       dst->last_raw_bytes += src->last_raw_bytes;
+      // Means over measured messages: accumulate sums here, divide below.
+      dst->rel_error_mean += src->rel_error_mean * static_cast<double>(src->measured);
+      dst->density_mean += src->density_mean * static_cast<double>(src->measured);
+      dst->measured += src->measured;
+    }
+  }
+  for (DirectionStats* d : {&total.forward, &total.backward}) {
+    if (d->measured > 0) {
+      d->rel_error_mean /= static_cast<double>(d->measured);
+      d->density_mean /= static_cast<double>(d->measured);
     }
   }
   return total;

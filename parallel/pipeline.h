@@ -92,9 +92,14 @@ class Pipeline : public Module {
 
   /// Forwards to every boundary (and so to its codecs): call after each optimizer step.
   void after_optimizer_step();
-  /// Sum of the boundaries' statistics per direction, and reset.
+  /// Sum of the boundaries' statistics per direction (bytes and messages summed; relative error
+  /// and density averaged over the measured messages), and reset.
   BoundaryStats total_stats() const;
   void reset_stats();
+  /// Whether boundaries measure relative error and density in training (a few reductions per
+  /// message). On by default, except at boundaries uncompressed both ways (their error is 0 and
+  /// measuring it would be the only cost of the split). Never measured in predict().
+  void set_measure_error(bool on);
 
   /// The micro-batch row ranges of a batch of `batch` rows: (start, size) pairs, as at::chunk.
   static std::vector<std::pair<int64_t, int64_t>> micro_batch_slices(int64_t batch, int64_t micro_batches);
@@ -104,6 +109,7 @@ class Pipeline : public Module {
   std::vector<std::string> cuts_;
   std::vector<ModulePtr> stages_;
   std::vector<BoundaryPtr> boundaries_;
+  std::vector<bool> measure_;  // per boundary, restored after predict()
 };
 
 }  // namespace tl

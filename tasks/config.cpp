@@ -393,6 +393,9 @@ Config Config::load(const std::string& ini_path, const std::vector<std::pair<std
     throw std::invalid_argument("train.micro_batches = " + std::to_string(c.train.micro_batches) +
                                 " is larger than train.batch_size = " + std::to_string(c.train.batch_size) +
                                 "; expected 1 <= micro_batches <= batch_size");
+  if (c.data.dataset != "folder" && (c.data.image_size != 0 || c.data.channels != 0))
+    throw std::invalid_argument("data.image_size and data.channels apply to data.dataset = folder only (" +
+                                c.data.dataset + " images have a fixed size and channel count)");
   if (c.data.mean.empty() != c.data.std.empty())
     throw std::invalid_argument("data.mean and data.std: set both to numbers, or both to auto");
   if (!c.data.mean.empty() && c.data.mean.size() != c.data.std.size())

@@ -194,9 +194,11 @@ std::string comparison_table(const std::vector<std::pair<std::string, RunSummary
     return s.str();
   };
   for (const auto& [label, s] : runs) {
-    double ratio = s.uncompressed_bytes_per_step() > 0 ? s.bytes_per_step() / s.uncompressed_bytes_per_step() : 0.0;
     std::ostringstream r;
-    r << std::fixed << std::setprecision(3) << ratio << "x";
+    if (s.uncompressed_bytes_per_step() > 0)
+      r << std::fixed << std::setprecision(3) << s.bytes_per_step() / s.uncompressed_bytes_per_step() << "x";
+    else
+      r << "-";  // no boundary (model.cuts = none)
     cells.push_back({label, s.forward + " / " + s.backward, pct(s.last.test_acc_compressed),
                      pct(s.last.test_acc_uncompressed), human_bytes(s.bytes_per_step()),
                      human_bytes(s.uncompressed_bytes_per_step()), r.str()});

@@ -22,6 +22,10 @@ struct EpochMetrics {
   int64_t steps = 0;               // optimizer steps in the epoch
   double lr = 0.0;                 // at the end of the epoch
   double wall_s = 0.0;             // cumulative wall time of the run at the end of the epoch
+  // Mean over the epoch's messages of ||x - x^|| / ||x|| and of the fraction of nonzero entries
+  // of what was received, forward and backward (metrics.jsonl only; 0 and 1 where uncompressed).
+  double forward_rel_error = 0.0, backward_rel_error = 0.0;
+  double forward_density = 1.0, backward_density = 1.0;
 };
 
 /// The header and rows of metrics.csv (epoch,train_loss,test_acc_compressed,

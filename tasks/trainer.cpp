@@ -242,6 +242,10 @@ EpochMetrics Experiment::train_epoch(int64_t epoch, const std::function<void(con
   m.bytes_forward = stats.forward.bytes;
   m.bytes_backward = stats.backward.bytes;
   m.bytes_uncompressed = stats.forward.raw_bytes + stats.backward.raw_bytes;
+  if (stats.forward.measured > 0)
+    m.forward_rel_error = stats.forward.rel_error_mean, m.forward_density = stats.forward.density_mean;
+  if (stats.backward.measured > 0)
+    m.backward_rel_error = stats.backward.rel_error_mean, m.backward_density = stats.backward.density_mean;
   m.lr = optimizer_->lr(0);
   return m;
 }
@@ -301,6 +305,7 @@ RunSummary run_training(const TrainRequest& req) {
         if (row.epoch <= start_epoch) history.push_back(row);
     const std::string old_jsonl = (fs::path(req.resume_dir) / "metrics.jsonl").string();
     if (fs::exists(old_jsonl)) truncate_jsonl(old_jsonl, jsonl, info.step);
+    else write_file_atomic(jsonl, "");
     progress.line("resuming " + req.resume_dir + " after epoch " + std::to_string(start_epoch) + " (step " +
                   std::to_string(info.step) + ")");
   } else {
@@ -363,6 +368,10 @@ RunSummary run_training(const TrainRequest& req) {
            {"bytes_forward", m.bytes_forward},
            {"bytes_backward", m.bytes_backward},
            {"bytes_uncompressed", m.bytes_uncompressed},
+           {"forward_rel_error", m.forward_rel_error},
+           {"backward_rel_error", m.backward_rel_error},
+           {"forward_density", m.forward_density},
+           {"backward_density", m.backward_density},
            {"wall_s", m.wall_s}};
     append_line(jsonl, j.dump());
     write_file_atomic(csv, metrics_csv(history));
@@ -389,8 +398,8 @@ RunSummary run_training(const TrainRequest& req) {
   return summary;
 }
 
-double evaluate_run(const std::string& run_dir, bool compression,
-                    const std::vector<std::pair<std::string, std::string>>& overrides) {
+std::vector<double> evaluate_run(const std::string& run_dir, const std::vector<bool>& compression,
+                                 const std::vector<std::pair<std::string, std::string>>& overrides) {
   const std::string config = (fs::path(run_dir) / "config.ini").string();
   const std::string ckpt = (fs::path(run_dir) / kCheckpoint).string();
   TORCH_CHECK(fs::exists(config), "eval --run ", run_dir, ": no config.ini (not a tapeline run directory)");
@@ -400,7 +409,9 @@ double evaluate_run(const std::string& run_dir, bool compression,
   CheckpointLoadOptions opt;
   opt.restore_rng = false;
   load_checkpoint(ckpt, ex.pipeline(), nullptr, nullptr, opt);
-  return ex.evaluate(compression);
+  std::vector<double> acc;
+  for (bool on : compression) acc.push_back(ex.evaluate(on));
+  return acc;
 }
 
 }  // namespace tl

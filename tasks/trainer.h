@@ -88,10 +88,11 @@ struct TrainRequest {
 /// Trains (or resumes) and writes the run directory; returns the summary of the last epoch.
 RunSummary run_training(const TrainRequest& request);
 
-/// `tapeline eval`: the test accuracy of the run's last checkpoint, compression on or off.
-/// `overrides` may change e.g. data.root or run.device.
-double evaluate_run(const std::string& run_dir, bool compression,
-                    const std::vector<std::pair<std::string, std::string>>& overrides = {});
+/// `tapeline eval`: the test accuracy of the run's last checkpoint for each entry of
+/// `compression` (true: boundaries' forward codecs on, false: bypassed). `overrides` may change
+/// e.g. data.root or run.device.
+std::vector<double> evaluate_run(const std::string& run_dir, const std::vector<bool>& compression,
+                                 const std::vector<std::pair<std::string, std::string>>& overrides = {});
 
 /// The settings a baseline must share with a run to be comparable (everything but the boundary
 /// keys and presentation keys), hashed (FNV-1a, hex).

@@ -30,10 +30,14 @@ at::ScalarType wire_type_from_word(const std::string& word) {
 
 std::string wire_type_word(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return "fp32";
-    case at::kHalf: return "fp16";
-    case at::kBFloat16: return "bf16";
-    default: TORCH_CHECK(false, "no wire name for value type ", t, "; accepted: fp32, fp16, bf16");
+    case at::kFloat:
+      return "fp32";
+    case at::kHalf:
+      return "fp16";
+    case at::kBFloat16:
+      return "bf16";
+    default:
+      TORCH_CHECK(false, "no wire name for value type ", t, "; accepted: fp32, fp16, bf16");
   }
 }
 
@@ -49,8 +53,7 @@ void check_payload(const Payload& p, const char* codec, size_t nparams) {
   const uint16_t mine = codec_id(codec);
   TORCH_CHECK(p.codec == mine, codec, ": cannot decode a payload packed by '", codec_name(p.codec), "' (codec id ",
               p.codec, ", expected ", mine, ")");
-  TORCH_CHECK(p.params.size() == nparams, codec, ": corrupt payload: ", p.params.size(), " params, expected ",
-              nparams);
+  TORCH_CHECK(p.params.size() == nparams, codec, ": corrupt payload: ", p.params.size(), " params, expected ", nparams);
   TORCH_CHECK(!p.body.defined() || (p.body.scalar_type() == at::kByte && p.body.dim() == 1), codec,
               ": payload body must be a 1-D uint8 tensor");
 }

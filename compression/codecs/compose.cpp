@@ -41,8 +41,10 @@ Payload Composition::pack(int64_t kind, const at::Tensor& like, Payload rest, co
 template <class SecsFn>
 Composition::Unpacked Composition::unpack(const Payload& p, int64_t kind, const CodecContext& ctx, SecsFn secs_of) {
   codec::check_payload(p, kName, 3);
-  TORCH_CHECK(p.params[0] == kind, kName, ": expected a ", kind == kPlain ? "plain" : "shared-mode",
-              " payload, got a ", p.params[0] == kPlain ? "plain" : p.params[0] == kShared ? "shared-mode" : "corrupt",
+  TORCH_CHECK(p.params[0] == kind, kName, ": expected a ", kind == kPlain ? "plain" : "shared-mode", " payload, got a ",
+              p.params[0] == kPlain    ? "plain"
+              : p.params[0] == kShared ? "shared-mode"
+                                       : "corrupt",
               " one (kind ", p.params[0], ")", kind == kPlain ? "; shared-mode payloads go to decode_shared" : "");
   const uint16_t outer_id = codec_id(outer_->codec());
   TORCH_CHECK(p.params[1] == outer_id, kName, ": payload composes codec id ", p.params[1], ", this composition is '",

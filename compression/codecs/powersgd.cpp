@@ -64,7 +64,7 @@ Payload PowerSgd::encode_parts(const at::Tensor& x, const CodecContext& ctx, std
   at::Tensor p, q_new;
   if (r > 0) {
     p = std::get<0>(at::linalg_qr(m.mm(q)));  // (rows, r) orthonormal columns
-    q_new = m.t().mm(p);                       // (cols, r)
+    q_new = m.t().mm(p);                      // (cols, r)
   } else {
     p = at::zeros({rows, 0}, m.options());
     q_new = at::zeros({cols, 0}, m.options());
@@ -101,9 +101,8 @@ std::vector<SectionedCodec::Section> PowerSgd::sections(const Payload& rest) con
   return {Section{{l.rows, l.r}, l.wire}, Section{{l.cols, l.r}, l.wire}};
 }
 
-at::Tensor PowerSgd::decode_parts(const Payload& rest, const std::vector<at::Tensor>& values,
-                                  const CodecContext& ctx) {
-  Layout l = layout(rest);
+at::Tensor PowerSgd::decode_parts(const Payload& rest, const std::vector<at::Tensor>& values, const CodecContext& ctx) {
+  layout(rest);  // validates the header
   TORCH_CHECK(rest.body_bytes() == 0, kName, ": corrupt payload: ", rest.body_bytes(), " bytes besides P and Q");
   TORCH_CHECK(values.size() == 2, kName, ": expected sections P and Q, got ", values.size());
   const at::ScalarType ct = compute_type(rest.dtype);
@@ -119,8 +118,8 @@ Payload PowerSgd::encode_shared_parts(const at::Tensor& g, const Payload& fwd_re
               " for a forward payload of shape ", c10::IntArrayRef(fwd_rest.shape));
   TORCH_CHECK(fwd_values.size() == 2, kName, ": shared mode needs the forward P and Q");
   const at::ScalarType ct = compute_type(g.scalar_type());
-  at::Tensor p = fwd_values[0].to(g.device(), ct);            // (rows, r)
-  values = {g.reshape({l.rows, l.cols}).to(ct).t().mm(p)};   // (cols, r) = G^T P
+  at::Tensor p = fwd_values[0].to(g.device(), ct);          // (rows, r)
+  values = {g.reshape({l.rows, l.cols}).to(ct).t().mm(p)};  // (cols, r) = G^T P
   Payload out;
   out.codec = codec_id(kName);
   out.dtype = g.scalar_type();

@@ -41,8 +41,9 @@ class PowerSgd : public SectionedCodec {
   Payload encode_shared_parts(const at::Tensor& g, const Payload& fwd_rest, const std::vector<at::Tensor>& fwd_values,
                               const CodecContext& ctx, std::vector<at::Tensor>& values) override;
   std::vector<Section> shared_sections(const Payload& rest, const Payload& fwd_rest) const override;
-  at::Tensor decode_shared_parts(const Payload& rest, const Payload& fwd_rest, const std::vector<at::Tensor>& fwd_values,
-                                 const std::vector<at::Tensor>& values, const CodecContext& ctx) override;
+  at::Tensor decode_shared_parts(const Payload& rest, const Payload& fwd_rest,
+                                 const std::vector<at::Tensor>& fwd_values, const std::vector<at::Tensor>& values,
+                                 const CodecContext& ctx) override;
 
   /// The warm-start Q (cols x r) after the last encode (empty before the first).
   const at::Tensor& warm_start() const { return q_.data(); }

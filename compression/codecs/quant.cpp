@@ -24,7 +24,11 @@ Geometry geometry(const std::vector<int64_t>& shape, Scale scale, int64_t dim, i
   const int64_t n = codec::shape_numel(shape);
   Geometry geo;
   switch (scale) {
-    case Scale::kTensor: geo.g = {n, std::max<int64_t>(n, 1), 1}; geo.outer = 1; geo.inner = geo.g.run; break;
+    case Scale::kTensor:
+      geo.g = {n, std::max<int64_t>(n, 1), 1};
+      geo.outer = 1;
+      geo.inner = geo.g.run;
+      break;
     case Scale::kChannel: {
       int64_t outer = 1, inner = 1;
       for (int64_t i = 0; i < dim; ++i) outer *= shape[i];
@@ -117,9 +121,15 @@ CompressorPtr Quantize::from_spec(SpecArgs& args) {
 std::string Quantize::spec() const {
   std::string s = "quant(" + std::to_string(o_.bits) + ", scale=";
   switch (o_.scale) {
-    case Scale::kTensor: s += "tensor"; break;
-    case Scale::kChannel: s += "channel, dim=" + (o_.dim ? std::to_string(*o_.dim) : std::string("auto")); break;
-    case Scale::kBlock: s += "block, block=" + std::to_string(o_.block); break;
+    case Scale::kTensor:
+      s += "tensor";
+      break;
+    case Scale::kChannel:
+      s += "channel, dim=" + (o_.dim ? std::to_string(*o_.dim) : std::string("auto"));
+      break;
+    case Scale::kBlock:
+      s += "block, block=" + std::to_string(o_.block);
+      break;
   }
   s += std::string(", mode=") + (o_.mode == Mode::kMinMax ? "minmax" : "maxabs") +
        ", round=" + (o_.stochastic ? "stochastic" : "nearest") + ", scales=" + codec::wire_type_word(o_.scale_type);
@@ -191,21 +201,24 @@ Payload Quantize::encode(const at::Tensor& x, const CodecContext& ctx) {
     generator_.set_data(gen.get_state().to(generator_.device()));
   }
 
-  at::Tensor codes_packed = at::empty({0}, xf.options().dtype(at::kByte));
   const int64_t packed_bytes = (n * o_.bits + 7) / 8;
+  at::Tensor body;
   if (cpu) {
-    codes_packed = at::empty({packed_bytes}, xf.options().dtype(at::kByte));
+    // Scales then codes, written in place.
+    const int64_t scale_bytes = wire.numel() * static_cast<int64_t>(c10::elementSize(o_.scale_type));
+    body = at::empty({scale_bytes + packed_bytes}, xf.options().dtype(at::kByte));
+    body.narrow(0, 0, scale_bytes).copy_(wire.contiguous().view(at::kByte));
     at::Tensor a = d.a.contiguous(), b = o_.mode == Mode::kMinMax ? d.b.contiguous() : a;
     codec::QuantParams q{static_cast<int>(o_.bits), o_.mode == Mode::kMinMax, o_.stochastic, seed,
-                         a.data_ptr<float>(), b.data_ptr<float>()};
-    if (n > 0) codec::quantise_pack_cpu(xf.data_ptr<float>(), geo.g, q, codes_packed.data_ptr<uint8_t>());
+                         a.data_ptr<float>(),       b.data_ptr<float>()};
+    if (n > 0) codec::quantise_pack_cpu(xf.data_ptr<float>(), geo.g, q, body.data_ptr<uint8_t>() + scale_bytes);
   } else if (n > 0) {
     // Portable path: the same formulas with broadcasting over the (outer, G, inner) view.
     const int64_t pad = o_.scale == Scale::kBlock ? groups * o_.block - n : 0;
     at::Tensor v3 = (pad > 0 ? at::constant_pad_nd(xf, {0, pad}, 0) : xf).view({geo.outer, groups, geo.inner});
     auto bc = [&](const at::Tensor& t) { return t.view({1, groups, 1}); };
     const double p = static_cast<double>(int64_t(1) << (o_.bits - 1));
-    at::Tensor v, lo_b, hi_b;
+    at::Tensor v;
     double lo, hi, off;
     if (o_.mode == Mode::kMaxAbs) {
       v = v3 / bc(d.a) * p;
@@ -223,24 +236,24 @@ Payload Quantize::encode(const at::Tensor& x, const CodecContext& ctx) {
       v = at::round(v);
     }
     at::Tensor codes = (v.clamp(lo, hi) + off).to(at::kByte).reshape({-1}).narrow(0, 0, n);
-    codes_packed = pack_bits(codes, o_.bits);
+    BodyWriter w;
+    w.put(wire);
+    w.put(pack_bits(codes, o_.bits));
+    body = w.finish();
+  } else {
+    BodyWriter w;
+    w.put(wire);
+    body = w.finish();
   }
 
-  BodyWriter w;
-  w.put(wire);
-  w.put(codes_packed);
   Payload p;
   p.codec = codec_id(kName);
   p.dtype = x.scalar_type();
   p.shape = shape;
-  p.params = {o_.bits,
-              static_cast<int64_t>(o_.scale),
-              static_cast<int64_t>(o_.mode),
-              o_.stochastic ? 1 : 0,
-              dim,
-              o_.scale == Scale::kBlock ? o_.block : 0,
-              codec::wire_type_param(o_.scale_type)};
-  p.body = w.finish();
+  p.params = {
+      o_.bits, static_cast<int64_t>(o_.scale),           static_cast<int64_t>(o_.mode),        o_.stochastic ? 1 : 0,
+      dim,     o_.scale == Scale::kBlock ? o_.block : 0, codec::wire_type_param(o_.scale_type)};
+  p.body = body;
   return p;
 }
 

@@ -9,8 +9,10 @@
 //                              stored as q + 2^(b-1);  x^ = q / 2^(b-1) * s
 //   minmax (2^b levels):       step = (hi - lo) / (2^b - 1);  q = clip(round((x - lo) / step), 0, 2^b - 1);
 //                              x^ = lo + q * step
-// round=nearest rounds half to even; round=stochastic uses floor(v + u), u ~ U[0, 1), which is
-// unbiased inside the clipping range. The scales go on the wire in `scales` type (fp16 by
+// round=nearest rounds half to even; round=stochastic uses floor(v + u), u ~ U[0, 1) (24 bits, from
+// a counter hash of a per-call seed drawn from the codec's generator on the CPU path, from ATen's
+// generator on the portable path), which is unbiased inside the clipping range up to float
+// rounding (below 2^-16 of a step). The scales go on the wire in `scales` type (fp16 by
 // default), rounded outward (s, hi up; lo down) so every x stays inside its group's range; both
 // ends then use the same rounded scales, so the error stays within half a step (maxabs: except
 // at x near +s, where the formula clips to 2^(b-1) - 1, one step below).

@@ -30,12 +30,16 @@ TL_INLINE float round_even(float v) {
   return (v + m) - m;
 }
 
-TL_INLINE float uniform01(uint64_t seed, uint64_t i) {  // splitmix64 of (seed, i), top 24 bits
-  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
+// U[0, 1) with 24 bits from a 32-bit integer hash of (seed, i) (Wellons' lowbias32): plain 32-bit
+// multiplies and shifts, so the loop vectorises. The index wraps after 2^32 elements.
+TL_INLINE float uniform01(uint64_t seed, uint64_t i) {
+  uint32_t z = static_cast<uint32_t>(i) * 0x9E3779B9u + static_cast<uint32_t>(seed) + static_cast<uint32_t>(seed >> 32);
+  z ^= z >> 16;
+  z *= 0x7feb352du;
+  z ^= z >> 15;
+  z *= 0x846ca68bu;
+  z ^= z >> 16;
+  return static_cast<float>(static_cast<int32_t>(z >> 8)) * (1.0f / 16777216.0f);  // signed: vectorises
 }
 
 // Codes of x[0, len): one scale (a, b) for all (Row = false) or one per element (Row = true).
@@ -47,16 +51,15 @@ TL_INLINE void quantise_span(const float* x, int64_t len, const float* a, const 
   for (int64_t j = 0; j < len; ++j) {
     const float aj = Row ? a[j] : a[0];
     float v = MinMax ? (x[j] - aj) * (Row ? b[j] : b[0]) : x[j] / aj * p;
-    float r;
     if (Stochastic) {
+      // floor(v + u): after the shift by `off` the value is >= 0, where truncation is floor
+      // (up to the float rounding of that addition, below 2^-16 of a step).
       v = std::min(std::max(v + uniform01(seed, static_cast<uint64_t>(i0 + j)), lo), hi);
-      r = round_even(v);
-      r -= r > v ? 1.0f : 0.0f;  // floor
+      codes[j] = static_cast<uint8_t>(static_cast<int32_t>(v + off));
     } else {
       v = std::min(std::max(v, lo), hi);
-      r = round_even(v);
+      codes[j] = static_cast<uint8_t>(static_cast<int32_t>(round_even(v) + off));
     }
-    codes[j] = static_cast<uint8_t>(static_cast<int32_t>(r + off));
   }
 }
 
@@ -69,49 +72,195 @@ TL_INLINE void dequantise_span(const uint8_t* codes, int64_t len, const float* s
   }
 }
 
-TL_INLINE void pack(const uint8_t* codes, int64_t n, int bits, uint8_t* out) {
-  if (bits == 8) {
-    std::memcpy(out, codes, n);
+// Bit packing of n codes (see pack_bits): groups of 8 codes fill exactly Bits bytes. Inside the
+// buffer, groups are moved as whole 8-byte words (a store overlapping the next group is
+// overwritten by it, in order); the groups near the end use their exact size, so nothing outside
+// [out, out + ceil(n * Bits / 8)) is touched.
+template <int Bits>
+TL_INLINE uint64_t pack_group(uint64_t w) {
+  constexpr uint64_t mask = (1u << Bits) - 1;
+  uint64_t acc = 0;
+  for (int j = 0; j < 8; ++j) acc |= ((w >> (8 * j)) & mask) << (j * Bits);
+  return acc;
+}
+
+template <int Bits>
+TL_INLINE uint64_t unpack_group(uint64_t acc) {
+  constexpr uint64_t mask = (1u << Bits) - 1;
+  uint64_t w = 0;
+  for (int j = 0; j < 8; ++j) w |= ((acc >> (j * Bits)) & mask) << (8 * j);
+  return w;
+}
+
+// Widths that divide 8 pack byte by byte (loops the compiler vectorises); 1 bit gathers the low
+// bits of 8 bytes with one multiply. Same layout as the general case.
+template <int Bits>
+TL_INLINE void pack_bytewise(const uint8_t* codes, int64_t n, uint8_t* out) {
+  constexpr int per = 8 / Bits;
+  constexpr uint32_t mask = (1u << Bits) - 1;
+  const int64_t full = n / per;
+  if constexpr (Bits == 1) {
+    for (int64_t i = 0; i < full; ++i) {
+      uint64_t w;
+      std::memcpy(&w, codes + 8 * i, 8);
+      // bit j of byte j moves to bit 56 + j: the exponents 8j + 7k + 7 never collide, no carries
+      out[i] = static_cast<uint8_t>(((w & 0x0101010101010101ull) * 0x0102040810204080ull) >> 56);
+    }
+  } else {
+    for (int64_t i = 0; i < full; ++i) {
+      uint32_t b = 0;
+      for (int j = 0; j < per; ++j) b |= (codes[per * i + j] & mask) << (Bits * j);
+      out[i] = static_cast<uint8_t>(b);
+    }
+  }
+  if (n % per) {
+    uint32_t b = 0;
+    for (int64_t j = 0; j < n % per; ++j) b |= (codes[per * full + j] & mask) << (Bits * j);
+    out[full] = static_cast<uint8_t>(b);
+  }
+}
+
+template <int Bits>
+TL_INLINE void unpack_bytewise(const uint8_t* in, int64_t n, uint8_t* codes) {
+  constexpr int per = 8 / Bits;
+  constexpr uint32_t mask = (1u << Bits) - 1;
+  const int64_t full = n / per;
+  if constexpr (Bits == 1) {
+    for (int64_t i = 0; i < full; ++i) {
+      // byte k keeps bit k of the input, then becomes 0 or 1 (adding 0x7f carries into bit 7
+      // exactly when the byte is non-zero, never across bytes)
+      const uint64_t spread = (in[i] * 0x0101010101010101ull) & 0x8040201008040201ull;
+      const uint64_t w = ((spread + 0x7f7f7f7f7f7f7f7full) >> 7) & 0x0101010101010101ull;
+      std::memcpy(codes + 8 * i, &w, 8);
+    }
+  } else {
+    for (int64_t i = 0; i < full; ++i)
+      for (int j = 0; j < per; ++j) codes[per * i + j] = static_cast<uint8_t>((in[i] >> (Bits * j)) & mask);
+  }
+  for (int64_t j = 0; j < n % per; ++j) codes[per * full + j] = static_cast<uint8_t>((in[full] >> (Bits * j)) & mask);
+}
+
+template <int Bits>
+TL_INLINE void pack_t(const uint8_t* codes, int64_t n, uint8_t* out) {
+  if constexpr (8 % Bits == 0) {
+    pack_bytewise<Bits>(codes, n, out);
     return;
   }
-  const uint64_t mask = (1u << bits) - 1;
+  constexpr uint64_t mask = (1u << Bits) - 1;
   const int64_t groups = n / 8;
-  for (int64_t g = 0; g < groups; ++g) {
+  const int64_t wide = groups * Bits >= 8 ? (groups * Bits - 8) / Bits + 1 : 0;  // g * Bits + 8 <= groups * Bits
+  for (int64_t g = 0; g < wide; ++g) {
     uint64_t w;
     std::memcpy(&w, codes + 8 * g, 8);
-    uint64_t acc = 0;
-    for (int j = 0; j < 8; ++j) acc |= ((w >> (8 * j)) & mask) << (j * bits);
-    std::memcpy(out + g * bits, &acc, bits);
+    const uint64_t acc = pack_group<Bits>(w);
+    std::memcpy(out + g * Bits, &acc, 8);  // little-endian host
+  }
+  for (int64_t g = wide; g < groups; ++g) {
+    uint64_t w;
+    std::memcpy(&w, codes + 8 * g, 8);
+    const uint64_t acc = pack_group<Bits>(w);
+    std::memcpy(out + g * Bits, &acc, Bits);
   }
   const int64_t rest = n - 8 * groups;
   if (rest > 0) {
     uint64_t acc = 0;
-    for (int64_t j = 0; j < rest; ++j) acc |= (codes[8 * groups + j] & mask) << (j * bits);
-    std::memcpy(out + groups * bits, &acc, (rest * bits + 7) / 8);
+    for (int64_t j = 0; j < rest; ++j) acc |= (codes[8 * groups + j] & mask) << (j * Bits);
+    std::memcpy(out + groups * Bits, &acc, (rest * Bits + 7) / 8);
   }
 }
 
-TL_INLINE void unpack(const uint8_t* in, int64_t n, int bits, uint8_t* codes) {
-  if (bits == 8) {
-    std::memcpy(codes, in, n);
+template <int Bits>
+TL_INLINE void unpack_t(const uint8_t* in, int64_t n, uint8_t* codes) {
+  if constexpr (8 % Bits == 0) {
+    unpack_bytewise<Bits>(in, n, codes);
     return;
   }
-  const uint64_t mask = (1u << bits) - 1;
+  constexpr uint64_t mask = (1u << Bits) - 1;
   const int64_t groups = n / 8;
-  for (int64_t g = 0; g < groups; ++g) {
+  const int64_t wide = groups * Bits >= 8 ? (groups * Bits - 8) / Bits + 1 : 0;
+  for (int64_t g = 0; g < wide; ++g) {
+    uint64_t acc;
+    std::memcpy(&acc, in + g * Bits, 8);  // the bytes past this group are masked off
+    const uint64_t w = unpack_group<Bits>(acc);
+    std::memcpy(codes + 8 * g, &w, 8);
+  }
+  for (int64_t g = wide; g < groups; ++g) {
     uint64_t acc = 0;
-    std::memcpy(&acc, in + g * bits, bits);
-    uint64_t w = 0;
-    for (int j = 0; j < 8; ++j) w |= ((acc >> (j * bits)) & mask) << (8 * j);
+    std::memcpy(&acc, in + g * Bits, Bits);
+    const uint64_t w = unpack_group<Bits>(acc);
     std::memcpy(codes + 8 * g, &w, 8);
   }
   const int64_t rest = n - 8 * groups;
   if (rest > 0) {
     uint64_t acc = 0;
-    std::memcpy(&acc, in + groups * bits, (rest * bits + 7) / 8);
-    for (int64_t j = 0; j < rest; ++j) codes[8 * groups + j] = static_cast<uint8_t>((acc >> (j * bits)) & mask);
+    std::memcpy(&acc, in + groups * Bits, (rest * Bits + 7) / 8);
+    for (int64_t j = 0; j < rest; ++j) codes[8 * groups + j] = static_cast<uint8_t>((acc >> (j * Bits)) & mask);
   }
 }
+
+TL_INLINE void pack(const uint8_t* codes, int64_t n, int bits, uint8_t* out) {
+  switch (bits) {
+    case 1:
+      pack_t<1>(codes, n, out);
+      break;
+    case 2:
+      pack_t<2>(codes, n, out);
+      break;
+    case 3:
+      pack_t<3>(codes, n, out);
+      break;
+    case 4:
+      pack_t<4>(codes, n, out);
+      break;
+    case 5:
+      pack_t<5>(codes, n, out);
+      break;
+    case 6:
+      pack_t<6>(codes, n, out);
+      break;
+    case 7:
+      pack_t<7>(codes, n, out);
+      break;
+    default:
+      std::memcpy(out, codes, n);
+      break;
+  }
+}
+
+TL_INLINE void unpack(const uint8_t* in, int64_t n, int bits, uint8_t* codes) {
+  switch (bits) {
+    case 1:
+      unpack_t<1>(in, n, codes);
+      break;
+    case 2:
+      unpack_t<2>(in, n, codes);
+      break;
+    case 3:
+      unpack_t<3>(in, n, codes);
+      break;
+    case 4:
+      unpack_t<4>(in, n, codes);
+      break;
+    case 5:
+      unpack_t<5>(in, n, codes);
+      break;
+    case 6:
+      unpack_t<6>(in, n, codes);
+      break;
+    case 7:
+      unpack_t<7>(in, n, codes);
+      break;
+    default:
+      std::memcpy(codes, in, n);
+      break;
+  }
+}
+
+TL_TARGET_CLONES
+void pack_tile(const uint8_t* codes, int64_t n, int bits, uint8_t* out) { pack(codes, n, bits, out); }
+
+TL_TARGET_CLONES
+void unpack_tile(const uint8_t* in, int64_t n, int bits, uint8_t* codes) { unpack(in, n, bits, codes); }
 
 // Walks [t0, t1) in spans of one scale group (run > 1) or along rows of `groups` elements with a
 // scale per element (run == 1), calling f(begin, len, group of begin, row-wise?).
@@ -137,14 +286,15 @@ TL_INLINE void quantise_tile_impl(const float* x, int64_t t0, int64_t t1, const 
                                   uint8_t* codes) {
   const float p = static_cast<float>(1 << (q.bits - 1));
   const float hi = MinMax ? static_cast<float>((1 << q.bits) - 1) : p - 1;
-  for_spans(g, t0, t1, [&](int64_t i, int64_t len, int64_t s, bool row) __attribute__((always_inline)) {
-    if (row)
-      quantise_span<true, MinMax, Stochastic>(x + i, len, q.a + s, MinMax ? q.b + s : q.a + s, p, hi, q.seed, i,
-                                              codes + (i - t0));
-    else
-      quantise_span<false, MinMax, Stochastic>(x + i, len, q.a + s, MinMax ? q.b + s : q.a + s, p, hi, q.seed, i,
-                                               codes + (i - t0));
-  });
+  for_spans(
+      g, t0, t1, [&](int64_t i, int64_t len, int64_t s, bool row) __attribute__((always_inline)) {
+        if (row)
+          quantise_span<true, MinMax, Stochastic>(x + i, len, q.a + s, MinMax ? q.b + s : q.a + s, p, hi, q.seed, i,
+                                                  codes + (i - t0));
+        else
+          quantise_span<false, MinMax, Stochastic>(x + i, len, q.a + s, MinMax ? q.b + s : q.a + s, p, hi, q.seed, i,
+                                                   codes + (i - t0));
+      });
 }
 
 TL_TARGET_CLONES
@@ -170,27 +320,45 @@ void dequantise_tile(const uint8_t* in, int64_t t0, int64_t t1, const QuantGeome
   uint8_t codes[kTile];
   unpack(in + t0 / 8 * q.bits, t1 - t0, q.bits, codes);
   const float p = static_cast<float>(1 << (q.bits - 1));
-  for_spans(g, t0, t1, [&](int64_t i, int64_t len, int64_t s, bool row) __attribute__((always_inline)) {
-    const uint8_t* c = codes + (i - t0);
-    const float* lo = q.minmax ? q.lo + s : q.step + s;
-    if (q.minmax)
-      row ? dequantise_span<true, true>(c, len, q.step + s, lo, p, out + i)
-          : dequantise_span<false, true>(c, len, q.step + s, lo, p, out + i);
-    else
-      row ? dequantise_span<true, false>(c, len, q.step + s, lo, p, out + i)
-          : dequantise_span<false, false>(c, len, q.step + s, lo, p, out + i);
-  });
+  for_spans(
+      g, t0, t1, [&](int64_t i, int64_t len, int64_t s, bool row) __attribute__((always_inline)) {
+        const uint8_t* c = codes + (i - t0);
+        const float* lo = q.minmax ? q.lo + s : q.step + s;
+        if (q.minmax)
+          row ? dequantise_span<true, true>(c, len, q.step + s, lo, p, out + i)
+              : dequantise_span<false, true>(c, len, q.step + s, lo, p, out + i);
+        else
+          row ? dequantise_span<true, false>(c, len, q.step + s, lo, p, out + i)
+              : dequantise_span<false, false>(c, len, q.step + s, lo, p, out + i);
+      });
 }
+
+// A min/max reduction is only vectorised by the compiler when it may reorder it, which float
+// semantics forbid; GCC vector types make the 8 lanes explicit (per-lane updates reorder nothing).
+typedef float Float8 __attribute__((vector_size(32)));
 
 TL_TARGET_CLONES
 void minmax_span(const float* x, int64_t len, float& mn, float& mx) {
-  float a = mn, b = mx;
-  for (int64_t j = 0; j < len; ++j) {
-    a = x[j] < a ? x[j] : a;
-    b = x[j] > b ? x[j] : b;
+  Float8 a, b;
+  for (int k = 0; k < 8; ++k) {
+    a[k] = mn;
+    b[k] = mx;
   }
-  mn = a;
-  mx = b;
+  int64_t j = 0;
+  for (; j + 8 <= len; j += 8) {
+    Float8 v;
+    std::memcpy(&v, x + j, sizeof(v));
+    a = v < a ? v : a;
+    b = v > b ? v : b;
+  }
+  for (int k = 0; k < 8; ++k) {
+    mn = a[k] < mn ? a[k] : mn;
+    mx = b[k] > mx ? b[k] : mx;
+  }
+  for (; j < len; ++j) {
+    mn = x[j] < mn ? x[j] : mn;
+    mx = x[j] > mx ? x[j] : mx;
+  }
 }
 
 TL_TARGET_CLONES
@@ -244,28 +412,40 @@ void unpack_dequantise_cpu(const uint8_t* in, const QuantGeometry& g, const Dequ
 namespace tl::codec {
 namespace {
 
-template <int Bits>
-TL_INLINE void nearest_span(const float* x, int64_t len, const float* mid, uint8_t* codes) {
-  for (int64_t j = 0; j < len; ++j) {
-    const float v = x[j];
-    int32_t c = 0;
-    for (int32_t step = 1 << (Bits - 1); step >= 1; step >>= 1) c += mid[c + step - 1] < v ? step : 0;
-    codes[j] = static_cast<uint8_t>(c);
+// Sorted midpoints and a uniform grid over [mid[0], mid[L-2]]: start[c] = the number of midpoints
+// below cell c's left edge, so a lookup is one table read plus a few steps either way.
+struct MidGrid {
+  const float* mid;
+  int64_t count;  // L - 1
+  float a, b, inv;
+  std::vector<int32_t> start;
+};
+
+MidGrid make_grid(const float* mid, int64_t count) {
+  MidGrid g{mid, count, mid[0], mid[count - 1], 0.0f, {}};
+  const int64_t cells = 8 * (count + 1);
+  if (g.b > g.a) {
+    g.inv = static_cast<float>(cells) / (g.b - g.a);
+    g.start.resize(cells);
+    for (int64_t c = 0; c < cells; ++c) {
+      const float edge = g.a + static_cast<float>(c) / g.inv;
+      g.start[c] = static_cast<int32_t>(std::lower_bound(mid, mid + count, edge) - mid);
+    }
   }
+  return g;
 }
 
-TL_TARGET_CLONES
-void nearest_tile(const float* x, int64_t len, const float* mid, int bits, uint8_t* codes) {
-  switch (bits) {
-    case 1: nearest_span<1>(x, len, mid, codes); break;
-    case 2: nearest_span<2>(x, len, mid, codes); break;
-    case 3: nearest_span<3>(x, len, mid, codes); break;
-    case 4: nearest_span<4>(x, len, mid, codes); break;
-    case 5: nearest_span<5>(x, len, mid, codes); break;
-    case 6: nearest_span<6>(x, len, mid, codes); break;
-    case 7: nearest_span<7>(x, len, mid, codes); break;
-    default: nearest_span<8>(x, len, mid, codes); break;
-  }
+// The number of midpoints < v (as at::bucketize with right=false); NaN counts as below all.
+TL_INLINE int32_t nearest_code(const MidGrid& g, float v) {
+  if (!(v > g.a)) return 0;
+  if (v > g.b) return static_cast<int32_t>(g.count);
+  const int64_t cells = static_cast<int64_t>(g.start.size());
+  int64_t c = static_cast<int64_t>((v - g.a) * g.inv);
+  c = c < 0 ? 0 : c >= cells ? cells - 1 : c;
+  int32_t code = g.start[c];
+  while (code < g.count && g.mid[code] < v) ++code;  // edges rounded in float: fix up both ways
+  while (code > 0 && !(g.mid[code - 1] < v)) --code;
+  return code;
 }
 
 }  // namespace
@@ -277,19 +457,19 @@ void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, ui
     std::fill(sums, sums + levels, 0.0);
     std::fill(counts, counts + levels, 0);
   }
+  const MidGrid grid = make_grid(mid, levels - 1);
   std::mutex merge;
   const int64_t tiles = (n + kTile - 1) / kTile;
   at::parallel_for(0, tiles, 4, [&](int64_t b0, int64_t b1) {
     std::vector<double> ls(sums ? levels : 0, 0.0);
     std::vector<int64_t> lc(sums ? levels : 0, 0);
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t t0 = b * kTile, len = std::min(n, t0 + kTile) - t0;
-      nearest_tile(x + t0, len, mid, bits, codes + t0);
-      if (sums)
-        for (int64_t j = 0; j < len; ++j) {
-          ls[codes[t0 + j]] += x[t0 + j];
-          ++lc[codes[t0 + j]];
-        }
+    for (int64_t i = b0 * kTile, e = std::min(n, b1 * kTile); i < e; ++i) {
+      const int32_t code = nearest_code(grid, x[i]);
+      codes[i] = static_cast<uint8_t>(code);
+      if (sums) {
+        ls[code] += x[i];
+        ++lc[code];
+      }
     }
     if (sums) {
       std::lock_guard<std::mutex> lock(merge);
@@ -298,6 +478,22 @@ void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, ui
         counts[l] += lc[l];
       }
     }
+  });
+}
+
+void pack_codes_cpu(const uint8_t* codes, int64_t n, int bits, uint8_t* out) {
+  const int64_t tiles = (n + kTile - 1) / kTile;
+  at::parallel_for(0, tiles, 8, [&](int64_t b0, int64_t b1) {
+    const int64_t t0 = b0 * kTile;
+    pack_tile(codes + t0, std::min(n, b1 * kTile) - t0, bits, out + t0 / 8 * bits);
+  });
+}
+
+void unpack_codes_cpu(const uint8_t* in, int64_t n, int bits, uint8_t* codes) {
+  const int64_t tiles = (n + kTile - 1) / kTile;
+  at::parallel_for(0, tiles, 8, [&](int64_t b0, int64_t b1) {
+    const int64_t t0 = b0 * kTile;
+    unpack_tile(in + t0 / 8 * bits, std::min(n, b1 * kTile) - t0, bits, codes + t0);
   });
 }
 

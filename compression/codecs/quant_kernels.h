@@ -50,3 +50,11 @@ void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, ui
                        int64_t* counts);
 
 }  // namespace tl::codec
+
+namespace tl::codec {
+
+/// pack_bits / unpack_bits on the CPU (bits in 1..8, layout as documented in payload.h).
+void pack_codes_cpu(const uint8_t* codes, int64_t n, int bits, uint8_t* out);
+void unpack_codes_cpu(const uint8_t* in, int64_t n, int bits, uint8_t* codes);
+
+}  // namespace tl::codec

@@ -46,7 +46,7 @@ Payload QuantileCodec::encode(const at::Tensor& x, const CodecContext& ctx) {
     const int64_t stride = n > o_.sample ? n / o_.sample : 1;
     at::Tensor sample = stride > 1 ? xf.slice(0, 0, stride * o_.sample, stride) : xf;
     at::Tensor probs = (at::arange(levels, xf.options()) + 0.5) / static_cast<double>(levels);
-    at::Tensor words = at::quantile(sample, probs);                                                   // (L) sorted
+    at::Tensor words = at::quantile(sample, probs);  // (L) sorted
     at::Tensor mid = ((words.narrow(0, 1, levels - 1) + words.narrow(0, 0, levels - 1)) / 2).contiguous();  // (L-1)
     at::Tensor sums, counts;
     if (codec::use_cpu_kernel(xf)) {

@@ -9,20 +9,25 @@
 namespace tl {
 
 void register_basic_codecs() {
-  register_compressor("identity", [](SpecArgs& a) { return DenseCodec::from_spec("identity", a); },
-                      "identity: the tensor as it is");
-  register_compressor("fp16", [](SpecArgs& a) { return DenseCodec::from_spec("fp16", a); }, "fp16: cast to float16");
-  register_compressor("bf16", [](SpecArgs& a) { return DenseCodec::from_spec("bf16", a); }, "bf16: cast to bfloat16");
-  register_compressor("cast", [](SpecArgs& a) { return DenseCodec::from_spec("cast", a); },
-                      "cast(fp16|bf16): the same as fp16 / bf16");
-  register_compressor("topk", [](SpecArgs& a) { return SparseCodec::from_spec(SparseKind::kTopK, a); },
-                      "topk(k, scope=sample|global, values=fp16|fp32|bf16, index=auto|int32|delta|bitmap): k largest "
-                      "|x| (k: fraction like 0.1, or count)");
-  register_compressor("randk", [](SpecArgs& a) { return SparseCodec::from_spec(SparseKind::kRandK, a); },
-                      "randk(k, scope=sample|global, rescale=false|true, seed=0, values=fp16, index=auto): k uniform "
-                      "random entries");
-  register_compressor("threshold", [](SpecArgs& a) { return SparseCodec::from_spec(SparseKind::kThreshold, a); },
-                      "threshold(t, values=fp16, index=auto): entries with |x| > t");
+  register_compressor(
+      "identity", [](SpecArgs& a) { return DenseCodec::from_spec("identity", a); }, "identity: the tensor as it is");
+  register_compressor(
+      "fp16", [](SpecArgs& a) { return DenseCodec::from_spec("fp16", a); }, "fp16: cast to float16");
+  register_compressor(
+      "bf16", [](SpecArgs& a) { return DenseCodec::from_spec("bf16", a); }, "bf16: cast to bfloat16");
+  register_compressor(
+      "cast", [](SpecArgs& a) { return DenseCodec::from_spec("cast", a); }, "cast(fp16|bf16): the same as fp16 / bf16");
+  register_compressor(
+      "topk", [](SpecArgs& a) { return SparseCodec::from_spec(SparseKind::kTopK, a); },
+      "topk(k, scope=sample|global, values=fp16|fp32|bf16, index=auto|int32|delta|bitmap): k largest "
+      "|x| (k: fraction like 0.1, or count)");
+  register_compressor(
+      "randk", [](SpecArgs& a) { return SparseCodec::from_spec(SparseKind::kRandK, a); },
+      "randk(k, scope=sample|global, rescale=false|true, seed=0, values=fp16, index=auto): k uniform "
+      "random entries");
+  register_compressor(
+      "threshold", [](SpecArgs& a) { return SparseCodec::from_spec(SparseKind::kThreshold, a); },
+      "threshold(t, values=fp16, index=auto): entries with |x| > t");
   register_compressor("quant", Quantize::from_spec,
                       "quant(bits=8, scale=tensor|channel|block, dim=auto, block=256, mode=maxabs|minmax, "
                       "round=nearest|stochastic, scales=fp16|fp32|bf16, seed=0): uniform quantisation");

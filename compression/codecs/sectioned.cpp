@@ -10,14 +10,18 @@ int64_t SectionedCodec::Section::numel() const { return codec::shape_numel(shape
 
 Payload SectionedCodec::join(Payload rest, const std::vector<at::Tensor>& values,
                              const std::vector<Section>& secs) const {
-  TORCH_CHECK(values.size() == secs.size(), codec(), ": encoder produced ", values.size(), " sections, its header announces ",
-              secs.size());
+  TORCH_CHECK(values.size() == secs.size(), codec(), ": encoder produced ", values.size(),
+              " sections, its header announces ", secs.size());
   BodyWriter w;
   if (rest.body_bytes() > 0) w.put(rest.body);
   for (size_t i = 0; i < values.size(); ++i) {
     TORCH_CHECK(values[i].numel() == secs[i].numel(), codec(), ": section ", i, " has ", values[i].numel(),
                 " values, its header announces ", secs[i].numel());
-    w.put(values[i].to(secs[i].wire_type));
+    at::Tensor v = values[i].to(secs[i].wire_type);
+    if (v.is_same(values[i]))
+      w.put(v);  // may alias the caller's tensor (identity): copied
+    else
+      w.put_owned(v);  // a fresh cast: becomes the body without a copy when it is all of it
   }
   rest.body = w.finish();
   return rest;
@@ -27,8 +31,8 @@ SectionedCodec::Parts SectionedCodec::split_with(const Payload& p, const std::ve
   int64_t section_bytes = 0;
   for (const auto& s : secs) section_bytes += s.numel() * static_cast<int64_t>(c10::elementSize(s.wire_type));
   const int64_t body = static_cast<int64_t>(p.body_bytes());
-  TORCH_CHECK(body >= section_bytes, codec(), ": payload body truncated: ", body, " bytes, its value sections alone need ",
-              section_bytes);
+  TORCH_CHECK(body >= section_bytes, codec(), ": payload body truncated: ", body,
+              " bytes, its value sections alone need ", section_bytes);
   BodyReader r(p, codec());
   Parts parts;
   parts.rest = p;
@@ -98,7 +102,8 @@ Payload SectionedCodec::encode_shared_parts(const at::Tensor& g, const Payload& 
   return Compressor::encode_shared(g, fwd_rest, ctx);
 }
 
-std::vector<SectionedCodec::Section> SectionedCodec::shared_sections(const Payload& rest, const Payload& fwd_rest) const {
+std::vector<SectionedCodec::Section> SectionedCodec::shared_sections(const Payload& rest,
+                                                                     const Payload& fwd_rest) const {
   TORCH_CHECK(false, codec(), ": backward mode 'shared' is not supported");
 }
 

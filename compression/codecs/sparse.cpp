@@ -21,9 +21,12 @@ SparseCodec::SparseCodec(SparseOptions o) : SectionedCodec("SparseCodec"), o_(st
 
 const char* SparseCodec::codec() const {
   switch (o_.kind) {
-    case SparseKind::kTopK: return "topk";
-    case SparseKind::kRandK: return "randk";
-    case SparseKind::kThreshold: return "threshold";
+    case SparseKind::kTopK:
+      return "topk";
+    case SparseKind::kRandK:
+      return "randk";
+    case SparseKind::kThreshold:
+      return "threshold";
   }
   return "?";
 }
@@ -99,8 +102,8 @@ SparseCodec::Layout SparseCodec::layout(const Payload& rest) const {
   l.rows = rest.params[2];
   l.k = rest.params[3];
   l.numel = rest.numel();
-  TORCH_CHECK(l.rows >= 1 && l.numel % l.rows == 0 && (l.per_sample || l.rows == 1), name, ": corrupt payload: ",
-              l.rows, " rows for ", l.numel, " elements");
+  TORCH_CHECK(l.rows >= 1 && l.numel % l.rows == 0 && (l.per_sample || l.rows == 1), name,
+              ": corrupt payload: ", l.rows, " rows for ", l.numel, " elements");
   TORCH_CHECK(l.k >= 0 && l.k <= l.numel / l.rows, name, ": corrupt payload: k=", l.k, " for rows of ",
               l.numel / l.rows);
   l.wire = codec::wire_type_from_param(rest.params[4], name);
@@ -109,9 +112,15 @@ SparseCodec::Layout SparseCodec::layout(const Payload& rest) const {
   const int64_t n = l.rows * l.k;
   bool ok = true;
   switch (l.format) {
-    case codec::IndexFormat::kInt: ok = l.index_bytes == codec::index_int_bytes(n, l.numel); break;
-    case codec::IndexFormat::kBitmap: ok = l.index_bytes == codec::index_bitmap_bytes(l.numel); break;
-    case codec::IndexFormat::kDelta: ok = l.index_bytes >= n && l.index_bytes <= 9 * n; break;
+    case codec::IndexFormat::kInt:
+      ok = l.index_bytes == codec::index_int_bytes(n, l.numel);
+      break;
+    case codec::IndexFormat::kBitmap:
+      ok = l.index_bytes == codec::index_bitmap_bytes(l.numel);
+      break;
+    case codec::IndexFormat::kDelta:
+      ok = l.index_bytes >= n && l.index_bytes <= 9 * n;
+      break;
   }
   TORCH_CHECK(ok, name, ": corrupt payload: ", l.index_bytes, " index bytes cannot hold ", n, " indices in ",
               codec::index_format_word(l.format), " form");

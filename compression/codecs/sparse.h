@@ -32,8 +32,8 @@ enum class SparseKind { kTopK, kRandK, kThreshold };
 
 struct SparseOptions {
   SparseKind kind = SparseKind::kTopK;
-  double fraction = 0;   // k as a fraction (used when > 0) ...
-  int64_t count = 0;     // ... else as a count per row
+  double fraction = 0;  // k as a fraction (used when > 0) ...
+  int64_t count = 0;    // ... else as a count per row
   bool per_sample = true;
   bool rescale = false;  // randk
   uint64_t seed = 0;     // randk
@@ -61,8 +61,9 @@ class SparseCodec : public SectionedCodec {
   Payload encode_shared_parts(const at::Tensor& g, const Payload& fwd_rest, const std::vector<at::Tensor>& fwd_values,
                               const CodecContext& ctx, std::vector<at::Tensor>& values) override;
   std::vector<Section> shared_sections(const Payload& rest, const Payload& fwd_rest) const override;
-  at::Tensor decode_shared_parts(const Payload& rest, const Payload& fwd_rest, const std::vector<at::Tensor>& fwd_values,
-                                 const std::vector<at::Tensor>& values, const CodecContext& ctx) override;
+  at::Tensor decode_shared_parts(const Payload& rest, const Payload& fwd_rest,
+                                 const std::vector<at::Tensor>& fwd_values, const std::vector<at::Tensor>& values,
+                                 const CodecContext& ctx) override;
 
  private:
   struct Layout {

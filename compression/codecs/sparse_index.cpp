@@ -111,7 +111,8 @@ at::Tensor varint_lengths(const at::Tensor& gaps) {
 }
 
 at::Tensor gaps_of(const at::Tensor& idx) {
-  at::Tensor prev = at::cat({at::full({1}, -1, idx.options()), idx.narrow(0, 0, std::max<int64_t>(idx.numel() - 1, 0))});
+  at::Tensor prev =
+      at::cat({at::full({1}, -1, idx.options()), idx.narrow(0, 0, std::max<int64_t>(idx.numel() - 1, 0))});
   return idx.numel() == 0 ? idx.clone() : idx - prev - 1;
 }
 
@@ -148,11 +149,13 @@ at::Tensor delta_decode_portable(const at::Tensor& bytes, int64_t n, int64_t uni
   at::Tensor starts = at::cat({at::zeros({1}, b.options()), at::nonzero(last).view(-1).narrow(0, 0, n - 1) + 1});
   at::Tensor pos = at::arange(size, b.options()) - starts.index_select(0, id);  // byte position within its varint
   TORCH_CHECK(pos.max().item<int64_t>() < 9, codec, ": corrupt delta index: a varint is longer than 9 bytes");
-  at::Tensor gaps = at::zeros({n}, b.options()).index_add_(0, id, at::bitwise_left_shift(at::bitwise_and(b, 0x7f), 7 * pos));
+  at::Tensor gaps =
+      at::zeros({n}, b.options()).index_add_(0, id, at::bitwise_left_shift(at::bitwise_and(b, 0x7f), 7 * pos));
   TORCH_CHECK(gaps.max().item<int64_t>() < universe, codec, ": corrupt delta index: a gap exceeds the ", universe,
               " elements of the tensor");
   at::Tensor idx = (gaps + 1).cumsum(0) - 1;
-  TORCH_CHECK(idx[-1].item<int64_t>() < universe && (n < 2 || (idx.narrow(0, 1, n - 1) > idx.narrow(0, 0, n - 1)).all().item<bool>()),
+  TORCH_CHECK(idx[-1].item<int64_t>() < universe &&
+                  (n < 2 || (idx.narrow(0, 1, n - 1) > idx.narrow(0, 0, n - 1)).all().item<bool>()),
               codec, ": corrupt delta index: indices run past the ", universe, " elements of the tensor");
   return idx;
 }
@@ -170,15 +173,19 @@ std::optional<IndexFormat> index_format_from_word(const std::string& word) {
 std::string index_format_word(std::optional<IndexFormat> f) {
   if (!f) return "auto";
   switch (*f) {
-    case IndexFormat::kInt: return "int32";
-    case IndexFormat::kDelta: return "delta";
-    case IndexFormat::kBitmap: return "bitmap";
+    case IndexFormat::kInt:
+      return "int32";
+    case IndexFormat::kDelta:
+      return "delta";
+    case IndexFormat::kBitmap:
+      return "bitmap";
   }
   return "?";
 }
 
 IndexFormat index_format_from_param(int64_t v, const char* codec) {
-  TORCH_CHECK(v >= 0 && v <= 2, codec, ": corrupt payload: index format ", v, " is not 0 (int), 1 (delta) or 2 (bitmap)");
+  TORCH_CHECK(v >= 0 && v <= 2, codec, ": corrupt payload: index format ", v,
+              " is not 0 (int), 1 (delta) or 2 (bitmap)");
   return static_cast<IndexFormat>(v);
 }
 
@@ -235,7 +242,8 @@ EncodedIndex encode_index(const at::Tensor& idx_in, int64_t universe, std::optio
   return {f, bytes};
 }
 
-at::Tensor decode_index(IndexFormat format, const at::Tensor& bytes_in, int64_t n, int64_t universe, const char* codec) {
+at::Tensor decode_index(IndexFormat format, const at::Tensor& bytes_in, int64_t n, int64_t universe,
+                        const char* codec) {
   TORCH_CHECK(n >= 0 && n <= universe, codec, ": corrupt payload: ", n, " indices into ", universe, " elements");
   at::Tensor bytes = bytes_in.contiguous();
   const int64_t size = bytes.numel();

@@ -157,18 +157,20 @@ void emit_cuts_cpu(const float* x, int64_t rows, int64_t D, const std::vector<Ro
                    at::Tensor& idx, at::Tensor& vals) {
   std::vector<int64_t> ties(rows);
   for (int64_t r = 0; r < rows; ++r) ties[r] = cuts[r].ties;
-  emit(x, rows, D, ties, row_count,
-       [&](int64_t r, int64_t j) {
-         const uint32_t key = magnitude_key(x[r * D + j]), cut = cuts[r].key;
-         return key > cut ? 1 : key == cut ? 2 : 0;
-       },
-       idx, vals);
+  emit(
+      x, rows, D, ties, row_count,
+      [&](int64_t r, int64_t j) {
+        const uint32_t key = magnitude_key(x[r * D + j]), cut = cuts[r].key;
+        return key > cut ? 1 : key == cut ? 2 : 0;
+      },
+      idx, vals);
 }
 
 void emit_mask_cpu(const float* x, const uint8_t* mask, int64_t rows, int64_t D, int64_t row_count, at::Tensor& idx,
                    at::Tensor& vals) {
   std::vector<int64_t> ties(rows, 0);
-  emit(x, rows, D, ties, row_count, [&](int64_t r, int64_t j) { return mask[r * D + j] ? 1 : 0; }, idx, vals);
+  emit(
+      x, rows, D, ties, row_count, [&](int64_t r, int64_t j) { return mask[r * D + j] ? 1 : 0; }, idx, vals);
 }
 
 void randk_mask_cpu(at::CPUGeneratorImpl* gen, int64_t rows, int64_t D, int64_t k, uint8_t* mask) {

@@ -23,7 +23,8 @@ void run_head(const std::shared_ptr<Linear>& pooler, const std::shared_ptr<Dropo
 // ---- embeddings ---------------------------------------------------------------------------------
 BertEmbeddings::BertEmbeddings(const BertConfig& c, const init::Generator& gen) : Module("BertEmbeddings") {
   word_ = register_module("word", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, c.pad_token_id, gen));
-  position_ = register_module("position", std::make_shared<Embedding>(c.max_position_embeddings, c.hidden_size, -1, gen));
+  position_ =
+      register_module("position", std::make_shared<Embedding>(c.max_position_embeddings, c.hidden_size, -1, gen));
   token_type_ = register_module("token_type", std::make_shared<Embedding>(c.type_vocab_size, c.hidden_size, -1, gen));
   norm_ = register_module("norm", std::make_shared<LayerNorm>(c.hidden_size, c.layer_norm_eps));
   drop_ = register_module("drop", std::make_shared<Dropout>(c.hidden_dropout, gen));
@@ -67,7 +68,8 @@ Bert::Bert(const BertConfig& c, const init::Generator& gen) : Module("Bert"), co
                         .attention_dropout(c.attention_dropout);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
     layers_.push_back(layers->push_back(std::make_shared<TransformerBlock>(opts, gen)));
-  if (c.add_pooler) pooler_ = register_module("pooler", std::make_shared<Linear>(c.hidden_size, c.hidden_size, true, gen));
+  if (c.add_pooler)
+    pooler_ = register_module("pooler", std::make_shared<Linear>(c.hidden_size, c.hidden_size, true, gen));
   drop_ = register_module("drop", std::make_shared<Dropout>(c.hidden_dropout, gen));
   if (c.num_labels > 0)
     classifier_ = register_module("classifier", std::make_shared<Linear>(c.hidden_size, c.num_labels, true, gen));
@@ -84,8 +86,8 @@ Bert::Bert(const BertConfig& c, const init::Generator& gen) : Module("Bert"), co
   init::normal_(embeddings_->position()->weight().data(), 0.0, std, gen);
   init::normal_(embeddings_->token_type()->weight().data(), 0.0, std, gen);
   for (auto& l : layers_) {
-    for (auto& p : {l->attn()->query(), l->attn()->key(), l->attn()->value(), l->attn()->out(), l->mlp()->fc(),
-                    l->mlp()->proj()})
+    for (auto& p :
+         {l->attn()->query(), l->attn()->key(), l->attn()->value(), l->attn()->out(), l->mlp()->fc(), l->mlp()->proj()})
       init_linear(p);
   }
   init_linear(pooler_);
@@ -122,8 +124,8 @@ Bert::Bert(const BertConfig& c, const init::Generator& gen) : Module("Bert"), co
 at::Tensor Bert::key_padding_mask(const at::Tensor& attention_mask, const at::Tensor& ids) {
   if (!attention_mask.defined()) return {};
   TORCH_CHECK(attention_mask.dim() == 2 && (!ids.defined() || attention_mask.sizes().equals(ids.sizes())),
-              "Bert: attention_mask must be (B, T) like the token ids ", ids.defined() ? ids.sizes() : at::IntArrayRef(),
-              ", got ", attention_mask.sizes());
+              "Bert: attention_mask must be (B, T) like the token ids ",
+              ids.defined() ? ids.sizes() : at::IntArrayRef(), ", got ", attention_mask.sizes());
   return attention_mask.scalar_type() == at::kBool ? attention_mask.logical_not() : attention_mask.eq(0);
 }
 

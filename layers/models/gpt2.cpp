@@ -21,7 +21,8 @@ GPT2::GPT2(const GPT2Config& c, const init::Generator& gen) : Module("GPT2"), co
                               .norm_eps(c.layer_norm_eps)
                               .dropout(c.dropout)
                               .attention_dropout(c.dropout);
-  for (int64_t i = 0; i < c.n_layer; ++i) blocks_.push_back(h->push_back(std::make_shared<TransformerBlock>(block_opts, gen)));
+  for (int64_t i = 0; i < c.n_layer; ++i)
+    blocks_.push_back(h->push_back(std::make_shared<TransformerBlock>(block_opts, gen)));
   ln_f_ = register_module("ln_f", std::make_shared<LayerNorm>(c.n_embd, c.layer_norm_eps));
 
   // GPT-2 initialisation (replaces the layer defaults drawn above).
@@ -43,15 +44,16 @@ GPT2::GPT2(const GPT2Config& c, const init::Generator& gen) : Module("GPT2"), co
   auto wte = wte_, wpe = wpe_;
   auto drop = drop_;
   const int64_t n_positions = c.n_positions;
-  segments_.push_back({"embed", {{"wte", wte}, {"wpe", wpe}, {"drop", drop}}, [wte, wpe, drop, n_positions](const Variable& ids) {
-                         const at::Tensor& t = ids.data();
-                         TORCH_CHECK(t.dim() == 2 && (t.scalar_type() == at::kLong || t.scalar_type() == at::kInt),
-                                     "GPT2: token ids must be int64 (B, T), got ", t.scalar_type(), " ", t.sizes());
-                         TORCH_CHECK(t.size(1) <= n_positions, "GPT2: sequence length ", t.size(1),
-                                     " exceeds the context n_positions = ", n_positions);
-                         at::Tensor pos = at::arange(t.size(1), t.options().dtype(at::kLong));  // (T)
-                         return drop->forward(wte->forward(t) + wpe->forward(pos));  // (B, T, C) + (T, C)
-                       }});
+  segments_.push_back(
+      {"embed", {{"wte", wte}, {"wpe", wpe}, {"drop", drop}}, [wte, wpe, drop, n_positions](const Variable& ids) {
+         const at::Tensor& t = ids.data();
+         TORCH_CHECK(t.dim() == 2 && (t.scalar_type() == at::kLong || t.scalar_type() == at::kInt),
+                     "GPT2: token ids must be int64 (B, T), got ", t.scalar_type(), " ", t.sizes());
+         TORCH_CHECK(t.size(1) <= n_positions, "GPT2: sequence length ", t.size(1),
+                     " exceeds the context n_positions = ", n_positions);
+         at::Tensor pos = at::arange(t.size(1), t.options().dtype(at::kLong));  // (T)
+         return drop->forward(wte->forward(t) + wpe->forward(pos));             // (B, T, C) + (T, C)
+       }});
   for (int64_t i = 0; i < c.n_layer; ++i) {
     auto block = blocks_[i];
     const std::string path = "h." + std::to_string(i);

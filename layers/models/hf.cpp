@@ -38,8 +38,8 @@ bool split_indexed(const std::string& s, const std::string& head, std::string& i
 }
 
 /// Maps "<hf>.weight|bias" through a table of module renames.
-bool rename_param(const std::string& s, const std::vector<std::pair<std::string, std::string>>& table,
-                  std::string& out, std::string* matched = nullptr) {
+bool rename_param(const std::string& s, const std::vector<std::pair<std::string, std::string>>& table, std::string& out,
+                  std::string* matched = nullptr) {
   for (const auto& [hf, ours] : table) {
     for (const char* p : {".weight", ".bias"}) {
       if (s == hf + p) {
@@ -61,7 +61,7 @@ Mapping map_gpt2(const std::string& hf_name) {
   } else if (split_indexed(s, "h.", idx, rest)) {
     if (rest == "attn.bias" || rest == "attn.masked_bias") return {Kind::Skipped, "", false};
     static const std::vector<std::pair<std::string, std::string>> table = {
-        {"ln_1", "ln1"}, {"ln_2", "ln2"}, {"attn.c_attn", "attn.qkv"}, {"attn.c_proj", "attn.out"},
+        {"ln_1", "ln1"},        {"ln_2", "ln2"},           {"attn.c_attn", "attn.qkv"}, {"attn.c_proj", "attn.out"},
         {"mlp.c_fc", "mlp.fc"}, {"mlp.c_proj", "mlp.proj"}};
     if (rename_param(rest, table, out, &matched))
       m = {Kind::Mapped, "h." + idx + "." + out, !starts_with(matched, "ln_") && ends_with(out, ".weight")};
@@ -86,10 +86,10 @@ Mapping map_bert(const std::string& hf_name) {
   if (rename_param(s, top, out)) return {Kind::Mapped, out, false};
   if (split_indexed(s, "encoder.layer.", idx, rest)) {
     static const std::vector<std::pair<std::string, std::string>> table = {
-        {"attention.self.query", "attn.query"},     {"attention.self.key", "attn.key"},
-        {"attention.self.value", "attn.value"},     {"attention.output.dense", "attn.out"},
-        {"attention.output.LayerNorm", "ln1"},      {"intermediate.dense", "mlp.fc"},
-        {"output.dense", "mlp.proj"},               {"output.LayerNorm", "ln2"}};
+        {"attention.self.query", "attn.query"}, {"attention.self.key", "attn.key"},
+        {"attention.self.value", "attn.value"}, {"attention.output.dense", "attn.out"},
+        {"attention.output.LayerNorm", "ln1"},  {"intermediate.dense", "mlp.fc"},
+        {"output.dense", "mlp.proj"},           {"output.LayerNorm", "ln2"}};
     if (rename_param(rest, table, out)) return {Kind::Mapped, "layers." + idx + "." + out, false};
   }
   return {};
@@ -136,10 +136,11 @@ void load_mapped(Module& model, const TensorMap& checkpoint, const char* what, M
   for (const auto& [name, _] : model_state)
     if (!mapped.count(name) && !allowed_missing(name)) missing.push_back(name);
   TORCH_CHECK(unmapped.empty() && unexpected.empty() && missing.empty() && duplicate.empty(), what,
-              ": the checkpoint does not match the model", unmapped.empty() ? "" : "\n  checkpoint names no rule maps:",
-              list_names(unmapped), unexpected.empty() ? "" : "\n  checkpoint entries the model does not have:",
-              list_names(unexpected), missing.empty() ? "" : "\n  model entries missing from the checkpoint:",
-              list_names(missing), duplicate.empty() ? "" : "\n  model entries given twice:", list_names(duplicate));
+              ": the checkpoint does not match the model",
+              unmapped.empty() ? "" : "\n  checkpoint names no rule maps:", list_names(unmapped),
+              unexpected.empty() ? "" : "\n  checkpoint entries the model does not have:", list_names(unexpected),
+              missing.empty() ? "" : "\n  model entries missing from the checkpoint:", list_names(missing),
+              duplicate.empty() ? "" : "\n  model entries given twice:", list_names(duplicate));
   model.load_state_dict(mapped, /*strict=*/false);  // shapes checked there, all listed at once
 }
 
@@ -176,10 +177,11 @@ void load_hf_gpt2(GPT2& model, const TensorMap& checkpoint) {
     if (it == rest.end()) continue;
     auto wte = checkpoint.find("transformer.wte.weight");
     if (wte == checkpoint.end()) wte = checkpoint.find("wte.weight");
-    TORCH_CHECK(wte != checkpoint.end() && wte->second.sizes().equals(it->second.sizes()) &&
-                    wte->second.equal(it->second),
-                "load_hf_gpt2: '", lm, "' differs from the token embedding; this GPT-2 ties them and cannot load an "
-                "untied output projection");
+    TORCH_CHECK(
+        wte != checkpoint.end() && wte->second.sizes().equals(it->second.sizes()) && wte->second.equal(it->second),
+        "load_hf_gpt2: '", lm,
+        "' differs from the token embedding; this GPT-2 ties them and cannot load an "
+        "untied output projection");
     rest.erase(it);
   }
   auto never = [](const std::string&) { return false; };

@@ -7,7 +7,8 @@ namespace tl {
 BasicBlock::BasicBlock(int64_t in_channels, int64_t out_channels, int64_t stride, const init::Generator& gen)
     : Module("BasicBlock") {
   conv1_ = register_module(
-      "conv1", std::make_shared<Conv2d>(Conv2dOptions(in_channels, out_channels, 3).stride(stride).padding(1).bias(false), gen));
+      "conv1",
+      std::make_shared<Conv2d>(Conv2dOptions(in_channels, out_channels, 3).stride(stride).padding(1).bias(false), gen));
   bn1_ = register_module("bn1", std::make_shared<BatchNorm2d>(out_channels));
   conv2_ = register_module(
       "conv2", std::make_shared<Conv2d>(Conv2dOptions(out_channels, out_channels, 3).padding(1).bias(false), gen));
@@ -36,8 +37,9 @@ ResNet::ResNet(std::vector<int64_t> blocks, std::vector<int64_t> widths, int64_t
   auto conv1 = register_module(
       "conv1", std::make_shared<Conv2d>(Conv2dOptions(in_channels, widths_[0], 3).padding(1).bias(false), gen));
   auto bn1 = register_module("bn1", std::make_shared<BatchNorm2d>(widths_[0]));
-  segments_.push_back({"stem", {{"conv1", conv1}, {"bn1", bn1}},
-                       [conv1, bn1](const Variable& x) { return relu(bn1->forward(conv1->forward(x))); }});
+  segments_.push_back({"stem", {{"conv1", conv1}, {"bn1", bn1}}, [conv1, bn1](const Variable& x) {
+                         return relu(bn1->forward(conv1->forward(x)));
+                       }});
 
   int64_t channels = widths_[0];
   for (size_t s = 0; s < blocks.size(); ++s) {
@@ -50,8 +52,9 @@ ResNet::ResNet(std::vector<int64_t> blocks, std::vector<int64_t> widths, int64_t
       auto block = layer->push_back(std::make_shared<BasicBlock>(channels, widths_[s], stride, gen));
       channels = widths_[s];
       const std::string path = stage + "." + std::to_string(i);
-      segments_.push_back({i + 1 == blocks[s] ? stage : path, {{path, block}},
-                           [block](const Variable& x) { return block->forward(x); }});
+      segments_.push_back({i + 1 == blocks[s] ? stage : path, {{path, block}}, [block](const Variable& x) {
+                             return block->forward(x);
+                           }});
     }
   }
 
@@ -74,12 +77,16 @@ std::shared_ptr<ResNet> make_resnet(const std::string& name, int64_t in_channels
     for (auto& c : w) c = std::max<int64_t>(1, std::llround(static_cast<double>(c) * width));
     return w;
   };
-  if (name == "resnet8") return std::make_shared<ResNet>(std::vector<int64_t>{1, 1, 1}, scaled({16, 32, 64}), in_channels, num_classes, gen);
-  if (name == "resnet20") return std::make_shared<ResNet>(std::vector<int64_t>{3, 3, 3}, scaled({16, 32, 64}), in_channels, num_classes, gen);
+  if (name == "resnet8")
+    return std::make_shared<ResNet>(std::vector<int64_t>{1, 1, 1}, scaled({16, 32, 64}), in_channels, num_classes, gen);
+  if (name == "resnet20")
+    return std::make_shared<ResNet>(std::vector<int64_t>{3, 3, 3}, scaled({16, 32, 64}), in_channels, num_classes, gen);
   if (name == "resnet18")
-    return std::make_shared<ResNet>(std::vector<int64_t>{2, 2, 2, 2}, scaled({64, 128, 256, 512}), in_channels, num_classes, gen);
+    return std::make_shared<ResNet>(std::vector<int64_t>{2, 2, 2, 2}, scaled({64, 128, 256, 512}), in_channels,
+                                    num_classes, gen);
   if (name == "resnet34")
-    return std::make_shared<ResNet>(std::vector<int64_t>{3, 4, 6, 3}, scaled({64, 128, 256, 512}), in_channels, num_classes, gen);
+    return std::make_shared<ResNet>(std::vector<int64_t>{3, 4, 6, 3}, scaled({64, 128, 256, 512}), in_channels,
+                                    num_classes, gen);
   TORCH_CHECK(false, "make_resnet: unknown model '", name, "'; known: resnet8, resnet20, resnet18, resnet34");
 }
 

@@ -61,8 +61,8 @@ std::vector<ModulePtr> split_segments(const std::string& model, const std::vecto
   for (const auto& cut : cuts) {
     size_t i = 0;
     while (i < valid.size() && valid[i] != cut) ++i;
-    TORCH_CHECK(i < valid.size(), model, ": unknown cut point '", cut, "'; valid cut points, in order: ",
-                join_list(valid));
+    TORCH_CHECK(i < valid.size(), model, ": unknown cut point '", cut,
+                "'; valid cut points, in order: ", join_list(valid));
     TORCH_CHECK(at.empty() || i > at.back(), model, ": cut point '", cut, "' ",
                 i == at.back() ? "is given twice" : "comes before the previous cut '" + valid[at.back()] + "'",
                 "; cuts must be distinct and in model order: ", join_list(valid));

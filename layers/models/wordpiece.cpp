@@ -62,12 +62,16 @@ std::vector<std::string> WordPieceTokenizer::tokenize(const std::string& text) c
           break;
         }
       }
-      if (found.empty()) bad = true;
-      else sub.push_back(found);
+      if (found.empty())
+        bad = true;
+      else
+        sub.push_back(found);
       start = end;
     }
-    if (bad) pieces.push_back("[UNK]");
-    else pieces.insert(pieces.end(), sub.begin(), sub.end());
+    if (bad)
+      pieces.push_back("[UNK]");
+    else
+      pieces.insert(pieces.end(), sub.begin(), sub.end());
   }
   return pieces;
 }

@@ -9,6 +9,7 @@ namespace tl {
 
 struct AttentionOptions {
   AttentionOptions(int64_t embed_dim, int64_t num_heads) : embed_dim_(embed_dim), num_heads_(num_heads) {}
+  // clang-format off
   /// One (3C, C) projection named "qkv" (GPT-2, torch.nn.MultiheadAttention's in_proj) or three
   /// (C, C) projections "query", "key", "value" (BERT).
   AttentionOptions& fused_qkv(bool on) { fused_qkv_ = on; return *this; }
@@ -17,6 +18,7 @@ struct AttentionOptions {
   /// Dropout on the attention probabilities (training only).
   AttentionOptions& dropout(double p) { dropout_ = p; return *this; }
   AttentionOptions& bias(bool on) { bias_ = on; return *this; }
+  // clang-format on
 
   int64_t embed_dim_, num_heads_;
   bool fused_qkv_ = true, causal_ = false, bias_ = true;

@@ -13,6 +13,7 @@ namespace tl {
 struct Conv2dOptions {
   Conv2dOptions(int64_t in_channels, int64_t out_channels, int64_t kernel)
       : in_channels_(in_channels), out_channels_(out_channels), kernel_{kernel, kernel} {}
+  // clang-format off
   Conv2dOptions& kernel(std::array<int64_t, 2> k) { kernel_ = k; return *this; }
   Conv2dOptions& stride(int64_t s) { stride_ = {s, s}; return *this; }
   Conv2dOptions& stride(std::array<int64_t, 2> s) { stride_ = s; return *this; }
@@ -21,6 +22,7 @@ struct Conv2dOptions {
   Conv2dOptions& dilation(int64_t d) { dilation_ = {d, d}; return *this; }
   Conv2dOptions& groups(int64_t g) { groups_ = g; return *this; }
   Conv2dOptions& bias(bool b) { bias_ = b; return *this; }
+  // clang-format on
 
   int64_t in_channels_, out_channels_;
   std::array<int64_t, 2> kernel_, stride_{1, 1}, padding_{0, 0}, dilation_{1, 1};

@@ -151,8 +151,8 @@ Variable LayerNorm::forward(const Variable& x) { return layer_norm(x, normalized
 // ---- Embedding ----------------------------------------------------------------------------------
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, int64_t padding_idx, const init::Generator& gen)
     : Module("Embedding"), num_embeddings_(num_embeddings), embedding_dim_(embedding_dim), padding_idx_(padding_idx) {
-  TORCH_CHECK(num_embeddings > 0 && embedding_dim > 0, "Embedding: sizes must be positive, got ", num_embeddings,
-              " x ", embedding_dim);
+  TORCH_CHECK(num_embeddings > 0 && embedding_dim > 0, "Embedding: sizes must be positive, got ", num_embeddings, " x ",
+              embedding_dim);
   TORCH_CHECK(padding_idx >= -1 && padding_idx < num_embeddings, "Embedding: padding_idx must be in [0, ",
               num_embeddings, ") or -1 (none), got ", padding_idx);
   at::Tensor w = init::normal_(at::empty({num_embeddings, embedding_dim}), 0.0, 1.0, gen);

@@ -29,8 +29,8 @@ class BatchNorm2d : public Module {
   int64_t num_features_;
   double eps_, momentum_;
   bool track_running_stats_;
-  Variable weight_, bias_;                                            // (C)
-  Variable running_mean_, running_var_, num_batches_tracked_;        // (C), (C), ()
+  Variable weight_, bias_;                                     // (C)
+  Variable running_mean_, running_var_, num_batches_tracked_;  // (C), (C), ()
 };
 
 class LayerNorm : public Module {

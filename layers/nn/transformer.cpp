@@ -9,8 +9,7 @@ MultiHeadAttention::MultiHeadAttention(const AttentionOptions& o, const init::Ge
   TORCH_CHECK(o.embed_dim_ > 0 && o.num_heads_ > 0 && o.embed_dim_ % o.num_heads_ == 0,
               "MultiHeadAttention: embed_dim (", o.embed_dim_, ") must be a positive multiple of num_heads (",
               o.num_heads_, ")");
-  TORCH_CHECK(o.dropout_ >= 0.0 && o.dropout_ < 1.0, "MultiHeadAttention: dropout must be in [0, 1), got ",
-              o.dropout_);
+  TORCH_CHECK(o.dropout_ >= 0.0 && o.dropout_ < 1.0, "MultiHeadAttention: dropout must be in [0, 1), got ", o.dropout_);
   const int64_t c = o.embed_dim_;
   if (o.fused_qkv_) {
     qkv_ = register_module("qkv", std::make_shared<Linear>(c, 3 * c, o.bias_, gen));
@@ -24,8 +23,8 @@ MultiHeadAttention::MultiHeadAttention(const AttentionOptions& o, const init::Ge
 
 Variable MultiHeadAttention::forward(const Variable& x, const at::Tensor& key_padding_mask) {
   const int64_t c = options_.embed_dim_, h = options_.num_heads_, d = c / h;
-  TORCH_CHECK(x.dim() == 3 && x.size(2) == c, "MultiHeadAttention(", c, ", heads ", h,
-              "): input must be (B, T, ", c, "), got ", x.sizes());
+  TORCH_CHECK(x.dim() == 3 && x.size(2) == c, "MultiHeadAttention(", c, ", heads ", h, "): input must be (B, T, ", c,
+              "), got ", x.sizes());
   const int64_t b = x.size(0), t = x.size(1);
 
   Variable q, k, v;  // each (B, H, T, D)
@@ -60,7 +59,7 @@ Variable MultiHeadAttention::forward(const Variable& x, const at::Tensor& key_pa
   }
   const double p = is_training() ? options_.dropout_ : 0.0;
   Variable y = scaled_dot_product_attention(q, k, v, mask, causal, p, gen_);  // (B, H, T, D)
-  y = reshape(transpose(y, 1, 2), {b, t, c});                                // (B, T, C)
+  y = reshape(transpose(y, 1, 2), {b, t, c});                                 // (B, T, C)
   return out_->forward(y);
 }
 

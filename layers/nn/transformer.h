@@ -33,6 +33,7 @@ enum class NormPlacement { Pre, Post };
 
 struct TransformerBlockOptions {
   TransformerBlockOptions(int64_t dim, int64_t num_heads) : dim_(dim), num_heads_(num_heads) {}
+  // clang-format off
   TransformerBlockOptions& hidden(int64_t h) { hidden_ = h; return *this; }  // 0: 4 * dim
   TransformerBlockOptions& norm(NormPlacement p) { norm_ = p; return *this; }
   TransformerBlockOptions& fused_qkv(bool on) { fused_qkv_ = on; return *this; }
@@ -42,6 +43,7 @@ struct TransformerBlockOptions {
   /// Dropout after the attention output and the MLP output (residual dropout).
   TransformerBlockOptions& dropout(double p) { dropout_ = p; return *this; }
   TransformerBlockOptions& attention_dropout(double p) { attention_dropout_ = p; return *this; }
+  // clang-format on
 
   int64_t dim_, num_heads_, hidden_ = 0;
   NormPlacement norm_ = NormPlacement::Pre;

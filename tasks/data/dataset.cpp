@@ -20,7 +20,8 @@ std::pair<std::vector<double>, std::vector<double>> ImageDataset::channel_stats(
   TORCH_CHECK(size() > 0, "channel_stats: ", description, " is empty");
   // (C, N*H*W) in float64 so that 60000 x 784 sums stay exact enough.
   at::Tensor x = images.transpose(0, 1).reshape({channels(), -1}).to(at::kDouble).div_(255.0);
-  at::Tensor mean = x.mean(1), std = x.std(1, /*unbiased=*/false);
+  at::Tensor mean = x.mean(1);                                                    // (C)
+  at::Tensor std = (x - mean.unsqueeze(1)).pow(2).mean(1).sqrt();               // (C), population std
   std::vector<double> m(channels()), s(channels());
   for (int64_t c = 0; c < channels(); ++c) {
     m[c] = mean[c].item<double>();

@@ -45,9 +45,9 @@ std::string error_of(F f) {
   return "";
 }
 
-#define EXPECT_ERROR_CONTAINS(stmt, text)                                              \
-  do {                                                                                 \
-    const std::string msg_ = ::tl::testing::error_of([&] { stmt; });                   \
+#define EXPECT_ERROR_CONTAINS(stmt, text)                                           \
+  do {                                                                              \
+    const std::string msg_ = ::tl::testing::error_of([&] { stmt; });                \
     EXPECT_NE(msg_.find(text), std::string::npos) << "error was: '" << msg_ << "'"; \
   } while (0)
 

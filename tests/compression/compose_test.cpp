@@ -29,12 +29,13 @@ TEST(Compose, TopKThenQuantiseTheKeptValues) {
   EXPECT_TRUE(all_close(y, expect, "topk | quant", 0, 0));
   // Size: composition header + nested topk rest (header + int32 indices) + nested quant payload.
   const int64_t n = 40;
-  const int64_t expect_bytes = header_formula(2, 3) + header_formula(2, 7) + 4 * n + header_formula(2, 7) + 4 +
-                               (n * 4 + 7) / 8;
+  const int64_t expect_bytes =
+      header_formula(2, 3) + header_formula(2, 7) + 4 * n + header_formula(2, 7) + 4 + (n * 4 + 7) / 8;
   EXPECT_EQ(static_cast<int64_t>(p.nbytes()), expect_bytes);
   // Serialized and read back.
   std::vector<uint8_t> bytes = p.serialize();
-  EXPECT_TRUE(all_close(c->decode(Payload::deserialize(bytes.data(), bytes.size()), ctx), y, "after serialization", 0, 0));
+  EXPECT_TRUE(
+      all_close(c->decode(Payload::deserialize(bytes.data(), bytes.size()), ctx), y, "after serialization", 0, 0));
 }
 
 TEST(Compose, PowerSgdFactorsQuantisedAndChains) {
@@ -44,8 +45,8 @@ TEST(Compose, PowerSgdFactorsQuantisedAndChains) {
   auto c = parse_compressor("powersgd(4) | quant(8, scale=channel, dim=0, scales=fp32)");
   Payload p = c->encode(x, ctx);
   // Two sections, P (30, 4) and Q (20, 4), each quantised per row.
-  const int64_t expect = header_formula(2, 3) + header_formula(2, 6) + 2 * header_formula(2, 7) + (30 + 20) * 4 +
-                         30 * 4 + 20 * 4;
+  const int64_t expect =
+      header_formula(2, 3) + header_formula(2, 6) + 2 * header_formula(2, 7) + (30 + 20) * 4 + 30 * 4 + 20 * 4;
   EXPECT_EQ(static_cast<int64_t>(p.nbytes()), expect);
   at::Tensor y = c->decode(p, ctx);
   EXPECT_LT(((y - x).norm() / x.norm()).item<double>(), 0.03);
@@ -54,9 +55,11 @@ TEST(Compose, PowerSgdFactorsQuantisedAndChains) {
   at::Tensor z = round_trip(three, x);
   EXPECT_EQ((z != 0).sum().item<int64_t>(), 30 * 10 / 2);
   at::Tensor kept = z != 0;
-  EXPECT_TRUE(all_close(z.masked_select(kept), x.masked_select(kept).to(at::kHalf).to(at::kFloat), "chain values", 0, 0));
-  EXPECT_EQ(three->spec(), "topk(0.5, scope=sample, values=fp32, index=auto) | topk(0.5, scope=global, values=fp32, "
-                           "index=auto) | fp16");
+  EXPECT_TRUE(
+      all_close(z.masked_select(kept), x.masked_select(kept).to(at::kHalf).to(at::kFloat), "chain values", 0, 0));
+  EXPECT_EQ(three->spec(),
+            "topk(0.5, scope=sample, values=fp32, index=auto) | topk(0.5, scope=global, values=fp32, "
+            "index=auto) | fp16");
 }
 
 TEST(Compose, SharedModeUsesTheOuterSupport) {
@@ -92,7 +95,8 @@ TEST(Compose, MismatchedAndCorruptPayloadsAreRejected) {
   auto b = parse_compressor("randk(0.2) | quant(4)");
   Payload p = a->encode(x, ctx);
   EXPECT_ERROR_CONTAINS(b->decode(p, ctx), "this composition is 'randk");
-  EXPECT_ERROR_CONTAINS(parse_compressor("topk(0.2) | fp16")->decode(p, ctx), "fp16: cannot decode a payload packed by 'quant'");
+  EXPECT_ERROR_CONTAINS(parse_compressor("topk(0.2) | fp16")->decode(p, ctx),
+                        "fp16: cannot decode a payload packed by 'quant'");
   Payload cut = p;
   cut.body = p.body.narrow(0, 0, p.body.numel() - 2);
   EXPECT_ERROR_CONTAINS(a->decode(cut, ctx), "nested payload truncated");
@@ -102,7 +106,8 @@ TEST(Compose, MismatchedAndCorruptPayloadsAreRejected) {
   Payload sections = p;
   sections.params[2] = 2;
   EXPECT_ERROR_CONTAINS(a->decode(sections, ctx), "announces 2 sections");
-  EXPECT_ERROR_CONTAINS(a->decode(parse_compressor("topk(0.2)")->encode(x, ctx), ctx), "compose: cannot decode a payload packed by 'topk'");
+  EXPECT_ERROR_CONTAINS(a->decode(parse_compressor("topk(0.2)")->encode(x, ctx), ctx),
+                        "compose: cannot decode a payload packed by 'topk'");
 }
 
 }  // namespace

@@ -84,7 +84,8 @@ TEST(PowerSgd, SizesAndSharedMode) {
     Payload bwd = c->encode_shared(g, fwd, ctx);
     EXPECT_EQ(static_cast<int64_t>(bwd.nbytes()), header_formula(3, 2) + 32 * 4 * es) << vt << ": Q_g only";
     // Receiver: P P^T G with the forward's P as sent.
-    at::Tensor p = fwd.body.narrow(0, 0, 80 * 4 * es).view(es == 4 ? at::kFloat : at::kHalf).to(at::kFloat).view({80, 4});
+    at::Tensor p =
+        fwd.body.narrow(0, 0, 80 * 4 * es).view(es == 4 ? at::kFloat : at::kHalf).to(at::kFloat).view({80, 4});
     at::Tensor gm = g.reshape({80, 32});
     at::Tensor expect = p.mm(p.t().mm(gm)).view({8, 10, 32});
     EXPECT_TRUE(all_close(c->decode_shared(bwd, fwd, ctx), expect, std::string("shared ") + vt, 1e-2, 1e-2));
@@ -112,7 +113,8 @@ TEST(PowerSgd, CorruptPayloadsAreRejected) {
   Payload rank = p;
   rank.params[1] = 7;
   EXPECT_ERROR_CONTAINS(c->decode(rank, ctx), "corrupt payload: rank 7");
-  EXPECT_ERROR_CONTAINS(parse_compressor("powersgd(2, dim=3)")->encode(at::randn({6, 5}), ctx), "dim=3 is out of range");
+  EXPECT_ERROR_CONTAINS(parse_compressor("powersgd(2, dim=3)")->encode(at::randn({6, 5}), ctx),
+                        "dim=3 is out of range");
 }
 
 }  // namespace

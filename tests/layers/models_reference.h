@@ -23,8 +23,9 @@ struct BasicBlockImpl : torch::nn::Module {
     register_module("conv2", conv2);
     register_module("bn2", bn2);
     if (stride != 1 || in != out) {
-      downsample = torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)),
-                                         torch::nn::BatchNorm2d(out));
+      downsample =
+          torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)),
+                                torch::nn::BatchNorm2d(out));
       register_module("downsample", downsample);
     }
   }
@@ -124,9 +125,7 @@ struct MLPImpl : torch::nn::Module {
       : fc(register_module("fc", torch::nn::Linear(dim, hidden))),
         proj(register_module("proj", torch::nn::Linear(hidden, dim))),
         approximate(approximate) {}
-  torch::Tensor forward(const torch::Tensor& x) {
-    return proj(torch::gelu(fc(x), approximate));
-  }
+  torch::Tensor forward(const torch::Tensor& x) { return proj(torch::gelu(fc(x), approximate)); }
   torch::nn::Linear fc, proj;
   std::string approximate;
 };
@@ -134,8 +133,8 @@ TORCH_MODULE(MLP);
 
 /// Pre-LN (GPT-2) or post-LN (BERT) transformer block, no dropout.
 struct BlockImpl : torch::nn::Module {
-  BlockImpl(int64_t dim, int64_t heads, int64_t hidden, bool pre, bool fused, bool causal, const std::string& approximate,
-            double eps)
+  BlockImpl(int64_t dim, int64_t heads, int64_t hidden, bool pre, bool fused, bool causal,
+            const std::string& approximate, double eps)
       : pre(pre),
         ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(eps)))),
         attn(register_module("attn", Attention(dim, heads, fused, causal))),

@@ -64,24 +64,24 @@ void expect_split_equals_unsplit(Module& model, const std::vector<ModulePtr>& st
 TEST(ModelsResNet, CutPointsAndShapesAtEveryCut) {
   at::manual_seed(0);
   auto net = make_resnet("resnet18", 3, 10, /*width=*/0.25);  // widths 16, 32, 64, 128
-  const std::vector<std::string> expected = {"stem",   "layer1.0", "layer1",   "layer2.0", "layer2",
-                                             "layer3.0", "layer3", "layer4.0", "layer4"};
+  const std::vector<std::string> expected = {"stem",     "layer1.0", "layer1",   "layer2.0", "layer2",
+                                             "layer3.0", "layer3",   "layer4.0", "layer4"};
   ASSERT_EQ(net->cut_points(), expected);
-  const std::vector<std::vector<int64_t>> shapes = {{2, 16, 32, 32}, {2, 16, 32, 32}, {2, 16, 32, 32},
-                                                    {2, 32, 16, 16}, {2, 32, 16, 16}, {2, 64, 8, 8},
-                                                    {2, 64, 8, 8},   {2, 128, 4, 4},  {2, 128, 4, 4},
-                                                    {2, 10}};
+  const std::vector<std::vector<int64_t>> shapes = {{2, 16, 32, 32}, {2, 16, 32, 32}, {2, 16, 32, 32}, {2, 32, 16, 16},
+                                                    {2, 32, 16, 16}, {2, 64, 8, 8},   {2, 64, 8, 8},   {2, 128, 4, 4},
+                                                    {2, 128, 4, 4},  {2, 10}};
   auto stages = net->split(expected);
   ASSERT_EQ(stages.size(), expected.size() + 1);
   Variable x(at::randn({2, 3, 32, 32}));
   for (size_t i = 0; i < stages.size(); ++i) {
     x = stages[i]->forward(x);
-    EXPECT_EQ(x.sizes().vec(), shapes[i]) << "after stage " << i << (i < expected.size() ? " (" + expected[i] + ")" : "");
+    EXPECT_EQ(x.sizes().vec(), shapes[i])
+        << "after stage " << i << (i < expected.size() ? " (" + expected[i] + ")" : "");
   }
   // Stage parameters keep the model's dotted names.
-  EXPECT_EQ(param_names(*stages[4]), (std::set<std::string>{"layer2.1.conv1.weight", "layer2.1.bn1.weight",
-                                                             "layer2.1.bn1.bias", "layer2.1.conv2.weight",
-                                                             "layer2.1.bn2.weight", "layer2.1.bn2.bias"}));
+  EXPECT_EQ(param_names(*stages[4]),
+            (std::set<std::string>{"layer2.1.conv1.weight", "layer2.1.bn1.weight", "layer2.1.bn1.bias",
+                                   "layer2.1.conv2.weight", "layer2.1.bn2.weight", "layer2.1.bn2.bias"}));
   EXPECT_TRUE(param_names(*stages[3]).count("layer2.0.downsample.0.weight"));
   EXPECT_EQ(stages[3]->named_buffers().size(), 9u);  // bn1, bn2, downsample.1: 3 buffers each
 }
@@ -124,8 +124,8 @@ TEST(ModelsResNet, MatchesTorchReference) {
     for (auto& b : ref->named_buffers())
       if (b.key().find("running_var") != std::string::npos) b.value().uniform_(0.5, 1.5);
   }
-  expect_parity(*ours, *ref, [&](const at::Tensor& x) { return ref(x); }, at::randn({4, 3, 12, 12}),
-                "resnet8 train", {1e-4, 1e-4});
+  expect_parity(*ours, *ref, [&](const at::Tensor& x) { return ref(x); }, at::randn({4, 3, 12, 12}), "resnet8 train",
+                {1e-4, 1e-4});
   ours->eval();
   ref->eval();
   expect_parity(*ours, *ref, [&](const at::Tensor& x) { return ref(x); }, at::randn({4, 3, 12, 12}), "resnet8 eval",
@@ -180,7 +180,8 @@ TEST(ModelsGpt2, MatchesTorchReferenceIncludingTiedEmbedding) {
   testing::ParityOptions opt;
   opt.atol = 2e-5;
   opt.copy_weights = false;
-  expect_parity(ours, *ref, [&](const at::Tensor& x) { return ref(x); }, ids, "GPT-2 (3 layers)", opt);
+  expect_parity(
+      ours, *ref, [&](const at::Tensor& x) { return ref(x); }, ids, "GPT-2 (3 layers)", opt);
   EXPECT_EQ(ours.forward(ids).sizes().vec(), (std::vector<int64_t>{3, 10, 37}));
 }
 
@@ -251,7 +252,8 @@ struct RefBertEmbeddingsImpl : torch::nn::Module {
       : word(register_module("word", torch::nn::Embedding(c.vocab_size, c.hidden_size))),
         position(register_module("position", torch::nn::Embedding(c.max_position_embeddings, c.hidden_size))),
         token_type(register_module("token_type", torch::nn::Embedding(c.type_vocab_size, c.hidden_size))),
-        norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps)))) {}
+        norm(register_module(
+            "norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps)))) {}
   torch::nn::Embedding word, position, token_type;
   torch::nn::LayerNorm norm;
 };
@@ -293,8 +295,9 @@ TEST(ModelsBert, MatchesTorchReferenceWithPaddingAndTokenTypes) {
   testing::ParityOptions opt;
   opt.atol = 2e-5;
   opt.copy_weights = false;
-  expect_parity(ours, *ref, [&](const Variable& x) { return ours.forward(x.data(), mask, types).logits; },
-                [&](const at::Tensor& x) { return ref->forward(x, mask, types); }, ids, "BERT (2 layers)", opt);
+  expect_parity(
+      ours, *ref, [&](const Variable& x) { return ours.forward(x.data(), mask, types).logits; },
+      [&](const at::Tensor& x) { return ref->forward(x, mask, types); }, ids, "BERT (2 layers)", opt);
   const BertOutput out = ours.forward(ids, mask, types);
   EXPECT_EQ(out.hidden.sizes().vec(), (std::vector<int64_t>{2, 7, 16}));
   EXPECT_EQ(out.pooled.sizes().vec(), (std::vector<int64_t>{2, 16}));

@@ -13,10 +13,12 @@ TEST(NnLayers, LinearMatchesTorch) {
   at::manual_seed(0);
   Linear ours(6, 4);
   torch::nn::Linear ref(6, 4);
-  expect_parity(ours, *ref, [&](const at::Tensor& x) { return ref(x); }, at::randn({3, 5, 6}), "Linear (3,5,6)");
+  expect_parity(
+      ours, *ref, [&](const at::Tensor& x) { return ref(x); }, at::randn({3, 5, 6}), "Linear (3,5,6)");
   Linear no_bias(6, 4, /*bias=*/false);
   torch::nn::Linear ref_nb(torch::nn::LinearOptions(6, 4).bias(false));
-  expect_parity(no_bias, *ref_nb, [&](const at::Tensor& x) { return ref_nb(x); }, at::randn({7, 6}), "Linear no bias");
+  expect_parity(
+      no_bias, *ref_nb, [&](const at::Tensor& x) { return ref_nb(x); }, at::randn({7, 6}), "Linear no bias");
   EXPECT_FALSE(no_bias.bias().defined());
   EXPECT_THROW(ours.forward(Variable(at::randn({2, 5}))), c10::Error);
 }
@@ -73,7 +75,8 @@ TEST(NnLayers, LayerNormMatchesTorch) {
     ref->weight.normal_();
     ref->bias.normal_();
   }
-  expect_parity(ours, *ref, [&](const at::Tensor& x) { return ref(x); }, at::randn({2, 3, 4, 6}), "LayerNorm (4,6)");
+  expect_parity(
+      ours, *ref, [&](const at::Tensor& x) { return ref(x); }, at::randn({2, 3, 4, 6}), "LayerNorm (4,6)");
 }
 
 TEST(NnLayers, EmbeddingMatchesTorchWithPadding) {
@@ -81,7 +84,8 @@ TEST(NnLayers, EmbeddingMatchesTorchWithPadding) {
   Embedding ours(10, 5, /*padding_idx=*/2);
   torch::nn::Embedding ref(torch::nn::EmbeddingOptions(10, 5).padding_idx(2));
   const at::Tensor ids = at::tensor({1, 2, 3, 2, 9, 1, 0, 4}, at::kLong).view({2, 4});
-  expect_parity(ours, *ref, [&](const at::Tensor& x) { return ref(x); }, ids, "Embedding padding_idx 2");
+  expect_parity(
+      ours, *ref, [&](const at::Tensor& x) { return ref(x); }, ids, "Embedding padding_idx 2");
   EXPECT_EQ(ours.weight().grad()[2].abs().sum().item<double>(), 0.0) << "padding row got a gradient";
   EXPECT_THROW(ours.forward(at::zeros({2, 2})), c10::Error);  // float ids
 }
@@ -102,13 +106,19 @@ TEST(NnLayers, ActivationsPoolingFlattenMatchTorch) {
       {"GELU tanh", std::make_shared<GELU>("tanh"), [&](const at::Tensor& t) { return gelu_tanh(t); }},
       {"Tanh", std::make_shared<Tanh>(), [](const at::Tensor& t) { return torch::tanh(t); }},
       {"MaxPool2d 3 s2 p1", std::make_shared<MaxPool2d>(3, 2, 1),
-       [](const at::Tensor& t) { return torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(3).stride(2).padding(1))(t); }},
+       [](const at::Tensor& t) {
+         return torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(3).stride(2).padding(1))(t);
+       }},
       {"MaxPool2d 2", std::make_shared<MaxPool2d>(2),
        [](const at::Tensor& t) { return torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(2))(t); }},
       {"AvgPool2d 3 s2 p1", std::make_shared<AvgPool2d>(3, 2, 1),
-       [](const at::Tensor& t) { return torch::nn::AvgPool2d(torch::nn::AvgPool2dOptions(3).stride(2).padding(1))(t); }},
+       [](const at::Tensor& t) {
+         return torch::nn::AvgPool2d(torch::nn::AvgPool2dOptions(3).stride(2).padding(1))(t);
+       }},
       {"AdaptiveAvgPool2d 3x2", std::make_shared<AdaptiveAvgPool2d>(std::array<int64_t, 2>{3, 2}),
-       [](const at::Tensor& t) { return torch::nn::AdaptiveAvgPool2d(torch::nn::AdaptiveAvgPool2dOptions({3, 2}))(t); }},
+       [](const at::Tensor& t) {
+         return torch::nn::AdaptiveAvgPool2d(torch::nn::AdaptiveAvgPool2dOptions({3, 2}))(t);
+       }},
       {"Flatten 1", std::make_shared<Flatten>(), [](const at::Tensor& t) { return torch::nn::Flatten()(t); }},
       {"Flatten 1..2", std::make_shared<Flatten>(1, 2),
        [](const at::Tensor& t) { return torch::nn::Flatten(torch::nn::FlattenOptions().start_dim(1).end_dim(2))(t); }},
@@ -124,7 +134,8 @@ TEST(NnLayers, SequentialMatchesTorch) {
   ours.push_back(std::make_shared<ReLU>());
   ours.push_back(std::make_shared<Linear>(8, 3));
   torch::nn::Sequential ref(torch::nn::Linear(5, 8), torch::nn::ReLU(), torch::nn::Linear(8, 3));
-  expect_parity(ours, *ref, [&](const at::Tensor& x) { return ref->forward(x); }, at::randn({4, 5}), "Sequential");
+  expect_parity(
+      ours, *ref, [&](const at::Tensor& x) { return ref->forward(x); }, at::randn({4, 5}), "Sequential");
   ASSERT_EQ(ours.size(), 3u);
   EXPECT_EQ(ours.named_parameters()[2].first, "2.weight");
   EXPECT_THROW(ours[3], c10::Error);
@@ -136,7 +147,8 @@ TEST(NnLayers, DropoutMatchesTorchForTheSameSeedAndIsIdentityInEval) {
   torch::nn::Dropout ref(0.3);
   torch::nn::Module none;
   at::manual_seed(1234);  // torch draws from the default generator, ours from its own, same seed
-  expect_parity(ours, none, [&](const at::Tensor& t) { return ref(t); }, x, "Dropout p=0.3 train");
+  expect_parity(
+      ours, none, [&](const at::Tensor& t) { return ref(t); }, x, "Dropout p=0.3 train");
 
   // Masks: every output is 0 or x / (1 - p); about p of them are dropped; the generator, not
   // the default RNG, decides.

@@ -57,15 +57,15 @@ TEST(NnModule, LoadStateDictListsEveryProblemAndWritesNothing) {
   TensorMap sd;
   for (auto& [n, t] : net->state_dict()) sd[n] = t.clone();
   const at::Tensor before = net->state_dict().at("0.weight").clone();
-  sd.at("0.weight").fill_(7.0);  // a valid change that must not be applied on failure
-  sd.erase("1.running_var");     // missing
-  sd.erase("4.bias");            // missing
-  sd["5.weight"] = at::zeros({1});           // unexpected
-  sd["1.bias"] = at::zeros({5});             // wrong shape
+  sd.at("0.weight").fill_(7.0);     // a valid change that must not be applied on failure
+  sd.erase("1.running_var");        // missing
+  sd.erase("4.bias");               // missing
+  sd["5.weight"] = at::zeros({1});  // unexpected
+  sd["1.bias"] = at::zeros({5});    // wrong shape
   const std::string msg = error_of([&] { net->load_state_dict(sd); });
   ASSERT_FALSE(msg.empty()) << "load_state_dict accepted a bad state";
-  for (const char* part : {"missing", "1.running_var", "4.bias", "unexpected", "5.weight", "wrong shape", "1.bias",
-                           "[5]", "[4]"})
+  for (const char* part :
+       {"missing", "1.running_var", "4.bias", "unexpected", "5.weight", "wrong shape", "1.bias", "[5]", "[4]"})
     EXPECT_NE(msg.find(part), std::string::npos) << "error lacks '" << part << "':\n" << msg;
   EXPECT_TRUE(net->state_dict().at("0.weight").equal(before)) << "a failed load wrote into the module";
 

@@ -41,19 +41,20 @@ void expect_mha_parity(bool fused, bool causal, bool padding, const std::string&
   // torch's C++ MultiheadAttention adds attn_mask to the scores: an additive -inf mask.
   at::Tensor forbid;
   if (causal)
-    forbid = at::zeros({t, t}).masked_fill(at::ones({t, t}, at::kBool).triu(1), -std::numeric_limits<float>::infinity());
+    forbid =
+        at::zeros({t, t}).masked_fill(at::ones({t, t}, at::kBool).triu(1), -std::numeric_limits<float>::infinity());
   at::Tensor yr = std::get<0>(ref->forward(xr, xr, xr, kpm, /*need_weights=*/false, forbid)).transpose(0, 1);
   EXPECT_TRUE(all_close(y.data(), yr, label + " output"));
   const at::Tensor g = at::randn_like(yr);
   y.backward(g);
   yr.backward(g);
   EXPECT_TRUE(all_close(xv.grad(), xr.grad().transpose(0, 1), label + " d/dx"));
-  at::Tensor in_grad = fused ? ours.qkv()->weight().grad()
-                             : at::cat({ours.query()->weight().grad(), ours.key()->weight().grad(),
-                                        ours.value()->weight().grad()});
-  at::Tensor in_bias_grad = fused ? ours.qkv()->bias().grad()
-                                  : at::cat({ours.query()->bias().grad(), ours.key()->bias().grad(),
-                                             ours.value()->bias().grad()});
+  at::Tensor in_grad =
+      fused ? ours.qkv()->weight().grad()
+            : at::cat({ours.query()->weight().grad(), ours.key()->weight().grad(), ours.value()->weight().grad()});
+  at::Tensor in_bias_grad =
+      fused ? ours.qkv()->bias().grad()
+            : at::cat({ours.query()->bias().grad(), ours.key()->bias().grad(), ours.value()->bias().grad()});
   EXPECT_TRUE(all_close(in_grad, ref->in_proj_weight.grad(), label + " d/d(in_proj_weight)"));
   EXPECT_TRUE(all_close(in_bias_grad, ref->in_proj_bias.grad(), label + " d/d(in_proj_bias)"));
   EXPECT_TRUE(all_close(ours.out()->weight().grad(), ref->out_proj->weight.grad(), label + " d/d(out.weight)"));
@@ -95,7 +96,8 @@ TEST(NnTransformer, MLPMatchesTorch) {
   for (std::string act : {"gelu", "gelu_tanh"}) {
     MLP ours(6, 24, act);
     reference::MLP ref(6, 24, act == "gelu" ? "none" : "tanh");
-    expect_parity(ours, *ref, [&](const at::Tensor& x) { return ref(x); }, at::randn({2, 3, 6}), "MLP " + act);
+    expect_parity(
+        ours, *ref, [&](const at::Tensor& x) { return ref(x); }, at::randn({2, 3, 6}), "MLP " + act);
   }
   EXPECT_THROW(MLP(4, 8, "swish"), c10::Error);
 }
@@ -128,9 +130,9 @@ TEST(NnTransformer, BertLayerMatchesTorchReference) {
       if (p.key().find("ln") != std::string::npos) p.value().normal_();
   }
   const at::Tensor kpm = at::arange(6).view({1, 6}).ge(at::tensor({6, 4}).view({2, 1}));  // row 1: 2 pads
-  expect_parity(ours, *ref, [&](const Variable& x) { return ours.forward(x, kpm); },
-                [&](const at::Tensor& x) { return ref(x, kpm); }, at::randn({2, 6, 16}), "BERT layer (padded)",
-                {2e-5, 1e-4});
+  expect_parity(
+      ours, *ref, [&](const Variable& x) { return ours.forward(x, kpm); },
+      [&](const at::Tensor& x) { return ref(x, kpm); }, at::randn({2, 6, 16}), "BERT layer (padded)", {2e-5, 1e-4});
 }
 
 TEST(NnTransformer, DropoutOnlyInTraining) {

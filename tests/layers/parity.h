@@ -61,9 +61,11 @@ inline void expect_parity(Module& ours, torch::nn::Module& ref, const std::funct
   }
 }
 
-inline void expect_parity(Module& ours, torch::nn::Module& ref, const std::function<at::Tensor(const at::Tensor&)>& ref_fn,
-                          const at::Tensor& input, const std::string& label, ParityOptions opt = {}) {
-  expect_parity(ours, ref, [&](const Variable& x) { return ours.forward(x); }, ref_fn, input, label, opt);
+inline void expect_parity(Module& ours, torch::nn::Module& ref,
+                          const std::function<at::Tensor(const at::Tensor&)>& ref_fn, const at::Tensor& input,
+                          const std::string& label, ParityOptions opt = {}) {
+  expect_parity(
+      ours, ref, [&](const Variable& x) { return ours.forward(x); }, ref_fn, input, label, opt);
 }
 
 }  // namespace tl::testing

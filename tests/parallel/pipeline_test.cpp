@@ -111,6 +111,12 @@ TEST(Pipeline, InferenceToggleAndByteStatistics) {
   EXPECT_GT(s.forward.bytes, 0);
   EXPECT_LT(s.forward.bytes, s.forward.raw_bytes / 3);  // 10% values + indices
   EXPECT_LT(s.backward.bytes, s.backward.raw_bytes / 3);
+  // TopK 10% per sample keeps 10% of the entries (density averaged over the 6 messages) and
+  // loses part of the norm.
+  EXPECT_EQ(s.forward.measured, 6);
+  EXPECT_NEAR(s.forward.density_mean, 0.1, 0.01);
+  EXPECT_GT(s.forward.rel_error_mean, 0.05);
+  EXPECT_LT(s.forward.rel_error_mean, 1.0);
 
   pipe->eval();
   at::Tensor on = pipe->predict(x, true), off = pipe->predict(x, false);
@@ -121,6 +127,17 @@ TEST(Pipeline, InferenceToggleAndByteStatistics) {
   EXPECT_TRUE(all_close(off, unsplit, "compression off = unsplit model", 1e-6, 1e-5));
   EXPECT_GT(testing::max_diff(on, off), 1e-4) << "TopK 10% at inference should change the logits";
   EXPECT_TRUE(pipe->boundary(0)->active_at_inference()) << "predict restores the configured toggle";
+  pipe->reset_stats();
+  pipe->predict(x, true);
+  EXPECT_EQ(pipe->total_stats().forward.measured, 0) << "no error measurement in predict";
+  EXPECT_EQ(pipe->total_stats().forward.messages, 3);
+
+  // Uncompressed boundaries are not measured (their error is 0): splitting then costs nothing.
+  auto plain = Pipeline::build(small_resnet(11), {"layer1"}, specs(1));
+  plain->zero_grad();
+  plain->train_step(x, y, {}, 1, ce);
+  EXPECT_EQ(plain->total_stats().forward.measured, 0);
+  EXPECT_EQ(plain->total_stats().forward.messages, 1);
 }
 
 TEST(Pipeline, SampleIdsReachTheCodecs) {

@@ -1,0 +1,82 @@
+// The tapeline executable (build/tapeline): help, exit codes and error messages of bad command
+// lines. Skipped when the executable has not been built next to this test binary's build tree.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+
+#include "tests/tasks/task_testing.h"
+
+namespace tl {
+namespace {
+namespace fs = std::filesystem;
+
+// build/tests/tasks/test_tasks -> build/tapeline
+fs::path tapeline_path() {
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? fs::path() : self.parent_path().parent_path().parent_path() / "tapeline";
+}
+
+struct Result {
+  int status = -1;
+  std::string output;  // stdout and stderr
+};
+
+Result run(const std::string& args) {
+  Result r;
+  std::string cmd = tapeline_path().string() + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+const fs::path kConfigs = fs::path(__FILE__).parent_path().parent_path().parent_path() / "configs";
+
+#define REQUIRE_TAPELINE() \
+  if (!fs::exists(tapeline_path())) GTEST_SKIP() << tapeline_path() << " not built (make tapeline)"
+
+TEST(Cli, HelpListsCommandsAndEveryKey) {
+  REQUIRE_TAPELINE();
+  Result top = run("--help");
+  EXPECT_EQ(top.status, 0);
+  EXPECT_NE(top.output.find("tapeline train --config FILE --out DIR"), std::string::npos) << top.output;
+  Result train = run("train --help");
+  EXPECT_EQ(train.status, 0);
+  for (const char* k : {"--resume", "--with-baseline", "train.epochs", "boundary.N.forward", "data.train_limit"})
+    EXPECT_NE(train.output.find(k), std::string::npos) << k;
+  EXPECT_EQ(run("eval --help").status, 0);
+  EXPECT_EQ(run("").status, 2);
+}
+
+TEST(Cli, ConfigurationErrorsExitWithStatus2BeforeRunning) {
+  REQUIRE_TAPELINE();
+  testing::TempDir dir;
+  const std::string out = (dir.path() / "run").string();
+  const std::string cfg = (kConfigs / "default.ini").string();
+  Result r = run("train --config " + cfg + " --out " + out + " --train.epoch=3");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("unknown key 'train.epoch' (did you mean 'train.epochs'?)"), std::string::npos) << r.output;
+  r = run("train --config " + cfg + " --out " + out + " --boundary.forward='topk(2.5.1)'");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("boundary.forward"), std::string::npos) << r.output;
+  r = run("train --out " + out);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("--config FILE is required"), std::string::npos) << r.output;
+  r = run("frobnicate");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_FALSE(fs::exists(out)) << "nothing may be written when the command line is wrong";
+  r = run("eval --run " + out);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("not a tapeline run directory"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace tl

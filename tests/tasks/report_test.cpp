@@ -1,0 +1,103 @@
+// Run-directory files: metrics.csv and summary.json read back what was written, malformed files
+// are errors naming the file, atomic writes replace whole files, and the comparison table.
+#include <filesystem>
+#include <fstream>
+
+#include "tasks/report.h"
+#include "tests/tasks/task_testing.h"
+
+namespace tl {
+namespace {
+namespace fs = std::filesystem;
+using testing::expect_error;
+using testing::TempDir;
+
+EpochMetrics row(int64_t epoch) {
+  EpochMetrics m;
+  m.epoch = epoch;
+  m.train_loss = 1.0 / double(epoch) + 1e-7;
+  m.train_acc = 0.5;
+  m.test_acc_compressed = 0.8125;
+  m.test_acc_uncompressed = 0.375;
+  m.bytes_forward = 1000 + epoch;
+  m.bytes_backward = 2000;
+  m.bytes_uncompressed = 30000;
+  m.steps = 10;
+  m.lr = 0.0125;
+  m.wall_s = 12.5 * double(epoch);
+  return m;
+}
+
+TEST(Report, MetricsCsvRoundTrip) {
+  TempDir dir;
+  const std::string path = (dir.path() / "metrics.csv").string();
+  write_file_atomic(path, metrics_csv({row(1), row(2)}));
+  std::ifstream in(path);
+  std::string header;
+  std::getline(in, header);
+  EXPECT_EQ(header.rfind("epoch,train_loss,test_acc_compressed,test_acc_uncompressed,bytes_forward,bytes_backward,"
+                         "bytes_uncompressed,wall_s",
+                         0),
+            0u);
+  auto rows = read_metrics_csv(path);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1].epoch, 2);
+  EXPECT_DOUBLE_EQ(rows[1].train_loss, row(2).train_loss);
+  EXPECT_EQ(rows[1].bytes_forward, 1002);
+  EXPECT_DOUBLE_EQ(rows[1].wall_s, 25.0);
+  write_file_atomic(path, "epoch,x\n1,2\n");
+  expect_error([&] { read_metrics_csv(path); }, {path, "unexpected header"});
+  write_file_atomic(path, metrics_csv({row(1)}) + "2,abc,0,0,0,0,0,0,0,0,0\n");
+  expect_error([&] { read_metrics_csv(path); }, {path + ":3", "not a number"});
+}
+
+TEST(Report, SummaryJsonRoundTripAndTable) {
+  TempDir dir;
+  RunSummary s;
+  s.name = "default";
+  s.forward = "topk(0.1)";
+  s.backward = "topk(0.1)";
+  s.stages = 4;
+  s.epochs = 2;
+  s.fingerprint = "abc";
+  s.last = row(2);
+  const std::string path = (dir.path() / "summary.json").string();
+  EXPECT_FALSE(read_summary_json(path).has_value());
+  write_file_atomic(path, summary_json(s));
+  auto r = read_summary_json(path);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->name, "default");
+  EXPECT_EQ(r->fingerprint, "abc");
+  EXPECT_EQ(r->last.bytes_forward, s.last.bytes_forward);
+  EXPECT_DOUBLE_EQ(r->bytes_per_step(), (1002.0 + 2000.0) / 10.0);
+  write_file_atomic(path, "{\"name\": 3");
+  expect_error([&] { read_summary_json(path); }, {path, "not a tapeline summary.json"});
+
+  RunSummary base = s;
+  base.name = "baseline";
+  base.forward = base.backward = "identity";
+  base.last.bytes_forward = base.last.bytes_backward = 15000;
+  base.last.test_acc_compressed = base.last.test_acc_uncompressed = 0.875;
+  std::string table = comparison_table({{"default", s}, {"baseline", base}});
+  for (const char* cell : {"81.25%", "37.50%", "87.50%", "300 B", "3.00 kB", "0.100x", "1.000x", "topk(0.1) / topk(0.1)"})
+    EXPECT_NE(table.find(cell), std::string::npos) << cell << " missing from\n" << table;
+}
+
+TEST(Report, AtomicWriteReplacesAndLeavesNoTemporaries) {
+  TempDir dir;
+  const std::string path = (dir.path() / "f.txt").string();
+  write_file_atomic(path, "first");
+  write_file_atomic(path, "second");
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "second");
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir.path())) files += e.is_regular_file();
+  EXPECT_EQ(files, 1);
+  expect_error([&] { write_file_atomic((dir.path() / "no" / "such" / "dir.txt").string(), "x"); }, {"cannot be written"});
+  EXPECT_EQ(human_bytes(512), "512 B");
+  EXPECT_EQ(human_bytes(22478848), "22.48 MB");
+}
+
+}  // namespace
+}  // namespace tl

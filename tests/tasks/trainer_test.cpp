@@ -1,0 +1,163 @@
+// End to end on real data: a short Fashion-MNIST training run must learn (>= 75% test accuracy
+// with a ResNet-8 and uncompressed boundaries), and a run interrupted after an epoch and resumed
+// must end with exactly the metrics of the uninterrupted run. Skipped with a message when the
+// dataset (Debian package dataset-fashion-mnist) is not installed.
+#include <filesystem>
+#include <fstream>
+
+#include "tasks/trainer.h"
+#include "tests/tasks/task_testing.h"
+
+namespace tl {
+namespace {
+namespace fs = std::filesystem;
+using testing::expect_error;
+using testing::TempDir;
+
+bool have_fashion_mnist() {
+  return fs::exists(fs::path(default_dataset_root("fashion-mnist")) / "train-images-idx3-ubyte.gz");
+}
+
+#define REQUIRE_FASHION_MNIST()                                                                              \
+  if (!have_fashion_mnist())                                                                                 \
+  GTEST_SKIP() << "Fashion-MNIST not found in " << default_dataset_root("fashion-mnist")                     \
+               << " (install the Debian package dataset-fashion-mnist)"
+
+Config small_config(std::vector<std::pair<std::string, std::string>> extra) {
+  std::vector<std::pair<std::string, std::string>> kv = {
+      {"model.arch", "resnet8"},      {"model.width", "0.5"},        {"model.cuts", "layer1, layer2, layer3"},
+      {"train.batch_size", "32"},     {"train.lr", "0.05"},          {"train.schedule", "cosine"},
+      {"run.progress", "none"},       {"data.prefetch", "1"},        {"run.seed", "3"}};
+  kv.insert(kv.end(), extra.begin(), extra.end());
+  return Config::load("", kv);
+}
+
+TEST(Trainer, ShortFashionMnistRunLearns) {
+  REQUIRE_FASHION_MNIST();
+  TempDir dir;
+  TrainRequest req;
+  req.config = small_config({{"data.train_limit", "6000"}, {"data.test_limit", "1000"}, {"train.epochs", "3"}});
+  req.out_dir = (dir.path() / "run").string();
+  req.quiet = true;
+  RunSummary s = run_training(req);
+  EXPECT_EQ(s.last.epoch, 3);
+  EXPECT_EQ(s.stages, 4);
+  EXPECT_GE(s.last.test_acc_uncompressed, 0.75) << "ResNet-8 on 6000 Fashion-MNIST samples, 3 epochs";
+  // Identity boundaries: compression on and off are the same model.
+  EXPECT_EQ(s.last.test_acc_compressed, s.last.test_acc_uncompressed);
+  // Bytes: an identity payload is the raw tensor plus a 48-byte header (4-D), each way.
+  EXPECT_EQ(s.last.bytes_forward, s.last.bytes_backward);
+  const int64_t messages = 3 * s.last.steps;
+  EXPECT_EQ(s.last.bytes_forward + s.last.bytes_backward, s.last.bytes_uncompressed + 2 * 48 * messages);
+  // The run directory.
+  for (const char* f : {"config.ini", "metrics.csv", "metrics.jsonl", "summary.json", "checkpoint.safetensors"})
+    EXPECT_TRUE(fs::exists(fs::path(req.out_dir) / f)) << f;
+  auto rows = read_metrics_csv((fs::path(req.out_dir) / "metrics.csv").string());
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_LT(rows[2].train_loss, rows[0].train_loss);
+  auto summary = read_summary_json((fs::path(req.out_dir) / "summary.json").string());
+  ASSERT_TRUE(summary.has_value());
+  EXPECT_EQ(summary->last.test_acc_compressed, s.last.test_acc_compressed);
+  EXPECT_EQ(summary->fingerprint, config_fingerprint(req.config));
+  // `tapeline eval` on the checkpoint reproduces the last epoch's accuracy.
+  auto acc = evaluate_run(req.out_dir, {true, false});
+  ASSERT_EQ(acc.size(), 2u);
+  EXPECT_DOUBLE_EQ(acc[0], s.last.test_acc_compressed);
+  EXPECT_DOUBLE_EQ(acc[1], s.last.test_acc_uncompressed);
+  std::printf("[ short run ] 6000 train / 1000 test samples, 3 epochs: test accuracy %.2f%%\n",
+              100.0 * s.last.test_acc_uncompressed);
+}
+
+TEST(Trainer, ResumeReachesTheSameFinalMetrics) {
+  REQUIRE_FASHION_MNIST();
+  // Stateful codecs (error feedback residual, EF21 estimates), a stochastic-rounding generator,
+  // augmentation and two micro-batches: everything a checkpoint must carry.
+  Config cfg = small_config({{"data.train_limit", "640"},
+                             {"data.test_limit", "300"},
+                             {"train.epochs", "3"},
+                             {"train.micro_batches", "2"},
+                             {"data.crop_padding", "2"},
+                             {"data.hflip", "true"},
+                             {"boundary.forward", "ef(topk(0.2))"},
+                             {"boundary.backward", "ef21(topk(0.3))"},
+                             {"boundary.2.forward", "quant(bits=4, round=stochastic)"}});
+  TempDir dir;
+  TrainRequest full;
+  full.config = cfg;
+  full.out_dir = (dir.path() / "full").string();
+  full.quiet = true;
+  RunSummary a = run_training(full);
+
+  TrainRequest first = full;
+  first.out_dir = (dir.path() / "part").string();
+  first.stop_after_epochs = 1;
+  RunSummary partial = run_training(first);
+  EXPECT_EQ(partial.last.epoch, 1);
+  TrainRequest rest = full;
+  rest.out_dir = first.out_dir;
+  rest.resume_dir = first.out_dir;
+  RunSummary b = run_training(rest);
+
+  EXPECT_EQ(b.last.epoch, 3);
+  auto ra = read_metrics_csv((fs::path(full.out_dir) / "metrics.csv").string());
+  auto rb = read_metrics_csv((fs::path(first.out_dir) / "metrics.csv").string());
+  ASSERT_EQ(ra.size(), 3u);
+  ASSERT_EQ(rb.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE("epoch " + std::to_string(i + 1));
+    EXPECT_EQ(ra[i].train_loss, rb[i].train_loss);
+    EXPECT_EQ(ra[i].test_acc_compressed, rb[i].test_acc_compressed);
+    EXPECT_EQ(ra[i].test_acc_uncompressed, rb[i].test_acc_uncompressed);
+    EXPECT_EQ(ra[i].bytes_forward, rb[i].bytes_forward);
+    EXPECT_EQ(ra[i].bytes_backward, rb[i].bytes_backward);
+    EXPECT_EQ(ra[i].lr, rb[i].lr);
+  }
+  // metrics.jsonl of the resumed run has each step once.
+  std::ifstream in(fs::path(first.out_dir) / "metrics.jsonl");
+  std::string line;
+  int64_t epoch_lines = 0;
+  while (std::getline(in, line)) epoch_lines += line.find("\"epoch_end\"") != std::string::npos;
+  EXPECT_EQ(epoch_lines, 3);
+}
+
+TEST(Trainer, ConfigurationErrorsStopBeforeTraining) {
+  // These fail while the experiment is assembled (no data read for the first three).
+  expect_error([] { Experiment e(small_config({{"model.cuts", "layer1, layer9"}})); }, {"model.cuts", "layer9"});
+  expect_error([] { Experiment e(small_config({{"boundary.4.forward", "topk(0.1)"}})); },
+               {"boundary.4", "3 cuts", "1..3"});
+  expect_error([] { Experiment e(small_config({{"model.arch", "resnet7"}})); }, {"model.arch = resnet7"});
+  expect_error([] { Experiment e(small_config({{"data.root", "/nonexistent/fmnist"}})); }, {"/nonexistent/fmnist"});
+  TrainRequest req;
+  req.config = small_config({});
+  req.out_dir = "/tmp/never-written";
+  req.resume_dir = "/nonexistent/run";
+  if (have_fashion_mnist()) expect_error([&] { run_training(req); }, {"--resume /nonexistent/run", "no checkpoint"});
+}
+
+TEST(Trainer, BaselineConfigAndFingerprint) {
+  Config c = small_config({{"boundary.forward", "topk(0.1)"}, {"boundary.2.backward", "quant(4)"},
+                           {"run.progress", "plain"}, {"data.root", "/x"}});
+  Config b = baseline_config(c);
+  EXPECT_EQ(b.boundary_at(1).forward, "identity");
+  EXPECT_EQ(b.boundary_at(2).backward, "identity");
+  EXPECT_TRUE(b.boundary_override_indices().empty());
+  EXPECT_EQ(config_fingerprint(b), config_fingerprint(c));  // comparable: only boundaries and presentation differ
+  EXPECT_NE(config_fingerprint(small_config({{"train.epochs", "4"}})), config_fingerprint(small_config({})));
+}
+
+TEST(Trainer, StudyConfigsShareEverythingButTheBoundaries) {
+  // configs/*.ini are comparable runs: the same data, model and training settings as default.ini.
+  const fs::path configs = fs::path(__FILE__).parent_path().parent_path().parent_path() / "configs";
+  const std::string fp = config_fingerprint(Config::load((configs / "default.ini").string()));
+  int count = 0;
+  for (const auto& entry : fs::directory_iterator(configs)) {
+    if (entry.path().extension() != ".ini") continue;
+    ++count;
+    EXPECT_EQ(config_fingerprint(Config::load(entry.path().string())), fp)
+        << entry.path().filename() << " differs from default.ini outside [boundary]";
+  }
+  EXPECT_GE(count, 13);
+}
+
+}  // namespace
+}  // namespace tl
