@@ -95,8 +95,10 @@ void emit(const Options& o, size_t stages, const std::string& name, const std::s
           double t_ref) {
   const double ips = static_cast<double>(o.batch) / t, ref = static_cast<double>(o.batch) / t_ref;
   std::printf(
-      "{\"bench\":\"train_step\",\"device\":\"%s\",\"model\":\"%s\",\"width\":%g,\"batch\":%lld,\"image\":\"%lldx%lldx%lld\","
-      "\"threads\":%d,\"stages\":%zu,\"case\":\"%s\",\"reference\":\"%s\",\"images_per_s\":%.1f,\"ref_images_per_s\":%.1f,"
+      "{\"bench\":\"train_step\",\"device\":\"%s\",\"model\":\"%s\",\"width\":%g,\"batch\":%lld,\"image\":\"%lldx%lldx%"
+      "lld\","
+      "\"threads\":%d,\"stages\":%zu,\"case\":\"%s\",\"reference\":\"%s\",\"images_per_s\":%.1f,\"ref_images_per_s\":%."
+      "1f,"
       "\"ratio\":%.3f}\n",
       o.device.c_str(), o.model.c_str(), o.width, (long long)o.batch, (long long)o.channels, (long long)o.size,
       (long long)o.size, at::get_num_threads(), stages, name.c_str(), ref_name.c_str(), ips, ref, ips / ref);
@@ -109,14 +111,22 @@ int main(int argc, char** argv) {
   Options o;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
-    if (k == "--rounds") o.rounds = std::stoi(v);
-    else if (k == "--batch") o.batch = std::stoll(v);
-    else if (k == "--threads") o.threads = std::stoll(v);
-    else if (k == "--model") o.model = v;
-    else if (k == "--width") o.width = std::stod(v);
-    else if (k == "--size") o.size = std::stoll(v);
-    else if (k == "--channels") o.channels = std::stoll(v);
-    else if (k == "--device") o.device = v;
+    if (k == "--rounds")
+      o.rounds = std::stoi(v);
+    else if (k == "--batch")
+      o.batch = std::stoll(v);
+    else if (k == "--threads")
+      o.threads = std::stoll(v);
+    else if (k == "--model")
+      o.model = v;
+    else if (k == "--width")
+      o.width = std::stod(v);
+    else if (k == "--size")
+      o.size = std::stoll(v);
+    else if (k == "--channels")
+      o.channels = std::stoll(v);
+    else if (k == "--device")
+      o.device = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;

@@ -46,8 +46,8 @@ struct BoundarySpec {
 
 /// Result of one training step's forward and backward passes.
 struct StepResult {
-  double loss = 0.0;       // mean loss over the batch's samples
-  int64_t correct = 0;     // argmax(logits) == target
+  double loss = 0.0;    // mean loss over the batch's samples
+  int64_t correct = 0;  // argmax(logits) == target
   int64_t samples = 0;
   int64_t micro_batches = 0;
 };

@@ -1,8 +1,7 @@
 #include "tasks/config.h"
 
-#include <boost/program_options.hpp>
-
 #include <algorithm>
+#include <boost/program_options.hpp>
 #include <fstream>
 #include <functional>
 #include <set>
@@ -76,7 +75,8 @@ std::vector<double> parse_channel_values(const std::string& v, bool positive) {
   std::vector<double> out;
   const std::string accepted =
       std::string("'auto' or a comma-separated list of 1 or 3 numbers") + (positive ? " > 0" : "");
-  for (const auto& item : split_list(v)) out.push_back(parse_double(item, positive ? 0.0 : -1e9, 1e9, accepted, positive));
+  for (const auto& item : split_list(v))
+    out.push_back(parse_double(item, positive ? 0.0 : -1e9, 1e9, accepted, positive));
   if (out.size() != 1 && out.size() != 3) throw std::invalid_argument("expected " + accepted);
   return out;
 }
@@ -113,11 +113,16 @@ const std::vector<std::string> kBackwardModes = {"independent", "shared", "strai
 
 // Boundary keys, shared by [boundary] and [boundary.N].
 void set_boundary_key(BoundarySettings& b, const std::string& key, const std::string& v) {
-  if (key == "forward") b.forward = parse_spec_string(v);
-  else if (key == "backward") b.backward = parse_spec_string(v);
-  else if (key == "backward_mode") b.backward_mode = parse_choice(v, kBackwardModes);
-  else if (key == "active_at_inference") b.active_at_inference = parse_bool(v);
-  else throw std::logic_error("unknown boundary key " + key);
+  if (key == "forward")
+    b.forward = parse_spec_string(v);
+  else if (key == "backward")
+    b.backward = parse_spec_string(v);
+  else if (key == "backward_mode")
+    b.backward_mode = parse_choice(v, kBackwardModes);
+  else if (key == "active_at_inference")
+    b.active_at_inference = parse_bool(v);
+  else
+    throw std::logic_error("unknown boundary key " + key);
 }
 
 const std::vector<Key>& schema() {
@@ -138,9 +143,13 @@ const std::vector<Key>& schema() {
         [](Config& c, const std::string& v) { c.run.log_every = parse_int(v, 1, INT64_MAX, "an integer >= 1"); });
     add("run.progress", "auto", "auto, bar, plain, none",
         "auto: a progress bar on a terminal, plain lines otherwise or when CI=true",
-        [](Config& c, const std::string& v) { c.run.progress = parse_choice(v, {"auto", "bar", "plain", "none"}); });
+        [](Config& c, const std::string& v) {
+          c.run.progress = parse_choice(v, {"auto", "bar", "plain", "none"});
+        });
     add("run.checkpoint_every", "1", "integer >= 1", "epochs between checkpoints (the last epoch is always saved)",
-        [](Config& c, const std::string& v) { c.run.checkpoint_every = parse_int(v, 1, INT64_MAX, "an integer >= 1"); });
+        [](Config& c, const std::string& v) {
+          c.run.checkpoint_every = parse_int(v, 1, INT64_MAX, "an integer >= 1");
+        });
     // [data]
     add("data.dataset", "fashion-mnist", "fashion-mnist, mnist, cifar10, cifar100, folder", "which dataset to read",
         [](Config& c, const std::string& v) { c.data.dataset = parse_choice(v, known_datasets()); });
@@ -154,7 +163,9 @@ const std::vector<Key>& schema() {
     add("data.image_size", "0", "integer >= 0", "folder datasets: resize images to N x N (0: keep; all must match)",
         [](Config& c, const std::string& v) { c.data.image_size = parse_int(v, 0, 65536, "an integer >= 0"); });
     add("data.channels", "0", "0, 1, 3", "folder datasets: decode to 1 (grey) or 3 (RGB) channels (0: 3)",
-        [](Config& c, const std::string& v) { c.data.channels = std::stoll(parse_choice(v, {"0", "1", "3"})); });
+        [](Config& c, const std::string& v) {
+          c.data.channels = std::stoll(parse_choice(v, {"0", "1", "3"}));
+        });
     add("data.mean", "auto", "auto or 1 or 3 comma-separated numbers",
         "per-channel mean subtracted from pixels in [0, 1] (auto: measured on the training split)",
         [](Config& c, const std::string& v) { c.data.mean = parse_channel_values(v, false); });
@@ -168,13 +179,14 @@ const std::vector<Key>& schema() {
     add("data.prefetch", "2", "integer >= 0", "batches prepared ahead by the loader thread (0: no thread)",
         [](Config& c, const std::string& v) { c.data.prefetch = parse_int(v, 0, 64, "an integer in [0, 64]"); });
     // [model]
-    add("model.arch", "resnet8", "a ResNet name known to make_resnet (resnet8, resnet20, resnet18, ...)",
-        "the model", [](Config& c, const std::string& v) {
+    add("model.arch", "resnet8", "a ResNet name known to make_resnet (resnet8, resnet20, resnet18, ...)", "the model",
+        [](Config& c, const std::string& v) {
           if (v.empty()) throw std::invalid_argument("expected a model name");
           c.model.arch = v;
         });
-    add("model.width", "1", "number > 0", "channel width multiplier",
-        [](Config& c, const std::string& v) { c.model.width = parse_double(v, 0.0, 64.0, "a number in (0, 64]", true); });
+    add("model.width", "1", "number > 0", "channel width multiplier", [](Config& c, const std::string& v) {
+      c.model.width = parse_double(v, 0.0, 64.0, "a number in (0, 64]", true);
+    });
     add("model.cuts", "all", "all, none, or comma-separated cut point names",
         "where the model is split into stages (a boundary at each cut)", [](Config& c, const std::string& v) {
           c.model.cuts.clear();
@@ -195,14 +207,15 @@ const std::vector<Key>& schema() {
         [](Config& c, const std::string& v) { c.train.micro_batches = parse_int(v, 1, 1 << 24, "an integer >= 1"); });
     add("train.lr", "0.05", "number > 0", "peak learning rate (SGD)",
         [](Config& c, const std::string& v) { c.train.lr = parse_double(v, 0.0, 1e6, "a number > 0", true); });
-    add("train.momentum", "0.9", "number in [0, 1)", "SGD momentum",
-        [](Config& c, const std::string& v) {
-          c.train.momentum = parse_double(v, 0.0, 0.999999, "a number in [0, 1)");
-        });
+    add("train.momentum", "0.9", "number in [0, 1)", "SGD momentum", [](Config& c, const std::string& v) {
+      c.train.momentum = parse_double(v, 0.0, 0.999999, "a number in [0, 1)");
+    });
     add("train.nesterov", "false", "boolean", "Nesterov momentum",
         [](Config& c, const std::string& v) { c.train.nesterov = parse_bool(v); });
     add("train.weight_decay", "0.0005", "number >= 0", "L2 weight decay (not applied to biases and norm parameters)",
-        [](Config& c, const std::string& v) { c.train.weight_decay = parse_double(v, 0.0, 1.0, "a number in [0, 1]"); });
+        [](Config& c, const std::string& v) {
+          c.train.weight_decay = parse_double(v, 0.0, 1.0, "a number in [0, 1]");
+        });
     add("train.schedule", "cosine", "constant, cosine, step, linear", "learning-rate schedule over all steps",
         [](Config& c, const std::string& v) {
           c.train.schedule = parse_choice(v, {"constant", "cosine", "step", "linear"});
@@ -212,7 +225,9 @@ const std::vector<Key>& schema() {
     add("train.step_epochs", "30", "integer >= 1", "schedule = step: multiply lr by step_gamma every N epochs",
         [](Config& c, const std::string& v) { c.train.step_epochs = parse_int(v, 1, 1000000, "an integer >= 1"); });
     add("train.step_gamma", "0.1", "number in (0, 1]", "schedule = step: decay factor",
-        [](Config& c, const std::string& v) { c.train.step_gamma = parse_double(v, 0.0, 1.0, "a number in (0, 1]", true); });
+        [](Config& c, const std::string& v) {
+          c.train.step_gamma = parse_double(v, 0.0, 1.0, "a number in (0, 1]", true);
+        });
     add("train.min_lr", "0", "number >= 0, <= lr", "schedule = cosine or linear: final learning rate",
         [](Config& c, const std::string& v) { c.train.min_lr = parse_double(v, 0.0, 1e6, "a number >= 0"); });
     add("train.grad_clip", "0", "number >= 0", "clip the global gradient norm to this value (0: off)",
@@ -343,7 +358,8 @@ Config Config::load(const std::string& ini_path, const std::vector<std::pair<std
     try {
       parsed = po::parse_config_file(in, desc, /*allow_unregistered=*/true);
     } catch (const po::error& e) {
-      throw std::invalid_argument(ini_path + ": " + e.what() + " (expected `key = value` lines under [section] headers)");
+      throw std::invalid_argument(ini_path + ": " + e.what() +
+                                  " (expected `key = value` lines under [section] headers)");
     }
     std::set<std::string> seen;
     for (const auto& opt : parsed.options) {
@@ -402,8 +418,8 @@ Config Config::load(const std::string& ini_path, const std::vector<std::pair<std
     throw std::invalid_argument("data.mean has " + std::to_string(c.data.mean.size()) + " values but data.std has " +
                                 std::to_string(c.data.std.size()));
   if (c.train.min_lr > c.train.lr)
-    throw std::invalid_argument("train.min_lr = " + std::to_string(c.train.min_lr) + " exceeds train.lr = " +
-                                std::to_string(c.train.lr));
+    throw std::invalid_argument("train.min_lr = " + std::to_string(c.train.min_lr) +
+                                " exceeds train.lr = " + std::to_string(c.train.lr));
   if (c.train.warmup_epochs > 0 && c.train.schedule != "cosine" && c.train.schedule != "linear")
     throw std::invalid_argument("train.warmup_epochs is supported with train.schedule = cosine or linear, not " +
                                 c.train.schedule);

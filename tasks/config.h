@@ -20,16 +20,16 @@ namespace tl {
 
 struct RunSection {
   uint64_t seed = 0;
-  std::string device = "cpu";  // cpu | cuda | cuda:N
-  int64_t threads = 0;         // ATen intra-op threads; 0 = ATen's default
-  int64_t log_every = 20;      // steps between metrics.jsonl lines and plain progress lines
+  std::string device = "cpu";     // cpu | cuda | cuda:N
+  int64_t threads = 0;            // ATen intra-op threads; 0 = ATen's default
+  int64_t log_every = 20;         // steps between metrics.jsonl lines and plain progress lines
   std::string progress = "auto";  // auto | bar | plain | none
   int64_t checkpoint_every = 1;   // epochs between checkpoints (the last epoch always)
 };
 
 struct DataSection {
   std::string dataset = "fashion-mnist";
-  std::string root;  // empty: the dataset's default location
+  std::string root;                         // empty: the dataset's default location
   int64_t train_limit = 0, test_limit = 0;  // 0 = all samples
   int64_t image_size = 0, channels = 0;     // image folders only
   std::vector<double> mean, std;            // empty = computed from the training split ("auto")
@@ -53,10 +53,10 @@ struct TrainSection {
   bool nesterov = false;
   std::string schedule = "cosine";  // constant | cosine | step
   double warmup_epochs = 0.0;
-  int64_t step_epochs = 30;         // schedule = step: decay every step_epochs
+  int64_t step_epochs = 30;  // schedule = step: decay every step_epochs
   double step_gamma = 0.1;
-  double min_lr = 0.0;              // cosine floor
-  double grad_clip = 0.0;           // global-norm clipping; 0 = off
+  double min_lr = 0.0;     // cosine floor
+  double grad_clip = 0.0;  // global-norm clipping; 0 = off
   bool drop_last = true;
   int64_t eval_batch_size = 500;
 };
@@ -99,7 +99,8 @@ class Config {
   /// Reads `ini_path` (may be empty: defaults only), then applies `overrides` ("section.key" ->
   /// value; later entries win). Throws std::invalid_argument naming the source, the key and what
   /// is accepted. Compressor specs are checked by building them (parse_compressor).
-  static Config load(const std::string& ini_path, const std::vector<std::pair<std::string, std::string>>& overrides = {});
+  static Config load(const std::string& ini_path,
+                     const std::vector<std::pair<std::string, std::string>>& overrides = {});
 
   /// The documented keys (boundary.N.* are described as boundary.N.<key>).
   static const std::vector<ConfigKey>& keys();

@@ -2,8 +2,6 @@
 
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +9,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
 
@@ -185,9 +184,9 @@ std::string human_bytes(double bytes) {
 }
 
 std::string comparison_table(const std::vector<std::pair<std::string, RunSummary>>& runs) {
-  std::vector<std::vector<std::string>> cells = {
-      {"run", "compression (fwd / bwd)", "test acc, compression on", "test acc, compression off", "bytes/step",
-       "uncompressed bytes/step", "ratio"}};
+  std::vector<std::vector<std::string>> cells = {{"run", "compression (fwd / bwd)", "test acc, compression on",
+                                                  "test acc, compression off", "bytes/step", "uncompressed bytes/step",
+                                                  "ratio"}};
   auto pct = [](double a) {
     std::ostringstream s;
     s << std::fixed << std::setprecision(2) << 100.0 * a << "%";
@@ -210,8 +209,10 @@ std::string comparison_table(const std::vector<std::pair<std::string, RunSummary
   for (size_t r = 0; r < cells.size(); ++r) {
     for (size_t c = 0; c < cells[r].size(); ++c) {
       out << (c ? "  " : "");
-      if (c < 2) out << std::left << std::setw(int(width[c])) << cells[r][c];
-      else out << std::right << std::setw(int(width[c])) << cells[r][c];
+      if (c < 2)
+        out << std::left << std::setw(int(width[c])) << cells[r][c];
+      else
+        out << std::right << std::setw(int(width[c])) << cells[r][c];
     }
     out << "\n";
     if (r == 0) {

@@ -11,17 +11,17 @@
 namespace tl {
 
 struct EpochMetrics {
-  int64_t epoch = 0;  // 1-based
+  int64_t epoch = 0;        // 1-based
   double train_loss = 0.0;  // mean over the epoch's samples
   double train_acc = 0.0;
   double test_acc_compressed = 0.0;    // boundaries active (compression on)
   double test_acc_uncompressed = 0.0;  // boundaries bypassed (compression off)
-  int64_t bytes_forward = 0;   // sent forward by all boundaries during the epoch's training steps
-  int64_t bytes_backward = 0;  // sent backward
-  int64_t bytes_uncompressed = 0;  // what forward + backward would have sent uncompressed
-  int64_t steps = 0;               // optimizer steps in the epoch
-  double lr = 0.0;                 // at the end of the epoch
-  double wall_s = 0.0;             // cumulative wall time of the run at the end of the epoch
+  int64_t bytes_forward = 0;           // sent forward by all boundaries during the epoch's training steps
+  int64_t bytes_backward = 0;          // sent backward
+  int64_t bytes_uncompressed = 0;      // what forward + backward would have sent uncompressed
+  int64_t steps = 0;                   // optimizer steps in the epoch
+  double lr = 0.0;                     // at the end of the epoch
+  double wall_s = 0.0;                 // cumulative wall time of the run at the end of the epoch
   // Mean over the epoch's messages of ||x - x^|| / ||x|| and of the fraction of nonzero entries
   // of what was received, forward and backward (metrics.jsonl only; 0 and 1 where uncompressed).
   double forward_rel_error = 0.0, backward_rel_error = 0.0;
@@ -36,15 +36,15 @@ std::vector<EpochMetrics> read_metrics_csv(const std::string& path);
 
 /// summary.json content: the last epoch's metrics plus run information.
 struct RunSummary {
-  std::string name;      // the run directory's name
-  std::string config;    // path of the config it was started from
+  std::string name;               // the run directory's name
+  std::string config;             // path of the config it was started from
   std::string forward, backward;  // boundary specs (of [boundary]) for the table
   int64_t stages = 1;
   int64_t epochs = 0;
   int64_t train_samples = 0, test_samples = 0;
   std::string fingerprint;  // the settings a baseline must share to be comparable (see trainer)
   EpochMetrics last;
-  double bytes_per_step() const;               // (forward + backward) / steps of the last epoch
+  double bytes_per_step() const;  // (forward + backward) / steps of the last epoch
   double uncompressed_bytes_per_step() const;
 };
 std::string summary_json(const RunSummary& s);

@@ -1,13 +1,13 @@
 #include "tasks/trainer.h"
 
 #include <ATen/Parallel.h>
-#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "layers/io/checkpoint.h"
@@ -65,9 +65,8 @@ std::string fnv1a_hex(const std::string& text) {
 
 // Keys that do not change what a run computes (presentation, placement, file locations).
 bool outside_fingerprint(const std::string& key) {
-  static const std::vector<std::string> keys = {"run.progress", "run.log_every", "run.checkpoint_every",
-                                                "run.threads",  "run.device",    "data.root",
-                                                "data.prefetch"};
+  static const std::vector<std::string> keys = {"run.progress", "run.log_every", "run.checkpoint_every", "run.threads",
+                                                "run.device",   "data.root",     "data.prefetch"};
   return key.rfind("boundary.", 0) == 0 || std::find(keys.begin(), keys.end(), key) != keys.end();
 }
 
@@ -104,19 +103,26 @@ Experiment::Experiment(const Config& config) : config_(config) {
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "model.arch = ", config_.model.arch, ": ", e.what_without_backtrace());
   }
-  std::vector<std::string> cuts = config_.model.no_cuts ? std::vector<std::string>{}
+  std::vector<std::string> cuts = config_.model.no_cuts        ? std::vector<std::string>{}
                                   : config_.model.cuts.empty() ? model->cut_points()
                                                                : config_.model.cuts;
   for (int64_t i : config_.boundary_override_indices())
-    TORCH_CHECK(i <= static_cast<int64_t>(cuts.size()), "boundary.", i, ": the model has ", cuts.size(),
-                " cut", cuts.size() == 1 ? "" : "s", " (model.cuts), so boundaries are numbered 1..", cuts.size());
-  std::vector<BoundarySpec> specs;
+    TORCH_CHECK(i <= static_cast<int64_t>(cuts.size()), "boundary.", i, ": the model has ", cuts.size(), " cut",
+                cuts.size() == 1 ? "" : "s", " (model.cuts), so boundaries are numbered 1..", cuts.size());
+  std::vector<BoundaryPtr> boundaries;
   for (size_t i = 0; i < cuts.size(); ++i) {
     BoundarySettings b = config_.boundary_at(static_cast<int64_t>(i + 1));
-    specs.push_back({b.forward, b.backward, parse_backward_mode(b.backward_mode), b.active_at_inference});
+    try {  // e.g. backward_mode = shared with a forward codec that has no mask
+      boundaries.push_back(std::make_shared<Boundary>("boundary " + std::to_string(i + 1) + " (after " + cuts[i] + ")",
+                                                      b.forward, b.backward, parse_backward_mode(b.backward_mode),
+                                                      b.active_at_inference));
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "boundary.", i + 1, " (config [boundary] / [boundary.", i + 1,
+                  "]): ", e.what_without_backtrace());
+    }
   }
   try {
-    pipeline_ = Pipeline::build(model, cuts, specs);
+    pipeline_ = std::make_shared<Pipeline>(model, cuts, boundaries);
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "model.cuts: ", e.what_without_backtrace());
   }
@@ -174,9 +180,9 @@ std::string Experiment::describe() const {
   std::ostringstream s;
   const auto& train = train_loader_->dataset();
   s << config_.model.arch << " (width " << config_.model.width << ", " << pipeline_->model()->num_parameters()
-    << " parameters) on " << train.description << ": " << train.size() << " train / "
-    << test_loader_->num_samples() << " test samples of " << train.channels() << "x" << train.height() << "x"
-    << train.width() << ", " << pipeline_->num_stages() << " stage" << (pipeline_->num_stages() == 1 ? "" : "s");
+    << " parameters) on " << train.description << ": " << train.size() << " train / " << test_loader_->num_samples()
+    << " test samples of " << train.channels() << "x" << train.height() << "x" << train.width() << ", "
+    << pipeline_->num_stages() << " stage" << (pipeline_->num_stages() == 1 ? "" : "s");
   for (size_t i = 0; i < pipeline_->boundaries().size(); ++i) s << "\n  " << pipeline_->boundary(i)->describe();
   return s.str();
 }
@@ -295,8 +301,9 @@ RunSummary run_training(const TrainRequest& req) {
     start_epoch = info.epoch;
     auto fp = info.metadata.find("fingerprint");
     if (fp != info.metadata.end() && fp->second != config_fingerprint(cfg))
-      progress.line("warning: the configuration differs from the one the checkpoint was trained with; the result "
-                    "will not match an uninterrupted run");
+      progress.line(
+          "warning: the configuration differs from the one the checkpoint was trained with; the result "
+          "will not match an uninterrupted run");
     auto wall = info.metadata.find("wall_s");
     if (wall != info.metadata.end()) wall_before = std::stod(wall->second);
     const std::string old_csv = (fs::path(req.resume_dir) / "metrics.csv").string();
@@ -304,8 +311,10 @@ RunSummary run_training(const TrainRequest& req) {
       for (const auto& row : read_metrics_csv(old_csv))
         if (row.epoch <= start_epoch) history.push_back(row);
     const std::string old_jsonl = (fs::path(req.resume_dir) / "metrics.jsonl").string();
-    if (fs::exists(old_jsonl)) truncate_jsonl(old_jsonl, jsonl, info.step);
-    else write_file_atomic(jsonl, "");
+    if (fs::exists(old_jsonl))
+      truncate_jsonl(old_jsonl, jsonl, info.step);
+    else
+      write_file_atomic(jsonl, "");
     progress.line("resuming " + req.resume_dir + " after epoch " + std::to_string(start_epoch) + " (step " +
                   std::to_string(info.step) + ")");
   } else {
@@ -337,16 +346,19 @@ RunSummary run_training(const TrainRequest& req) {
       loss_window += s.loss;
       ++window;
       if (s.step % cfg.run.log_every == 0 || s.step_in_epoch == s.steps_in_epoch) {
-        json j{{"step", s.step},   {"epoch", s.epoch + 1},          {"loss", loss_window / double(window)},
-               {"acc", s.acc},     {"lr", s.lr},                    {"images_per_s", s.images_per_s},
+        json j{{"step", s.step},
+               {"epoch", s.epoch + 1},
+               {"loss", loss_window / double(window)},
+               {"acc", s.acc},
+               {"lr", s.lr},
+               {"images_per_s", s.images_per_s},
                {"wall_s", wall_before + seconds_since(t_start)}};
         append_line(jsonl, j.dump());
         if (progress.mode() == Progress::Mode::kPlain) {
           std::ostringstream line;
           line << "epoch " << s.epoch + 1 << "/" << cfg.train.epochs << " step " << s.step_in_epoch << "/"
                << s.steps_in_epoch << "  loss " << std::fixed << std::setprecision(4) << loss_window / double(window)
-               << "  lr " << std::setprecision(5) << s.lr << "  " << std::setprecision(0) << s.images_per_s
-               << " img/s";
+               << "  lr " << std::setprecision(5) << s.lr << "  " << std::setprecision(0) << s.images_per_s << " img/s";
           progress.line(line.str());
         }
         loss_window = 0.0;
@@ -388,8 +400,8 @@ RunSummary run_training(const TrainRequest& req) {
     }
     std::ostringstream line;
     line << std::fixed << "epoch " << m.epoch << "/" << cfg.train.epochs << ": train loss " << std::setprecision(4)
-         << m.train_loss << ", test acc " << std::setprecision(2) << 100 * m.test_acc_compressed
-         << "% compressed / " << 100 * m.test_acc_uncompressed << "% uncompressed, sent "
+         << m.train_loss << ", test acc " << std::setprecision(2) << 100 * m.test_acc_compressed << "% compressed / "
+         << 100 * m.test_acc_uncompressed << "% uncompressed, sent "
          << human_bytes(double(m.bytes_forward + m.bytes_backward) / double(std::max<int64_t>(m.steps, 1)))
          << "/step of " << human_bytes(double(m.bytes_uncompressed) / double(std::max<int64_t>(m.steps, 1)))
          << " uncompressed, " << std::setprecision(1) << m.wall_s << " s";

@@ -78,7 +78,7 @@ class Experiment {
 /// What `tapeline train` asks for.
 struct TrainRequest {
   Config config;
-  std::string config_path;        // shown in summary.json
+  std::string config_path;  // shown in summary.json
   std::string out_dir;
   std::string resume_dir;         // non-empty: continue from its checkpoint (may equal out_dir)
   int64_t stop_after_epochs = 0;  // > 0: stop after this many epochs in this invocation

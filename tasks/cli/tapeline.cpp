@@ -3,7 +3,6 @@
 //   tapeline eval --run DIR [--compression on|off|both] [--section.key=value ...]
 // Exit status: 0 success, 2 usage or configuration error (nothing ran), 1 failure while running.
 #include <boost/program_options.hpp>
-
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
@@ -46,8 +45,8 @@ std::string keys_table() {
   for (const auto& k : Config::keys()) {
     std::string sec = k.name.substr(0, k.name.find('.'));
     if (sec != section) s << "\n  [" << sec << "]\n", section = sec;
-    s << "  " << std::left << std::setw(34) << k.name << " default " << (k.default_value.empty() ? "''" : k.default_value)
-      << "; " << k.accepted << "\n      " << k.help << "\n";
+    s << "  " << std::left << std::setw(34) << k.name << " default "
+      << (k.default_value.empty() ? "''" : k.default_value) << "; " << k.accepted << "\n      " << k.help << "\n";
   }
   return s.str();
 }
@@ -119,9 +118,12 @@ int cmd_train(const std::vector<std::string>& argv) {
   } else {
     throw UsageError("--config FILE is required (e.g. --config configs/default.ini)");
   }
-  if (vm.count("out")) req.out_dir = vm["out"].as<std::string>();
-  else if (!req.resume_dir.empty()) req.out_dir = req.resume_dir;
-  else throw UsageError("--out DIR is required (e.g. --out runs/default)");
+  if (vm.count("out"))
+    req.out_dir = vm["out"].as<std::string>();
+  else if (!req.resume_dir.empty())
+    req.out_dir = req.resume_dir;
+  else
+    throw UsageError("--out DIR is required (e.g. --out runs/default)");
   if (vm.count("stop-after")) {
     req.stop_after_epochs = vm["stop-after"].as<int64_t>();
     if (req.stop_after_epochs < 1) throw UsageError("--stop-after must be >= 1");
@@ -140,7 +142,8 @@ int cmd_train(const std::vector<std::string>& argv) {
   std::vector<std::string> notes;
   fs::path out = fs::absolute(req.out_dir).lexically_normal();
   if (out.filename().empty()) out = out.parent_path();
-  fs::path baseline_dir = vm.count("baseline") ? fs::path(vm["baseline"].as<std::string>()) : out.parent_path() / "baseline";
+  fs::path baseline_dir =
+      vm.count("baseline") ? fs::path(vm["baseline"].as<std::string>()) : out.parent_path() / "baseline";
   bool is_baseline = all_identity(req.config) || fs::absolute(baseline_dir).lexically_normal() == out;
   if (!is_baseline) {
     const std::string fp = config_fingerprint(req.config);
@@ -174,8 +177,8 @@ int cmd_train(const std::vector<std::string>& argv) {
   std::cout << "\n" << comparison_table(rows);
   for (const auto& n : notes) std::cout << "note: " << n << "\n";
   if (run.last.epoch < run.epochs)
-    std::cout << "note: stopped after epoch " << run.last.epoch << " of " << run.epochs << "; continue with tapeline train --resume "
-              << req.out_dir << "\n";
+    std::cout << "note: stopped after epoch " << run.last.epoch << " of " << run.epochs
+              << "; continue with tapeline train --resume " << req.out_dir << "\n";
   std::cout << "run directory: " << req.out_dir << "\n";
   return 0;
 }

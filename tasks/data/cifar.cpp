@@ -39,7 +39,7 @@ ImageDataset read_cifar_files(const std::vector<std::string>& paths, int64_t num
   ds.images = at::cat(images, 0).contiguous();
   ds.labels = at::cat(labels, 0);
   ds.num_classes = num_classes;
-  static const std::vector<std::string> cifar10 = {"airplane", "automobile", "bird", "cat", "deer",
+  static const std::vector<std::string> cifar10 = {"airplane", "automobile", "bird",  "cat",  "deer",
                                                    "dog",      "frog",       "horse", "ship", "truck"};
   if (num_classes == 10) {
     ds.class_names = cifar10;

@@ -20,8 +20,8 @@ std::pair<std::vector<double>, std::vector<double>> ImageDataset::channel_stats(
   TORCH_CHECK(size() > 0, "channel_stats: ", description, " is empty");
   // (C, N*H*W) in float64 so that 60000 x 784 sums stay exact enough.
   at::Tensor x = images.transpose(0, 1).reshape({channels(), -1}).to(at::kDouble).div_(255.0);
-  at::Tensor mean = x.mean(1);                                                    // (C)
-  at::Tensor std = (x - mean.unsqueeze(1)).pow(2).mean(1).sqrt();               // (C), population std
+  at::Tensor mean = x.mean(1);                                     // (C)
+  at::Tensor std = (x - mean.unsqueeze(1)).pow(2).mean(1).sqrt();  // (C), population std
   std::vector<double> m(channels()), s(channels());
   for (int64_t c = 0; c < channels(); ++c) {
     m[c] = mean[c].item<double>();
@@ -35,11 +35,10 @@ void ImageDataset::validate(const std::string& where) const {
               ": images must be a (N, C, H, W) uint8 tensor");
   TORCH_CHECK(labels.defined() && labels.dim() == 1 && labels.scalar_type() == at::kLong, where,
               ": labels must be a (N) int64 tensor");
-  TORCH_CHECK(images.size(0) == labels.size(0), where, ": ", images.size(0), " images but ", labels.size(0),
-              " labels");
+  TORCH_CHECK(images.size(0) == labels.size(0), where, ": ", images.size(0), " images but ", labels.size(0), " labels");
   TORCH_CHECK(images.size(0) > 0, where, ": no samples");
-  TORCH_CHECK(num_classes > 0 && static_cast<int64_t>(class_names.size()) == num_classes, where,
-              ": num_classes ", num_classes, " but ", class_names.size(), " class names");
+  TORCH_CHECK(num_classes > 0 && static_cast<int64_t>(class_names.size()) == num_classes, where, ": num_classes ",
+              num_classes, " but ", class_names.size(), " class names");
   int64_t lo = labels.min().item<int64_t>(), hi = labels.max().item<int64_t>();
   TORCH_CHECK(lo >= 0 && hi < num_classes, where, ": label values in [", lo, ", ", hi, "] but expected [0, ",
               num_classes, ")");
@@ -86,9 +85,9 @@ DatasetSplits load_dataset(const DatasetSource& source) {
                   : "");
   DatasetSplits splits;
   if (source.name == "fashion-mnist") {
-    splits = load_mnist_dir(root, "fashion-mnist",
-                            {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
-                             "Bag", "Ankle boot"});
+    splits = load_mnist_dir(
+        root, "fashion-mnist",
+        {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"});
   } else if (source.name == "mnist") {
     splits = load_mnist_dir(root, "mnist", {"0", "1", "2", "3", "4", "5", "6", "7", "8", "9"});
   } else if (source.name == "cifar10") {

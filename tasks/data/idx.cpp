@@ -90,8 +90,8 @@ at::Tensor read_idx_file(const std::string& path, int64_t expected_dims) {
   TORCH_CHECK(got == total, path, ": truncated: the header declares ", shape.str(), " = ", total,
               " data bytes but the file ends after ", got);
   uint8_t extra = 0;
-  TORCH_CHECK(file.read(&extra, 1, path) == 0, path, ": has data after the ", total, " bytes its header (",
-              shape.str(), ") declares");
+  TORCH_CHECK(file.read(&extra, 1, path) == 0, path, ": has data after the ", total, " bytes its header (", shape.str(),
+              ") declares");
   return out;
 }
 

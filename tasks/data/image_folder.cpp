@@ -78,8 +78,8 @@ ImageDataset read_image_folder(const std::string& root, int64_t channels, int64_
         if (first_h < 0) {
           first_h = h, first_w = w, first_path = path.string();
         }
-        TORCH_CHECK(h == first_h && w == first_w, path.string(), ": image is ", w, "x", h, " but ", first_path,
-                    " is ", first_w, "x", first_h, "; set data.image_size to resize all images to one size");
+        TORCH_CHECK(h == first_h && w == first_w, path.string(), ": image is ", w, "x", h, " but ", first_path, " is ",
+                    first_w, "x", first_h, "; set data.image_size to resize all images to one size");
       }
       at::Tensor hwc = at::from_blob(pixels.get(), {h, w, channels}, at::kByte);
       images.push_back(resize_hwc(hwc, image_size));  // copies out of the stb buffer

@@ -17,7 +17,8 @@ uint64_t mix_seed(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
   return splitmix(h ^ c);
 }
 
-DataLoader::DataLoader(ImageDataset data, LoaderOptions options) : data_(std::move(data)), options_(std::move(options)) {
+DataLoader::DataLoader(ImageDataset data, LoaderOptions options)
+    : data_(std::move(data)), options_(std::move(options)) {
   data_.validate(data_.description);
   TORCH_CHECK(options_.batch_size >= 1, "DataLoader: batch_size must be >= 1, got ", options_.batch_size);
   TORCH_CHECK(options_.crop_padding >= 0, "DataLoader: crop_padding must be >= 0, got ", options_.crop_padding);
@@ -26,8 +27,9 @@ DataLoader::DataLoader(ImageDataset data, LoaderOptions options) : data_(std::mo
               options_.std.size(), " std values");
   if (!options_.mean.empty()) {
     const int64_t c = data_.channels();
-    TORCH_CHECK(static_cast<int64_t>(options_.mean.size()) == c || options_.mean.size() == 1, "DataLoader: ",
-                options_.mean.size(), " mean/std values for images with ", c, " channels; give 1 or ", c);
+    TORCH_CHECK(static_cast<int64_t>(options_.mean.size()) == c || options_.mean.size() == 1,
+                "DataLoader: ", options_.mean.size(), " mean/std values for images with ", c, " channels; give 1 or ",
+                c);
     for (double s : options_.std) TORCH_CHECK(s > 0, "DataLoader: std values must be > 0, got ", s);
     mean_ = at::tensor(options_.mean, at::kDouble).to(at::kFloat).expand({c}).reshape({1, c, 1, 1});
     std_ = at::tensor(options_.std, at::kDouble).to(at::kFloat).expand({c}).reshape({1, c, 1, 1});
@@ -58,13 +60,14 @@ at::Tensor DataLoader::epoch_order(int64_t epoch) const {
 Batch DataLoader::make_batch(int64_t epoch, int64_t index) const { return assemble(epoch_order(epoch), epoch, index); }
 
 Batch DataLoader::assemble(const at::Tensor& order, int64_t epoch, int64_t index) const {
-  TORCH_CHECK(index >= 0 && index < num_batches(), "DataLoader: batch ", index, " out of range [0, ", num_batches(), ")");
+  TORCH_CHECK(index >= 0 && index < num_batches(), "DataLoader: batch ", index, " out of range [0, ", num_batches(),
+              ")");
   const int64_t start = index * options_.batch_size;
   const int64_t b = std::min(options_.batch_size, data_.size() - start);
   Batch batch;
   batch.index = index;
-  batch.ids = order.narrow(0, start, b).clone();                       // (B)
-  batch.labels = data_.labels.index_select(0, batch.ids);              // (B)
+  batch.ids = order.narrow(0, start, b).clone();                                      // (B)
+  batch.labels = data_.labels.index_select(0, batch.ids);                             // (B)
   at::Tensor x = data_.images.index_select(0, batch.ids).to(at::kFloat).div_(255.0);  // (B, C, H, W)
   const int64_t h = x.size(2), w = x.size(3);
   if (options_.crop_padding > 0 || options_.hflip) {

@@ -2,9 +2,10 @@
 // unsplit model computes (outputs and gradients); micro-batches accumulate the full-batch gradient
 // where samples are independent, and BatchNorm's per-micro-batch statistics are what the
 // documentation says; the inference toggle; byte statistics; sample ids reaching the codecs.
+#include "parallel/pipeline.h"
+
 #include "layers/models/resnet.h"
 #include "layers/optim/grad_utils.h"
-#include "parallel/pipeline.h"
 #include "tests/common/testing.h"
 
 namespace tl {
@@ -89,9 +90,11 @@ TEST(Pipeline, BatchNormUsesPerMicroBatchStatisticsInTraining) {
   double l1 = cross_entropy(ref->forward(Variable(x.narrow(0, 4, 4))), y.narrow(0, 4, 4)).item<double>();
   EXPECT_NEAR(r.loss, (l0 + l1) / 2, 1e-5);
   auto ref_state = ref->state_dict();
-  for (const auto& [name, t] : a->state_dict())
-    if (name.find("running_mean") != std::string::npos)
+  for (const auto& [name, t] : a->state_dict()) {
+    if (name.find("running_") != std::string::npos) {
       EXPECT_TRUE(all_close(t, ref_state.at(name), "running stats " + name, 1e-6, 1e-5));
+    }
+  }
   // ...and it differs from the full-batch loss.
   auto full = small_resnet(7);
   double lf = cross_entropy(full->forward(Variable(x)), y).item<double>();

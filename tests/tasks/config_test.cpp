@@ -2,11 +2,12 @@
 // config round trip, and every kind of error (unknown key, bad value, bad compressor spec)
 // raised with the source, the key and what is accepted. Also: every shipped config loads and
 // every key is documented in docs/CONFIG.md.
+#include "tasks/config.h"
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
-#include "tasks/config.h"
 #include "tests/tasks/task_testing.h"
 
 namespace tl {
@@ -64,8 +65,11 @@ active_at_inference = false
 
 TEST(Config, ResolvedIniReadsBackToTheSameConfig) {
   TempDir dir;
-  Config c = Config::load("", {{"train.lr", "0.1"}, {"model.cuts", "layer1, layer3"}, {"data.mean", "0.5"},
-                               {"data.std", "0.25"}, {"boundary.1.forward", "topk(0.5)"}});
+  Config c = Config::load("", {{"train.lr", "0.1"},
+                               {"model.cuts", "layer1, layer3"},
+                               {"data.mean", "0.5"},
+                               {"data.std", "0.25"},
+                               {"boundary.1.forward", "topk(0.5)"}});
   std::string path = write_ini(dir, c.to_ini(), "resolved.ini");
   Config r = Config::load(path);
   EXPECT_EQ(r.resolved(), c.resolved());
@@ -79,10 +83,16 @@ TEST(Config, UnknownKeysAreRejectedWithASuggestion) {
   TempDir dir;
   std::string path = write_ini(dir, "[train]\nepoch = 3\n");
   expect_error([&] { Config::load(path); }, {path, "unknown key 'train.epoch'", "did you mean 'train.epochs'"});
-  expect_error([] { Config::load("", {{"data.trainlimit", "5"}}); },
-               {"command line", "unknown key 'data.trainlimit'", "data.train_limit"});
-  expect_error([] { Config::load("", {{"boundary.2.fwd", "topk(0.1)"}}); },
-               {"boundary.2.fwd", "unknown boundary key 'fwd'", "forward, backward"});
+  expect_error(
+      [] {
+        Config::load("", {{"data.trainlimit", "5"}});
+      },
+      {"command line", "unknown key 'data.trainlimit'", "data.train_limit"});
+  expect_error(
+      [] {
+        Config::load("", {{"boundary.2.fwd", "topk(0.1)"}});
+      },
+      {"boundary.2.fwd", "unknown boundary key 'fwd'", "forward, backward"});
   expect_error([] { Config::load("", {{"boundary.0.forward", "topk(0.1)"}}); }, {"numbered from 1"});
   expect_error([] { Config::load("", {{"model", "x"}}); }, {"unknown key 'model'"});
   std::string dup = write_ini(dir, "[train]\nepochs = 3\nepochs = 4\n", "dup.ini");
@@ -114,8 +124,11 @@ TEST(Config, BadValuesAreRejectedSayingWhatIsAccepted) {
        }) {
     expect_error([&] { Config::load("", {{k.key, k.value}}); }, {k.key + " = '" + k.value + "'", k.expected});
   }
-  expect_error([] { Config::load("", {{"train.micro_batches", "8"}, {"train.batch_size", "4"}}); },
-               {"micro_batches = 8", "batch_size = 4"});
+  expect_error(
+      [] {
+        Config::load("", {{"train.micro_batches", "8"}, {"train.batch_size", "4"}});
+      },
+      {"micro_batches = 8", "batch_size = 4"});
   expect_error([] { Config::load("", {{"data.mean", "0.5"}}); }, {"data.mean and data.std"});
   expect_error([] { Config::load("", {{"data.image_size", "32"}}); }, {"data.image_size", "folder only"});
 }
@@ -130,9 +143,9 @@ TEST(Config, BadCompressorSpecsAreRejectedWhileReading) {
 
 TEST(Config, SplitOverridesTakesDottedFlagsOnly) {
   std::vector<std::string> rest;
-  auto o = split_overrides({"--config", "x.ini", "--train.epochs=3", "--data.root", "/d", "--out", "r",
-                            "--boundary.2.forward=topk(0.1)"},
-                           rest);
+  auto o = split_overrides(
+      {"--config", "x.ini", "--train.epochs=3", "--data.root", "/d", "--out", "r", "--boundary.2.forward=topk(0.1)"},
+      rest);
   ASSERT_EQ(o.size(), 3u);
   EXPECT_EQ(o[0], std::make_pair(std::string("train.epochs"), std::string("3")));
   EXPECT_EQ(o[1], std::make_pair(std::string("data.root"), std::string("/d")));

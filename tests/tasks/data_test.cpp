@@ -52,8 +52,10 @@ void write_mnist(const fs::path& dir, int n, int m, int h, int w, bool gz) {
     }
     auto bytes = images ? idx_bytes(3, {uint32_t(count), uint32_t(h), uint32_t(w)}, data)
                         : idx_bytes(1, {uint32_t(count)}, data);
-    if (gz) write_gz(dir / (base + ".gz"), bytes);
-    else write_raw(dir / base, bytes);
+    if (gz)
+      write_gz(dir / (base + ".gz"), bytes);
+    else
+      write_raw(dir / base, bytes);
   };
   put("train-images-idx3-ubyte", n, true);
   put("train-labels-idx1-ubyte", n, false);
@@ -139,7 +141,8 @@ TEST(CifarReader, ReadsCifar10AndCifar100) {
   TempDir dir;
   fs::create_directories(dir.path() / "cifar-10-batches-bin");
   for (int b = 1; b <= 5; ++b)
-    write_raw(dir.path() / "cifar-10-batches-bin" / ("data_batch_" + std::to_string(b) + ".bin"), cifar_records(3, 1, 10));
+    write_raw(dir.path() / "cifar-10-batches-bin" / ("data_batch_" + std::to_string(b) + ".bin"),
+              cifar_records(3, 1, 10));
   write_raw(dir.path() / "cifar-10-batches-bin" / "test_batch.bin", cifar_records(4, 1, 10));
   DatasetSplits s = load_dataset({"cifar10", dir.path().string()});
   ASSERT_EQ(s.train.images.sizes(), at::IntArrayRef({15, 3, 32, 32}));

@@ -1,9 +1,10 @@
 // Run-directory files: metrics.csv and summary.json read back what was written, malformed files
 // are errors naming the file, atomic writes replace whole files, and the comparison table.
+#include "tasks/report.h"
+
 #include <filesystem>
 #include <fstream>
 
-#include "tasks/report.h"
 #include "tests/tasks/task_testing.h"
 
 namespace tl {
@@ -79,7 +80,8 @@ TEST(Report, SummaryJsonRoundTripAndTable) {
   base.last.bytes_forward = base.last.bytes_backward = 15000;
   base.last.test_acc_compressed = base.last.test_acc_uncompressed = 0.875;
   std::string table = comparison_table({{"default", s}, {"baseline", base}});
-  for (const char* cell : {"81.25%", "37.50%", "87.50%", "300 B", "3.00 kB", "0.100x", "1.000x", "topk(0.1) / topk(0.1)"})
+  for (const char* cell :
+       {"81.25%", "37.50%", "87.50%", "300 B", "3.00 kB", "0.100x", "1.000x", "topk(0.1) / topk(0.1)"})
     EXPECT_NE(table.find(cell), std::string::npos) << cell << " missing from\n" << table;
 }
 
@@ -94,7 +96,8 @@ TEST(Report, AtomicWriteReplacesAndLeavesNoTemporaries) {
   int files = 0;
   for (const auto& e : fs::directory_iterator(dir.path())) files += e.is_regular_file();
   EXPECT_EQ(files, 1);
-  expect_error([&] { write_file_atomic((dir.path() / "no" / "such" / "dir.txt").string(), "x"); }, {"cannot be written"});
+  expect_error([&] { write_file_atomic((dir.path() / "no" / "such" / "dir.txt").string(), "x"); },
+               {"cannot be written"});
   EXPECT_EQ(human_bytes(512), "512 B");
   EXPECT_EQ(human_bytes(22478848), "22.48 MB");
 }

@@ -2,7 +2,6 @@
 // Helpers for the tasks tests: temporary directories and error-message checks.
 
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <atomic>

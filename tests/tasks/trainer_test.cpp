@@ -2,10 +2,11 @@
 // with a ResNet-8 and uncompressed boundaries), and a run interrupted after an epoch and resumed
 // must end with exactly the metrics of the uninterrupted run. Skipped with a message when the
 // dataset (Debian package dataset-fashion-mnist) is not installed.
+#include "tasks/trainer.h"
+
 #include <filesystem>
 #include <fstream>
 
-#include "tasks/trainer.h"
 #include "tests/tasks/task_testing.h"
 
 namespace tl {
@@ -18,16 +19,16 @@ bool have_fashion_mnist() {
   return fs::exists(fs::path(default_dataset_root("fashion-mnist")) / "train-images-idx3-ubyte.gz");
 }
 
-#define REQUIRE_FASHION_MNIST()                                                                              \
-  if (!have_fashion_mnist())                                                                                 \
-  GTEST_SKIP() << "Fashion-MNIST not found in " << default_dataset_root("fashion-mnist")                     \
+#define REQUIRE_FASHION_MNIST()                                                          \
+  if (!have_fashion_mnist())                                                             \
+  GTEST_SKIP() << "Fashion-MNIST not found in " << default_dataset_root("fashion-mnist") \
                << " (install the Debian package dataset-fashion-mnist)"
 
 Config small_config(std::vector<std::pair<std::string, std::string>> extra) {
   std::vector<std::pair<std::string, std::string>> kv = {
-      {"model.arch", "resnet8"},      {"model.width", "0.5"},        {"model.cuts", "layer1, layer2, layer3"},
-      {"train.batch_size", "32"},     {"train.lr", "0.05"},          {"train.schedule", "cosine"},
-      {"run.progress", "none"},       {"data.prefetch", "1"},        {"run.seed", "3"}};
+      {"model.arch", "resnet8"},  {"model.width", "0.5"}, {"model.cuts", "layer1, layer2, layer3"},
+      {"train.batch_size", "32"}, {"train.lr", "0.05"},   {"train.schedule", "cosine"},
+      {"run.progress", "none"},   {"data.prefetch", "1"}, {"run.seed", "3"}};
   kv.insert(kv.end(), extra.begin(), extra.end());
   return Config::load("", kv);
 }
@@ -123,9 +124,17 @@ TEST(Trainer, ResumeReachesTheSameFinalMetrics) {
 TEST(Trainer, ConfigurationErrorsStopBeforeTraining) {
   // These fail while the experiment is assembled (no data read for the first three).
   expect_error([] { Experiment e(small_config({{"model.cuts", "layer1, layer9"}})); }, {"model.cuts", "layer9"});
-  expect_error([] { Experiment e(small_config({{"boundary.4.forward", "topk(0.1)"}})); },
-               {"boundary.4", "3 cuts", "1..3"});
+  expect_error(
+      [] {
+        Experiment e(small_config({{"boundary.4.forward", "topk(0.1)"}}));
+      },
+      {"boundary.4", "3 cuts", "1..3"});
   expect_error([] { Experiment e(small_config({{"model.arch", "resnet7"}})); }, {"model.arch = resnet7"});
+  expect_error(
+      [] {
+        Experiment e(small_config({{"boundary.forward", "quant(4)"}, {"boundary.backward_mode", "shared"}}));
+      },
+      {"boundary.1", "shared"});
   expect_error([] { Experiment e(small_config({{"data.root", "/nonexistent/fmnist"}})); }, {"/nonexistent/fmnist"});
   TrainRequest req;
   req.config = small_config({});
@@ -135,8 +144,10 @@ TEST(Trainer, ConfigurationErrorsStopBeforeTraining) {
 }
 
 TEST(Trainer, BaselineConfigAndFingerprint) {
-  Config c = small_config({{"boundary.forward", "topk(0.1)"}, {"boundary.2.backward", "quant(4)"},
-                           {"run.progress", "plain"}, {"data.root", "/x"}});
+  Config c = small_config({{"boundary.forward", "topk(0.1)"},
+                           {"boundary.2.backward", "quant(4)"},
+                           {"run.progress", "plain"},
+                           {"data.root", "/x"}});
   Config b = baseline_config(c);
   EXPECT_EQ(b.boundary_at(1).forward, "identity");
   EXPECT_EQ(b.boundary_at(2).backward, "identity");
