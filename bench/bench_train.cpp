@@ -9,9 +9,11 @@
 //   {"bench":"train_step","model":..,"batch":..,"image":..,"stages":..,"case":..,"reference":..,
 //    "images_per_s":..,"ref_images_per_s":..,"ratio":..}     ratio = images_per_s / ref_images_per_s
 //
+// The allocator keeps freed memory (as the tapeline CLI does).
 // Usage: bench_train [--rounds N] [--batch B] [--threads N] [--model resnet8|resnet20|resnet18]
 //                    [--width W] [--size HW] [--channels C] [--device cpu|cuda]
 #include <ATen/Parallel.h>
+#include <malloc.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -132,6 +134,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  // As in the tapeline CLI (Note [allocator] in tasks/cli/tapeline.cpp): keep freed memory in the
+  // heap so that per-step buffers do not start with page faults.
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   if (o.threads > 0) at::set_num_threads(static_cast<int>(o.threads));
   at::Device device(o.device);
   at::manual_seed(0);

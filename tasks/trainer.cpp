@@ -327,8 +327,21 @@ RunSummary run_training(const TrainRequest& req) {
   summary.name = fs::path(out).filename().string();
   if (summary.name.empty()) summary.name = fs::path(out).parent_path().filename().string();
   summary.config = req.config_path;
-  summary.forward = cfg.boundary.forward;
-  summary.backward = cfg.boundary.backward;
+  // The specs of the cuts: one when they all agree, else each cut's in order ("a, b, c").
+  auto specs_of = [&](bool forward) {
+    std::vector<std::string> all;
+    for (size_t i = 1; i <= ex.pipeline().boundaries().size(); ++i) {
+      BoundarySettings b = cfg.boundary_at(static_cast<int64_t>(i));
+      all.push_back(forward ? b.forward : b.backward);
+    }
+    if (all.empty()) return std::string("none (no cut)");
+    if (std::all_of(all.begin(), all.end(), [&](const std::string& x) { return x == all[0]; })) return all[0];
+    std::string joined;
+    for (const auto& x : all) joined += (joined.empty() ? "" : ", ") + x;
+    return joined;
+  };
+  summary.forward = specs_of(true);
+  summary.backward = specs_of(false);
   summary.stages = static_cast<int64_t>(ex.pipeline().num_stages());
   summary.epochs = cfg.train.epochs;
   summary.train_samples = ex.train_loader().num_samples();
