@@ -56,7 +56,9 @@ void expect_split_equals_unsplit(Module& model, const std::vector<ModulePtr>& st
   EXPECT_EQ(union_names, param_names(model)) << label << ": stages must cover every parameter";
   for (auto& [n, p] : model.named_parameters()) {
     ASSERT_TRUE(grads.count(n) == p.grad().defined()) << label << " " << n;
-    if (grads.count(n)) EXPECT_TRUE(all_close(p.grad(), grads[n], label + " d/d(" + n + ")", atol, 1e-5));
+    if (grads.count(n)) {
+      EXPECT_TRUE(all_close(p.grad(), grads[n], label + " d/d(" + n + ")", atol, 1e-5));
+    }
   }
 }
 

@@ -45,7 +45,9 @@ inline void expect_parity(Module& ours, torch::nn::Module& ref, const std::funct
   at::Tensor g = at::randn_like(yr);
   y.backward(g);
   yr.backward(g);
-  if (floating) EXPECT_TRUE(all_close(x.grad(), xr.grad(), label + " d/d(input)", opt.atol, opt.rtol));
+  if (floating) {
+    EXPECT_TRUE(all_close(x.grad(), xr.grad(), label + " d/d(input)", opt.atol, opt.rtol));
+  }
 
   auto ref_params = ref.named_parameters();
   for (auto& [name, p] : ours.named_parameters()) {
