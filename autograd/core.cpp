@@ -1,4 +1,5 @@
 // Variable, Node, Context, Tape and grad mode: the engine's data structures.
+#include <algorithm>
 #include <atomic>
 #include <sstream>
 
@@ -22,20 +23,17 @@ Node::Node() : seq_(next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
 void Node::add_pre_hook(uint32_t output_nr, GradHook hook) { pre_hooks_.emplace_back(output_nr, std::move(hook)); }
 
 void Node::release() {
-  if (released_) return;
-  released_ = true;
+  if (released_.exchange(true, std::memory_order_acq_rel)) return;
   release_saved();
   // Clearing edges here (while the tape still owns every node) means no chain of shared_ptrs is
   // ever destroyed recursively.
   next_edges_.clear();
-  grad_buffer_.clear();
   pre_hooks_.clear();
 }
 
 // ---- Context --------------------------------------------------------------------------------
 void Context::save_for_backward(std::vector<at::Tensor> tensors) {
   versions_.clear();
-  versions_.reserve(tensors.size());
   for (const auto& t : tensors) versions_.push_back(t.defined() ? t._version() : 0);
   saved_ = std::move(tensors);
 }
@@ -47,8 +45,7 @@ const std::vector<at::Tensor>& Context::saved() const {
   for (size_t i = 0; i < saved_.size(); ++i) {
     if (saved_[i].defined() && saved_[i]._version() != versions_[i]) {
       TORCH_CHECK(false, "op '", op_name_, "': saved tensor ", i, " (shape ", saved_[i].sizes(),
-                  ") was modified in place after the forward (version ", versions_[i], " -> ",
-                  saved_[i]._version(),
+                  ") was modified in place after the forward (version ", versions_[i], " -> ", saved_[i]._version(),
                   "); an optimizer step or an in-place op ran before this backward. Run backward "
                   "first, or clone the tensor");
     }
@@ -70,10 +67,11 @@ void Context::release() {
 }
 
 namespace detail {
-std::vector<Edge> make_edges(const std::vector<const Variable*>& inputs, std::vector<bool>& needs) {
-  std::vector<Edge> edges(inputs.size());
-  needs.assign(inputs.size(), false);
-  for (size_t i = 0; i < inputs.size(); ++i) {
+void make_edges(const InputList& inputs, EdgeList& edges, c10::SmallVector<bool, 8>& needs) {
+  const size_t n = inputs.size();
+  edges.resize(n);
+  needs.assign(n, false);
+  for (size_t i = 0; i < n; ++i) {
     const Variable& v = *inputs[i];
     if (!v.defined() || !v.requires_grad()) continue;
     needs[i] = true;
@@ -84,10 +82,9 @@ std::vector<Edge> make_edges(const std::vector<const Variable*>& inputs, std::ve
       edges[i].leaf = v.impl_ptr();
     }
   }
-  return edges;
 }
 
-OutputMeta meta_of(const at::Tensor& t) { return OutputMeta{t.sizes().vec(), t.options()}; }
+OutputMeta meta_of(const at::Tensor& t) { return OutputMeta{shape_of(t.sizes()), t.options()}; }
 }  // namespace detail
 
 // ---- Variable -------------------------------------------------------------------------------
@@ -124,18 +121,33 @@ Variable Variable::make_output(at::Tensor data, std::shared_ptr<Node> fn, uint32
 const at::Tensor& Variable::data() const { return impl_ ? impl_->data : undefined_tensor(); }
 at::Tensor& Variable::mutable_data() { return checked(impl_, "mutable_data").data; }
 void Variable::set_data(at::Tensor data) { checked(impl_, "set_data").data = std::move(data); }
-at::Tensor Variable::grad() const { return impl_ ? impl_->grad : at::Tensor(); }
-void Variable::set_grad(at::Tensor grad) { checked(impl_, "set_grad").grad = std::move(grad); }
+at::Tensor Variable::grad() const {
+  if (!impl_) return at::Tensor();
+  std::lock_guard<std::mutex> lock(impl_->grad_mutex);
+  return impl_->grad;
+}
+void Variable::set_grad(at::Tensor grad) {
+  auto& impl = checked(impl_, "set_grad");
+  std::lock_guard<std::mutex> lock(impl.grad_mutex);
+  impl.grad = std::move(grad);
+}
 void Variable::zero_grad() {
-  if (impl_) impl_->grad = at::Tensor();
+  if (!impl_) return;
+  at::Tensor old;  // released outside the lock
+  std::lock_guard<std::mutex> lock(impl_->grad_mutex);
+  old = std::move(impl_->grad);
+  impl_->grad = at::Tensor();
 }
 bool Variable::requires_grad() const { return impl_ && impl_->requires_grad; }
 void Variable::set_requires_grad(bool requires_grad) {
   auto& impl = checked(impl_, "set_requires_grad");
-  TORCH_CHECK(!impl.grad_fn, "set_requires_grad: only leaf variables can change requires_grad; this one is "
-              "the output of '", impl.grad_fn->name(), "' (use detach() first)");
-  TORCH_CHECK(!requires_grad || at::isFloatingType(impl.data.scalar_type()) || at::isComplexType(impl.data.scalar_type()),
-              "set_requires_grad: only floating-point tensors can require grad, got ", impl.data.scalar_type());
+  TORCH_CHECK(!impl.grad_fn,
+              "set_requires_grad: only leaf variables can change requires_grad; this one is "
+              "the output of '",
+              impl.grad_fn->name(), "' (use detach() first)");
+  TORCH_CHECK(
+      !requires_grad || at::isFloatingType(impl.data.scalar_type()) || at::isComplexType(impl.data.scalar_type()),
+      "set_requires_grad: only floating-point tensors can require grad, got ", impl.data.scalar_type());
   impl.requires_grad = requires_grad;
 }
 bool Variable::is_leaf() const { return !impl_ || !impl_->grad_fn; }
@@ -145,7 +157,8 @@ Variable Variable::detach() const { return Variable(data(), false); }
 
 void Variable::register_hook(GradHook hook) const {
   auto& impl = checked(impl_, "register_hook");
-  TORCH_CHECK(impl.requires_grad, "register_hook: this variable does not require grad, so no gradient "
+  TORCH_CHECK(impl.requires_grad,
+              "register_hook: this variable does not require grad, so no gradient "
               "will ever reach the hook");
   if (impl.grad_fn) {
     impl.grad_fn->add_pre_hook(impl.output_nr, std::move(hook));
@@ -174,49 +187,75 @@ Tape& Tape::current() {
 Tape::~Tape() { reset(); }
 
 void Tape::record(std::shared_ptr<Node> node) {
-  node->tape_ = this;
+  node->tape_.store(this, std::memory_order_release);
+  std::lock_guard<std::mutex> lock(mutex_);
   nodes_.push_back(std::move(node));
-  if (nodes_.size() >= next_gc_) collect_garbage();
+  if (nodes_.size() >= next_gc_) collect_garbage_locked();
 }
 
 void Tape::reset() {
-  for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
-    (*it)->release();
-    (*it)->tape_ = nullptr;
+  std::vector<std::shared_ptr<Node>> nodes;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    nodes.swap(nodes_);
+    next_gc_ = 4096;
   }
-  nodes_.clear();
-  next_gc_ = 4096;
+  // Release newest first, then drop: every edge is cleared while all nodes are still owned here.
+  for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
+    (*it)->release();
+    (*it)->tape_.store(nullptr, std::memory_order_release);
+  }
 }
 
 void Tape::collect_garbage() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  collect_garbage_locked();
+}
+
+void Tape::collect_garbage_locked() {
   // Newest first: dropping a node drops its edges, which may leave older nodes unreachable in the
-  // same sweep. A node whose only owner is this tape can never be reached by a backward again.
+  // same sweep. A node whose only owner is this tape can never be reached by a backward again (a
+  // backward in progress on another thread holds the nodes it has yet to run).
   for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
     Node& n = **it;
-    if (n.released_ || it->use_count() == 1) {
+    if (n.released() || it->use_count() == 1) {
       n.release();
-      n.tape_ = nullptr;
+      n.tape_.store(nullptr, std::memory_order_release);
     }
   }
-  nodes_.erase(std::remove_if(nodes_.begin(), nodes_.end(), [](const auto& n) { return n->tape_ == nullptr; }),
+  nodes_.erase(std::remove_if(nodes_.begin(), nodes_.end(), [](const auto& n) { return n->tape() == nullptr; }),
                nodes_.end());
   next_gc_ = std::max<size_t>(4096, 2 * nodes_.size());
 }
 
 int64_t Tape::index_of(const Node* node) const {
+  std::lock_guard<std::mutex> lock(mutex_);
   auto it = std::lower_bound(nodes_.begin(), nodes_.end(), node->sequence_nr(),
                              [](const std::shared_ptr<Node>& n, uint64_t s) { return n->sequence_nr() < s; });
   if (it == nodes_.end() || it->get() != node) return -1;
   return it - nodes_.begin();
 }
 
+bool Tape::snapshot_sequence(const Node* last, std::vector<uint64_t>& out) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = std::lower_bound(nodes_.begin(), nodes_.end(), last->sequence_nr(),
+                             [](const std::shared_ptr<Node>& n, uint64_t s) { return n->sequence_nr() < s; });
+  if (it == nodes_.end() || it->get() != last) return false;
+  const size_t count = static_cast<size_t>(it - nodes_.begin()) + 1;
+  out.resize(count);
+  for (size_t i = 0; i < count; ++i) out[i] = nodes_[i]->sequence_nr();
+  return true;
+}
+
 size_t Tape::saved_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
   size_t n = 0;
   for (const auto& node : nodes_) n += node->saved_bytes();
   return n;
 }
 
 std::string Tape::to_string() const {
+  std::lock_guard<std::mutex> lock(mutex_);
   std::ostringstream os;
   size_t total = 0;
   os << "tape: " << nodes_.size() << " ops\n";

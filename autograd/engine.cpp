@@ -5,8 +5,33 @@
 //
 // Leaf gradients are summed over the whole backward first, then passed through the leaf's hooks
 // once, then accumulated into .grad through one checked sink.
+//
+// Note [concurrent backward passes]
+// Everything one backward pass needs to remember lives in its GraphTask (as in PyTorch's
+// torch/csrc/autograd/graph_task.h), not on the nodes: the gradient received so far for each
+// pending node (a slot per position of the root's tape, found from a node's sequence number in a
+// snapshot of the tape's sequence numbers taken at the start), the pending nodes of other tapes
+// (a map and a queue ordered by sequence number) and the summed leaf gradients. Nodes are only
+// read during backward (edges, output metadata, saved state), and released by the one pass that
+// runs them. So two backward passes over disjoint graphs can run at the same time on two threads,
+// whether their graphs sit on two tapes (two pipeline stages) or on one.
+//
+// What is shared, and how it is made safe:
+//  - a leaf reached by both passes (shared or tied weights): its .grad is read and written only
+//    under the leaf's own mutex (VariableImpl::grad_mutex); each pass sums its contributions
+//    privately first and takes the lock once per leaf, so contention is one lock per leaf per
+//    backward, and the result is the same sum in some order (exact for integer-valued tensors);
+//  - a tape: its node list is changed (record, garbage collection, reset) and snapshotted under
+//    the tape's mutex. A pass holds a shared_ptr to every node it has yet to run, so another
+//    thread's garbage collection (which frees nodes only the tape still owns) cannot free them;
+//  - Node::released_ and Node::tape_ are atomics (a garbage collection reads them while the pass
+//    that ran the node sets them).
+// Graphs that share a non-leaf node may not be backpropagated concurrently: the first pass to run
+// the node frees it (without retain_graph), exactly as when the two passes run one after the other.
 
+#include <algorithm>
 #include <queue>
+#include <sstream>
 #include <unordered_map>
 
 #include "autograd/function.h"
@@ -20,14 +45,16 @@ std::string shape_str(at::IntArrayRef s) {
   return os.str();
 }
 
-void check_grad(const at::Tensor& g, const OutputMeta& meta, const std::string& producer, const std::string& target,
-                size_t index) {
-  TORCH_CHECK(g.sizes().equals(meta.sizes), "backward of '", producer, "' produced a gradient of shape ",
-              shape_str(g.sizes()), " for output ", index, " of '", target, "', whose shape is ",
-              shape_str(meta.sizes));
-  TORCH_CHECK(g.scalar_type() == meta.options.dtype().toScalarType(), "backward of '", producer,
-              "' produced a ", g.scalar_type(), " gradient for output ", index, " of '", target, "', which is ",
-              meta.options.dtype());
+// Checks a gradient against the metadata of the output it is for. Names are built only on failure.
+void check_grad(const at::Tensor& g, const OutputMeta& meta, const Node& producer, const Node& target, size_t index) {
+  if (C10_UNLIKELY(!g.sizes().equals(meta.sizes))) {
+    TORCH_CHECK(false, "backward of '", producer.name(), "' produced a gradient of shape ", shape_str(g.sizes()),
+                " for output ", index, " of '", target.name(), "', whose shape is ", shape_str(meta.sizes));
+  }
+  if (C10_UNLIKELY(g.scalar_type() != meta.options.dtype().toScalarType())) {
+    TORCH_CHECK(false, "backward of '", producer.name(), "' produced a ", g.scalar_type(), " gradient for output ",
+                index, " of '", target.name(), "', which is ", meta.options.dtype());
+  }
 }
 
 // The one place gradients are summed into a buffer.
@@ -39,17 +66,20 @@ void accumulate(at::Tensor& slot, at::Tensor g) {
   }
 }
 
-struct SeqLess {
-  bool operator()(const Node* a, const Node* b) const { return a->sequence_nr() < b->sequence_nr(); }
+// Gradients received so far by one pending node, and the node itself (kept alive until it runs).
+struct Slot {
+  std::shared_ptr<Node> node;
+  std::vector<at::Tensor> grads;  // one per output of node once anything arrived
 };
 
-class Backward {
+class GraphTask {
  public:
-  Backward(bool retain_graph) : retain_graph_(retain_graph) {}
+  explicit GraphTask(bool retain_graph) : retain_graph_(retain_graph) {}
 
   void seed(const Variable& root, at::Tensor grad) {
     TORCH_CHECK(root.defined(), "backward: root variable is undefined");
-    TORCH_CHECK(root.requires_grad(), "backward: the variable does not require grad (it was computed from no "
+    TORCH_CHECK(root.requires_grad(),
+                "backward: the variable does not require grad (it was computed from no "
                 "input that requires grad, or under NoGradGuard)");
     if (!grad.defined()) {
       TORCH_CHECK(root.numel() == 1, "backward: a gradient must be given for a non-scalar root of shape ",
@@ -62,32 +92,27 @@ class Backward {
       add_leaf(root.impl_ptr(), std::move(grad));
       return;
     }
-    Node* n = root.grad_fn().get();
+    const std::shared_ptr<Node>& n = root.grad_fn();
     TORCH_CHECK(!n->released(), "backward: the graph of this variable was already freed (op '", n->name(),
                 "'); pass retain_graph=true to the first backward to run it twice");
-    add_to_node(n, root.output_nr(), std::move(grad));
-    seeded_.push_back(n);
-    if (!primary_ || n->sequence_nr() > primary_->sequence_nr()) primary_ = n;
+    if (!primary_ || n->sequence_nr() > primary_->sequence_nr()) primary_ = n.get();
+    seeds_.push_back({n, root.output_nr(), std::move(grad)});
   }
 
   void run() {
     if (primary_) {
+      // Roots on several tapes: the newest root's tape is walked; the others are merged in by
+      // sequence number like any other cross-tape node.
       Tape* tape = primary_->tape();
-      TORCH_CHECK(tape, "backward: the tape that recorded op '", primary_->name(), "' was freed");
-      tape_ = tape;
-      for (Node* s : seeded_) {
-        if (s->tape() != tape_ && !s->queued_) {
-          s->queued_ = true;
-          foreign_.push(s);
-        }
+      if (tape && tape->snapshot_sequence(primary_, seqs_)) {
+        tape_ = tape;
+        slots_.resize(seqs_.size());
       }
-      int64_t pos = tape->index_of(primary_);
-      TORCH_CHECK(pos >= 0, "backward: op '", primary_->name(), "' is not on its tape (internal error)");
-      const auto& nodes = tape->nodes();
-      for (int64_t i = pos; i >= 0; --i) {
-        Node* n = nodes[i].get();
-        drain_foreign_above(n->sequence_nr());
-        if (!n->grad_buffer_.empty()) process(n);
+      for (auto& s : seeds_) add_to_node(s.node, s.input_nr, std::move(s.grad), static_cast<int64_t>(seqs_.size()));
+      seeds_.clear();
+      for (int64_t i = static_cast<int64_t>(seqs_.size()) - 1; i >= 0; --i) {
+        drain_foreign_above(seqs_[i]);
+        if (slots_[i].node) process(slots_[i], i);
       }
       drain_foreign_above(0);
     }
@@ -96,15 +121,67 @@ class Backward {
   }
 
  private:
-  void add_to_node(Node* n, uint32_t index, at::Tensor g) {
-    if (n->grad_buffer_.empty()) n->grad_buffer_.resize(n->outputs().size());
-    accumulate(n->grad_buffer_[index], std::move(g));
+  struct Seed {
+    std::shared_ptr<Node> node;
+    uint32_t input_nr;
+    at::Tensor grad;
+  };
+
+  // Position of sequence number `seq` in seqs_[0, hint), or -1. Producers are usually recorded
+  // shortly before their consumer, so the search gallops down from `hint` before bisecting.
+  int64_t find_position(uint64_t seq, int64_t hint) const {
+    int64_t hi = hint, lo = hint - 1, step = 1;
+    while (lo > 0 && seqs_[lo] > seq) {
+      hi = lo;
+      lo = std::max<int64_t>(0, lo - step);
+      step <<= 1;
+    }
+    if (lo < 0) return -1;
+    auto first = seqs_.begin() + lo, last = seqs_.begin() + hi;
+    auto it = std::lower_bound(first, last, seq);
+    return (it != last && *it == seq) ? it - seqs_.begin() : -1;
+  }
+
+  // Adds gradient `g` for output `index` of `target`; `hint` bounds its position on the walked
+  // tape from above (the position of the node that produced the gradient).
+  void add_to_node(const std::shared_ptr<Node>& target, uint32_t index, at::Tensor g, int64_t hint) {
+    Slot* slot = nullptr;
+    if (tape_ && target->tape() == tape_) {
+      const int64_t pos = find_position(target->sequence_nr(), hint);
+      if (pos >= 0) slot = &slots_[pos];
+    }
+    if (!slot) {  // another tape's node (or one no longer on any tape: it fails when run)
+      auto [it, inserted] = foreign_index_.try_emplace(target.get(), foreign_slots_.size());
+      if (inserted) {
+        foreign_slots_.emplace_back();
+        foreign_queue_.push({target->sequence_nr(), it->second});
+      }
+      slot = &foreign_slots_[it->second];
+    }
+    if (!slot->node) {
+      slot->node = target;
+      slot->grads.resize(target->outputs().size());
+    }
+    accumulate(slot->grads[index], std::move(g));
   }
 
   void add_leaf(const std::shared_ptr<VariableImpl>& leaf, at::Tensor g) {
-    auto it = leaf_index_.find(leaf.get());
-    if (it == leaf_index_.end()) {
-      leaf_index_.emplace(leaf.get(), leaves_.size());
+    // Few leaves (the common case): a linear scan beats hashing.
+    if (leaf_index_.empty()) {
+      for (auto& [l, acc] : leaves_) {
+        if (l.get() == leaf.get()) {
+          accumulate(acc, std::move(g));
+          return;
+        }
+      }
+      leaves_.emplace_back(leaf, std::move(g));
+      if (leaves_.size() > 16) {
+        for (size_t i = 0; i < leaves_.size(); ++i) leaf_index_.emplace(leaves_[i].first.get(), i);
+      }
+      return;
+    }
+    auto [it, inserted] = leaf_index_.try_emplace(leaf.get(), leaves_.size());
+    if (inserted) {
       leaves_.emplace_back(leaf, std::move(g));
     } else {
       accumulate(leaves_[it->second].second, std::move(g));
@@ -112,33 +189,39 @@ class Backward {
   }
 
   void drain_foreign_above(uint64_t seq) {
-    while (!foreign_.empty() && foreign_.top()->sequence_nr() > seq) {
-      Node* n = foreign_.top();
-      foreign_.pop();
-      n->queued_ = false;
-      process(n);
+    while (!foreign_queue_.empty() && foreign_queue_.top().first > seq) {
+      const size_t index = foreign_queue_.top().second;
+      foreign_queue_.pop();
+      // Its producers on the walked tape lie below the first position with a larger sequence number.
+      const uint64_t s = foreign_slots_[index].node->sequence_nr();
+      const int64_t hint = std::upper_bound(seqs_.begin(), seqs_.end(), s) - seqs_.begin();
+      process(foreign_slots_[index], hint);
     }
   }
 
-  void process(Node* n) {
-    TORCH_CHECK(!n->released(), "backward: op '", n->name(), "' was already freed by an earlier backward (or "
+  void process(Slot& slot, int64_t hint) {
+    at::AutoDispatchBelowADInplaceOrView below;  // Note [ATen's autograd is not involved] (function.h)
+    // Moved out first: `slot` may live in foreign_slots_, which add_to_node can grow.
+    std::shared_ptr<Node> node = std::move(slot.node);
+    std::vector<at::Tensor> grads = std::move(slot.grads);
+    slot.grads.clear();
+    TORCH_CHECK(!node->released(), "backward: op '", node->name(),
+                "' was already freed by an earlier backward (or "
                 "its tape was reset); pass retain_graph=true to the first backward to run it twice");
-    std::vector<at::Tensor> grads = std::move(n->grad_buffer_);
-    n->grad_buffer_.clear();
-    const auto& outs = n->outputs();
+    const auto& outs = node->outputs();
     for (size_t i = 0; i < grads.size(); ++i) {
       if (!grads[i].defined()) grads[i] = at::zeros(outs[i].sizes, outs[i].options);
     }
-    for (auto& [index, hook] : n->pre_hooks_) {
+    for (auto& [index, hook] : node->pre_hooks_) {
       at::Tensor r = hook(grads[index]);
       if (r.defined()) {
-        check_grad(r, outs[index], "hook", n->name(), index);
+        check_grad(r, outs[index], *node, *node, index);
         grads[index] = std::move(r);
       }
     }
-    std::vector<at::Tensor> in_grads = n->apply(std::move(grads));
-    const auto& edges = n->next_edges();
-    TORCH_CHECK(in_grads.size() == edges.size(), "backward of '", n->name(), "' returned ", in_grads.size(),
+    std::vector<at::Tensor> in_grads = node->apply(std::move(grads));
+    const auto& edges = node->next_edges();
+    TORCH_CHECK(in_grads.size() == edges.size(), "backward of '", node->name(), "' returned ", in_grads.size(),
                 " gradients for ", edges.size(), " inputs");
     for (size_t j = 0; j < edges.size(); ++j) {
       const Edge& e = edges[j];
@@ -147,15 +230,10 @@ class Backward {
         add_leaf(e.leaf, std::move(in_grads[j]));
         continue;
       }
-      Node* target = e.fn.get();
-      check_grad(in_grads[j], target->outputs()[e.input_nr], n->name(), target->name(), e.input_nr);
-      add_to_node(target, e.input_nr, std::move(in_grads[j]));
-      if (target->tape() != tape_ && !target->queued_) {
-        target->queued_ = true;
-        foreign_.push(target);
-      }
+      check_grad(in_grads[j], e.fn->outputs()[e.input_nr], *node, *e.fn, e.input_nr);
+      add_to_node(e.fn, e.input_nr, std::move(in_grads[j]), hint);
     }
-    if (!retain_graph_) n->release();
+    if (!retain_graph_) node->release();
   }
 
   void finish_leaves() {
@@ -164,11 +242,14 @@ class Backward {
         at::Tensor r = hook(g);
         if (r.defined()) g = std::move(r);
       }
-      const std::string who = leaf->name.empty() ? std::string("a leaf") : "leaf '" + leaf->name + "'";
-      TORCH_CHECK(g.sizes().equals(leaf->data.sizes()), "backward: gradient for ", who, " has shape ",
-                  shape_str(g.sizes()), " but the variable has shape ", shape_str(leaf->data.sizes()));
-      TORCH_CHECK(g.scalar_type() == leaf->data.scalar_type(), "backward: gradient for ", who, " is ",
-                  g.scalar_type(), " but the variable is ", leaf->data.scalar_type());
+      if (C10_UNLIKELY(!g.sizes().equals(leaf->data.sizes()) || g.scalar_type() != leaf->data.scalar_type())) {
+        const std::string who = leaf->name.empty() ? std::string("a leaf") : "leaf '" + leaf->name + "'";
+        TORCH_CHECK(g.sizes().equals(leaf->data.sizes()), "backward: gradient for ", who, " has shape ",
+                    shape_str(g.sizes()), " but the variable has shape ", shape_str(leaf->data.sizes()));
+        TORCH_CHECK(false, "backward: gradient for ", who, " is ", g.scalar_type(), " but the variable is ",
+                    leaf->data.scalar_type());
+      }
+      std::lock_guard<std::mutex> lock(leaf->grad_mutex);
       if (leaf->grad.defined()) {
         leaf->grad.add_(g);
       } else {
@@ -182,23 +263,29 @@ class Backward {
 
   bool retain_graph_;
   Node* primary_ = nullptr;
-  std::vector<Node*> seeded_;
+  std::vector<Seed> seeds_;
+  // The walked tape: sequence numbers of its nodes up to the primary root, and one slot each.
   Tape* tape_ = nullptr;
-  std::priority_queue<Node*, std::vector<Node*>, SeqLess> foreign_;
+  std::vector<uint64_t> seqs_;
+  std::vector<Slot> slots_;
+  // Pending nodes of other tapes, newest first.
+  std::unordered_map<Node*, size_t> foreign_index_;
+  std::vector<Slot> foreign_slots_;
+  std::priority_queue<std::pair<uint64_t, size_t>> foreign_queue_;
+  // Summed leaf gradients.
   std::vector<std::pair<std::shared_ptr<VariableImpl>, at::Tensor>> leaves_;
-  std::unordered_map<VariableImpl*, size_t> leaf_index_;
+  std::unordered_map<VariableImpl*, size_t> leaf_index_;  // used once there are many leaves
 };
 
 }  // namespace
 
 void backward(const variable_list& roots, const std::vector<at::Tensor>& grads, bool retain_graph) {
-  TORCH_CHECK(grads.empty() || grads.size() == roots.size(), "backward: ", roots.size(), " roots but ",
-              grads.size(), " gradients");
-  Backward b(retain_graph);
-  for (size_t i = 0; i < roots.size(); ++i) b.seed(roots[i], grads.empty() ? at::Tensor() : grads[i]);
-  // Roots on several tapes: the newest root's tape is walked; the others are merged in by
-  // sequence number like any other cross-tape node.
-  b.run();
+  TORCH_CHECK(grads.empty() || grads.size() == roots.size(), "backward: ", roots.size(), " roots but ", grads.size(),
+              " gradients");
+  at::AutoDispatchBelowAutograd below_autograd;  // Note [ATen's autograd is not involved] (function.h)
+  GraphTask task(retain_graph);
+  for (size_t i = 0; i < roots.size(); ++i) task.seed(roots[i], grads.empty() ? at::Tensor() : grads[i]);
+  task.run();
 }
 
 }  // namespace tl

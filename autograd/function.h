@@ -10,9 +10,37 @@
 // backward returns one gradient per Variable argument, in order (undefined where
 // !ctx.needs_input_grad(i)). When no Variable argument requires grad (or grad mode is off),
 // nothing is recorded and the Context is a throwaway.
+//
+// What backward needs besides tensors goes in one of two places:
+//  - typed state: T declares `struct Saved { ... };` (default-constructible, movable) and then
+//    takes it as the second parameter of both functions,
+//        static at::Tensor forward(Context& ctx, Saved& saved, <args>...);
+//        static std::vector<at::Tensor> backward(Context& ctx, const Saved& saved, std::vector<at::Tensor>);
+//    The node holds it as a plain member: no allocation per attribute, and a misspelt field is a
+//    compile error. Every built-in op does this.
+//  - ctx.saved_data, a string-keyed map of IValues, for quick user extensions.
+// Saved tensors go through ctx.save_for_backward either way (it checks in-place modification).
+//
+// Note [ATen's autograd is not involved]
+// The tensors inside Variables never require grad in ATen's sense, so ATen's autograd layer
+// (VariableType) would only check that and redispatch: every op's forward runs under
+// at::AutoDispatchBelowAutograd, which skips it. The next layer, ADInplaceOrView, bumps version
+// counters of in-place ops and makes view outputs share their base's version counter; that is what
+// lets ctx.saved() notice an in-place change of a saved tensor made through a view, so it stays on
+// by default. An op whose outputs never alias its inputs and which modifies no caller-visible
+// tensor in place declares
+//     static constexpr bool kFreshOutputs = true;
+// and runs under at::AutoDispatchBelowADInplaceOrView instead, as ATen's own autograd kernels run
+// the kernels below them. That also keeps ATen's composite kernels (bmm on CPU selects each batch
+// element) from building view metadata for every internal view. All built-in ops but the view ops
+// (reshape, permute, narrow, split, ...) and batch_norm (which updates the running statistics in
+// place) declare it. Backward functions run under the same exclusion (engine.cpp); gradients need
+// no view tracking.
 
 #include <ATen/ATen.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/ivalue.h>
+#include <c10/util/SmallVector.h>
 
 #include <string>
 #include <type_traits>
@@ -35,19 +63,20 @@ class Context {
   const std::vector<at::Tensor>& saved() const;
   /// Whether the i-th Variable argument of forward needs a gradient.
   bool needs_input_grad(size_t i) const { return i < needs_input_grad_.size() && needs_input_grad_[i]; }
-  /// Non-tensor values for backward (dims, flags, scalars).
+  /// Non-tensor values for backward in user extensions (dims, flags, scalars). Built-in ops use
+  /// typed state instead (see the top of this file).
   std::unordered_map<std::string, at::IValue> saved_data;
 
   size_t saved_bytes() const;
   void release();
 
   // Set by the Function machinery.
-  std::vector<bool> needs_input_grad_;
+  c10::SmallVector<bool, 8> needs_input_grad_;
   const char* op_name_ = "?";
 
  private:
   std::vector<at::Tensor> saved_;
-  std::vector<int64_t> versions_;
+  c10::SmallVector<int64_t, 4> versions_;
   bool released_ = false;
 };
 
@@ -74,7 +103,7 @@ decltype(auto) unwrap(A&& a) {
 }
 
 template <class A>
-void collect(std::vector<const Variable*>& out, const A& a) {
+void collect(c10::SmallVector<const Variable*, 4>& out, const A& a) {
   if constexpr (is_variable<A>::value) {
     out.push_back(&a);
   } else if constexpr (is_variable_list<A>::value) {
@@ -92,23 +121,53 @@ struct op_name<T, std::void_t<decltype(T::name)>> {
   static const char* get() { return T::name; }
 };
 
-/// Builds the graph-side node: edges to the Variable inputs and the op's Context.
-std::vector<Edge> make_edges(const std::vector<const Variable*>& inputs, std::vector<bool>& needs);
+// T::Saved when T declares one (typed state), else an empty placeholder.
+struct NoSaved {};
+// T::kFreshOutputs, false when T does not declare it.
+template <class T, class = void>
+struct fresh_outputs : std::false_type {};
+template <class T>
+struct fresh_outputs<T, std::void_t<decltype(T::kFreshOutputs)>> : std::bool_constant<T::kFreshOutputs> {};
+
+template <class T, class = void>
+struct saved_of {
+  using type = NoSaved;
+  static constexpr bool typed = false;
+};
+template <class T>
+struct saved_of<T, std::void_t<typename T::Saved>> {
+  using type = typename T::Saved;
+  static constexpr bool typed = true;
+};
+
+using InputList = c10::SmallVector<const Variable*, 4>;
+
+/// Fills the node's edges to the Variable inputs and the op's needs_input_grad.
+void make_edges(const InputList& inputs, EdgeList& edges, c10::SmallVector<bool, 8>& needs);
 OutputMeta meta_of(const at::Tensor& t);
 
 template <class T>
 class FunctionNode final : public Node {
  public:
   Context ctx;
+  typename saved_of<T>::type saved;
+
   std::vector<at::Tensor> apply(std::vector<at::Tensor>&& grads) override {
-    auto out = T::backward(ctx, std::move(grads));
-    return out;
+    // The engine runs this under at::AutoDispatchBelowADInplaceOrView (Note [ATen's autograd is not involved]).
+    if constexpr (saved_of<T>::typed) {
+      return T::backward(ctx, saved, std::move(grads));
+    } else {
+      return T::backward(ctx, std::move(grads));
+    }
   }
   std::string name() const override { return op_name<T>::get(); }
   size_t saved_bytes() const override { return ctx.saved_bytes(); }
 
  protected:
-  void release_saved() override { ctx.release(); }
+  void release_saved() override {
+    ctx.release();
+    saved = typename saved_of<T>::type{};
+  }
 };
 
 }  // namespace detail
@@ -117,31 +176,45 @@ template <class T>
 struct Function {
   template <class... Args>
   static auto apply(Args&&... args) {
-    using Out = decltype(T::forward(std::declval<Context&>(), detail::unwrap(std::forward<Args>(args))...));
+    using Saved = typename detail::saved_of<T>::type;
+    using Out = decltype(call_forward(std::declval<Context&>(), std::declval<Saved&>(),
+                                      detail::unwrap(std::forward<Args>(args))...));
     static_assert(std::is_same<Out, at::Tensor>::value || std::is_same<Out, std::vector<at::Tensor>>::value,
                   "forward must return at::Tensor or std::vector<at::Tensor>");
-    std::vector<const Variable*> inputs;
-    inputs.reserve(sizeof...(Args));
+    detail::InputList inputs;
     (detail::collect(inputs, args), ...);
 
     bool needs_grad = false;
     if (GradMode::is_enabled()) {
       for (const Variable* v : inputs) needs_grad = needs_grad || (v->defined() && v->requires_grad());
     }
+    // Note [ATen's autograd is not involved]
+    using BelowGuard = std::conditional_t<detail::fresh_outputs<T>::value, at::AutoDispatchBelowADInplaceOrView,
+                                          at::AutoDispatchBelowAutograd>;
+    BelowGuard below;
     if (!needs_grad) {
       Context ctx;
       ctx.op_name_ = detail::op_name<T>::get();
-      Out out = T::forward(ctx, detail::unwrap(std::forward<Args>(args))...);
+      Saved saved;
+      Out out = call_forward(ctx, saved, detail::unwrap(std::forward<Args>(args))...);
       return wrap(std::move(out), nullptr);
     }
     auto node = std::make_shared<detail::FunctionNode<T>>();
     node->ctx.op_name_ = detail::op_name<T>::get();
-    node->next_edges_ = detail::make_edges(inputs, node->ctx.needs_input_grad_);
-    Out out = T::forward(node->ctx, detail::unwrap(std::forward<Args>(args))...);
+    detail::make_edges(inputs, node->next_edges_, node->ctx.needs_input_grad_);
+    Out out = call_forward(node->ctx, node->saved, detail::unwrap(std::forward<Args>(args))...);
     return wrap(std::move(out), std::move(node));
   }
 
  private:
+  template <class Saved, class... U>
+  static auto call_forward(Context& ctx, Saved& saved, U&&... u) {
+    if constexpr (detail::saved_of<T>::typed) {
+      return T::forward(ctx, saved, std::forward<U>(u)...);
+    } else {
+      return T::forward(ctx, std::forward<U>(u)...);
+    }
+  }
   static Variable wrap(at::Tensor out, std::shared_ptr<Node> node) {
     if (!node) return Variable(std::move(out));
     node->outputs_.push_back(detail::meta_of(out));

@@ -2,9 +2,16 @@
 // A Node is one recorded op: it maps gradients w.r.t. its outputs to gradients w.r.t. its inputs.
 // Nodes are owned by the Tape they were recorded on (and by the Variables they produced); edges
 // point from a node to the nodes (or leaf Variables) that produced its inputs.
+//
+// A Node holds only what its op recorded (edges, output metadata, saved state, hooks). Everything
+// that belongs to one backward pass (gradient buffers, which nodes are pending) lives in that
+// pass's own object in engine.cpp, so backward passes over disjoint graphs may run on several
+// threads at once. See Note [concurrent backward passes] in engine.cpp.
 
 #include <ATen/ATen.h>
+#include <c10/util/SmallVector.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -21,6 +28,10 @@ struct VariableImpl;
 /// keep the gradient unchanged.
 using GradHook = std::function<at::Tensor(const at::Tensor&)>;
 
+/// A shape kept inline (no heap allocation up to 5 dims).
+using Shape = c10::SmallVector<int64_t, 5>;
+inline Shape shape_of(at::IntArrayRef sizes) { return Shape(sizes.begin(), sizes.end()); }
+
 /// Where the gradient for one input of a node goes: into output `input_nr` of another node, or
 /// into a leaf Variable. Both empty: the input needs no gradient.
 struct Edge {
@@ -33,9 +44,12 @@ struct Edge {
 /// Shape, dtype and device of one output; used to check gradients and to make zero gradients
 /// for outputs that received none.
 struct OutputMeta {
-  std::vector<int64_t> sizes;
+  Shape sizes;
   at::TensorOptions options;
 };
+
+using EdgeList = c10::SmallVector<Edge, 3>;
+using OutputMetaList = c10::SmallVector<OutputMeta, 1>;
 
 class Node {
  public:
@@ -51,31 +65,32 @@ class Node {
   /// Bytes of tensors kept alive for backward (storage bytes, counted once per tensor).
   virtual size_t saved_bytes() const { return 0; }
 
-  const std::vector<Edge>& next_edges() const { return next_edges_; }
-  const std::vector<OutputMeta>& outputs() const { return outputs_; }
+  const EdgeList& next_edges() const { return next_edges_; }
+  const OutputMetaList& outputs() const { return outputs_; }
   uint64_t sequence_nr() const { return seq_; }
-  bool released() const { return released_; }
-  Tape* tape() const { return tape_; }
+  bool released() const { return released_.load(std::memory_order_acquire); }
+  Tape* tape() const { return tape_.load(std::memory_order_acquire); }
 
-  /// Hook run on the gradient of output `output_nr` before this node's backward.
+  /// Hook run on the gradient of output `output_nr` before this node's backward. Register hooks
+  /// before the backward that should see them starts (not from another thread during it).
   void add_pre_hook(uint32_t output_nr, GradHook hook);
 
-  // Engine-facing state. -------------------------------------------------------------------------
-  std::vector<Edge> next_edges_;
-  std::vector<OutputMeta> outputs_;
-  std::vector<at::Tensor> grad_buffer_;  // summed gradients w.r.t. outputs during one backward
+  // Recorded at forward; read-only during backward. ------------------------------------------------
+  EdgeList next_edges_;
+  OutputMetaList outputs_;
   std::vector<std::pair<uint32_t, GradHook>> pre_hooks_;
-  bool queued_ = false;    // in the engine's cross-tape queue
-  bool released_ = false;  // saved tensors dropped: cannot run backward again
-  Tape* tape_ = nullptr;
 
-  /// Drop saved tensors and edges (after backward without retain_graph, or when the tape is freed).
+  /// Drop saved tensors and edges (after backward without retain_graph, or when the tape is
+  /// freed). Idempotent and safe to call from two threads: one of them does the work.
   void release();
 
  protected:
   virtual void release_saved() {}
 
  private:
+  friend class Tape;
+  std::atomic<bool> released_{false};  // saved state dropped: cannot run backward again
+  std::atomic<Tape*> tape_{nullptr};   // the tape that records (owns) this node, null once dropped
   uint64_t seq_;
 };
 

@@ -6,8 +6,15 @@
 // `loss.backward()` works with no setup. A pipeline stage or a micro-batch records on its own Tape
 // object; destroying (or reset()-ing) a Tape frees all its nodes at once: saved tensors are dropped
 // and a later backward through them is a clear error.
+//
+// Threads: a tape is recorded on by the thread whose current tape it is. Backward passes over
+// its graphs may run on other threads at the same time (each over a disjoint graph); record(),
+// reset(), collect_garbage() and the engine's snapshot take the tape's lock. nodes() and
+// to_string() are for inspection while no other thread uses the tape.
 
+#include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -41,7 +48,13 @@ class Tape {
   /// Position of `node` in this tape (binary search on sequence numbers), or -1.
   int64_t index_of(const Node* node) const;
 
+  /// Engine use: the sequence numbers of the nodes up to and including `last` (in tape order,
+  /// so ascending), taken under the lock; false if `last` is not on this tape.
+  bool snapshot_sequence(const Node* last, std::vector<uint64_t>& out) const;
+
  private:
+  void collect_garbage_locked();
+  mutable std::mutex mutex_;
   std::vector<std::shared_ptr<Node>> nodes_;
   size_t next_gc_ = 4096;
 };

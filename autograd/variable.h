@@ -1,10 +1,16 @@
 #pragma once
 // Variable: a cheap shared handle over an at::Tensor with its gradient, requires_grad flag, the
 // node that produced it (grad_fn) and gradient hooks. Copies share state, like torch.Tensor.
+//
+// Threads: backward passes on several threads may accumulate into the same leaf (shared or tied
+// weights); grad(), set_grad() and zero_grad() take the leaf's lock, so they may be called while
+// another thread's backward runs. Everything else (data, hooks, requires_grad) is set up before
+// the threads start.
 
 #include <ATen/ATen.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -14,7 +20,8 @@ namespace tl {
 
 struct VariableImpl {
   at::Tensor data;
-  at::Tensor grad;
+  at::Tensor grad;  // read and written under grad_mutex (see Note [concurrent backward passes])
+  std::mutex grad_mutex;
   bool requires_grad = false;
   std::shared_ptr<Node> grad_fn;  // null for leaves
   uint32_t output_nr = 0;
@@ -85,7 +92,6 @@ class Variable {
 using variable_list = std::vector<Variable>;
 
 /// Backpropagate from several roots at once (gradients summed where graphs overlap).
-void backward(const variable_list& roots, const std::vector<at::Tensor>& grads = {},
-              bool retain_graph = false);
+void backward(const variable_list& roots, const std::vector<at::Tensor>& grads = {}, bool retain_graph = false);
 
 }  // namespace tl

@@ -27,6 +27,7 @@
 #include "layers/models/resnet.h"
 #include "layers/optim/sgd.h"
 #include "parallel/pipeline.h"
+#include "tasks/task.h"
 
 namespace {
 using namespace tl;
@@ -57,8 +58,9 @@ struct Runner {
     auto t0 = Clock::now();
     opt->zero_grad();
     if (pipeline) {
-      pipeline->train_step(x, y, ids, micro_batches,
-                           [](const Variable& logits, const at::Tensor& t) { return cross_entropy(logits, t); });
+      Batch b;
+      b.input = x, b.target = y, b.sample_ids = ids, b.units = at::ones({x.size(0)}, at::kLong);
+      pipeline->train_step(b, micro_batches, classification_loss);
     } else {
       Variable loss = cross_entropy(model->forward(Variable(x)), y);
       loss.backward();

@@ -1,3 +1,16 @@
+# TAPELINE_SANITIZE=thread|address|undefined: compile and link everything with that sanitizer
+# (-fsanitize=..., frame pointers, debug info). See docs/ARCHITECTURE.md, "Engine internals".
+set(TAPELINE_SANITIZE "" CACHE STRING "Sanitizer for every target: thread, address, undefined or empty (none)")
+set_property(CACHE TAPELINE_SANITIZE PROPERTY STRINGS "" thread address undefined)
+if(TAPELINE_SANITIZE)
+  if(NOT TAPELINE_SANITIZE MATCHES "^(thread|address|undefined)$")
+    message(FATAL_ERROR "TAPELINE_SANITIZE='${TAPELINE_SANITIZE}' is not accepted; accepted: thread, address, undefined")
+  endif()
+  add_compile_options(-fsanitize=${TAPELINE_SANITIZE} -fno-omit-frame-pointer -g)
+  add_link_options(-fsanitize=${TAPELINE_SANITIZE})
+  message(STATUS "tapeline: building with -fsanitize=${TAPELINE_SANITIZE}")
+endif()
+
 # tapeline_library(NAME SOURCES... DEPS ...): a folder's library with the ATen precompiled header.
 function(tapeline_library name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})

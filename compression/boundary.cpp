@@ -67,7 +67,9 @@ at::Tensor density(const at::Tensor& t) {
 
 // The state a WireFn node keeps for its backward: the boundary (checked alive), the context of
 // its micro-batch (sample ids for per-sample codecs) and, in shared mode, the forward payload.
-struct WireCall : torch::CustomClassHolder {
+// It is the node's typed state (Function<T>'s `Saved`): a plain member of the node, no IValue
+// capsule, no separate allocation.
+struct WireCall {
   std::weak_ptr<Module> owner;
   Boundary* boundary = nullptr;
   CodecContext ctx;
@@ -77,18 +79,16 @@ struct WireCall : torch::CustomClassHolder {
 
 struct WireFn : Function<WireFn> {
   static constexpr const char* name = "boundary_wire";
-  static at::Tensor forward(Context& ctx, const at::Tensor& z, c10::intrusive_ptr<WireCall> call) {
-    const bool keep = call->boundary->mode() == BackwardMode::Shared;
-    at::Tensor out =
-        call->boundary->wire_forward(z, call->ctx, call->raw_bytes, keep ? &call->forward_payload : nullptr);
-    ctx.saved_data["call"] = at::IValue::make_capsule(call);
-    return out;
+  using Saved = WireCall;
+  static at::Tensor forward(Context& ctx, Saved& saved, const at::Tensor& z, WireCall&& call) {
+    saved = std::move(call);
+    const bool keep = saved.boundary->mode() == BackwardMode::Shared;
+    return saved.boundary->wire_forward(z, saved.ctx, saved.raw_bytes, keep ? &saved.forward_payload : nullptr);
   }
-  static std::vector<at::Tensor> backward(Context& ctx, std::vector<at::Tensor> grads) {
-    auto call = c10::static_intrusive_pointer_cast<WireCall>(ctx.saved_data.at("call").toCapsule());
-    auto alive = call->owner.lock();
+  static std::vector<at::Tensor> backward(Context& ctx, Saved& saved, std::vector<at::Tensor> grads) {
+    auto alive = saved.owner.lock();
     TORCH_CHECK(alive, "boundary wire: the Boundary was destroyed before the backward of its forward");
-    return {call->boundary->wire_backward(grads[0], call->ctx, call->raw_bytes, &call->forward_payload)};
+    return {saved.boundary->wire_backward(grads[0], saved.ctx, saved.raw_bytes, &saved.forward_payload)};
   }
 };
 
@@ -175,12 +175,12 @@ Variable Boundary::forward(const Variable& h, const CodecContext& ctx) {
                 "': must be owned by a std::shared_ptr (std::make_shared<Boundary>(...)) so that a pending backward "
                 "can refer to it");
   }
-  auto call = c10::make_intrusive<WireCall>();
-  call->owner = weak_from_this();
-  call->boundary = this;
-  call->ctx = c;
-  call->raw_bytes = raw_size(h.data());
-  Variable zhat = WireFn::apply(z, call);
+  WireCall call;
+  call.owner = weak_from_this();
+  call.boundary = this;
+  call.ctx = c;
+  call.raw_bytes = raw_size(h.data());
+  Variable zhat = WireFn::apply(z, std::move(call));
   Variable out = transform ? fwd_->post(zhat, c) : zhat;
   if (measure_error_) {
     NoGradGuard no_grad;
@@ -359,6 +359,18 @@ DirectionStats Boundary::Accumulator::snapshot() const {
     s.density_last = dens_last.item<double>();
   }
   return s;
+}
+
+void Boundary::measure_forward(const at::Tensor& h, const at::Tensor& out, const at::Tensor& zhat) {
+  if (!measure_error_) return;
+  NoGradGuard no_grad;
+  fwd_stats_.add_measure(rel_error(h, out), density(zhat));
+}
+
+void Boundary::measure_backward(const at::Tensor& g, const at::Tensor& ghat) {
+  if (!measure_error_) return;
+  NoGradGuard no_grad;
+  bwd_stats_.add_measure(rel_error(g, ghat), density(ghat));
 }
 
 BoundaryStats Boundary::stats() const { return {fwd_stats_.snapshot(), bwd_stats_.snapshot()}; }

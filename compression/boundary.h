@@ -115,6 +115,13 @@ class Boundary : public Module {
   bool backward_compression_enabled() const { return backward_enabled_; }
   /// Whether error and density are measured (a few reductions per message); default true.
   void set_measure_error(bool on) { measure_error_ = on; }
+  bool measures_error() const { return measure_error_; }
+  /// For executors that hold both halves (in-process): records one forward message's relative
+  /// error (boundary input h vs the receiver's output `out`) and density (of the decoded wire
+  /// tensor zhat), or one backward message's (gradient g on the wire vs decoded ghat). No-ops
+  /// unless measures_error().
+  void measure_forward(const at::Tensor& h, const at::Tensor& out, const at::Tensor& zhat);
+  void measure_backward(const at::Tensor& g, const at::Tensor& ghat);
 
   // ---- statistics and accessors -------------------------------------------------------------------
   BoundaryStats stats() const;

@@ -14,6 +14,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "compression/payload.h"
 #include "layers/module.h"
@@ -58,6 +60,16 @@ class Compressor : public Module {
 
   /// Hook for schedules: called after every optimizer step (subspace weight projection).
   virtual void after_optimizer_step() {}
+
+  /// Whether this codec needs the model's cooperation (below) to work as intended.
+  virtual bool constrains_model() const { return false; }
+  /// Codecs that constrain the model they sit in (Protocol Models' subspace): the frozen (V, d)
+  /// token embedding the model must add to its input embedding (undefined: none), for a model
+  /// of width `d`...
+  virtual at::Tensor input_token_embedding(int64_t d) { return {}; }
+  /// ... and the weights that write into the residual stream before this boundary, each with its
+  /// dimension of size d, kept in the codec's subspace now and after every optimizer step.
+  virtual void constrain_residual_writers(const std::vector<std::pair<Variable, int64_t>>& weights) {}
 };
 
 using CompressorPtr = std::shared_ptr<Compressor>;

@@ -12,6 +12,42 @@
 #include "compression/codecs/quant_kernels.h"
 
 namespace tl {
+
+// Note [host synchronisation]
+// On a GPU, anything that brings a device value to the host (.item(), .cpu(), nonzero,
+// masked_select, bincount, a bool test of a tensor) waits for every queued kernel, and a pipeline
+// stage that does it per message stops overlapping compute with communication. The encode and
+// decode paths of the codecs (compression/codecs) avoid it:
+//  - byte counts come from shapes: every size in a header is known on the host from the tensor's
+//    shape and the codec's parameters (TopK/RandK: k per row; quant: bits and groups; PowerSGD:
+//    rank), and selections of a known count are compacted with a scatter instead of nonzero;
+//  - sparse index sets on a device use the int or bitmap form (sizes from shapes) unless the
+//    spec forces index=delta;
+//  - validation of received payloads happens once at the receiver, on the host: deserialize()
+//    keeps the host copy (Payload::host_body) and decoders check and parse index sets and nested
+//    headers there. A payload made by an encoder of this process is trusted (it is checked by the
+//    tests, not per message); nested payloads of a composition travel in Payload::nested;
+//  - RNG state stays on the host (BufferedGenerator, layers/nn/rng.h) and is written back to its
+//    buffer with non-blocking copies; device-side draws use a device generator seeded from it;
+//  - quant's "scale is finite" check runs on CPU tensors only; on a device a non-finite scale
+//    makes its group decode to inf/NaN (visible, not clamped) instead of raising.
+// What remains, each inherent to what is asked for (listed by the sync-counting test's comments,
+// tests/compression/host_sync_test.cpp):
+//  - threshold(t) on a device: the number of kept entries is data-dependent: one nonzero per
+//    message (the count must reach the host to size the payload);
+//  - index=delta forced on a device: the varint stream's length is data-dependent: one .item()
+//    per encode;
+//  - serialize() of a device payload: the body is copied to the host (that is what it is for);
+//  - a from-wire payload whose body was placed on a device without a host copy (not produced by
+//    deserialize(); no such transport exists yet) is validated on the device: one sync per index
+//    set;
+//  - BodyReader on a device body with neither Payload::nested nor host_body (not produced by this
+//    code): nested headers are read back, one copy per nested payload;
+//  - library internals not under our control: linalg_qr (PowerSGD) may synchronise inside
+//    cuSOLVER/MAGMA, at::quantile sorts on the device (no sync in ATen 1.13-2.x);
+//  - stateful codecs (compression/stateful: AQ-SGD and error feedback with per-sample caches)
+//    check and size their caches from sample ids with .item() (outside this file's codecs).
+
 namespace {
 
 constexpr uint8_t kMagic = 'T';
@@ -191,6 +227,8 @@ Payload Payload::deserialize(const uint8_t* data, size_t size, at::Device device
   at::Tensor host = at::empty({static_cast<int64_t>(body)}, at::kByte);
   if (body > 0) std::memcpy(host.data_ptr<uint8_t>(), data + header, body);
   p.body = device.is_cpu() ? host : host.to(device);
+  if (!device.is_cpu()) p.host_body = host;  // decoders validate and parse here, not on the device
+  p.from_wire = true;
   return p;
 }
 
@@ -211,6 +249,7 @@ void BodyWriter::put_owned(const at::Tensor& t) {
 }
 
 void BodyWriter::put_payload(const Payload& p) {
+  nested_.push_back(p);
   std::vector<uint8_t> h = header_of(p);
   at::Tensor header = at::empty({static_cast<int64_t>(h.size())}, at::kByte);
   std::memcpy(header.data_ptr<uint8_t>(), h.data(), h.size());
@@ -242,11 +281,20 @@ at::Tensor BodyWriter::finish() {
   return out;
 }
 
-BodyReader::BodyReader(const Payload& p, const char* codec_name) : codec_(codec_name) {
+std::shared_ptr<const std::vector<Payload>> BodyWriter::take_nested() {
+  auto out = std::make_shared<const std::vector<Payload>>(std::move(nested_));
+  nested_.clear();
+  return out;
+}
+
+BodyReader::BodyReader(const Payload& p, const char* codec_name)
+    : nested_(p.nested), from_wire_(p.from_wire), codec_(codec_name) {
   body_ = p.body.defined() ? p.body : at::empty({0}, at::kByte);
   TORCH_CHECK(body_.scalar_type() == at::kByte && body_.dim() == 1, codec_,
               ": payload body must be a 1-D uint8 tensor, got ", body_.scalar_type(), " of shape ", body_.sizes());
   body_ = body_.contiguous();
+  if (!body_.device().is_cpu() && p.host_body.defined() && p.host_body.numel() == body_.numel())
+    host_body_ = p.host_body.contiguous();
 }
 
 at::Tensor BodyReader::take(at::ScalarType type, int64_t numel) {
@@ -267,13 +315,23 @@ at::Tensor BodyReader::take(at::ScalarType type, int64_t numel) {
 
 Payload BodyReader::take_payload() {
   const int64_t avail = remaining();
-  // The fixed header says how long the whole header is; read it to the host.
-  at::Tensor fixed = body_.narrow(0, offset_, std::min<int64_t>(avail, kFixedHeader)).cpu();
+  if (nested_ && next_nested_ < nested_->size()) {
+    // Written by this process's encoder: its header fields are known, nothing to read back.
+    Payload p = (*nested_)[next_nested_++];
+    const int64_t size = static_cast<int64_t>(p.nbytes());
+    TORCH_CHECK(size <= avail, codec_, ": nested payload truncated: ", size, " bytes, only ", avail, " remain");
+    offset_ += size;
+    return p;
+  }
+  // The fixed header says how long the whole header is; read it on the host (from host_body_ when
+  // there is one: no device synchronisation).
+  const at::Tensor& source = host_body_.defined() ? host_body_ : body_;
+  at::Tensor fixed = source.narrow(0, offset_, std::min<int64_t>(avail, kFixedHeader)).cpu();
   std::vector<uint8_t> head(fixed.data_ptr<uint8_t>(), fixed.data_ptr<uint8_t>() + fixed.numel());
   size_t header = 0, body = 0;
   if (head.size() >= kFixedHeader) {
     const size_t full = kFixedHeader + 8 * (head[5] + head[6]) + 8;
-    at::Tensor all = body_.narrow(0, offset_, std::min<int64_t>(avail, full)).cpu();
+    at::Tensor all = source.narrow(0, offset_, std::min<int64_t>(avail, full)).cpu();
     head.assign(all.data_ptr<uint8_t>(), all.data_ptr<uint8_t>() + all.numel());
   }
   std::string what = std::string(codec_) + ": nested payload";
@@ -282,6 +340,8 @@ Payload BodyReader::take_payload() {
               body, " body bytes, only ", avail - static_cast<int64_t>(header), " remain");
   offset_ += header;
   p.body = body_.narrow(0, offset_, body);
+  if (host_body_.defined()) p.host_body = host_body_.narrow(0, offset_, body);
+  p.from_wire = from_wire_;
   offset_ += body;
   return p;
 }

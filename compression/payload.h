@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,18 @@ struct Payload {
   std::vector<int64_t> params;        // what the decoder needs: k, bits, rank, flags, ...
   at::Tensor body;                    // 1-D uint8 on the tensor's device (may be empty)
 
+  // Not on the wire: what a decoder may use instead of reading a device body back to the host
+  // (Note [host synchronisation] in payload.cpp).
+  /// Whether the payload came from deserialize() (another process, or a file): decoders then
+  /// validate everything data-dependent; a payload made by an encoder of this process is trusted.
+  bool from_wire = false;
+  /// The body's bytes on the host when the body lives on a device and a host copy existed anyway
+  /// (deserialize() had them there). Decoders validate and parse from it without a device sync.
+  at::Tensor host_body;
+  /// The nested payloads of a composition, as its encoder wrote them into the body: decoders in
+  /// the same process take them from here instead of reading their headers back from the device.
+  std::shared_ptr<const std::vector<Payload>> nested;
+
   size_t header_bytes() const { return 8 + 8 * (shape.size() + params.size()) + 8; }
   size_t body_bytes() const { return body.defined() ? static_cast<size_t>(body.numel()) : 0; }
   size_t nbytes() const { return header_bytes() + body_bytes(); }
@@ -31,7 +44,7 @@ struct Payload {
   /// Header and body as host bytes (what a transport sends).
   std::vector<uint8_t> serialize() const;
   /// Validates everything before use: a truncated or corrupt buffer is an error that says what
-  /// was wrong. The body is placed on `device`.
+  /// was wrong. The body is placed on `device` (non-CPU: host_body keeps the host copy).
   static Payload deserialize(const uint8_t* data, size_t size, at::Device device = at::kCPU);
 };
 
@@ -57,8 +70,11 @@ class BodyWriter {
   /// The body: one uint8 tensor on the device of the sections (CPU if none; CPU sections such as
   /// nested headers are moved to the device of the others).
   at::Tensor finish();
+  /// The payloads given to put_payload since the last call, in order (for Payload::nested).
+  std::shared_ptr<const std::vector<Payload>> take_nested();
 
  private:
+  std::vector<Payload> nested_;
   std::vector<at::Tensor> parts_;
   std::vector<bool> owned_;
   int64_t bytes_ = 0;
@@ -71,7 +87,8 @@ class BodyReader {
   /// The next `numel` elements of type `type` (a view when aligned, a copy otherwise).
   at::Tensor take(at::ScalarType type, int64_t numel);
   /// The next nested payload written by BodyWriter::put_payload (header validated as in
-  /// Payload::deserialize; its body is a view of this body).
+  /// Payload::deserialize; its body is a view of this body). From Payload::nested when the
+  /// payload carries them, else parsed (from host_body when there is one).
   Payload take_payload();
   /// Bytes not yet taken.
   int64_t remaining() const { return body_.numel() - offset_; }
@@ -80,6 +97,10 @@ class BodyReader {
 
  private:
   at::Tensor body_;
+  at::Tensor host_body_;  // host copy of body_, or undefined
+  std::shared_ptr<const std::vector<Payload>> nested_;
+  size_t next_nested_ = 0;
+  bool from_wire_ = false;
   int64_t offset_ = 0;
   const char* codec_;
 };

@@ -2,6 +2,7 @@
 
 #include "autograd/autograd.h"
 #include "layers/optim/grad_utils.h"
+#include "parallel/executor.h"
 
 namespace tl {
 
@@ -50,11 +51,13 @@ std::shared_ptr<Pipeline> Pipeline::build(ModulePtr model, std::vector<std::stri
   return std::make_shared<Pipeline>(std::move(model), std::move(cuts), std::move(boundaries));
 }
 
-Variable Pipeline::forward(const Variable& x, const CodecContext& ctx) {
+Variable Pipeline::forward(const Variable& x, const CodecContext& ctx, const StageInputs& inputs) {
+  CodecContext c = ctx;
+  if (!c.token_ids.defined()) c.token_ids = inputs.token_ids;
   Variable h = x;
   for (size_t i = 0; i < stages_.size(); ++i) {
-    h = stages_[i]->forward(h);
-    if (i < boundaries_.size()) h = boundaries_[i]->forward(h, ctx);
+    h = std::static_pointer_cast<Stage>(stages_[i])->forward(h, inputs);
+    if (i < boundaries_.size()) h = boundaries_[i]->forward(h, c);
   }
   return h;
 }
@@ -68,40 +71,44 @@ std::vector<std::pair<int64_t, int64_t>> Pipeline::micro_batch_slices(int64_t ba
   return out;
 }
 
-StepResult Pipeline::train_step(const at::Tensor& x, const at::Tensor& target, const at::Tensor& sample_ids,
-                                int64_t micro_batches, const LossFn& loss_fn, int64_t epoch) {
-  TORCH_CHECK(x.dim() >= 1 && target.dim() == 1 && x.size(0) == target.size(0), "Pipeline::train_step: ", x.sizes(),
-              " inputs and ", target.sizes(), " targets; expected the same number of rows");
-  TORCH_CHECK(!sample_ids.defined() || sample_ids.numel() == x.size(0), "Pipeline::train_step: ", sample_ids.numel(),
-              " sample ids for ", x.size(0), " rows");
+StepResult Pipeline::train_step(const Batch& batch, int64_t micro_batches, const LossFn& loss_fn, int64_t epoch) {
+  // One GradAccumulator over every parameter, so tied parameters (registered in two stages) are
+  // divided once: each stage's backward adds its part, seeded with the micro-batch's units.
   GradAccumulator acc(parameters());
-  StepResult r;
-  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(x.device()));
-  at::Tensor correct = at::zeros({}, at::TensorOptions().dtype(at::kLong).device(x.device()));
-  int64_t index = 0;
-  for (const auto& [start, size] : micro_batch_slices(x.size(0), micro_batches)) {
-    CodecContext ctx;
-    ctx.micro_batch = index++;
-    ctx.epoch = epoch;
-    if (sample_ids.defined()) ctx.sample_ids = sample_ids.narrow(0, start, size);
-    at::Tensor y = target.narrow(0, start, size);
-    Tape tape;  // this micro-batch's graph, freed as a unit when the scope ends
-    TapeGuard guard(tape);
-    Variable logits = forward(Variable(x.narrow(0, start, size)), ctx);  // (b, classes)
-    Variable loss = loss_fn(logits, y);
-    acc.backward(loss, static_cast<double>(size));
-    loss_sum += loss.data().detach().to(at::kDouble) * static_cast<double>(size);
-    correct += logits.data().argmax(1).eq(y).sum();
-    r.samples += size;
-    ++r.micro_batches;
-  }
+  LocalExecutor executor(*this);
+  if (!links_.empty()) executor.set_links(links_);
+  if (!timing_) timing_ = std::make_shared<StepTiming>();
+  StepResult r = executor.train_step(batch, micro_batches, schedule_, loss_fn, epoch, timing_.get());
+  acc.add_weight(r.units);
   acc.finish();
-  r.loss = loss_sum.item<double>() / static_cast<double>(r.samples);  // one sync per step
-  r.correct = correct.item<int64_t>();
   return r;
 }
 
-at::Tensor Pipeline::predict(const at::Tensor& x, bool compression) {
+void Pipeline::set_schedule(const std::string& name) {
+  make_schedule(name, 1, 1);  // validates the name
+  schedule_ = name;
+}
+
+void Pipeline::set_links(const std::vector<LinkSpec>& links) {
+  TORCH_CHECK(links.size() == boundaries_.size(), "Pipeline: ", links.size(), " link specs for ", boundaries_.size(),
+              " boundaries");
+  links_ = links;
+}
+
+const StepTiming& Pipeline::last_timing() const {
+  TORCH_CHECK(timing_, "Pipeline: no train_step has run yet");
+  return *timing_;
+}
+
+Tally Tally::from(const at::Tensor& t) {
+  TORCH_CHECK(t.defined() && t.numel() == kTallySize, "Tally: expected ", kTallySize, " sums, got ",
+              t.defined() ? t.numel() : 0);
+  at::Tensor c = t.to(at::kCPU, at::kDouble).contiguous();
+  const double* p = c.data_ptr<double>();
+  return {p[0], p[1], p[2]};
+}
+
+at::Tensor Pipeline::predict(const at::Tensor& x, bool compression, const StageInputs& inputs) {
   NoGradGuard no_grad;
   std::vector<bool> saved;
   for (const auto& b : boundaries_) {
@@ -117,7 +124,7 @@ at::Tensor Pipeline::predict(const at::Tensor& x, bool compression) {
   };
   at::Tensor out;
   try {
-    out = forward(Variable(x), CodecContext{}).data();
+    out = forward(Variable(x), CodecContext{}, inputs).data();
   } catch (...) {
     restore();
     throw;

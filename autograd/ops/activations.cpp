@@ -10,6 +10,7 @@ using tensor_list = std::vector<at::Tensor>;
 
 struct ReluFn : Function<ReluFn> {
   static constexpr const char* name = "relu";
+  static constexpr bool kFreshOutputs = true;
   static at::Tensor forward(Context& ctx, const at::Tensor& x) {
     at::Tensor y = at::relu(x);
     ctx.save_for_backward({y});
@@ -23,21 +24,26 @@ struct ReluFn : Function<ReluFn> {
 
 struct GeluFn : Function<GeluFn> {
   static constexpr const char* name = "gelu";
+  static constexpr bool kFreshOutputs = true;
   // "none": x * Phi(x) with Phi the standard normal CDF (erf form);
   // "tanh": 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
   static const char* mode(bool tanh_approximate) { return tanh_approximate ? "tanh" : "none"; }
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, bool tanh_approximate) {
+  struct Saved {
+    bool tanh_approximate = false;
+  };
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& x, bool tanh_approximate) {
     ctx.save_for_backward({x});
-    ctx.saved_data["tanh"] = tanh_approximate;
+    s.tanh_approximate = tanh_approximate;
     return at::gelu(x, mode(tanh_approximate));
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
-    return {at::gelu_backward(g[0], ctx.saved()[0], mode(ctx.saved_data.at("tanh").toBool()))};
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
+    return {at::gelu_backward(g[0], ctx.saved()[0], mode(s.tanh_approximate))};
   }
 };
 
 struct TanhFn : Function<TanhFn> {
   static constexpr const char* name = "tanh";
+  static constexpr bool kFreshOutputs = true;
   static at::Tensor forward(Context& ctx, const at::Tensor& x) {
     at::Tensor y = at::tanh(x);
     ctx.save_for_backward({y});
@@ -49,6 +55,7 @@ struct TanhFn : Function<TanhFn> {
 
 struct SigmoidFn : Function<SigmoidFn> {
   static constexpr const char* name = "sigmoid";
+  static constexpr bool kFreshOutputs = true;
   static at::Tensor forward(Context& ctx, const at::Tensor& x) {
     at::Tensor y = at::sigmoid(x);
     ctx.save_for_backward({y});
@@ -60,6 +67,7 @@ struct SigmoidFn : Function<SigmoidFn> {
 
 struct SiluFn : Function<SiluFn> {
   static constexpr const char* name = "silu";
+  static constexpr bool kFreshOutputs = true;
   static at::Tensor forward(Context& ctx, const at::Tensor& x) {
     ctx.save_for_backward({x});
     return at::silu(x);

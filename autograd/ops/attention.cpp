@@ -29,7 +29,11 @@ at::Tensor mT(const at::Tensor& a) { return a.transpose(-2, -1); }
 
 struct ScaledDotProductAttentionFn : Function<ScaledDotProductAttentionFn> {
   static constexpr const char* name = "scaled_dot_product_attention";
-  static at::Tensor forward(Context& ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+  static constexpr bool kFreshOutputs = true;
+  struct Saved {
+    double scale = 1.0;
+  };
+  static at::Tensor forward(Context& ctx, Saved& saved, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& mask, bool is_causal, double dropout_p,
                             const c10::optional<at::Generator>& gen) {
     TORCH_CHECK(q.dim() >= 2 && k.dim() >= 2 && v.dim() >= 2,
@@ -37,8 +41,13 @@ struct ScaledDotProductAttentionFn : Function<ScaledDotProductAttentionFn> {
                 ", ", v.sizes());
     TORCH_CHECK(q.size(-1) == k.size(-1), "scaled_dot_product_attention: q and k must have the same last dim, got ",
                 q.sizes(), " and ", k.sizes());
-    TORCH_CHECK(k.size(-2) == v.size(-2), "scaled_dot_product_attention: k and v must have the same number of keys "
-                "(dim -2), got ", k.sizes(), " and ", v.sizes());
+    TORCH_CHECK(k.size(-2) == v.size(-2),
+                "scaled_dot_product_attention: k and v must have the same number of keys "
+                "(dim -2), got ",
+                k.sizes(), " and ", v.sizes());
+    TORCH_CHECK(!gen || dropout_p == 0.0 || gen->device().type() == q.device().type(),
+                "scaled_dot_product_attention: the dropout generator is on ", gen->device(), " but the inputs are on ",
+                q.device(), "; give a generator of the inputs' device");
     TORCH_CHECK(dropout_p >= 0.0 && dropout_p <= 1.0, "scaled_dot_product_attention: dropout_p must be in [0, 1], got ",
                 dropout_p);
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
@@ -48,7 +57,8 @@ struct ScaledDotProductAttentionFn : Function<ScaledDotProductAttentionFn> {
     if (mask.defined()) {
       TORCH_CHECK(mask.scalar_type() == at::kBool || at::isFloatingType(mask.scalar_type()),
                   "scaled_dot_product_attention: attn_mask must be bool (true = attend) or floating (added to the "
-                  "scores), got ", mask.scalar_type());
+                  "scores), got ",
+                  mask.scalar_type());
       const auto shape = at::infer_size(s.sizes(), mask.sizes());
       TORCH_CHECK(s.sizes().equals(shape), "scaled_dot_product_attention: attn_mask of shape ", mask.sizes(),
                   " does not broadcast to the scores' shape ", s.sizes());
@@ -75,14 +85,14 @@ struct ScaledDotProductAttentionFn : Function<ScaledDotProductAttentionFn> {
       pd = p * drop;
     }
     ctx.save_for_backward({q, k, v, p, drop});
-    ctx.saved_data["scale"] = scale;
+    saved.scale = scale;
     return at::matmul(pd, v);  // (..., Tq, Dv)
   }
 
-  static tensor_list backward(Context& ctx, tensor_list g) {
+  static tensor_list backward(Context& ctx, const Saved& saved, tensor_list g) {
     const auto& s = ctx.saved();
     const at::Tensor &q = s[0], &k = s[1], &v = s[2], &p = s[3], &drop = s[4];
-    const double scale = ctx.saved_data.at("scale").toDouble();
+    const double scale = saved.scale;
     const at::Tensor& go = g[0];  // (..., Tq, Dv)
     at::Tensor grad_q, grad_k, grad_v;
     if (ctx.needs_input_grad(2)) {

@@ -24,8 +24,8 @@ inline at::Tensor sum_to_shape(const at::Tensor& grad, at::IntArrayRef shape) {
   return r.sizes().equals(shape) ? r : r.reshape(shape);
 }
 
-inline std::vector<int64_t> int_vec(const Context& ctx, const char* key) {
-  return ctx.saved_data.at(key).toIntVector();
-}
+/// A short list of ints kept inline (dims, strides, paddings) for typed saved state.
+using IntList = c10::SmallVector<int64_t, 6>;
+inline IntList int_list(at::IntArrayRef v) { return IntList(v.begin(), v.end()); }
 
 }  // namespace tl::ops

@@ -15,38 +15,42 @@ void check_pair(at::IntArrayRef v, const char* op, const char* what, bool allow_
 
 struct Conv2dFn : Function<Conv2dFn> {
   static constexpr const char* name = "conv2d";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+  static constexpr bool kFreshOutputs = true;
+  struct Saved {
+    ops::IntList stride, padding, dilation;
+    int64_t groups = 1;
+    bool has_bias = false;
+  };
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
                             at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
     TORCH_CHECK(x.dim() == 4, "conv2d: input must be (N, C, H, W), got shape ", x.sizes());
     TORCH_CHECK(w.dim() == 4, "conv2d: weight must be (O, C/groups, kH, kW), got shape ", w.sizes());
     TORCH_CHECK(groups >= 1 && x.size(1) == w.size(1) * groups && w.size(0) % groups == 0, "conv2d: input has ",
-                x.size(1), " channels, weight ", w.sizes(), " with groups=", groups, " expects ",
-                w.size(1) * groups, " (and O divisible by groups)");
-    TORCH_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == w.size(0)), "conv2d: bias must have shape (",
-                w.size(0), "), got ", b.sizes());
+                x.size(1), " channels, weight ", w.sizes(), " with groups=", groups, " expects ", w.size(1) * groups,
+                " (and O divisible by groups)");
+    TORCH_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == w.size(0)), "conv2d: bias must have shape (", w.size(0),
+                "), got ", b.sizes());
     check_pair(stride, "conv2d", "stride");
     check_pair(padding, "conv2d", "padding");
     check_pair(dilation, "conv2d", "dilation");
     ctx.save_for_backward({x, w});
-    ctx.saved_data["stride"] = stride.vec();
-    ctx.saved_data["padding"] = padding.vec();
-    ctx.saved_data["dilation"] = dilation.vec();
-    ctx.saved_data["groups"] = groups;
-    ctx.saved_data["has_bias"] = b.defined();
+    s.stride = ops::int_list(stride);
+    s.padding = ops::int_list(padding);
+    s.dilation = ops::int_list(dilation);
+    s.groups = groups;
+    s.has_bias = b.defined();
     // (N, O, H', W')
-    return at::convolution(x, w, b, stride, padding, dilation, /*transposed=*/false, /*output_padding=*/{0, 0},
-                           groups);
+    return at::convolution(x, w, b, stride, padding, dilation, /*transposed=*/false, /*output_padding=*/{0, 0}, groups);
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
-    const auto& s = ctx.saved();
-    const at::Tensor& x = s[0];
-    const at::Tensor& w = s[1];
-    const bool has_bias = ctx.saved_data.at("has_bias").toBool();
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
+    const auto& t = ctx.saved();
+    const at::Tensor& x = t[0];
+    const at::Tensor& w = t[1];
+    const bool has_bias = s.has_bias;
     const std::vector<int64_t> bias_sizes{w.size(0)};
     auto grads = at::convolution_backward(
-        g[0], x, w, has_bias ? at::OptionalIntArrayRef(bias_sizes) : c10::nullopt, ops::int_vec(ctx, "stride"),
-        ops::int_vec(ctx, "padding"), ops::int_vec(ctx, "dilation"), /*transposed=*/false,
-        /*output_padding=*/{0, 0}, ctx.saved_data.at("groups").toInt(),
+        g[0], x, w, has_bias ? at::OptionalIntArrayRef(bias_sizes) : c10::nullopt, s.stride, s.padding, s.dilation,
+        /*transposed=*/false, /*output_padding=*/{0, 0}, s.groups,
         {ctx.needs_input_grad(0), ctx.needs_input_grad(1), has_bias && ctx.needs_input_grad(2)});
     return {std::get<0>(grads), std::get<1>(grads), std::get<2>(grads)};
   }
@@ -54,7 +58,12 @@ struct Conv2dFn : Function<Conv2dFn> {
 
 struct MaxPool2dFn : Function<MaxPool2dFn> {
   static constexpr const char* name = "max_pool2d";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
+  static constexpr bool kFreshOutputs = true;
+  struct Saved {
+    ops::IntList kernel, stride, padding, dilation;
+    bool ceil_mode = false;
+  };
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
                             at::IntArrayRef padding, at::IntArrayRef dilation, bool ceil_mode) {
     check_pair(kernel, "max_pool2d", "kernel");
     check_pair(stride, "max_pool2d", "stride", /*allow_empty=*/true);
@@ -62,40 +71,43 @@ struct MaxPool2dFn : Function<MaxPool2dFn> {
     check_pair(dilation, "max_pool2d", "dilation");
     auto [y, indices] = at::max_pool2d_with_indices(x, kernel, stride, padding, dilation, ceil_mode);
     ctx.save_for_backward({x, indices});
-    ctx.saved_data["kernel"] = kernel.vec();
-    ctx.saved_data["stride"] = stride.vec();
-    ctx.saved_data["padding"] = padding.vec();
-    ctx.saved_data["dilation"] = dilation.vec();
-    ctx.saved_data["ceil"] = ceil_mode;
+    s.kernel = ops::int_list(kernel);
+    s.stride = ops::int_list(stride);
+    s.padding = ops::int_list(padding);
+    s.dilation = ops::int_list(dilation);
+    s.ceil_mode = ceil_mode;
     return y;  // (N, C, H', W')
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
-    const auto& s = ctx.saved();
-    return {at::max_pool2d_with_indices_backward(g[0], s[0], ops::int_vec(ctx, "kernel"), ops::int_vec(ctx, "stride"),
-                                                 ops::int_vec(ctx, "padding"), ops::int_vec(ctx, "dilation"),
-                                                 ctx.saved_data.at("ceil").toBool(), s[1])};
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
+    const auto& t = ctx.saved();
+    return {
+        at::max_pool2d_with_indices_backward(g[0], t[0], s.kernel, s.stride, s.padding, s.dilation, s.ceil_mode, t[1])};
   }
 };
 
 struct AvgPool2dFn : Function<AvgPool2dFn> {
   static constexpr const char* name = "avg_pool2d";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
+  static constexpr bool kFreshOutputs = true;
+  struct Saved {
+    ops::IntList kernel, stride, padding;
+    bool ceil_mode = false, count_include_pad = true;
+  };
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
                             at::IntArrayRef padding, bool ceil_mode, bool count_include_pad) {
     check_pair(kernel, "avg_pool2d", "kernel");
     check_pair(stride, "avg_pool2d", "stride", /*allow_empty=*/true);
     check_pair(padding, "avg_pool2d", "padding");
     ctx.save_for_backward({x});  // the backward kernel reads its shape and memory format
-    ctx.saved_data["kernel"] = kernel.vec();
-    ctx.saved_data["stride"] = stride.vec();
-    ctx.saved_data["padding"] = padding.vec();
-    ctx.saved_data["ceil"] = ceil_mode;
-    ctx.saved_data["count_pad"] = count_include_pad;
+    s.kernel = ops::int_list(kernel);
+    s.stride = ops::int_list(stride);
+    s.padding = ops::int_list(padding);
+    s.ceil_mode = ceil_mode;
+    s.count_include_pad = count_include_pad;
     return at::avg_pool2d(x, kernel, stride, padding, ceil_mode, count_include_pad, c10::nullopt);
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
-    return {at::avg_pool2d_backward(g[0], ctx.saved()[0], ops::int_vec(ctx, "kernel"), ops::int_vec(ctx, "stride"),
-                                    ops::int_vec(ctx, "padding"), ctx.saved_data.at("ceil").toBool(),
-                                    ctx.saved_data.at("count_pad").toBool(), c10::nullopt)};
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
+    return {at::avg_pool2d_backward(g[0], ctx.saved()[0], s.kernel, s.stride, s.padding, s.ceil_mode,
+                                    s.count_include_pad, c10::nullopt)};
   }
 };
 
@@ -103,24 +115,29 @@ struct AvgPool2dFn : Function<AvgPool2dFn> {
 // is a broadcast; other sizes use the adaptive kernels.
 struct AdaptiveAvgPool2dFn : Function<AdaptiveAvgPool2dFn> {
   static constexpr const char* name = "adaptive_avg_pool2d";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, at::IntArrayRef output_size) {
+  static constexpr bool kFreshOutputs = true;
+  struct Saved {
+    bool global = false;
+    Shape shape;  // the input's, when global
+  };
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& x, at::IntArrayRef output_size) {
     TORCH_CHECK(x.dim() == 3 || x.dim() == 4, "adaptive_avg_pool2d: input must be (N, C, H, W) or (C, H, W), got ",
                 x.sizes());
     check_pair(output_size, "adaptive_avg_pool2d", "output_size");
     TORCH_CHECK(output_size[0] > 0 && output_size[1] > 0, "adaptive_avg_pool2d: output_size must be positive, got ",
                 output_size);
     const bool global = output_size[0] == 1 && output_size[1] == 1;
-    ctx.saved_data["global"] = global;
+    s.global = global;
     if (global) {
-      ctx.saved_data["shape"] = x.sizes().vec();
+      s.shape = shape_of(x.sizes());
       return x.mean({-2, -1}, /*keepdim=*/true);  // (N, C, 1, 1)
     }
     ctx.save_for_backward({x});
     return at::_adaptive_avg_pool2d(x, output_size);  // (N, C, oH, oW)
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
-    if (ctx.saved_data.at("global").toBool()) {
-      const auto shape = ops::int_vec(ctx, "shape");
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
+    if (s.global) {
+      const Shape& shape = s.shape;
       const double area = static_cast<double>(shape[shape.size() - 1] * shape[shape.size() - 2]);
       return {(g[0] / area).expand(shape)};
     }

@@ -7,37 +7,46 @@ namespace {
 using ops::sum_to_shape;
 using tensor_list = std::vector<at::Tensor>;
 
-void save_shapes(Context& ctx, const at::Tensor& a, const at::Tensor& b) {
-  ctx.saved_data["sa"] = a.sizes().vec();
-  ctx.saved_data["sb"] = b.sizes().vec();
-}
+// The operands' shapes, to sum broadcast gradients back.
+struct BinaryShapes {
+  Shape sa, sb;
+  void set(const at::Tensor& a, const at::Tensor& b) {
+    sa = shape_of(a.sizes());
+    sb = shape_of(b.sizes());
+  }
+};
 
 struct AddFn : Function<AddFn> {
   static constexpr const char* name = "add";
-  static at::Tensor forward(Context& ctx, const at::Tensor& a, const at::Tensor& b) {
-    save_shapes(ctx, a, b);
+  static constexpr bool kFreshOutputs = true;
+  using Saved = BinaryShapes;
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& a, const at::Tensor& b) {
+    s.set(a, b);
     return at::add(a, b);
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
-    return {ctx.needs_input_grad(0) ? sum_to_shape(g[0], ops::int_vec(ctx, "sa")) : at::Tensor(),
-            ctx.needs_input_grad(1) ? sum_to_shape(g[0], ops::int_vec(ctx, "sb")) : at::Tensor()};
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
+    return {ctx.needs_input_grad(0) ? sum_to_shape(g[0], s.sa) : at::Tensor(),
+            ctx.needs_input_grad(1) ? sum_to_shape(g[0], s.sb) : at::Tensor()};
   }
 };
 
 struct SubFn : Function<SubFn> {
   static constexpr const char* name = "sub";
-  static at::Tensor forward(Context& ctx, const at::Tensor& a, const at::Tensor& b) {
-    save_shapes(ctx, a, b);
+  static constexpr bool kFreshOutputs = true;
+  using Saved = BinaryShapes;
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& a, const at::Tensor& b) {
+    s.set(a, b);
     return at::sub(a, b);
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
-    return {ctx.needs_input_grad(0) ? sum_to_shape(g[0], ops::int_vec(ctx, "sa")) : at::Tensor(),
-            ctx.needs_input_grad(1) ? sum_to_shape(-g[0], ops::int_vec(ctx, "sb")) : at::Tensor()};
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
+    return {ctx.needs_input_grad(0) ? sum_to_shape(g[0], s.sa) : at::Tensor(),
+            ctx.needs_input_grad(1) ? sum_to_shape(-g[0], s.sb) : at::Tensor()};
   }
 };
 
 struct MulFn : Function<MulFn> {
   static constexpr const char* name = "mul";
+  static constexpr bool kFreshOutputs = true;
   static at::Tensor forward(Context& ctx, const at::Tensor& a, const at::Tensor& b) {
     ctx.save_for_backward({a, b});
     return at::mul(a, b);
@@ -51,6 +60,7 @@ struct MulFn : Function<MulFn> {
 
 struct DivFn : Function<DivFn> {
   static constexpr const char* name = "div";
+  static constexpr bool kFreshOutputs = true;
   static at::Tensor forward(Context& ctx, const at::Tensor& a, const at::Tensor& b) {
     ctx.save_for_backward({a, b});
     return at::div(a, b);
@@ -67,34 +77,44 @@ struct DivFn : Function<DivFn> {
 
 struct AddScalarFn : Function<AddScalarFn> {
   static constexpr const char* name = "add_scalar";
+  static constexpr bool kFreshOutputs = true;
   static at::Tensor forward(Context&, const at::Tensor& a, double s) { return at::add(a, s); }
   static tensor_list backward(Context&, tensor_list g) { return {g[0]}; }
 };
 
 struct MulScalarFn : Function<MulScalarFn> {
   static constexpr const char* name = "mul_scalar";
-  static at::Tensor forward(Context& ctx, const at::Tensor& a, double s) {
-    ctx.saved_data["s"] = s;
+  static constexpr bool kFreshOutputs = true;
+  struct Saved {
+    double s = 0;
+  };
+  static at::Tensor forward(Context& ctx, Saved& saved, const at::Tensor& a, double s) {
+    saved.s = s;
     return at::mul(a, s);
   }
-  static tensor_list backward(Context& ctx, tensor_list g) { return {g[0] * ctx.saved_data.at("s").toDouble()}; }
+  static tensor_list backward(Context& ctx, const Saved& saved, tensor_list g) { return {g[0] * saved.s}; }
 };
 
 struct NegFn : Function<NegFn> {
   static constexpr const char* name = "neg";
+  static constexpr bool kFreshOutputs = true;
   static at::Tensor forward(Context&, const at::Tensor& a) { return at::neg(a); }
   static tensor_list backward(Context&, tensor_list g) { return {-g[0]}; }
 };
 
 struct PowFn : Function<PowFn> {
   static constexpr const char* name = "pow";
-  static at::Tensor forward(Context& ctx, const at::Tensor& a, double e) {
+  static constexpr bool kFreshOutputs = true;
+  struct Saved {
+    double e = 0;
+  };
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& a, double e) {
     ctx.save_for_backward({a});
-    ctx.saved_data["e"] = e;
+    s.e = e;
     return at::pow(a, e);
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
-    const double e = ctx.saved_data.at("e").toDouble();
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
+    const double e = s.e;
     if (e == 0.0) return {at::zeros_like(g[0])};
     return {g[0] * e * at::pow(ctx.saved()[0], e - 1.0)};
   }
@@ -102,6 +122,7 @@ struct PowFn : Function<PowFn> {
 
 struct ExpFn : Function<ExpFn> {
   static constexpr const char* name = "exp";
+  static constexpr bool kFreshOutputs = true;
   static at::Tensor forward(Context& ctx, const at::Tensor& a) {
     at::Tensor y = at::exp(a);
     ctx.save_for_backward({y});
@@ -112,6 +133,7 @@ struct ExpFn : Function<ExpFn> {
 
 struct LogFn : Function<LogFn> {
   static constexpr const char* name = "log";
+  static constexpr bool kFreshOutputs = true;
   static at::Tensor forward(Context& ctx, const at::Tensor& a) {
     ctx.save_for_backward({a});
     return at::log(a);
@@ -121,6 +143,7 @@ struct LogFn : Function<LogFn> {
 
 struct SqrtFn : Function<SqrtFn> {
   static constexpr const char* name = "sqrt";
+  static constexpr bool kFreshOutputs = true;
   static at::Tensor forward(Context& ctx, const at::Tensor& a) {
     at::Tensor y = at::sqrt(a);
     ctx.save_for_backward({y});
@@ -131,6 +154,7 @@ struct SqrtFn : Function<SqrtFn> {
 
 struct RsqrtFn : Function<RsqrtFn> {
   static constexpr const char* name = "rsqrt";
+  static constexpr bool kFreshOutputs = true;
   static at::Tensor forward(Context& ctx, const at::Tensor& a) {
     at::Tensor y = at::rsqrt(a);
     ctx.save_for_backward({y});
@@ -145,6 +169,7 @@ struct RsqrtFn : Function<RsqrtFn> {
 
 struct AbsFn : Function<AbsFn> {
   static constexpr const char* name = "abs";
+  static constexpr bool kFreshOutputs = true;
   static at::Tensor forward(Context& ctx, const at::Tensor& a) {
     ctx.save_for_backward({a});
     return at::abs(a);
@@ -154,20 +179,23 @@ struct AbsFn : Function<AbsFn> {
 
 struct ClampFn : Function<ClampFn> {
   static constexpr const char* name = "clamp";
-  static at::Tensor forward(Context& ctx, const at::Tensor& a, std::optional<double> lo, std::optional<double> hi) {
+  static constexpr bool kFreshOutputs = true;
+  struct Saved {
+    std::optional<double> lo, hi;
+  };
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& a, std::optional<double> lo,
+                            std::optional<double> hi) {
     ctx.save_for_backward({a});
-    if (lo) ctx.saved_data["lo"] = *lo;
-    if (hi) ctx.saved_data["hi"] = *hi;
+    s.lo = lo;
+    s.hi = hi;
     return at::clamp(a, lo ? c10::optional<at::Scalar>(*lo) : c10::nullopt,
                      hi ? c10::optional<at::Scalar>(*hi) : c10::nullopt);
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
     const auto& a = ctx.saved()[0];
     at::Tensor pass = at::ones_like(a, at::kBool);
-    auto lo = ctx.saved_data.find("lo");
-    auto hi = ctx.saved_data.find("hi");
-    if (lo != ctx.saved_data.end()) pass = pass.logical_and(a >= lo->second.toDouble());
-    if (hi != ctx.saved_data.end()) pass = pass.logical_and(a <= hi->second.toDouble());
+    if (s.lo) pass = pass.logical_and(a >= *s.lo);
+    if (s.hi) pass = pass.logical_and(a <= *s.hi);
     return {g[0] * pass};
   }
 };

@@ -19,10 +19,12 @@ at::Tensor mT(const at::Tensor& a) { return a.transpose(-2, -1); }
 
 struct MatmulFn : Function<MatmulFn> {
   static constexpr const char* name = "matmul";
+  static constexpr bool kFreshOutputs = true;
   static at::Tensor forward(Context& ctx, const at::Tensor& a, const at::Tensor& b) {
-    TORCH_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: both operands need at least 1 dimension, got shapes ",
-                a.sizes(), " and ", b.sizes());
+    TORCH_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: both operands need at least 1 dimension, got shapes ", a.sizes(),
+                " and ", b.sizes());
     ctx.save_for_backward({a, b});
+    if (a.dim() == 2 && b.dim() == 2) return at::mm(a, b);  // what matmul would call, one dispatch less
     return at::matmul(a, b);
   }
 
@@ -32,6 +34,11 @@ struct MatmulFn : Function<MatmulFn> {
     const at::Tensor& b = s[1];
     const bool need_a = ctx.needs_input_grad(0), need_b = ctx.needs_input_grad(1);
     at::Tensor grad_a, grad_b;
+    if (a.dim() == 2 && b.dim() == 2) {  // (n, k) x (k, p): two GEMMs, nothing to reshape
+      if (need_a) grad_a = at::mm(g[0], b.t());  // (n, p) x (p, k)
+      if (need_b) grad_b = at::mm(a.t(), g[0]);  // (k, n) x (n, p)
+      return {grad_a, grad_b};
+    }
     if (a.dim() == 1 && b.dim() == 1) {  // dot product: g is a scalar
       if (need_a) grad_a = g[0] * b;
       if (need_b) grad_b = g[0] * a;
@@ -42,7 +49,7 @@ struct MatmulFn : Function<MatmulFn> {
     const at::Tensor b2 = b.dim() == 1 ? b.unsqueeze(-1) : b;  // (..., k, p)
     at::Tensor g2 = g[0];
     if (a.dim() == 1) g2 = g2.unsqueeze(-2);
-    if (b.dim() == 1) g2 = g2.unsqueeze(-1);                   // (..., n, p)
+    if (b.dim() == 1) g2 = g2.unsqueeze(-1);  // (..., n, p)
     const int64_t k = a2.size(-1);
     if (need_a) {
       if (b2.dim() == 2) {
@@ -69,6 +76,7 @@ struct MatmulFn : Function<MatmulFn> {
 
 struct BmmFn : Function<BmmFn> {
   static constexpr const char* name = "bmm";
+  static constexpr bool kFreshOutputs = true;
   static at::Tensor forward(Context& ctx, const at::Tensor& a, const at::Tensor& b) {
     TORCH_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected 3-D operands (B, n, m) and (B, m, p), got shapes ",
                 a.sizes(), " and ", b.sizes());
@@ -86,12 +94,13 @@ struct BmmFn : Function<BmmFn> {
 // plain GEMM-shaped ops on (rows, in) / (rows, out) matrices.
 struct LinearFn : Function<LinearFn> {
   static constexpr const char* name = "linear";
+  static constexpr bool kFreshOutputs = true;
   static at::Tensor forward(Context& ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
     TORCH_CHECK(w.dim() == 2, "linear: weight must be 2-D (out_features, in_features), got shape ", w.sizes());
     TORCH_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), "linear: input of shape ", x.sizes(),
                 " does not match weight of shape ", w.sizes(), " (need input (..., ", w.size(1), "))");
-    TORCH_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == w.size(0)), "linear: bias must have shape (",
-                w.size(0), "), got ", b.sizes());
+    TORCH_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == w.size(0)), "linear: bias must have shape (", w.size(0),
+                "), got ", b.sizes());
     ctx.save_for_backward({x, w});
     if (x.dim() == 2) return b.defined() ? at::addmm(b, x, w.t()) : at::mm(x, w.t());  // (N, out)
     std::vector<int64_t> out_shape = x.sizes().vec();

@@ -16,9 +16,12 @@ using tensor_list = std::vector<at::Tensor>;
 
 int64_t to_at(Reduction r) {
   switch (r) {
-    case Reduction::None: return at::Reduction::None;
-    case Reduction::Mean: return at::Reduction::Mean;
-    case Reduction::Sum: return at::Reduction::Sum;
+    case Reduction::None:
+      return at::Reduction::None;
+    case Reduction::Mean:
+      return at::Reduction::Mean;
+    case Reduction::Sum:
+      return at::Reduction::Sum;
   }
   TORCH_CHECK(false, "loss: unknown reduction ", static_cast<int>(r), "; known: None, Mean, Sum");
 }
@@ -70,8 +73,14 @@ at::Tensor unreduced(const at::Tensor& loss, const at::Tensor& target, int64_t r
 // reduction (g / count, g, or g_i) on non-ignored rows.
 struct CrossEntropyFn : Function<CrossEntropyFn> {
   static constexpr const char* name = "cross_entropy";
-  static at::Tensor forward(Context& ctx, const at::Tensor& logits, const at::Tensor& target, int64_t ignore_index,
-                            double smoothing, int64_t reduction) {
+  static constexpr bool kFreshOutputs = true;
+  struct Saved {
+    Shape shape;  // the logits'
+    int64_t ignore_index = -100, reduction = 0;
+    double smoothing = 0.0;
+  };
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& logits, const at::Tensor& target,
+                            int64_t ignore_index, double smoothing, int64_t reduction) {
     TORCH_CHECK(smoothing >= 0.0 && smoothing <= 1.0, "cross_entropy: label_smoothing must be in [0, 1], got ",
                 smoothing);
     Rows r = to_rows(logits, target, "cross_entropy");
@@ -79,27 +88,27 @@ struct CrossEntropyFn : Function<CrossEntropyFn> {
     at::Tensor lsm = at::_log_softmax(r.x, 1, /*half_to_float=*/false);  // (M, C)
     auto [loss, total_weight] = at::nll_loss_forward(lsm, r.target, c10::nullopt, reduction, ignore_index);
     if (smoothing > 0.0) {
-      at::Tensor valid = r.target != ignore_index;                  // (M)
+      at::Tensor valid = r.target != ignore_index;                             // (M)
       at::Tensor smooth = -lsm.sum(1).masked_fill_(valid.logical_not(), 0.0);  // (M)
       if (reduction == at::Reduction::Mean) smooth = smooth.sum() / valid.sum();
       if (reduction == at::Reduction::Sum) smooth = smooth.sum();
       loss = loss * (1.0 - smoothing) + smooth * (smoothing / static_cast<double>(classes));
     }
-    ctx.save_for_backward({lsm, r.target, total_weight});
-    ctx.saved_data["shape"] = logits.sizes().vec();
-    ctx.saved_data["ignore"] = ignore_index;
-    ctx.saved_data["smoothing"] = smoothing;
-    ctx.saved_data["reduction"] = reduction;
+    ctx.save_for_backward({lsm, target, total_weight});  // the caller's target, not a view of it
+    s.shape = shape_of(logits.sizes());
+    s.ignore_index = ignore_index;
+    s.smoothing = smoothing;
+    s.reduction = reduction;
     return unreduced(loss, target, reduction);  // () or (N, d...)
   }
 
-  static tensor_list backward(Context& ctx, tensor_list g) {
+  static tensor_list backward(Context& ctx, const Saved& saved, tensor_list g) {
     const auto& s = ctx.saved();
-    const at::Tensor& lsm = s[0];     // (M, C)
-    const at::Tensor& target = s[1];  // (M)
-    const int64_t ignore_index = ctx.saved_data.at("ignore").toInt();
-    const int64_t reduction = ctx.saved_data.at("reduction").toInt();
-    const double smoothing = ctx.saved_data.at("smoothing").toDouble();
+    const at::Tensor& lsm = s[0];                   // (M, C)
+    const at::Tensor target = s[1].reshape({-1});  // (M)
+    const int64_t ignore_index = saved.ignore_index;
+    const int64_t reduction = saved.reduction;
+    const double smoothing = saved.smoothing;
     const at::Tensor grad = reduction == at::Reduction::None ? g[0].reshape({-1}) : g[0];  // (M) or ()
     at::Tensor grad_lsm = at::nll_loss_backward(smoothing > 0.0 ? grad * (1.0 - smoothing) : grad, lsm, target,
                                                 c10::nullopt, reduction, ignore_index, s[2]);  // (M, C)
@@ -110,29 +119,35 @@ struct CrossEntropyFn : Function<CrossEntropyFn> {
       grad_lsm.sub_((valid * w * e).unsqueeze(1));
     }
     at::Tensor grad_rows = at::_log_softmax_backward_data(grad_lsm, lsm, 1, lsm.scalar_type());
-    return {from_rows(grad_rows, ops::int_vec(ctx, "shape"))};
+    return {from_rows(grad_rows, saved.shape)};
   }
 };
 
 struct NllLossFn : Function<NllLossFn> {
   static constexpr const char* name = "nll_loss";
-  static at::Tensor forward(Context& ctx, const at::Tensor& log_probs, const at::Tensor& target, int64_t ignore_index,
-                            int64_t reduction) {
+  static constexpr bool kFreshOutputs = true;
+  struct Saved {
+    Shape shape;  // the input's
+    int64_t ignore_index = -100, reduction = 0;
+  };
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& log_probs, const at::Tensor& target,
+                            int64_t ignore_index, int64_t reduction) {
     Rows r = to_rows(log_probs, target, "nll_loss");
     auto [loss, total_weight] = at::nll_loss_forward(r.x, r.target, c10::nullopt, reduction, ignore_index);
-    ctx.save_for_backward({r.x, r.target, total_weight});
-    ctx.saved_data["shape"] = log_probs.sizes().vec();
-    ctx.saved_data["ignore"] = ignore_index;
-    ctx.saved_data["reduction"] = reduction;
+    ctx.save_for_backward({log_probs, target, total_weight});  // the caller's tensors; rows again in backward
+    s.shape = shape_of(log_probs.sizes());
+    s.ignore_index = ignore_index;
+    s.reduction = reduction;
     return unreduced(loss, target, reduction);
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
+  static tensor_list backward(Context& ctx, const Saved& saved, tensor_list g) {
     const auto& s = ctx.saved();
-    const int64_t reduction = ctx.saved_data.at("reduction").toInt();
+    const int64_t reduction = saved.reduction;
     const at::Tensor grad = reduction == at::Reduction::None ? g[0].reshape({-1}) : g[0];
-    at::Tensor grad_rows = at::nll_loss_backward(grad, s[0], s[1], c10::nullopt, reduction,
-                                                 ctx.saved_data.at("ignore").toInt(), s[2]);  // (M, C)
-    return {from_rows(grad_rows, ops::int_vec(ctx, "shape"))};
+    const Rows r = to_rows(s[0], s[1], "nll_loss");
+    at::Tensor grad_rows =
+        at::nll_loss_backward(grad, r.x, r.target, c10::nullopt, reduction, saved.ignore_index, s[2]);  // (M, C)
+    return {from_rows(grad_rows, saved.shape)};
   }
 };
 
@@ -140,24 +155,33 @@ struct NllLossFn : Function<NllLossFn> {
 // are summed back. d/da mean((a - b)^2) = 2 (a - b) / n and d/db = -d/da.
 struct MseLossFn : Function<MseLossFn> {
   static constexpr const char* name = "mse_loss";
-  static at::Tensor forward(Context& ctx, const at::Tensor& a, const at::Tensor& b, int64_t reduction) {
-    if (a.sizes().equals(b.sizes())) {
-      ctx.save_for_backward({a, b});
-    } else {
-      const auto shape = at::infer_size(a.sizes(), b.sizes());  // errors on incompatible shapes
-      ctx.save_for_backward({a.expand(shape), b.expand(shape)});
-    }
-    ctx.saved_data["sa"] = a.sizes().vec();
-    ctx.saved_data["sb"] = b.sizes().vec();
-    ctx.saved_data["reduction"] = reduction;
-    const auto& s = ctx.saved();
-    return at::mse_loss(s[0], s[1], reduction);
+  static constexpr bool kFreshOutputs = true;
+  struct Saved {
+    Shape sa, sb;
+    int64_t reduction = 0;
+  };
+  // The operands themselves are saved (not their expanded views), so an in-place change of one is
+  // seen (Note [ATen's autograd is not involved], function.h).
+  static at::Tensor forward(Context& ctx, Saved& saved, const at::Tensor& a, const at::Tensor& b, int64_t reduction) {
+    ctx.save_for_backward({a, b});
+    saved.sa = shape_of(a.sizes());
+    saved.sb = shape_of(b.sizes());
+    saved.reduction = reduction;
+    if (a.sizes().equals(b.sizes())) return at::mse_loss(a, b, reduction);
+    const auto shape = at::infer_size(a.sizes(), b.sizes());  // errors on incompatible shapes
+    return at::mse_loss(a.expand(shape), b.expand(shape), reduction);
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
+  static tensor_list backward(Context& ctx, const Saved& saved, tensor_list g) {
     const auto& s = ctx.saved();
-    at::Tensor grad_a = at::mse_loss_backward(g[0], s[0], s[1], ctx.saved_data.at("reduction").toInt());
-    return {ctx.needs_input_grad(0) ? sum_to_shape(grad_a, ops::int_vec(ctx, "sa")) : at::Tensor(),
-            ctx.needs_input_grad(1) ? sum_to_shape(-grad_a, ops::int_vec(ctx, "sb")) : at::Tensor()};
+    at::Tensor a = s[0], b = s[1];
+    if (!a.sizes().equals(b.sizes())) {
+      const auto shape = at::infer_size(a.sizes(), b.sizes());
+      a = a.expand(shape);
+      b = b.expand(shape);
+    }
+    at::Tensor grad_a = at::mse_loss_backward(g[0], a, b, saved.reduction);
+    return {ctx.needs_input_grad(0) ? sum_to_shape(grad_a, saved.sa) : at::Tensor(),
+            ctx.needs_input_grad(1) ? sum_to_shape(-grad_a, saved.sb) : at::Tensor()};
   }
 };
 

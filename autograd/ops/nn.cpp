@@ -10,9 +10,7 @@ namespace tl {
 namespace {
 using tensor_list = std::vector<at::Tensor>;
 
-c10::optional<at::Tensor> opt(const at::Tensor& t) {
-  return t.defined() ? c10::optional<at::Tensor>(t) : c10::nullopt;
-}
+c10::optional<at::Tensor> opt(const at::Tensor& t) { return t.defined() ? c10::optional<at::Tensor>(t) : c10::nullopt; }
 
 // Note [batch norm running statistics]
 // In training, native_batch_norm normalises with the batch statistics and updates running_mean
@@ -24,9 +22,13 @@ c10::optional<at::Tensor> opt(const at::Tensor& t) {
 // and are saved (and checked).
 struct BatchNormFn : Function<BatchNormFn> {
   static constexpr const char* name = "batch_norm";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                            const at::Tensor& running_mean, const at::Tensor& running_var, bool training,
-                            double momentum, double eps) {
+  struct Saved {
+    bool training = true;
+    double eps = 1e-5;
+  };
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias, const at::Tensor& running_mean, const at::Tensor& running_var,
+                            bool training, double momentum, double eps) {
     TORCH_CHECK(x.dim() >= 2, "batch_norm: input must be (N, C, ...), got shape ", x.sizes());
     const int64_t c = x.size(1);
     auto check_vec = [&](const at::Tensor& t, const char* what) {
@@ -52,25 +54,28 @@ struct BatchNormFn : Function<BatchNormFn> {
     } else {
       ctx.save_for_backward({x, weight, save_mean, save_invstd, running_mean, running_var});
     }
-    ctx.saved_data["training"] = training;
-    ctx.saved_data["eps"] = eps;
+    s.training = training;
+    s.eps = eps;
     return y;  // (N, C, ...)
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
+  static tensor_list backward(Context& ctx, const Saved& saved, tensor_list g) {
     const auto& s = ctx.saved();
-    const bool training = ctx.saved_data.at("training").toBool();
+    const bool training = saved.training;
     const at::Tensor none;
     auto grads = at::native_batch_norm_backward(
-        g[0], s[0], opt(s[1]), opt(training ? none : s[4]), opt(training ? none : s[5]), opt(s[2]), opt(s[3]),
-        training, ctx.saved_data.at("eps").toDouble(),
-        {ctx.needs_input_grad(0), ctx.needs_input_grad(1), ctx.needs_input_grad(2)});
+        g[0], s[0], opt(s[1]), opt(training ? none : s[4]), opt(training ? none : s[5]), opt(s[2]), opt(s[3]), training,
+        saved.eps, {ctx.needs_input_grad(0), ctx.needs_input_grad(1), ctx.needs_input_grad(2)});
     return {std::get<0>(grads), std::get<1>(grads), std::get<2>(grads)};
   }
 };
 
 struct LayerNormFn : Function<LayerNormFn> {
   static constexpr const char* name = "layer_norm";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, at::IntArrayRef normalized_shape,
+  static constexpr bool kFreshOutputs = true;
+  struct Saved {
+    Shape normalized_shape;
+  };
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& x, at::IntArrayRef normalized_shape,
                             const at::Tensor& weight, const at::Tensor& bias, double eps) {
     const int64_t k = static_cast<int64_t>(normalized_shape.size());
     TORCH_CHECK(k >= 1 && x.dim() >= k && x.sizes().slice(x.dim() - k).equals(normalized_shape),
@@ -82,14 +87,14 @@ struct LayerNormFn : Function<LayerNormFn> {
                 normalized_shape, ", got ", bias.sizes());
     auto [y, mean, rstd] = at::native_layer_norm(x, normalized_shape, opt(weight), opt(bias), eps);
     ctx.save_for_backward({x, weight, bias, mean, rstd});
-    ctx.saved_data["shape"] = normalized_shape.vec();
+    s.normalized_shape = shape_of(normalized_shape);
     return y;
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
+  static tensor_list backward(Context& ctx, const Saved& saved, tensor_list g) {
     const auto& s = ctx.saved();
-    auto grads = at::native_layer_norm_backward(
-        g[0], s[0], ops::int_vec(ctx, "shape"), s[3], s[4], opt(s[1]), opt(s[2]),
-        {ctx.needs_input_grad(0), ctx.needs_input_grad(1), ctx.needs_input_grad(2)});
+    auto grads =
+        at::native_layer_norm_backward(g[0], s[0], saved.normalized_shape, s[3], s[4], opt(s[1]), opt(s[2]),
+                                       {ctx.needs_input_grad(0), ctx.needs_input_grad(1), ctx.needs_input_grad(2)});
     return {std::get<0>(grads), std::get<1>(grads), std::get<2>(grads)};
   }
 };
@@ -97,7 +102,12 @@ struct LayerNormFn : Function<LayerNormFn> {
 // Inverted dropout: y = x * m / (1 - p), m ~ Bernoulli(1 - p). The scaled mask is saved.
 struct DropoutFn : Function<DropoutFn> {
   static constexpr const char* name = "dropout";
+  static constexpr bool kFreshOutputs = true;
   static at::Tensor forward(Context& ctx, const at::Tensor& x, double p, const c10::optional<at::Generator>& gen) {
+    TORCH_CHECK(!gen || gen->device().type() == x.device().type(), "dropout: the generator is on ", gen->device(),
+                " but the input is on ", x.device(),
+                "; give a generator of the input's device (a CPU generator "
+                "never draws a mask for a CUDA tensor)");
     at::Tensor mask = at::empty_like(x, at::MemoryFormat::Contiguous);
     if (p >= 1.0) {
       mask.zero_();
@@ -112,33 +122,41 @@ struct DropoutFn : Function<DropoutFn> {
 
 struct SoftmaxFn : Function<SoftmaxFn> {
   static constexpr const char* name = "softmax";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, int64_t dim) {
+  static constexpr bool kFreshOutputs = true;
+  struct Saved {
+    int64_t dim = 0;
+  };
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& x, int64_t dim) {
     dim = at::maybe_wrap_dim(dim, x.dim());
     at::Tensor y = at::_softmax(x, dim, /*half_to_float=*/false);
     ctx.save_for_backward({y});
-    ctx.saved_data["dim"] = dim;
+    s.dim = dim;
     return y;
   }
   // dx = y * (g - sum(g * y, dim))
-  static tensor_list backward(Context& ctx, tensor_list g) {
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
     const at::Tensor& y = ctx.saved()[0];
-    return {at::_softmax_backward_data(g[0], y, ctx.saved_data.at("dim").toInt(), y.scalar_type())};
+    return {at::_softmax_backward_data(g[0], y, s.dim, y.scalar_type())};
   }
 };
 
 struct LogSoftmaxFn : Function<LogSoftmaxFn> {
   static constexpr const char* name = "log_softmax";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, int64_t dim) {
+  static constexpr bool kFreshOutputs = true;
+  struct Saved {
+    int64_t dim = 0;
+  };
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& x, int64_t dim) {
     dim = at::maybe_wrap_dim(dim, x.dim());
     at::Tensor y = at::_log_softmax(x, dim, /*half_to_float=*/false);
     ctx.save_for_backward({y});
-    ctx.saved_data["dim"] = dim;
+    s.dim = dim;
     return y;
   }
   // dx = g - exp(y) * sum(g, dim)
-  static tensor_list backward(Context& ctx, tensor_list g) {
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
     const at::Tensor& y = ctx.saved()[0];
-    return {at::_log_softmax_backward_data(g[0], y, ctx.saved_data.at("dim").toInt(), y.scalar_type())};
+    return {at::_log_softmax_backward_data(g[0], y, s.dim, y.scalar_type())};
   }
 };
 

@@ -31,48 +31,60 @@ std::vector<int64_t> reduction_dims(at::IntArrayRef dims, int64_t ndim, const ch
 }
 
 /// Gradient of a reduction's output -> the keepdim shape (reduced dims restored as size 1).
-at::Tensor restore_reduced_dims(at::Tensor g, const std::vector<int64_t>& dims, bool keepdim) {
+at::Tensor restore_reduced_dims(at::Tensor g, at::IntArrayRef dims, bool keepdim) {
   if (keepdim) return g;
   for (int64_t d : dims) g = g.unsqueeze(d);  // ascending, so each d indexes the final shape
   return g;
 }
 
 /// Number of elements reduced into each output element.
-int64_t reduced_count(at::IntArrayRef sizes, const std::vector<int64_t>& dims) {
+int64_t reduced_count(at::IntArrayRef sizes, at::IntArrayRef dims) {
   int64_t n = 1;
   for (int64_t d : dims) n *= sizes[d];
   return n;
 }
 
-void save_reduction(Context& ctx, const at::Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-  ctx.saved_data["shape"] = x.sizes().vec();
-  ctx.saved_data["dims"] = dims;
-  ctx.saved_data["keepdim"] = keepdim;
-}
+/// What the backward of a reduction over dims needs: the input's shape, the (wrapped, sorted)
+/// dims and keepdim.
+struct ReductionSaved {
+  Shape shape;
+  ops::IntList dims;
+  bool keepdim = false;
+  void set(const at::Tensor& x, const std::vector<int64_t>& d, bool keep) {
+    shape = shape_of(x.sizes());
+    dims = ops::int_list(d);
+    keepdim = keep;
+  }
+};
 
 struct SumAllFn : Function<SumAllFn> {
   static constexpr const char* name = "sum";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x) {
-    ctx.saved_data["shape"] = x.sizes().vec();
+  static constexpr bool kFreshOutputs = true;
+  struct Saved {
+    Shape shape;
+  };
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& x) {
+    s.shape = shape_of(x.sizes());
     return x.sum();
   }
-  static tensor_list backward(Context& ctx, tensor_list g) { return {g[0].expand(ops::int_vec(ctx, "shape"))}; }
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) { return {g[0].expand(s.shape)}; }
 };
 
 // sum and mean over dims share the backward: broadcast the gradient back, scaled by 1/N for mean.
 template <bool kMean>
 struct SumMeanDimsFn : Function<SumMeanDimsFn<kMean>> {
   static constexpr const char* name = kMean ? "mean" : "sum";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-    save_reduction(ctx, x, dims, keepdim);
+  static constexpr bool kFreshOutputs = true;
+  using Saved = ReductionSaved;
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& x, const std::vector<int64_t>& dims,
+                            bool keepdim) {
+    s.set(x, dims, keepdim);
     if (dims.empty()) return kMean ? x.mean() : x.sum();  // 0-d input: nothing to reduce
     return kMean ? x.mean(dims, keepdim) : x.sum(dims, keepdim);
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
-    const auto shape = ops::int_vec(ctx, "shape");
-    const auto dims = ops::int_vec(ctx, "dims");
-    at::Tensor grad_x = restore_reduced_dims(g[0], dims, ctx.saved_data.at("keepdim").toBool()).expand(shape);
-    if (kMean) grad_x = grad_x / static_cast<double>(reduced_count(shape, dims));
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
+    at::Tensor grad_x = restore_reduced_dims(g[0], s.dims, s.keepdim).expand(s.shape);
+    if (kMean) grad_x = grad_x / static_cast<double>(reduced_count(s.shape, s.dims));
     return {grad_x};
   }
 };
@@ -83,17 +95,21 @@ using MeanDimsFn = SumMeanDimsFn<true>;
 // ties; both agree whenever the max is unique).
 struct MaxAllFn : Function<MaxAllFn> {
   static constexpr const char* name = "max";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x) {
+  static constexpr bool kFreshOutputs = true;
+  struct Saved {
+    Shape shape;
+  };
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& x) {
     TORCH_CHECK(x.numel() > 0, "max: the input is empty (shape ", x.sizes(),
                 "); max over all elements needs at "
                 "least one element");
     at::Tensor index = x.reshape({-1}).argmax();  // 0-d int64: first position of the max (NaN counts as max)
     ctx.save_for_backward({index});
-    ctx.saved_data["shape"] = x.sizes().vec();
+    s.shape = shape_of(x.sizes());
     return x.max();
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
-    const auto shape = ops::int_vec(ctx, "shape");
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
+    const Shape& shape = s.shape;
     const at::Tensor& index = ctx.saved()[0];
     int64_t n = 1;
     for (int64_t s : shape) n *= s;
@@ -105,39 +121,47 @@ struct MaxAllFn : Function<MaxAllFn> {
 // Max over one dim: the gradient goes to the index at::max returned along that dim.
 struct MaxDimFn : Function<MaxDimFn> {
   static constexpr const char* name = "max_dim";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, int64_t dim, bool keepdim) {
+  static constexpr bool kFreshOutputs = true;
+  struct Saved {
+    Shape shape;
+    int64_t dim = 0;
+    bool keepdim = false;
+  };
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& x, int64_t dim, bool keepdim) {
     auto [values, indices] = at::max(x, dim, keepdim);
     ctx.save_for_backward({indices});
-    ctx.saved_data["shape"] = x.sizes().vec();
-    ctx.saved_data["dim"] = dim;
-    ctx.saved_data["keepdim"] = keepdim;
+    s.shape = shape_of(x.sizes());
+    s.dim = dim;
+    s.keepdim = keepdim;
     return values;
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
-    return {at::value_selecting_reduction_backward(g[0], ctx.saved_data.at("dim").toInt(), ctx.saved()[0],
-                                                   ops::int_vec(ctx, "shape"), ctx.saved_data.at("keepdim").toBool())};
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
+    return {at::value_selecting_reduction_backward(g[0], s.dim, ctx.saved()[0], s.shape, s.keepdim)};
   }
 };
 
 // var = sum((x - mean)^2) / (N - correction);  grad_x = 2 / (N - correction) * grad * (x - mean).
 struct VarFn : Function<VarFn> {
   static constexpr const char* name = "var";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, const std::vector<int64_t>& dims, bool unbiased,
-                            bool keepdim) {
+  static constexpr bool kFreshOutputs = true;
+  struct Saved : ReductionSaved {
+    bool unbiased = true;
+  };
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& x, const std::vector<int64_t>& dims,
+                            bool unbiased, bool keepdim) {
     ctx.save_for_backward({x});
-    save_reduction(ctx, x, dims, keepdim);
-    ctx.saved_data["unbiased"] = unbiased;
+    s.set(x, dims, keepdim);
+    s.unbiased = unbiased;
     if (dims.empty()) return at::var(x, unbiased);  // 0-d input
     return at::var(x, at::IntArrayRef(dims), unbiased, keepdim);
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
     const at::Tensor& x = ctx.saved()[0];
-    const auto dims = ops::int_vec(ctx, "dims");
-    const int64_t dof = reduced_count(x.sizes(), dims) - (ctx.saved_data.at("unbiased").toBool() ? 1 : 0);
+    const at::IntArrayRef dims = s.dims;
+    const int64_t dof = reduced_count(x.sizes(), dims) - (s.unbiased ? 1 : 0);
     at::Tensor centered = dims.empty() ? x - x.mean() : x - x.mean(dims, /*keepdim=*/true);
     // dof <= 0 gives inf/NaN here exactly as the forward (and torch) does.
-    return {(2.0 / static_cast<double>(dof)) * restore_reduced_dims(g[0], dims, ctx.saved_data.at("keepdim").toBool()) *
-            centered};
+    return {(2.0 / static_cast<double>(dof)) * restore_reduced_dims(g[0], dims, s.keepdim) * centered};
   }
 };
 
@@ -146,19 +170,23 @@ struct VarFn : Function<VarFn> {
 // x / ||x|| is 0/0 there).
 struct NormFn : Function<NormFn> {
   static constexpr const char* name = "norm";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, double p, const std::vector<int64_t>& dims,
+  static constexpr bool kFreshOutputs = true;
+  struct Saved : ReductionSaved {
+    double p = 2.0;
+  };
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& x, double p, const std::vector<int64_t>& dims,
                             bool keepdim) {
     at::Tensor y = at::linalg_vector_norm(x, p, at::IntArrayRef(dims), keepdim);
     ctx.save_for_backward({x, y});
-    save_reduction(ctx, x, dims, keepdim);
-    ctx.saved_data["p"] = p;
+    s.set(x, dims, keepdim);
+    s.p = p;
     return y;
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
     const at::Tensor& x = ctx.saved()[0];
-    const auto dims = ops::int_vec(ctx, "dims");
-    const bool keepdim = ctx.saved_data.at("keepdim").toBool();
-    const double p = ctx.saved_data.at("p").toDouble();
+    const at::IntArrayRef dims = s.dims;
+    const bool keepdim = s.keepdim;
+    const double p = s.p;
     at::Tensor grad = restore_reduced_dims(g[0], dims, keepdim);
     at::Tensor norm = restore_reduced_dims(ctx.saved()[1], dims, keepdim);
     if (p == 0.0) return {at::zeros_like(x)};  // counts nonzeros: piecewise constant

@@ -8,35 +8,38 @@ namespace {
 using ops::sum_to_shape;
 using tensor_list = std::vector<at::Tensor>;
 
-void save_shape(Context& ctx, const at::Tensor& x) { ctx.saved_data["shape"] = x.sizes().vec(); }
-std::vector<int64_t> saved_shape(const Context& ctx) { return ops::int_vec(ctx, "shape"); }
+// The input's shape (for backwards that route the gradient back into it).
+struct InputShape {
+  Shape shape;
+};
 
 // Ops that keep the elements in order and only change the shape: grad_x = grad_y reshaped back.
 template <class Derived>
 struct ShapeOnlyFn : Function<Derived> {
-  static tensor_list backward(Context& ctx, tensor_list g) { return {g[0].reshape(saved_shape(ctx))}; }
+  using Saved = InputShape;
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) { return {g[0].reshape(s.shape)}; }
 };
 
 struct ReshapeFn : ShapeOnlyFn<ReshapeFn> {
   static constexpr const char* name = "reshape";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, at::IntArrayRef shape) {
-    save_shape(ctx, x);
+  static at::Tensor forward(Context& ctx, InputShape& s, const at::Tensor& x, at::IntArrayRef shape) {
+    s.shape = shape_of(x.sizes());
     return x.reshape(shape);
   }
 };
 
 struct ViewFn : ShapeOnlyFn<ViewFn> {
   static constexpr const char* name = "view";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, at::IntArrayRef shape) {
-    save_shape(ctx, x);
+  static at::Tensor forward(Context& ctx, InputShape& s, const at::Tensor& x, at::IntArrayRef shape) {
+    s.shape = shape_of(x.sizes());
     return x.view(shape);
   }
 };
 
 struct FlattenFn : ShapeOnlyFn<FlattenFn> {
   static constexpr const char* name = "flatten";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, int64_t start_dim, int64_t end_dim) {
-    save_shape(ctx, x);
+  static at::Tensor forward(Context& ctx, InputShape& s, const at::Tensor& x, int64_t start_dim, int64_t end_dim) {
+    s.shape = shape_of(x.sizes());
     return x.flatten(start_dim, end_dim);
   }
 };
@@ -44,103 +47,115 @@ struct FlattenFn : ShapeOnlyFn<FlattenFn> {
 struct SqueezeFn : ShapeOnlyFn<SqueezeFn> {
   static constexpr const char* name = "squeeze";
   // A no-op when the dim's size is not 1 (as ATen).
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, int64_t dim) {
-    save_shape(ctx, x);
+  static at::Tensor forward(Context& ctx, InputShape& s, const at::Tensor& x, int64_t dim) {
+    s.shape = shape_of(x.sizes());
     return x.squeeze(dim);
   }
 };
 
 struct UnsqueezeFn : ShapeOnlyFn<UnsqueezeFn> {
   static constexpr const char* name = "unsqueeze";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, int64_t dim) {
-    save_shape(ctx, x);
+  static at::Tensor forward(Context& ctx, InputShape& s, const at::Tensor& x, int64_t dim) {
+    s.shape = shape_of(x.sizes());
     return x.unsqueeze(dim);
   }
 };
 
 struct PermuteFn : Function<PermuteFn> {
   static constexpr const char* name = "permute";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, at::IntArrayRef dims) {
+  struct Saved {
+    ops::IntList inverse;
+  };
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& x, at::IntArrayRef dims) {
     at::Tensor y = x.permute(dims);  // ATen checks that dims is a permutation of x's dims
     // Output dim i is input dim dims[i]; so input dim dims[i] comes from output dim i.
-    std::vector<int64_t> inverse(dims.size());
-    for (size_t i = 0; i < dims.size(); ++i) inverse[at::maybe_wrap_dim(dims[i], x.dim())] = static_cast<int64_t>(i);
-    ctx.saved_data["inverse"] = inverse;
+    s.inverse.resize(dims.size());
+    for (size_t i = 0; i < dims.size(); ++i) s.inverse[at::maybe_wrap_dim(dims[i], x.dim())] = static_cast<int64_t>(i);
     return y;
   }
-  static tensor_list backward(Context& ctx, tensor_list g) { return {g[0].permute(ops::int_vec(ctx, "inverse"))}; }
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) { return {g[0].permute(s.inverse)}; }
 };
 
 struct TransposeFn : Function<TransposeFn> {
   static constexpr const char* name = "transpose";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, int64_t dim0, int64_t dim1) {
-    ctx.saved_data["dim0"] = dim0;
-    ctx.saved_data["dim1"] = dim1;
+  struct Saved {
+    int64_t dim0 = 0, dim1 = 0;
+  };
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& x, int64_t dim0, int64_t dim1) {
+    s.dim0 = dim0;
+    s.dim1 = dim1;
     return x.transpose(dim0, dim1);
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
-    return {g[0].transpose(ctx.saved_data.at("dim0").toInt(), ctx.saved_data.at("dim1").toInt())};
-  }
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) { return {g[0].transpose(s.dim0, s.dim1)}; }
 };
 
 struct ExpandFn : Function<ExpandFn> {
   static constexpr const char* name = "expand";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, at::IntArrayRef sizes) {
-    save_shape(ctx, x);
+  using Saved = InputShape;
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& x, at::IntArrayRef sizes) {
+    s.shape = shape_of(x.sizes());
     return x.expand(sizes);
   }
   // Every broadcast copy contributed to the loss: sum them.
-  static tensor_list backward(Context& ctx, tensor_list g) { return {sum_to_shape(g[0], saved_shape(ctx))}; }
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) { return {sum_to_shape(g[0], s.shape)}; }
 };
 
 // narrow and slice: the gradient is zeros with grad_y written into the selected positions.
+// The input's shape and the selected range (dim, start, end, step).
+struct SliceSaved {
+  Shape shape;
+  int64_t dim = 0, start = 0, end = 0, step = 1;
+};
+
 struct SliceFn : Function<SliceFn> {
   static constexpr const char* name = "slice";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step) {
+  using Saved = SliceSaved;
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& x, int64_t dim, int64_t start, int64_t end,
+                            int64_t step) {
     TORCH_CHECK(step > 0, "slice: step must be positive, got ", step);
-    save_shape(ctx, x);
-    ctx.saved_data["args"] = std::vector<int64_t>{dim, start, end, step};
+    s = {shape_of(x.sizes()), dim, start, end, step};
     return x.slice(dim, start, end, step);
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
-    const auto a = ops::int_vec(ctx, "args");
-    return {at::slice_backward(g[0], saved_shape(ctx), a[0], a[1], a[2], a[3])};
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
+    return {at::slice_backward(g[0], s.shape, s.dim, s.start, s.end, s.step)};
   }
 };
 
 struct NarrowFn : Function<NarrowFn> {
   static constexpr const char* name = "narrow";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, int64_t dim, int64_t start, int64_t length) {
+  using Saved = SliceSaved;
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& x, int64_t dim, int64_t start, int64_t length) {
     at::Tensor y = x.narrow(dim, start, length);  // ATen checks the range
     dim = at::maybe_wrap_dim(dim, x.dim());
     if (start < 0) start += x.size(dim);
-    save_shape(ctx, x);
-    ctx.saved_data["args"] = std::vector<int64_t>{dim, start, start + length};
+    s = {shape_of(x.sizes()), dim, start, start + length, /*step=*/1};
     return y;
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
-    const auto a = ops::int_vec(ctx, "args");
-    return {at::slice_backward(g[0], saved_shape(ctx), a[0], a[1], a[2], /*step=*/1)};
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
+    return {at::slice_backward(g[0], s.shape, s.dim, s.start, s.end, s.step)};
   }
 };
 
 // cat: input i's gradient is its own stretch of grad_y along dim.
 struct CatFn : Function<CatFn> {
   static constexpr const char* name = "cat";
-  static at::Tensor forward(Context& ctx, const tensor_list& xs, int64_t dim) {
+  static constexpr bool kFreshOutputs = true;
+  struct Saved {
+    ops::IntList sizes;  // each input's extent along dim (-1: a skipped 1-D empty input)
+    int64_t dim = 0;
+  };
+  static at::Tensor forward(Context& ctx, Saved& s, const tensor_list& xs, int64_t dim) {
     at::Tensor y = at::cat(xs, dim);
     dim = at::maybe_wrap_dim(dim, y.dim());
     // Legacy rule shared with ATen: 1-D empty inputs are skipped when the others are not 1-D;
     // they get an empty gradient (-1 marks them).
-    std::vector<int64_t> sizes;
-    for (const auto& x : xs) sizes.push_back(x.dim() == 1 && x.numel() == 0 && y.dim() != 1 ? -1 : x.size(dim));
-    ctx.saved_data["sizes"] = sizes;
-    ctx.saved_data["dim"] = dim;
+    for (const auto& x : xs) s.sizes.push_back(x.dim() == 1 && x.numel() == 0 && y.dim() != 1 ? -1 : x.size(dim));
+    s.dim = dim;
     return y;
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
-    const auto sizes = ops::int_vec(ctx, "sizes");
-    const int64_t dim = ctx.saved_data.at("dim").toInt();
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
+    const auto& sizes = s.sizes;
+    const int64_t dim = s.dim;
     tensor_list grads(sizes.size());
     int64_t offset = 0;
     for (size_t i = 0; i < sizes.size(); ++i) {
@@ -157,35 +172,48 @@ struct CatFn : Function<CatFn> {
 
 // split and chunk: several outputs, each a view of a stretch of x along dim; the gradient is the
 // concatenation of the output gradients (the engine passes zeros for outputs that got none).
+struct DimSaved {
+  int64_t dim = 0;
+};
+
 struct SplitFn : Function<SplitFn> {
   static constexpr const char* name = "split";
-  static tensor_list forward(Context& ctx, const at::Tensor& x, int64_t split_size, int64_t dim) {
-    ctx.saved_data["dim"] = dim;
+  using Saved = DimSaved;
+  static tensor_list forward(Context& ctx, Saved& s, const at::Tensor& x, int64_t split_size, int64_t dim) {
+    s.dim = dim;
     return x.split(split_size, dim);
   }
-  static tensor_list backward(Context& ctx, tensor_list g) { return {at::cat(g, ctx.saved_data.at("dim").toInt())}; }
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) { return {at::cat(g, s.dim)}; }
 };
 
 struct ChunkFn : Function<ChunkFn> {
   static constexpr const char* name = "chunk";
-  static tensor_list forward(Context& ctx, const at::Tensor& x, int64_t chunks, int64_t dim) {
-    ctx.saved_data["dim"] = dim;
+  using Saved = DimSaved;
+  static tensor_list forward(Context& ctx, Saved& s, const at::Tensor& x, int64_t chunks, int64_t dim) {
+    s.dim = dim;
     return x.chunk(chunks, dim);
   }
-  static tensor_list backward(Context& ctx, tensor_list g) { return {at::cat(g, ctx.saved_data.at("dim").toInt())}; }
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) { return {at::cat(g, s.dim)}; }
+};
+
+// The input's shape and the dim an index op works along.
+struct ShapeDimSaved {
+  Shape shape;
+  int64_t dim = 0;
 };
 
 // index_select: rows picked (possibly repeatedly) along dim; their gradients are added back.
 struct IndexSelectFn : Function<IndexSelectFn> {
   static constexpr const char* name = "index_select";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, int64_t dim, const at::Tensor& index) {
+  static constexpr bool kFreshOutputs = true;
+  using Saved = ShapeDimSaved;
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& x, int64_t dim, const at::Tensor& index) {
     ctx.save_for_backward({index});
-    save_shape(ctx, x);
-    ctx.saved_data["dim"] = dim;
+    s = {shape_of(x.sizes()), dim};
     return at::index_select(x, dim, index);
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
-    return {at::index_select_backward(g[0], saved_shape(ctx), ctx.saved_data.at("dim").toInt(), ctx.saved()[0])};
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
+    return {at::index_select_backward(g[0], s.shape, s.dim, ctx.saved()[0])};
   }
 };
 
@@ -193,15 +221,15 @@ struct IndexSelectFn : Function<IndexSelectFn> {
 // (at::gather_backward would need x itself only for its shape, so it is not kept alive for it.)
 struct GatherFn : Function<GatherFn> {
   static constexpr const char* name = "gather";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, int64_t dim, const at::Tensor& index) {
+  static constexpr bool kFreshOutputs = true;
+  using Saved = ShapeDimSaved;
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& x, int64_t dim, const at::Tensor& index) {
     ctx.save_for_backward({index});
-    save_shape(ctx, x);
-    ctx.saved_data["dim"] = dim;
+    s = {shape_of(x.sizes()), dim};
     return at::gather(x, dim, index);
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
-    return {at::zeros(saved_shape(ctx), g[0].options())
-                .scatter_add_(ctx.saved_data.at("dim").toInt(), ctx.saved()[0], g[0])};
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
+    return {at::zeros(s.shape, g[0].options()).scatter_add_(s.dim, ctx.saved()[0], g[0])};
   }
 };
 
@@ -209,15 +237,19 @@ struct GatherFn : Function<GatherFn> {
 // row at padding_idx gets none (ATen's embedding backward, dense).
 struct EmbeddingFn : Function<EmbeddingFn> {
   static constexpr const char* name = "embedding";
-  static at::Tensor forward(Context& ctx, const at::Tensor& weight, const at::Tensor& indices, int64_t padding_idx) {
+  static constexpr bool kFreshOutputs = true;
+  struct Saved {
+    int64_t num_weights = 0, padding_idx = -1;
+  };
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& weight, const at::Tensor& indices,
+                            int64_t padding_idx) {
     ctx.save_for_backward({indices});
-    ctx.saved_data["num_weights"] = weight.size(0);
-    ctx.saved_data["padding_idx"] = padding_idx;
+    s.num_weights = weight.size(0);
+    s.padding_idx = padding_idx;
     return at::embedding(weight, indices, padding_idx);
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
-    return {at::embedding_backward(g[0], ctx.saved()[0], ctx.saved_data.at("num_weights").toInt(),
-                                   ctx.saved_data.at("padding_idx").toInt(), /*scale_grad_by_freq=*/false,
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
+    return {at::embedding_backward(g[0], ctx.saved()[0], s.num_weights, s.padding_idx, /*scale_grad_by_freq=*/false,
                                    /*sparse=*/false)};
   }
 };
@@ -226,30 +258,36 @@ struct EmbeddingFn : Function<EmbeddingFn> {
 // masked_fill); filled positions get no gradient.
 struct MaskedFillFn : Function<MaskedFillFn> {
   static constexpr const char* name = "masked_fill";
-  static at::Tensor forward(Context& ctx, const at::Tensor& x, const at::Tensor& mask, double value) {
+  static constexpr bool kFreshOutputs = true;
+  using Saved = InputShape;
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& x, const at::Tensor& mask, double value) {
     ctx.save_for_backward({mask});
-    save_shape(ctx, x);
+    s.shape = shape_of(x.sizes());
     return at::masked_fill(x, mask, value);
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
-    return {sum_to_shape(g[0].masked_fill(ctx.saved()[0], 0), saved_shape(ctx))};
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
+    return {sum_to_shape(g[0].masked_fill(ctx.saved()[0], 0), s.shape)};
   }
 };
 
 struct WhereFn : Function<WhereFn> {
   static constexpr const char* name = "where";
-  static at::Tensor forward(Context& ctx, const at::Tensor& condition, const at::Tensor& a, const at::Tensor& b) {
+  static constexpr bool kFreshOutputs = true;
+  struct Saved {
+    Shape sa, sb;
+  };
+  static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& condition, const at::Tensor& a,
+                            const at::Tensor& b) {
     ctx.save_for_backward({condition});
-    ctx.saved_data["sa"] = a.sizes().vec();
-    ctx.saved_data["sb"] = b.sizes().vec();
+    s.sa = shape_of(a.sizes());
+    s.sb = shape_of(b.sizes());
     return at::where(condition, a, b);
   }
-  static tensor_list backward(Context& ctx, tensor_list g) {
+  static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
     const at::Tensor& condition = ctx.saved()[0];
     at::Tensor grad_a, grad_b;
-    if (ctx.needs_input_grad(0))
-      grad_a = sum_to_shape(g[0].masked_fill(condition.logical_not(), 0), ops::int_vec(ctx, "sa"));
-    if (ctx.needs_input_grad(1)) grad_b = sum_to_shape(g[0].masked_fill(condition, 0), ops::int_vec(ctx, "sb"));
+    if (ctx.needs_input_grad(0)) grad_a = sum_to_shape(g[0].masked_fill(condition.logical_not(), 0), s.sa);
+    if (ctx.needs_input_grad(1)) grad_b = sum_to_shape(g[0].masked_fill(condition, 0), s.sb);
     return {grad_a, grad_b};
   }
 };

@@ -10,11 +10,20 @@
 namespace tl::codec {
 namespace {
 thread_local bool g_cpu_kernels = true;
-}
+thread_local bool g_device_semantics = false;
+}  // namespace
 
 bool cpu_kernels_enabled() { return g_cpu_kernels; }
-PortableKernelsGuard::PortableKernelsGuard() : prev_(g_cpu_kernels) { g_cpu_kernels = false; }
-PortableKernelsGuard::~PortableKernelsGuard() { g_cpu_kernels = prev_; }
+bool device_semantics_on_cpu() { return g_device_semantics; }
+PortableKernelsGuard::PortableKernelsGuard(bool device_semantics)
+    : prev_(g_cpu_kernels), prev_device_(g_device_semantics) {
+  g_cpu_kernels = false;
+  g_device_semantics = device_semantics;
+}
+PortableKernelsGuard::~PortableKernelsGuard() {
+  g_cpu_kernels = prev_;
+  g_device_semantics = prev_device_;
+}
 
 const std::vector<std::string>& wire_type_words() {
   static const std::vector<std::string> words{"fp32", "fp16", "bf16"};

@@ -20,19 +20,27 @@ namespace tl::codec {
 /// Whether CPU tensors take the tight-loop fast paths (true unless a PortableKernelsGuard is alive
 /// on this thread).
 bool cpu_kernels_enabled();
-/// Forces the portable ATen-op path on this thread for its lifetime (tests).
+/// Whether CPU tensors are treated as device tensors in every respect (see PortableKernelsGuard).
+bool device_semantics_on_cpu();
+/// Forces the portable ATen-op path on this thread for its lifetime (tests). With
+/// `device_semantics`, CPU tensors are also treated exactly as device tensors are: checks that
+/// would synchronise with a device are skipped for payloads made in this process (see Note [host
+/// synchronisation] in compression/payload.cpp), so a test on the CPU runs the GPU's code path.
 class PortableKernelsGuard {
  public:
-  PortableKernelsGuard();
+  explicit PortableKernelsGuard(bool device_semantics = false);
   ~PortableKernelsGuard();
   PortableKernelsGuard(const PortableKernelsGuard&) = delete;
   PortableKernelsGuard& operator=(const PortableKernelsGuard&) = delete;
 
  private:
-  bool prev_;
+  bool prev_, prev_device_;
 };
 /// True when t is a CPU tensor and the fast paths are enabled.
 inline bool use_cpu_kernel(const at::Tensor& t) { return t.device().is_cpu() && cpu_kernels_enabled(); }
+/// True when t lives on a device, or is treated as if it did (PortableKernelsGuard(true)): reading
+/// one of its values on the host would then synchronise.
+inline bool on_device(const at::Tensor& t) { return !t.device().is_cpu() || device_semantics_on_cpu(); }
 
 /// Value types a codec may put on the wire: "fp32", "fp16", "bf16".
 const std::vector<std::string>& wire_type_words();

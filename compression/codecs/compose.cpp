@@ -35,6 +35,7 @@ Payload Composition::pack(int64_t kind, const at::Tensor& like, Payload rest, co
   p.shape = like.sizes().vec();
   p.params = {kind, static_cast<int64_t>(codec_id(outer_->codec())), static_cast<int64_t>(values.size())};
   p.body = w.finish();
+  p.nested = w.take_nested();  // the decoder reads them here, not back from a device body
   return p;
 }
 

@@ -87,7 +87,7 @@ Derived derive(const at::Tensor& scales, Mode mode, int64_t bits, int64_t groups
 Quantize::Quantize(QuantOptions o) : Compressor("Quantize"), o_(std::move(o)) {
   TORCH_CHECK(o_.bits >= 1 && o_.bits <= 8, kName, ": bits=", o_.bits, " is not accepted; accepted: 1..8");
   TORCH_CHECK(o_.block >= 1, kName, ": block=", o_.block, " is not accepted; accepted: an integer >= 1");
-  if (o_.stochastic) generator_ = register_buffer("generator", at::detail::createCPUGenerator(o_.seed).get_state());
+  if (o_.stochastic) generator_ = BufferedGenerator(at::detail::createCPUGenerator(o_.seed), *this, "generator");
 }
 
 CompressorPtr Quantize::from_spec(SpecArgs& args) {
@@ -184,21 +184,20 @@ Payload Quantize::encode(const at::Tensor& x, const CodecContext& ctx) {
     scales = at::cat({round_outward(mn, o_.scale_type, false), round_outward(mx, o_.scale_type, true)});
   at::Tensor wire = scales.to(o_.scale_type);
   scales = wire.to(at::kFloat);
-  TORCH_CHECK(at::isfinite(scales).all().item<bool>(), kName, ": a scale is not finite in ",
-              codec::wire_type_word(o_.scale_type), " (the tensor holds inf/NaN, or values beyond the ",
-              "type's range: use scales=fp32)");
+  // Checked on the host only: on a device the test would synchronise every message, so there a
+  // non-finite scale makes its group decode to inf/NaN instead (Note [host synchronisation]).
+  if (!codec::on_device(x)) {
+    TORCH_CHECK(at::isfinite(scales).all().item<bool>(), kName, ": a scale is not finite in ",
+                codec::wire_type_word(o_.scale_type), " (the tensor holds inf/NaN, or values beyond the ",
+                "type's range: use scales=fp32)");
+  }
   const Derived d = derive(scales, o_.mode, o_.bits, groups);
 
   uint64_t seed = 0;
-  at::Generator device_gen;
   if (o_.stochastic) {
-    at::Generator gen = at::detail::createCPUGenerator();
-    gen.set_state(generator_.data().cpu());
-    {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      seed = gen.get<at::CPUGeneratorImpl>()->random64();
-    }
-    generator_.set_data(gen.get_state().to(generator_.device()));
+    // The per-call seed comes from the codec's CPU generator, kept on the host (no device read).
+    seed = next_random64(generator_.get());
+    generator_.commit();
   }
 
   const int64_t packed_bytes = (n * o_.bits + 7) / 8;

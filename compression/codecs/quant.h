@@ -23,6 +23,7 @@
 
 #include "compression/compressor.h"
 #include "compression/spec.h"
+#include "layers/nn/rng.h"
 
 namespace tl {
 
@@ -54,7 +55,7 @@ class Quantize : public Compressor {
 
  private:
   QuantOptions o_;
-  Variable generator_;  // stochastic rounding: CPU generator state (uint8)
+  BufferedGenerator generator_;  // stochastic rounding: a CPU generator, its state the buffer "generator"
 };
 
 }  // namespace tl

@@ -61,7 +61,7 @@ Payload QuantileCodec::encode(const at::Tensor& x, const CodecContext& ctx) {
       if (o_.mean_centers) {
         at::Tensor cl = c.to(at::kLong);
         sums = at::zeros({levels}, xf.options().dtype(at::kDouble)).index_add_(0, cl, xf.to(at::kDouble));
-        counts = at::bincount(cl, {}, levels);
+        counts = at::zeros({levels}, cl.options()).index_add_(0, cl, at::ones_like(cl));  // bincount would sync
       }
     }
     book = o_.mean_centers ? at::where(counts > 0, sums / counts.clamp_min(1), words.to(at::kDouble)).to(at::kFloat)

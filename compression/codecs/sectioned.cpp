@@ -36,7 +36,11 @@ SectionedCodec::Parts SectionedCodec::split_with(const Payload& p, const std::ve
   BodyReader r(p, codec());
   Parts parts;
   parts.rest = p;
+  parts.rest.nested = nullptr;
   parts.rest.body = r.take(at::kByte, body - section_bytes);
+  parts.rest.host_body = p.host_body.defined() && p.host_body.numel() == body
+                             ? p.host_body.narrow(0, 0, body - section_bytes)
+                             : at::Tensor();
   for (const auto& s : secs) parts.values.push_back(r.take(s.wire_type, s.numel()).view(s.shape));
   r.finish();
   return parts;

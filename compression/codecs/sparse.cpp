@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <mutex>
 
 #include "compression/codecs/common.h"
 #include "compression/codecs/sparse_kernels.h"
@@ -15,7 +16,7 @@ constexpr int64_t kPlain = 0, kShared = 1;
 
 SparseCodec::SparseCodec(SparseOptions o) : SectionedCodec("SparseCodec"), o_(std::move(o)) {
   if (o_.kind == SparseKind::kRandK)
-    generator_ = register_buffer("generator", at::detail::createCPUGenerator(o_.seed).get_state());
+    generator_ = BufferedGenerator(at::detail::createCPUGenerator(o_.seed), *this, "generator");
   if (o_.kind == SparseKind::kThreshold) o_.per_sample = false;
 }
 
@@ -132,12 +133,16 @@ double SparseCodec::rescale_factor(const Layout& l) const {
   return static_cast<double>(l.numel / l.rows) / static_cast<double>(l.k);
 }
 
+// Drawn on the host from the codec's own CPU generator, whatever the tensor's device: the draws do
+// not depend on the data, so nothing is read back from a device.
 at::Tensor SparseCodec::randk_mask(int64_t rows, int64_t D, int64_t k) {
-  at::Generator gen = at::detail::createCPUGenerator();
-  gen.set_state(generator_.data().cpu());
+  at::Generator& gen = generator_.get();
   at::Tensor mask = at::empty({rows * D}, at::kByte);
-  codec::randk_mask_cpu(gen.get<at::CPUGeneratorImpl>(), rows, D, k, mask.data_ptr<uint8_t>());
-  generator_.set_data(gen.get_state().to(generator_.device()));
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    codec::randk_mask_cpu(gen.get<at::CPUGeneratorImpl>(), rows, D, k, mask.data_ptr<uint8_t>());
+  }
+  generator_.commit();
   return mask;
 }
 
@@ -159,13 +164,11 @@ void SparseCodec::select(const at::Tensor& x, int64_t rows, int64_t D, at::Tenso
         mask = at::full({rows, D}, k == D, a.options().dtype(at::kBool));
       } else {
         // The k-th largest per row, then ties at it taken in index order (as the CPU loop does).
+        // Computed unconditionally: testing for ties first would read a value back to the host.
         at::Tensor t = std::get<0>(at::kthvalue(a, D - k + 1, 1, /*keepdim=*/true));  // (rows, 1)
-        mask = a >= t;
-        if (!(mask.sum(1) == k).all().item<bool>()) {
-          at::Tensor gt = a > t, eq = a == t;
-          at::Tensor need = k - gt.sum(1, /*keepdim=*/true);
-          mask = gt | (eq & (eq.to(at::kLong).cumsum(1) <= need));
-        }
+        at::Tensor gt = a > t, eq = a == t;
+        at::Tensor need = k - gt.sum(1, /*keepdim=*/true);  // (rows, 1)
+        mask = gt | (eq & (eq.to(at::kLong).cumsum(1) <= need));
       }
       break;
     }
@@ -175,8 +178,16 @@ void SparseCodec::select(const at::Tensor& x, int64_t rows, int64_t D, at::Tenso
         codec::emit_mask_cpu(xf.data_ptr<float>(), m.data_ptr<uint8_t>(), rows, D, k_for(D), idx, vals);
         break;
       }
-      mask = m.to(x.device());
-      break;
+      // The positions are known on the host already: list them there and upload them.
+      const int64_t n = rows * k_for(D);
+      at::Tensor host_idx = at::empty({n}, at::kLong);
+      const uint8_t* mp = m.data_ptr<uint8_t>();
+      int64_t* ip = host_idx.data_ptr<int64_t>();
+      for (int64_t i = 0, o = 0; i < rows * D && o < n; ++i)
+        if (mp[i]) ip[o++] = i;
+      idx = (x.device().is_cpu() ? host_idx : host_idx.pin_memory()).to(x.device(), /*non_blocking=*/true);
+      vals = flat.index_select(0, idx);
+      return;
     }
     case SparseKind::kThreshold: {
       const float t = static_cast<float>(o_.threshold);
@@ -191,8 +202,13 @@ void SparseCodec::select(const at::Tensor& x, int64_t rows, int64_t D, at::Tenso
   }
   if (cpu) {
     vals = vals.to(x.scalar_type());
-  } else {
+  } else if (o_.kind == SparseKind::kThreshold) {
+    // How many entries pass the threshold depends on the data: this nonzero is the one host
+    // synchronisation of threshold's device path (Note [host synchronisation], payload.cpp).
     idx = at::nonzero(mask.reshape({-1})).view(-1);
+    vals = flat.index_select(0, idx);
+  } else {
+    idx = codec::positions_of(mask, rows * k_for(D));  // exactly k per row: no read-back
     vals = flat.index_select(0, idx);
   }
 }
@@ -238,6 +254,7 @@ at::Tensor scatter(const Payload& shape_of, int64_t numel, const at::Tensor& idx
   return out.view(shape_of.shape);
 }
 at::Tensor body_or_empty(const Payload& p) { return p.body.defined() ? p.body : at::empty({0}, at::kByte); }
+codec::IndexSource source_of(const Payload& p) { return codec::IndexSource{p.host_body, p.from_wire}; }
 }  // namespace
 
 at::Tensor SparseCodec::decode_parts(const Payload& rest, const std::vector<at::Tensor>& values,
@@ -246,7 +263,7 @@ at::Tensor SparseCodec::decode_parts(const Payload& rest, const std::vector<at::
   TORCH_CHECK(static_cast<int64_t>(rest.body_bytes()) == l.index_bytes, codec(), ": corrupt payload: the index takes ",
               rest.body_bytes(), " bytes, the header announces ", l.index_bytes);
   TORCH_CHECK(values.size() == 1, codec(), ": expected one value section, got ", values.size());
-  at::Tensor idx = codec::decode_index(l.format, body_or_empty(rest), l.rows * l.k, l.numel, codec());
+  at::Tensor idx = codec::decode_index(l.format, body_or_empty(rest), l.rows * l.k, l.numel, codec(), source_of(rest));
   return scatter(rest, l.numel, idx, values[0]);
 }
 
@@ -256,7 +273,8 @@ Payload SparseCodec::encode_shared_parts(const at::Tensor& g, const Payload& fwd
   Layout l = layout(fwd_rest);
   TORCH_CHECK(g.sizes().equals(fwd_rest.shape), codec(), ": shared mode: gradient of shape ", g.sizes(),
               " for a forward payload of shape ", c10::IntArrayRef(fwd_rest.shape));
-  at::Tensor idx = codec::decode_index(l.format, body_or_empty(fwd_rest), l.rows * l.k, l.numel, codec());
+  at::Tensor idx =
+      codec::decode_index(l.format, body_or_empty(fwd_rest), l.rows * l.k, l.numel, codec(), source_of(fwd_rest));
   at::Tensor vals = g.reshape({-1}).index_select(0, idx.to(g.device()));
   const double f = rescale_factor(l);
   values = {(f == 1.0 ? vals : vals * f).view(l.section_shape())};
@@ -285,7 +303,8 @@ at::Tensor SparseCodec::decode_shared_parts(const Payload& rest, const Payload& 
               " bytes besides the values");
   TORCH_CHECK(values.size() == 1, codec(), ": expected one value section, got ", values.size());
   Layout l = layout(fwd_rest);
-  at::Tensor idx = codec::decode_index(l.format, body_or_empty(fwd_rest), l.rows * l.k, l.numel, codec());
+  at::Tensor idx =
+      codec::decode_index(l.format, body_or_empty(fwd_rest), l.rows * l.k, l.numel, codec(), source_of(fwd_rest));
   return scatter(rest, l.numel, idx, values[0]);
 }
 

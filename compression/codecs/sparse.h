@@ -25,6 +25,7 @@
 #include "compression/codecs/sectioned.h"
 #include "compression/codecs/sparse_index.h"
 #include "compression/spec.h"
+#include "layers/nn/rng.h"
 
 namespace tl {
 
@@ -82,7 +83,7 @@ class SparseCodec : public SectionedCodec {
   double rescale_factor(const Layout& l) const;
 
   SparseOptions o_;
-  Variable generator_;  // randk: CPU generator state (uint8)
+  BufferedGenerator generator_;  // randk: a CPU generator, its state the buffer "generator" (uint8)
 };
 
 }  // namespace tl

@@ -104,6 +104,8 @@ void bitmap_decode_cpu(const uint8_t* in, int64_t size, int64_t universe, int64_
 }
 
 // ---- portable (ATen ops) ----
+// Every op here stays on the tensors' device; sizes come from the host (n, universe), never from
+// the data, except where noted. See Note [host synchronisation] in compression/payload.cpp.
 at::Tensor varint_lengths(const at::Tensor& gaps) {
   at::Tensor len = at::ones_like(gaps);
   for (int s = 7; s < 63; s += 7) len += (gaps >= (int64_t(1) << s)).to(at::kLong);
@@ -116,24 +118,39 @@ at::Tensor gaps_of(const at::Tensor& idx) {
   return idx.numel() == 0 ? idx.clone() : idx - prev - 1;
 }
 
-at::Tensor delta_encode_portable(const at::Tensor& idx) {
+at::Tensor delta_encode_portable(const at::Tensor& idx, int64_t universe) {
   at::Tensor gaps = gaps_of(idx);
   at::Tensor len = varint_lengths(gaps);
   at::Tensor ends = len.cumsum(0);
+  // The one data-dependent size of the codecs' encode paths: the varint stream's length.
   const int64_t total = idx.numel() == 0 ? 0 : ends[-1].item<int64_t>();
-  at::Tensor out = at::empty({total}, idx.options().dtype(at::kByte));
-  if (total == 0) return out;
+  if (total == 0) return at::empty({0}, idx.options().dtype(at::kByte));
+  // Byte b of every varint at once; varints shorter than b + 1 bytes write to a spare last slot.
+  at::Tensor out = at::empty({total + 1}, idx.options().dtype(at::kByte));
   at::Tensor start = ends - len;
-  const int64_t longest = len.max().item<int64_t>();
+  const int longest = varint_len(static_cast<uint64_t>(std::max<int64_t>(universe - 1, 0)));  // gaps < universe
   for (int64_t b = 0; b < longest; ++b) {
     at::Tensor sel = len > b;
     at::Tensor byte = at::bitwise_and(at::bitwise_right_shift(gaps, 7 * b), 0x7f) + (len > b + 1).to(at::kLong) * 0x80;
-    out.index_put_({(start + b).masked_select(sel)}, byte.masked_select(sel).to(at::kByte));
+    out.scatter_(0, at::where(sel, start + b, at::full_like(start, total)), byte.to(at::kByte));
   }
-  return out;
+  return out.narrow(0, 0, total);
 }
 
-at::Tensor delta_decode_portable(const at::Tensor& bytes, int64_t n, int64_t universe, const char* codec) {
+// Positions of the set entries of a 1-D bool mask known to hold exactly n of them, in order,
+// without nonzero (whose output size would have to reach the host first).
+at::Tensor compact_positions(const at::Tensor& mask, int64_t n) {
+  const int64_t size = mask.numel();
+  at::Tensor m = mask.to(at::kLong);
+  at::Tensor rank = m.cumsum(0) - m;                                             // set entries: their order
+  at::Tensor dest = at::where(mask, rank.clamp_max(n), at::full_like(rank, n));  // others: spare slot n
+  at::Tensor out = at::empty({n + 1}, m.options());
+  out.scatter_(0, dest, at::arange(size, m.options()));
+  return out.narrow(0, 0, n);
+}
+
+// `check`: also validate the bytes (each check reads a value back: a device synchronisation).
+at::Tensor delta_decode_portable(const at::Tensor& bytes, int64_t n, int64_t universe, const char* codec, bool check) {
   const int64_t size = bytes.numel();
   if (n == 0) {
     TORCH_CHECK(size == 0, codec, ": corrupt delta index: ", size, " bytes for 0 indices");
@@ -141,22 +158,31 @@ at::Tensor delta_decode_portable(const at::Tensor& bytes, int64_t n, int64_t uni
   }
   at::Tensor b = bytes.to(at::kLong);
   at::Tensor last = at::bitwise_and(b, 0x80) == 0;  // (T) bool: a varint ends here
-  const int64_t ends = last.sum().item<int64_t>();
-  TORCH_CHECK(ends == n && last[-1].item<bool>(), codec, ": corrupt delta index: ", ends,
-              " complete varints, the header announces ", n);
+  if (check) {
+    const int64_t ends = last.sum().item<int64_t>();
+    TORCH_CHECK(ends == n && last[-1].item<bool>(), codec, ": corrupt delta index: ", ends,
+                " complete varints, the header announces ", n);
+  }
   at::Tensor last_l = last.to(at::kLong);
-  at::Tensor id = last_l.cumsum(0) - last_l;  // (T) which varint each byte belongs to
-  at::Tensor starts = at::cat({at::zeros({1}, b.options()), at::nonzero(last).view(-1).narrow(0, 0, n - 1) + 1});
+  at::Tensor id = (last_l.cumsum(0) - last_l).clamp_max(n - 1);  // (T) which varint each byte belongs to
+  at::Tensor end_pos = compact_positions(last, n);               // (n) last byte of each varint
+  at::Tensor starts = at::cat({at::zeros({1}, b.options()), end_pos.narrow(0, 0, n - 1) + 1});
   at::Tensor pos = at::arange(size, b.options()) - starts.index_select(0, id);  // byte position within its varint
-  TORCH_CHECK(pos.max().item<int64_t>() < 9, codec, ": corrupt delta index: a varint is longer than 9 bytes");
-  at::Tensor gaps =
-      at::zeros({n}, b.options()).index_add_(0, id, at::bitwise_left_shift(at::bitwise_and(b, 0x7f), 7 * pos));
-  TORCH_CHECK(gaps.max().item<int64_t>() < universe, codec, ": corrupt delta index: a gap exceeds the ", universe,
-              " elements of the tensor");
+  if (check) {
+    TORCH_CHECK(pos.max().item<int64_t>() < 9, codec, ": corrupt delta index: a varint is longer than 9 bytes");
+  }
+  at::Tensor gaps = at::zeros({n}, b.options())
+                        .index_add_(0, id, at::bitwise_left_shift(at::bitwise_and(b, 0x7f), 7 * pos.clamp(0, 8)));
+  if (check) {
+    TORCH_CHECK(gaps.max().item<int64_t>() < universe, codec, ": corrupt delta index: a gap exceeds the ", universe,
+                " elements of the tensor");
+  }
   at::Tensor idx = (gaps + 1).cumsum(0) - 1;
-  TORCH_CHECK(idx[-1].item<int64_t>() < universe &&
-                  (n < 2 || (idx.narrow(0, 1, n - 1) > idx.narrow(0, 0, n - 1)).all().item<bool>()),
-              codec, ": corrupt delta index: indices run past the ", universe, " elements of the tensor");
+  if (check) {
+    TORCH_CHECK(idx[-1].item<int64_t>() < universe &&
+                    (n < 2 || (idx.narrow(0, 1, n - 1) > idx.narrow(0, 0, n - 1)).all().item<bool>()),
+                codec, ": corrupt delta index: indices run past the ", universe, " elements of the tensor");
+  }
   return idx;
 }
 
@@ -193,6 +219,8 @@ int64_t index_int_width(int64_t universe) { return universe <= kInt32Universe ? 
 int64_t index_int_bytes(int64_t n, int64_t universe) { return n * index_int_width(universe); }
 int64_t index_bitmap_bytes(int64_t universe) { return (universe + 7) / 8; }
 
+at::Tensor positions_of(const at::Tensor& mask, int64_t n) { return compact_positions(mask.reshape({-1}), n); }
+
 int64_t index_delta_bytes(const at::Tensor& idx) {
   if (use_cpu_kernel(idx)) {
     at::Tensor c = idx.contiguous();
@@ -210,10 +238,12 @@ EncodedIndex encode_index(const at::Tensor& idx_in, int64_t universe, std::optio
     f = *forced;
   } else {
     // Varints take at least one byte per index, so the delta size is only computed when it can win.
+    // Off the CPU it is not computed at all: its size depends on the data, and knowing it would
+    // synchronise with the device (Note [host synchronisation], payload.cpp).
     const int64_t plain = index_int_bytes(n, universe), bitmap = index_bitmap_bytes(universe);
     f = bitmap < plain ? IndexFormat::kBitmap : IndexFormat::kInt;
     const int64_t best = std::min(plain, bitmap);
-    if (n < best && index_delta_bytes(idx) < best) f = IndexFormat::kDelta;
+    if (!on_device(idx) && n < best && index_delta_bytes(idx) < best) f = IndexFormat::kDelta;
   }
   const bool cpu = use_cpu_kernel(idx);
   at::Tensor bytes;
@@ -226,7 +256,7 @@ EncodedIndex encode_index(const at::Tensor& idx_in, int64_t universe, std::optio
         bytes = at::empty({index_delta_bytes(idx)}, idx.options().dtype(at::kByte));
         delta_encode_cpu(idx.data_ptr<int64_t>(), n, bytes.data_ptr<uint8_t>());
       } else {
-        bytes = delta_encode_portable(idx);
+        bytes = delta_encode_portable(idx, universe);
       }
       break;
     case IndexFormat::kBitmap:
@@ -242,9 +272,18 @@ EncodedIndex encode_index(const at::Tensor& idx_in, int64_t universe, std::optio
   return {f, bytes};
 }
 
-at::Tensor decode_index(IndexFormat format, const at::Tensor& bytes_in, int64_t n, int64_t universe,
-                        const char* codec) {
+at::Tensor decode_index(IndexFormat format, const at::Tensor& bytes_in, int64_t n, int64_t universe, const char* codec,
+                        const IndexSource& source) {
   TORCH_CHECK(n >= 0 && n <= universe, codec, ": corrupt payload: ", n, " indices into ", universe, " elements");
+  if (!bytes_in.device().is_cpu() && source.host_bytes.defined() && source.host_bytes.numel() == bytes_in.numel()) {
+    // A received payload with its bytes still on the host: check and decode there, then upload
+    // the indices (no device synchronisation).
+    at::Tensor idx = decode_index(format, source.host_bytes, n, universe, codec, IndexSource{{}, true});
+    return idx.to(bytes_in.device(), /*non_blocking=*/true);
+  }
+  // Device bytes are checked only when they came from another process without a host copy; an
+  // encoder of this process made the others (Note [host synchronisation], payload.cpp).
+  const bool check = !on_device(bytes_in) || source.from_wire;
   at::Tensor bytes = bytes_in.contiguous();
   const int64_t size = bytes.numel();
   const bool cpu = use_cpu_kernel(bytes);
@@ -254,7 +293,7 @@ at::Tensor decode_index(IndexFormat format, const at::Tensor& bytes_in, int64_t 
       TORCH_CHECK(size == n * w, codec, ": corrupt int index: ", size, " bytes for ", n, " indices of ", w, " bytes");
       at::Tensor aligned = reinterpret_cast<uintptr_t>(bytes.data_ptr()) % w == 0 ? bytes : bytes.clone();
       at::Tensor idx = aligned.view(w == 4 ? at::kInt : at::kLong).to(at::kLong);
-      if (n > 0) {
+      if (n > 0 && check) {
         auto [lo, hi] = at::aminmax(idx);
         TORCH_CHECK(lo.item<int64_t>() >= 0 && hi.item<int64_t>() < universe, codec,
                     ": corrupt int index: indices outside [0, ", universe, ")");
@@ -262,7 +301,7 @@ at::Tensor decode_index(IndexFormat format, const at::Tensor& bytes_in, int64_t 
       return idx;
     }
     case IndexFormat::kDelta: {
-      if (!cpu) return delta_decode_portable(bytes, n, universe, codec);
+      if (!cpu) return delta_decode_portable(bytes, n, universe, codec, check);
       at::Tensor idx = at::empty({n}, bytes.options().dtype(at::kLong));
       delta_decode_cpu(bytes.data_ptr<uint8_t>(), size, n, universe, idx.data_ptr<int64_t>(), codec);
       return idx;
@@ -277,12 +316,13 @@ at::Tensor decode_index(IndexFormat format, const at::Tensor& bytes_in, int64_t 
       }
       // Unpack the padded length so that stray bits past the tensor are seen and rejected.
       at::Tensor mask = unpack_bits(bytes, 1, size * 8);
-      const int64_t set = mask.sum().item<int64_t>();
-      TORCH_CHECK(set == n, codec, ": corrupt bitmap index: ", set, " bits set, the header announces ", n);
-      at::Tensor idx = at::nonzero(mask).view(-1);
-      TORCH_CHECK(n == 0 || idx[-1].item<int64_t>() < universe, codec, ": corrupt bitmap index: bits set past the ",
-                  universe, " elements of the tensor");
-      return idx;
+      if (check) {
+        const int64_t set = mask.sum().item<int64_t>();
+        TORCH_CHECK(set == n, codec, ": corrupt bitmap index: ", set, " bits set, the header announces ", n);
+        TORCH_CHECK(size * 8 == universe || !mask.narrow(0, universe, size * 8 - universe).any().item<bool>(), codec,
+                    ": corrupt bitmap index: bits set past the ", universe, " elements of the tensor");
+      }
+      return compact_positions(mask.to(at::kBool), n);
     }
   }
   TORCH_CHECK(false, codec, ": unknown index format");

@@ -34,8 +34,21 @@ struct EncodedIndex {
 
 /// idx: (n) int64, strictly increasing, in [0, universe). forced: a fixed form, else the cheapest.
 EncodedIndex encode_index(const at::Tensor& idx, int64_t universe, std::optional<IndexFormat> forced);
+/// Where index bytes came from (see Note [host synchronisation] in compression/payload.cpp).
+struct IndexSource {
+  at::Tensor host_bytes;   // the same bytes on the host, if the payload still has them (host_body)
+  bool from_wire = false;  // from another process: device bytes without a host copy are checked
+};
+
 /// Inverse of encode_index; corrupt bytes (wrong count, out of range, malformed varints) are an
-/// error naming `codec`. Returns (n) int64, sorted.
-at::Tensor decode_index(IndexFormat format, const at::Tensor& bytes, int64_t n, int64_t universe, const char* codec);
+/// error naming `codec`. Returns (n) int64, sorted, on the device of `bytes`. Bytes on the host,
+/// or with a host copy in `source`, are always checked; device bytes made by this process's
+/// encoder are decoded without checks (which would synchronise with the device).
+at::Tensor decode_index(IndexFormat format, const at::Tensor& bytes, int64_t n, int64_t universe, const char* codec,
+                        const IndexSource& source = {});
+
+/// Positions (int64, ascending) of the true entries of `mask` (flattened), which must hold
+/// exactly n of them; on the mask's device, without reading anything back to the host.
+at::Tensor positions_of(const at::Tensor& mask, int64_t n);
 
 }  // namespace tl::codec

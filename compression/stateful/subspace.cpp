@@ -145,6 +145,19 @@ void Subspace::designate(const std::vector<Variable>& weights) {
   for (const Variable& w : weights) designated_.emplace_back(w, w.size(0) == d ? 0 : 1);
 }
 
+at::Tensor Subspace::input_token_embedding(int64_t d) {
+  if (opt_.vocab <= 0) return {};
+  materialize(d);
+  return tokens_.data();
+}
+
+void Subspace::constrain_residual_writers(const std::vector<std::pair<Variable, int64_t>>& weights) {
+  for (const auto& [w, dim] : weights) {
+    project_weight(w, dim);
+    designated_.emplace_back(w, dim);
+  }
+}
+
 void Subspace::after_optimizer_step() {
   for (auto& [w, dim] : designated_) project_weight(w, dim);
 }

@@ -45,6 +45,9 @@ class Subspace : public Compressor {
   Payload encode(const at::Tensor& c, const CodecContext& ctx) override;
   at::Tensor decode(const Payload& p, const CodecContext& ctx) override;
   void after_optimizer_step() override;
+  bool constrains_model() const override { return opt_.vocab > 0; }
+  at::Tensor input_token_embedding(int64_t d) override;
+  void constrain_residual_writers(const std::vector<std::pair<Variable, int64_t>>& weights) override;
 
   /// U (d, k) and T (V, d); empty until materialised.
   const at::Tensor& basis() const { return basis_.data(); }

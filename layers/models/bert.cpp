@@ -93,17 +93,17 @@ Bert::Bert(const BertConfig& c, const init::Generator& gen) : Module("Bert"), co
   init_linear(pooler_);
   init_linear(classifier_);
 
-  // Segments: embeddings, one per layer, then the head. They read the batch inputs.
+  // Segments: embeddings, one per layer, then the head. The attention mask and token types come
+  // with each micro-batch's StageInputs.
   auto emb = embeddings_;
-  auto batch = batch_;
-  segments_.push_back({"embeddings", {{"embeddings", emb}}, [emb, batch](const Variable& ids) {
-                         return emb->forward(ids.data(), batch->token_type_ids);
+  segments_.push_back({"embeddings", {{"embeddings", emb}}, [emb](const Variable& ids, const StageInputs& in) {
+                         return emb->forward(ids.data(), in.token_type_ids);
                        }});
   for (size_t i = 0; i < layers_.size(); ++i) {
     auto layer = layers_[i];
     const std::string path = "layers." + std::to_string(i);
-    segments_.push_back({path, {{path, layer}}, [layer, batch](const Variable& x) {
-                           return layer->forward(x, batch->key_padding_mask);
+    segments_.push_back({path, {{path, layer}}, [layer](const Variable& x, const StageInputs& in) {
+                           return layer->forward(x, key_padding_mask(in.attention_mask, in.token_ids));
                          }});
   }
   std::vector<std::pair<std::string, ModulePtr>> head_modules;
@@ -114,7 +114,7 @@ Bert::Bert(const BertConfig& c, const init::Generator& gen) : Module("Bert"), co
   }
   auto pooler = pooler_, classifier = classifier_;
   auto drop = drop_;
-  segments_.push_back({"", head_modules, [pooler, drop, classifier](const Variable& x) {
+  segments_.push_back({"", head_modules, [pooler, drop, classifier](const Variable& x, const StageInputs&) {
                          BertOutput out{x, {}, {}};
                          run_head(pooler, drop, classifier, out);
                          return out.logits.defined() ? out.logits : out.pooled.defined() ? out.pooled : out.hidden;
@@ -129,11 +129,6 @@ at::Tensor Bert::key_padding_mask(const at::Tensor& attention_mask, const at::Te
   return attention_mask.scalar_type() == at::kBool ? attention_mask.logical_not() : attention_mask.eq(0);
 }
 
-void Bert::set_batch_inputs(const at::Tensor& attention_mask, const at::Tensor& token_type_ids) {
-  batch_->key_padding_mask = key_padding_mask(attention_mask, at::Tensor());
-  batch_->token_type_ids = token_type_ids;
-}
-
 BertOutput Bert::forward(const at::Tensor& ids, const at::Tensor& attention_mask, const at::Tensor& token_type_ids) {
   const at::Tensor kpm = key_padding_mask(attention_mask, ids);
   BertOutput out;
@@ -143,7 +138,7 @@ BertOutput Bert::forward(const at::Tensor& ids, const at::Tensor& attention_mask
   return out;
 }
 
-Variable Bert::forward(const Variable& ids) { return run_segments(segments_, ids); }
+Variable Bert::forward(const Variable& ids, const StageInputs& inputs) { return run_segments(segments_, ids, inputs); }
 
 const std::shared_ptr<TransformerBlock>& Bert::layer(size_t i) const {
   TORCH_CHECK(i < layers_.size(), "Bert: layer ", i, " out of range (", layers_.size(), " layers)");

@@ -72,15 +72,11 @@ class Bert : public Module, public Splittable {
   BertOutput forward(const at::Tensor& ids, const at::Tensor& attention_mask = {},
                      const at::Tensor& token_type_ids = {});
 
-  /// Single-input form used by the unsplit model as a stage and by split() stages: ids in, the
-  /// last stage returns logits (classifier), else the pooled output (pooler), else the hidden
-  /// states. The attention mask and token types come from set_batch_inputs().
-  Variable forward(const Variable& ids) override;
-  /// Note [BERT stage inputs]: split stages take one Variable, so the attention mask and token
-  /// types of the batch are set here before the first stage's forward and read by every stage
-  /// when its forward runs. With several micro-batches in flight, set them before each
-  /// micro-batch's forward (backward does not read them). Undefined tensors: no padding, type 0.
-  void set_batch_inputs(const at::Tensor& attention_mask, const at::Tensor& token_type_ids = {});
+  /// The pipeline form, as split() stages run it: ids in, the side inputs (attention mask, token
+  /// types) from `inputs`; the last segment returns logits (classifier), else the pooled output
+  /// (pooler), else the hidden states. forward(ids) has no padding and token type 0.
+  Variable forward(const Variable& ids, const StageInputs& inputs);
+  Variable forward(const Variable& ids) override { return forward(ids, StageInputs{}); }
 
   std::vector<std::string> cut_points() const override { return segment_cut_points(segments_); }
   std::vector<ModulePtr> split(const std::vector<std::string>& cuts) override {
@@ -94,10 +90,6 @@ class Bert : public Module, public Splittable {
   const std::shared_ptr<Linear>& classifier() const { return classifier_; }
 
  private:
-  struct BatchInputs {
-    at::Tensor key_padding_mask;  // bool (B, T), true = padding
-    at::Tensor token_type_ids;
-  };
   static at::Tensor key_padding_mask(const at::Tensor& attention_mask, const at::Tensor& ids);
 
   BertConfig config_;
@@ -105,7 +97,6 @@ class Bert : public Module, public Splittable {
   std::vector<std::shared_ptr<TransformerBlock>> layers_;
   std::shared_ptr<Linear> pooler_, classifier_;
   std::shared_ptr<Dropout> drop_;
-  std::shared_ptr<BatchInputs> batch_ = std::make_shared<BatchInputs>();
   std::vector<Segment> segments_;
 };
 

@@ -43,24 +43,27 @@ GPT2::GPT2(const GPT2Config& c, const init::Generator& gen) : Module("GPT2"), co
   // Segments: embeddings, one per block, then ln_f and the tied output projection.
   auto wte = wte_, wpe = wpe_;
   auto drop = drop_;
+  auto table = input_table_;
   const int64_t n_positions = c.n_positions;
   segments_.push_back(
-      {"embed", {{"wte", wte}, {"wpe", wpe}, {"drop", drop}}, [wte, wpe, drop, n_positions](const Variable& ids) {
+      {"embed", {{"wte", wte}, {"wpe", wpe}, {"drop", drop}}, [wte, wpe, drop, table, n_positions](const Variable& ids, const StageInputs&) {
          const at::Tensor& t = ids.data();
          TORCH_CHECK(t.dim() == 2 && (t.scalar_type() == at::kLong || t.scalar_type() == at::kInt),
                      "GPT2: token ids must be int64 (B, T), got ", t.scalar_type(), " ", t.sizes());
          TORCH_CHECK(t.size(1) <= n_positions, "GPT2: sequence length ", t.size(1),
                      " exceeds the context n_positions = ", n_positions);
          at::Tensor pos = at::arange(t.size(1), t.options().dtype(at::kLong));  // (T)
-         return drop->forward(wte->forward(t) + wpe->forward(pos));             // (B, T, C) + (T, C)
+         Variable h = wte->forward(t) + wpe->forward(pos);                       // (B, T, C) + (T, C)
+         if (table->defined()) h = h + Variable(table->index_select(0, t.reshape({-1})).view(h.sizes()));
+         return drop->forward(h);
        }});
   for (int64_t i = 0; i < c.n_layer; ++i) {
     auto block = blocks_[i];
     const std::string path = "h." + std::to_string(i);
-    segments_.push_back({path, {{path, block}}, [block](const Variable& x) { return block->forward(x); }});
+    segments_.push_back({path, {{path, block}}, [block](const Variable& x, const StageInputs&) { return block->forward(x); }});
   }
   auto ln_f = ln_f_;
-  segments_.push_back({"", {{"ln_f", ln_f}, {"wte", wte}}, [ln_f, wte](const Variable& x) {
+  segments_.push_back({"", {{"ln_f", ln_f}, {"wte", wte}}, [ln_f, wte](const Variable& x, const StageInputs&) {
                          return linear(ln_f->forward(x), wte->weight());  // (B, T, C) -> (B, T, V), tied
                        }});
 }
@@ -68,6 +71,29 @@ GPT2::GPT2(const GPT2Config& c, const init::Generator& gen) : Module("GPT2"), co
 Variable GPT2::forward(const at::Tensor& ids) { return run_segments(segments_, Variable(ids)); }
 
 Variable GPT2::forward(const Variable& ids) { return run_segments(segments_, ids); }
+
+Variable GPT2::forward(const Variable& ids, const StageInputs& inputs) { return run_segments(segments_, ids, inputs); }
+
+void GPT2::set_input_token_embedding(const at::Tensor& table) {
+  TORCH_CHECK(!table.defined() || (table.dim() == 2 && table.size(0) == config_.vocab_size &&
+                                   table.size(1) == config_.n_embd),
+              "GPT2: the input token table must be (vocab_size, n_embd) = (", config_.vocab_size, ", ",
+              config_.n_embd, "), got ", table.sizes());
+  *input_table_ = table;
+}
+
+std::vector<std::pair<Variable, int64_t>> GPT2::residual_writers(int64_t last_block) const {
+  TORCH_CHECK(last_block < config_.n_layer, "GPT2: block ", last_block, " out of range (n_layer ", config_.n_layer, ")");
+  std::vector<std::pair<Variable, int64_t>> out = {{wte_->weight(), 1}, {wpe_->weight(), 1}};
+  for (int64_t i = 0; i <= last_block; ++i) {
+    const auto& b = blocks_[i];
+    for (const auto& l : {b->attn()->out(), b->mlp()->proj()}) {
+      out.emplace_back(l->weight(), 0);
+      out.emplace_back(l->bias(), 0);
+    }
+  }
+  return out;
+}
 
 const std::shared_ptr<TransformerBlock>& GPT2::block(size_t i) const {
   TORCH_CHECK(i < blocks_.size(), "GPT2: block ", i, " out of range (n_layer ", blocks_.size(), ")");

@@ -38,11 +38,21 @@ class GPT2 : public Module, public Splittable {
   Variable forward(const at::Tensor& ids);
   /// The same, with the ids carried by a Variable (pipeline stage 0 input).
   Variable forward(const Variable& ids) override;
+  Variable forward(const Variable& ids, const StageInputs& inputs);
 
   std::vector<std::string> cut_points() const override { return segment_cut_points(segments_); }
   std::vector<ModulePtr> split(const std::vector<std::string>& cuts) override {
     return split_segments("GPT2", segments_, cuts);
   }
+
+  /// Adds a frozen (vocab_size, n_embd) table to the input embedding: h0 = wte[tok] + wpe[pos] +
+  /// table[tok] (Protocol Models' fixed token embedding, shared with the subspace codecs; set once
+  /// before training, on the model's device). Undefined removes it.
+  void set_input_token_embedding(const at::Tensor& table);
+  /// The weights that write into the residual stream up to and including block `last_block`
+  /// (-1: the embeddings only), each with its dimension of size n_embd: wte and wpe (dim 1), and
+  /// every block's attn.out and mlp.proj weight and bias (dim 0).
+  std::vector<std::pair<Variable, int64_t>> residual_writers(int64_t last_block) const;
 
   const GPT2Config& config() const { return config_; }
   const std::shared_ptr<Embedding>& wte() const { return wte_; }
@@ -57,6 +67,7 @@ class GPT2 : public Module, public Splittable {
   std::vector<std::shared_ptr<TransformerBlock>> blocks_;
   std::shared_ptr<LayerNorm> ln_f_;
   std::vector<Segment> segments_;
+  std::shared_ptr<at::Tensor> input_table_ = std::make_shared<at::Tensor>();  // read by the embed segment
 };
 
 }  // namespace tl

@@ -133,8 +133,14 @@ void load_mapped(Module& model, const TensorMap& checkpoint, const char* what, M
                 tensor.sizes());
     mapped[m.name] = m.transpose ? tensor.t().contiguous() : tensor;
   }
+  // Generator states of dropout layers are the model's own (seeded at construction), never in a
+  // Hugging Face checkpoint: they keep their values.
+  auto is_generator_state = [](const std::string& n) {
+    const std::string suffix = "generator";
+    return n.size() >= suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
   for (const auto& [name, _] : model_state)
-    if (!mapped.count(name) && !allowed_missing(name)) missing.push_back(name);
+    if (!mapped.count(name) && !allowed_missing(name) && !is_generator_state(name)) missing.push_back(name);
   TORCH_CHECK(unmapped.empty() && unexpected.empty() && missing.empty() && duplicate.empty(), what,
               ": the checkpoint does not match the model",
               unmapped.empty() ? "" : "\n  checkpoint names no rule maps:", list_names(unmapped),

@@ -37,7 +37,7 @@ ResNet::ResNet(std::vector<int64_t> blocks, std::vector<int64_t> widths, int64_t
   auto conv1 = register_module(
       "conv1", std::make_shared<Conv2d>(Conv2dOptions(in_channels, widths_[0], 3).padding(1).bias(false), gen));
   auto bn1 = register_module("bn1", std::make_shared<BatchNorm2d>(widths_[0]));
-  segments_.push_back({"stem", {{"conv1", conv1}, {"bn1", bn1}}, [conv1, bn1](const Variable& x) {
+  segments_.push_back({"stem", {{"conv1", conv1}, {"bn1", bn1}}, [conv1, bn1](const Variable& x, const StageInputs&) {
                          return relu(bn1->forward(conv1->forward(x)));
                        }});
 
@@ -52,7 +52,7 @@ ResNet::ResNet(std::vector<int64_t> blocks, std::vector<int64_t> widths, int64_t
       auto block = layer->push_back(std::make_shared<BasicBlock>(channels, widths_[s], stride, gen));
       channels = widths_[s];
       const std::string path = stage + "." + std::to_string(i);
-      segments_.push_back({i + 1 == blocks[s] ? stage : path, {{path, block}}, [block](const Variable& x) {
+      segments_.push_back({i + 1 == blocks[s] ? stage : path, {{path, block}}, [block](const Variable& x, const StageInputs&) {
                              return block->forward(x);
                            }});
     }
@@ -60,7 +60,7 @@ ResNet::ResNet(std::vector<int64_t> blocks, std::vector<int64_t> widths, int64_t
 
   auto avgpool = register_module("avgpool", std::make_shared<AdaptiveAvgPool2d>(1));
   auto fc = register_module("fc", std::make_shared<Linear>(channels, num_classes, true, gen));
-  segments_.push_back({"", {{"avgpool", avgpool}, {"fc", fc}}, [avgpool, fc](const Variable& x) {
+  segments_.push_back({"", {{"avgpool", avgpool}, {"fc", fc}}, [avgpool, fc](const Variable& x, const StageInputs&) {
                          return fc->forward(flatten(avgpool->forward(x), 1));  // (N, C, 1, 1) -> (N, C)
                        }});
 }

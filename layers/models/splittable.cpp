@@ -41,9 +41,19 @@ void Stage::add(const Segment& segment) {
   names_.push_back(segment.end.empty() ? "output" : segment.end);
 }
 
-Variable Stage::forward(const Variable& x) {
+StageInputs StageInputs::slice(int64_t start, int64_t size) const {
+  auto rows = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, start, size) : t; };
+  return {rows(token_ids), rows(attention_mask), rows(token_type_ids)};
+}
+
+StageInputs StageInputs::to(at::Device device) const {
+  auto move = [&](const at::Tensor& t) { return t.defined() ? t.to(device) : t; };
+  return {move(token_ids), move(attention_mask), move(token_type_ids)};
+}
+
+Variable Stage::forward(const Variable& x, const StageInputs& inputs) {
   Variable y = x;
-  for (auto& fn : fns_) y = fn(y);
+  for (auto& fn : fns_) y = fn(y, inputs);
   return y;
 }
 
@@ -83,9 +93,9 @@ std::vector<ModulePtr> split_segments(const std::string& model, const std::vecto
   return stages;
 }
 
-Variable run_segments(const std::vector<Segment>& segments, const Variable& x) {
+Variable run_segments(const std::vector<Segment>& segments, const Variable& x, const StageInputs& inputs) {
   Variable y = x;
-  for (const auto& s : segments) y = s.fn(y);
+  for (const auto& s : segments) y = s.fn(y, inputs);
   return y;
 }
 

@@ -20,6 +20,21 @@
 
 namespace tl {
 
+/// Side inputs that every stage of one micro-batch may need, besides the activation it receives.
+/// They travel with the micro-batch (a pipeline hands them to each stage's forward, and a
+/// multi-process runtime sends them along), never through mutable state on the model, so
+/// micro-batches in flight at the same time (1F1B) cannot see each other's inputs.
+struct StageInputs {
+  at::Tensor token_ids;       // (B, T) int64: the model's input tokens (BERT/GPT-2; subspace codecs)
+  at::Tensor attention_mask;  // (B, T): 1 = token, 0 = padding (Hugging Face convention); undefined = none
+  at::Tensor token_type_ids;  // (B, T) int64 segment ids (BERT); undefined = all 0
+
+  /// Rows [start, start + size) of every defined tensor (micro-batches).
+  StageInputs slice(int64_t start, int64_t size) const;
+  /// Every defined tensor moved to `device`.
+  StageInputs to(at::Device device) const;
+};
+
 struct Splittable {
   virtual ~Splittable() = default;
   /// The ordered names where the model may be cut (a cut is "after this point").
@@ -36,8 +51,9 @@ struct Segment {
   std::string end;
   /// Modules this segment uses, registered in a stage under these dotted paths ("layer1.0").
   std::vector<std::pair<std::string, ModulePtr>> modules;
-  /// The computation, from the previous segment's output (or the model input) to this one's.
-  std::function<Variable(const Variable&)> fn;
+  /// The computation, from the previous segment's output (or the model input) to this one's,
+  /// given the micro-batch's side inputs.
+  std::function<Variable(const Variable&, const StageInputs&)> fn;
 };
 
 /// A pipeline stage: a run of segments. Children mirror the model's dotted names.
@@ -46,13 +62,14 @@ class Stage : public Module {
   Stage() : Module("Stage") {}
   /// Registers the segment's modules (once each) and appends its computation.
   void add(const Segment& segment);
-  Variable forward(const Variable& x) override;
+  Variable forward(const Variable& x, const StageInputs& inputs);
+  Variable forward(const Variable& x) override { return forward(x, StageInputs{}); }
   /// The cut points this stage spans, e.g. "layer1.1 .. layer2" (for messages and printing).
   const std::vector<std::string>& segment_names() const { return names_; }
 
  private:
   void add_at_path(const std::string& path, const ModulePtr& module);
-  std::vector<std::function<Variable(const Variable&)>> fns_;
+  std::vector<std::function<Variable(const Variable&, const StageInputs&)>> fns_;
   std::vector<std::string> names_;
 };
 
@@ -65,6 +82,6 @@ std::vector<ModulePtr> split_segments(const std::string& model, const std::vecto
                                       const std::vector<std::string>& cuts);
 
 /// Runs every segment in order (the unsplit forward).
-Variable run_segments(const std::vector<Segment>& segments, const Variable& x);
+Variable run_segments(const std::vector<Segment>& segments, const Variable& x, const StageInputs& inputs = {});
 
 }  // namespace tl

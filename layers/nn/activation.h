@@ -3,6 +3,7 @@
 
 #include "layers/module.h"
 #include "layers/nn/init.h"
+#include "layers/nn/rng.h"
 
 namespace tl {
 
@@ -28,8 +29,10 @@ class Tanh : public Module {
   Variable forward(const Variable& x) override;
 };
 
-/// Inverted dropout, active in training mode only. The generator (optional; one of the inputs'
-/// device type) makes the masks reproducible independently of ATen's default generator.
+/// Inverted dropout, active in training mode only. With a generator (p > 0) the layer forks its
+/// own mask stream off it and registers the stream's state as buffer "generator" (checkpointed);
+/// without one it uses ATen's default generator of the input's device. Masks are drawn on the
+/// input's device. See Note [generators per purpose] in layers/nn/rng.h.
 class Dropout : public Module {
  public:
   explicit Dropout(double p = 0.5, const init::Generator& gen = std::nullopt);
@@ -38,7 +41,7 @@ class Dropout : public Module {
 
  private:
   double p_;
-  init::Generator gen_;
+  DropoutRng rng_;
 };
 
 class Flatten : public Module {

@@ -4,6 +4,7 @@
 #include "layers/module.h"
 #include "layers/nn/init.h"
 #include "layers/nn/linear.h"
+#include "layers/nn/rng.h"
 
 namespace tl {
 
@@ -26,7 +27,9 @@ struct AttentionOptions {
 };
 
 /// softmax(q k^T / sqrt(D) + mask) v per head, heads concatenated, then the output projection
-/// "out". Children: qkv | query, key, value; out.
+/// "out". Children: qkv | query, key, value; out. With attention dropout and a generator, the
+/// dropout masks come from a stream forked off it after the projections' initialisation, whose
+/// state is buffer "generator" (Note [generators per purpose], layers/nn/rng.h).
 class MultiHeadAttention : public Module {
  public:
   explicit MultiHeadAttention(const AttentionOptions& options, const init::Generator& gen = std::nullopt);
@@ -47,7 +50,7 @@ class MultiHeadAttention : public Module {
 
  private:
   AttentionOptions options_;
-  init::Generator gen_;
+  DropoutRng dropout_rng_;
   std::shared_ptr<Linear> qkv_, query_, key_, value_, out_;
 };
 

@@ -1,6 +1,9 @@
 // Initialisation and the basic layers: Linear, Conv2d, pooling, BatchNorm2d, LayerNorm,
 // Embedding, activations, Dropout, Flatten, Sequential.
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <cmath>
+#include <mutex>
 
 #include "layers/nn/activation.h"
 #include "layers/nn/conv.h"
@@ -180,13 +183,103 @@ Variable GELU::forward(const Variable& x) { return gelu(x, tanh_); }
 
 Variable Tanh::forward(const Variable& x) { return tanh(x); }
 
-Dropout::Dropout(double p, const init::Generator& gen) : Module("Dropout"), p_(p), gen_(gen) {
+Dropout::Dropout(double p, const init::Generator& gen) : Module("Dropout"), p_(p) {
   TORCH_CHECK(p >= 0.0 && p <= 1.0, "Dropout: probability must be in [0, 1], got ", p);
+  if (p > 0.0) rng_ = DropoutRng(gen, *this);
 }
 
-Variable Dropout::forward(const Variable& x) { return dropout(x, p_, is_training(), gen_); }
+Variable Dropout::forward(const Variable& x) {
+  if (!is_training() || p_ == 0.0) return x;
+  TORCH_CHECK(x.defined(), "Dropout: undefined input");
+  Variable y = dropout(x, p_, /*training=*/true, rng_.generator_for(x.device()));
+  rng_.commit();
+  return y;
+}
 
-Variable Flatten::forward(const Variable& x) { return flatten(x, start_dim_, end_dim_); }
+// ---- DropoutRng (Note [generators per purpose]) --------------------------------------------------
+namespace {
+uint64_t splitmix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// 64 bits that depend on all of a generator's state (FNV-1a over its bytes, then mixed).
+uint64_t state_hash(const at::Generator& gen) {
+  const at::Tensor state = gen.get_state().contiguous();  // uint8 on the CPU for every device type
+  const uint8_t* p = state.data_ptr<uint8_t>();
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (int64_t i = 0; i < state.numel(); ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return splitmix64(h);
+}
+
+}  // namespace
+
+BufferedGenerator::BufferedGenerator(at::Generator gen, Module& owner, const std::string& name) : gen_(gen) {
+  buffer_ = owner.register_buffer(name, gen.get_state());
+  written_impl_ = buffer_.data().unsafeGetTensorImpl();
+  written_version_ = buffer_.data()._version();
+}
+
+at::Generator& BufferedGenerator::get() {
+  TORCH_CHECK(gen_, "BufferedGenerator: no generator");
+  const at::Tensor& b = buffer_.data();
+  if (b.unsafeGetTensorImpl() != written_impl_ || b._version() != written_version_) {
+    // load_state_dict or Module::to replaced or rewrote the state: one copy to the host.
+    gen_->set_state(b.to(at::kCPU).contiguous());
+    written_impl_ = b.unsafeGetTensorImpl();
+    written_version_ = b._version();
+  }
+  return *gen_;
+}
+
+void BufferedGenerator::commit() {
+  if (!gen_) return;
+  // A new tensor each time (not an in-place copy): a state_dict() taken earlier keeps its values.
+  at::Tensor state = gen_->get_state();
+  const at::Device device = buffer_.data().device();
+  if (!device.is_cpu()) {
+    state = state.pin_memory().to(device, /*non_blocking=*/true);  // the caching host allocator keeps the source alive
+  }
+  buffer_.set_data(state);
+  written_impl_ = state.unsafeGetTensorImpl();
+  written_version_ = state._version();
+}
+
+uint64_t next_random64(at::Generator& gen) {
+  if (gen.device().is_cpu()) {
+    std::lock_guard<std::mutex> lock(gen.mutex());  // as ATen's kernels do around their draws
+    return gen.get<at::CPUGeneratorImpl>()->random64();
+  }
+  // Other devices' generators expose no host-side draw: derive from the state and re-seed.
+  const uint64_t seed = state_hash(gen);
+  gen.set_current_seed(splitmix64(seed ^ 0x5eedull));
+  return seed;
+}
+
+DropoutRng::DropoutRng(const init::Generator& gen, Module& owner, const std::string& name) {
+  if (!gen) return;
+  at::Generator parent = *gen;
+  at::Generator stream = parent.clone();
+  // The parent moves to an unrelated sequence, so later initialisation never repeats the numbers
+  // this stream will draw.
+  parent.set_current_seed(splitmix64(state_hash(parent) ^ 0xd50f0u));
+  stream_ = BufferedGenerator(stream, owner, name);
+}
+
+std::optional<at::Generator> DropoutRng::generator_for(at::Device device) {
+  if (!stream_.defined()) return std::nullopt;
+  at::Generator& stream = stream_.get();
+  if (stream.device().type() == device.type() &&
+      (device.is_cpu() || !device.has_index() || stream.device().index() == device.index())) {
+    return stream;
+  }
+  // Another device: a generator of that device, seeded from this stream.
+  at::Generator g = at::globalContext().defaultGenerator(device).clone();
+  g.set_current_seed(next_random64(stream));
+  return g;
+}
 
 // ---- Sequential ---------------------------------------------------------------------------------
 Sequential::Sequential(std::vector<ModulePtr> modules) : Module("Sequential") {

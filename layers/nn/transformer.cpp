@@ -5,7 +5,7 @@ namespace tl {
 
 // ---- MultiHeadAttention -------------------------------------------------------------------------
 MultiHeadAttention::MultiHeadAttention(const AttentionOptions& o, const init::Generator& gen)
-    : Module("MultiHeadAttention"), options_(o), gen_(gen) {
+    : Module("MultiHeadAttention"), options_(o) {
   TORCH_CHECK(o.embed_dim_ > 0 && o.num_heads_ > 0 && o.embed_dim_ % o.num_heads_ == 0,
               "MultiHeadAttention: embed_dim (", o.embed_dim_, ") must be a positive multiple of num_heads (",
               o.num_heads_, ")");
@@ -19,6 +19,7 @@ MultiHeadAttention::MultiHeadAttention(const AttentionOptions& o, const init::Ge
     value_ = register_module("value", std::make_shared<Linear>(c, c, o.bias_, gen));
   }
   out_ = register_module("out", std::make_shared<Linear>(c, c, o.bias_, gen));
+  if (o.dropout_ > 0.0) dropout_rng_ = DropoutRng(gen, *this);
 }
 
 Variable MultiHeadAttention::forward(const Variable& x, const at::Tensor& key_padding_mask) {
@@ -58,8 +59,10 @@ Variable MultiHeadAttention::forward(const Variable& x, const at::Tensor& key_pa
     }
   }
   const double p = is_training() ? options_.dropout_ : 0.0;
-  Variable y = scaled_dot_product_attention(q, k, v, mask, causal, p, gen_);  // (B, H, T, D)
-  y = reshape(transpose(y, 1, 2), {b, t, c});                                 // (B, T, C)
+  const std::optional<at::Generator> drop_gen = p > 0.0 ? dropout_rng_.generator_for(x.device()) : std::nullopt;
+  Variable y = scaled_dot_product_attention(q, k, v, mask, causal, p, drop_gen);  // (B, H, T, D)
+  if (p > 0.0) dropout_rng_.commit();
+  y = reshape(transpose(y, 1, 2), {b, t, c});  // (B, T, C)
   return out_->forward(y);
 }
 

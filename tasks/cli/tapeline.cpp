@@ -11,6 +11,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "tasks/compare.h"
 #include "tasks/config.h"
 #include "tasks/report.h"
 #include "tasks/trainer.h"
@@ -30,13 +31,16 @@ const char* kTopHelp = R"(tapeline: split-model training with compressed stage b
 usage:
   tapeline train --config FILE --out DIR [options] [--section.key=value ...]
   tapeline eval --run DIR [--compression on|off|both] [--section.key=value ...]
-  tapeline help [train|eval]
+  tapeline compare RUN_DIR... [--plot OUT_DIR]
+  tapeline help [train|eval|compare]
 
 commands:
   train   train a model cut into stages with a compression boundary at each cut; writes DIR/
           (config.ini, metrics.csv, metrics.jsonl, summary.json, checkpoint.safetensors) and
           prints test accuracy with and without compression and bytes per step
   eval    test accuracy of a run's last checkpoint with compression on or off
+  compare one table of finished runs (final metric with compression on and off, bytes per step,
+          wall time); --plot OUT_DIR also draws the figures (PNG and SVG, matplotlib)
 
 Run `tapeline train --help` for the options and every configuration key (docs/CONFIG.md).
 )";
@@ -186,6 +190,60 @@ int cmd_train(const std::vector<std::string>& argv) {
   return 0;
 }
 
+const char* kCompareUsage = "usage: tapeline compare RUN_DIR... [--plot OUT_DIR]";
+
+int cmd_compare(const std::vector<std::string>& argv) {
+  po::options_description desc("compare options");
+  desc.add_options()("help,h", "show this help")(
+      "plot", po::value<std::string>(),
+      "also write figures to OUT_DIR as PNG and SVG: metric per epoch (on solid, off dashed), final metric "
+      "against bytes per step (log x), training loss per step, relative error and density over training");
+  po::options_description all;
+  all.add(desc).add_options()("runs", po::value<std::vector<std::string>>(), "run directories");
+  po::positional_options_description pos;
+  pos.add("runs", -1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argv).options(all).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw UsageError(e.what());
+  }
+  if (vm.count("help")) {
+    std::cout << kCompareUsage << "\n(run directories written by tapeline train; runs of different tasks or settings "
+              << "are flagged as not comparable)\n\n"
+              << desc << "\n";
+    return 0;
+  }
+  if (!vm.count("runs")) throw UsageError(std::string("no run directory given; ") + kCompareUsage);
+  const auto dirs = vm["runs"].as<std::vector<std::string>>();
+  std::vector<RunRecord> runs;
+  for (const auto& d : dirs) {
+    try {
+      runs.push_back(read_run_record(d));
+    } catch (const std::runtime_error& e) {
+      throw UsageError(e.what());
+    }
+  }
+  Comparison c = compare_runs(runs);
+  std::cout << c.table;
+  for (const auto& n : c.notes) std::cout << "note: " << n << "\n";
+  if (vm.count("plot")) {
+    PlotResult p = write_compare_plots(dirs, vm["plot"].as<std::string>());
+    if (p.written) {
+      std::cout << "figures:";
+      for (const auto& f : p.files) std::cout << " " << f;
+      std::cout << "\n";
+    } else if (p.missing_matplotlib) {
+      std::cout << "note: " << p.note << "\n";
+    } else {
+      std::cerr << "tapeline compare: error: " << p.note << "\n";
+      return 1;
+    }
+  }
+  return 0;
+}
+
 int cmd_eval(const std::vector<std::string>& argv) {
   std::vector<std::string> rest;
   auto overrides = split_overrides(argv, rest);
@@ -204,10 +262,11 @@ int cmd_eval(const std::vector<std::string>& argv) {
   std::vector<bool> modes;
   if (mode != "off") modes.push_back(true);
   if (mode != "on") modes.push_back(false);
-  std::vector<double> acc = evaluate_run(run, modes, overrides);
+  std::string metric;
+  std::vector<double> values = evaluate_run(run, modes, overrides, &metric);
   for (size_t i = 0; i < modes.size(); ++i)
-    std::cout << "test accuracy, compression " << (modes[i] ? "on" : "off") << ": " << std::fixed
-              << std::setprecision(2) << 100.0 * acc[i] << "%\n";
+    std::cout << "test " << metric << ", compression " << (modes[i] ? "on" : "off") << ": "
+              << format_metric(metric, values[i]) << "\n";
   return 0;
 }
 
@@ -227,13 +286,15 @@ int main(int argc, char** argv) {
   std::vector<std::string> rest(args.begin() + (args.empty() ? 0 : 1), args.end());
   try {
     if (cmd.empty() || cmd == "--help" || cmd == "-h" || cmd == "help") {
-      if (cmd == "help" && !rest.empty()) return rest[0] == "train" ? cmd_train({"--help"}) : cmd_eval({"--help"});
+      if (cmd == "help" && !rest.empty())
+        return rest[0] == "train" ? cmd_train({"--help"}) : rest[0] == "compare" ? cmd_compare({"--help"}) : cmd_eval({"--help"});
       std::cout << kTopHelp;
       return cmd.empty() ? 2 : 0;
     }
     if (cmd == "train") return cmd_train(rest);
     if (cmd == "eval") return cmd_eval(rest);
-    throw UsageError("unknown command '" + cmd + "'; commands: train, eval (tapeline --help)");
+    if (cmd == "compare") return cmd_compare(rest);
+    throw UsageError("unknown command '" + cmd + "'; commands: train, eval, compare (tapeline --help)");
   } catch (const UsageError& e) {
     std::cerr << "tapeline " << cmd << ": error: " << e.what() << "\n";
     return 2;

@@ -45,26 +45,50 @@ int64_t DataLoader::num_batches() const {
   return options_.drop_last ? n / b : (n + b - 1) / b;
 }
 
-at::Tensor DataLoader::epoch_order(int64_t epoch) const {
-  const int64_t n = data_.size();
+at::Tensor shuffled_order(int64_t n, uint64_t seed, int64_t epoch) {
   at::Tensor order = at::arange(n, at::kLong);
-  if (!options_.shuffle) return order;
   // Fisher-Yates with a fully specified generator (std::mt19937_64; no std distribution, whose
   // output differs between standard libraries).
-  std::mt19937_64 rng(mix_seed(options_.seed, static_cast<uint64_t>(epoch), 0, /*purpose=*/1));
+  std::mt19937_64 rng(mix_seed(seed, static_cast<uint64_t>(epoch), 0, /*purpose=*/1));
   int64_t* p = order.data_ptr<int64_t>();
   for (int64_t i = n - 1; i > 0; --i) std::swap(p[i], p[static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1))]);
   return order;
 }
 
-Batch DataLoader::make_batch(int64_t epoch, int64_t index) const { return assemble(epoch_order(epoch), epoch, index); }
+at::Tensor DataLoader::epoch_order(int64_t epoch) const {
+  if (!options_.shuffle) return at::arange(data_.size(), at::kLong);
+  return shuffled_order(data_.size(), options_.seed, epoch);
+}
 
-Batch DataLoader::assemble(const at::Tensor& order, int64_t epoch, int64_t index) const {
+IndexBatches::IndexBatches(int64_t rows, int64_t batch_size, bool shuffle, bool drop_last, uint64_t seed)
+    : rows_(rows), batch_size_(batch_size), shuffle_(shuffle), drop_last_(drop_last), seed_(seed) {
+  TORCH_CHECK(batch_size >= 1, "batches: batch_size must be >= 1, got ", batch_size);
+  TORCH_CHECK(!drop_last || rows >= batch_size, "batches: ", rows, " samples, fewer than one batch of ", batch_size,
+              " with drop_last");
+}
+
+int64_t IndexBatches::num_batches() const {
+  return drop_last_ ? rows_ / batch_size_ : (rows_ + batch_size_ - 1) / batch_size_;
+}
+
+at::Tensor IndexBatches::ids(int64_t epoch, int64_t index) const {
+  TORCH_CHECK(index >= 0 && index < num_batches(), "batches: batch ", index, " out of range [0, ", num_batches(), ")");
+  if (epoch != cached_epoch_) {
+    cached_order_ = shuffle_ ? shuffled_order(rows_, seed_, epoch) : at::arange(rows_, at::kLong);
+    cached_epoch_ = epoch;
+  }
+  const int64_t start = index * batch_size_;
+  return cached_order_.narrow(0, start, std::min(batch_size_, rows_ - start)).clone();  // (B)
+}
+
+ImageBatch DataLoader::make_batch(int64_t epoch, int64_t index) const { return assemble(epoch_order(epoch), epoch, index); }
+
+ImageBatch DataLoader::assemble(const at::Tensor& order, int64_t epoch, int64_t index) const {
   TORCH_CHECK(index >= 0 && index < num_batches(), "DataLoader: batch ", index, " out of range [0, ", num_batches(),
               ")");
   const int64_t start = index * options_.batch_size;
   const int64_t b = std::min(options_.batch_size, data_.size() - start);
-  Batch batch;
+  ImageBatch batch;
   batch.index = index;
   batch.ids = order.narrow(0, start, b).clone();                                      // (B)
   batch.labels = data_.labels.index_select(0, batch.ids);                             // (B)
@@ -124,7 +148,7 @@ void DataLoader::produce(int64_t epoch, at::Tensor order) {
       if (stop_) return;
     }
     try {
-      Batch b = assemble(order, epoch, i);
+      ImageBatch b = assemble(order, epoch, i);
       std::lock_guard<std::mutex> lock(mutex_);
       queue_.push_back(std::move(b));
     } catch (...) {
@@ -137,14 +161,14 @@ void DataLoader::produce(int64_t epoch, at::Tensor order) {
   }
 }
 
-std::optional<Batch> DataLoader::next() {
+std::optional<ImageBatch> DataLoader::next() {
   TORCH_CHECK(epoch_ >= 0, "DataLoader::next: call start_epoch first");
   if (next_index_ >= num_batches()) return std::nullopt;
   if (options_.prefetch == 0) return assemble(order_, epoch_, next_index_++);
   std::unique_lock<std::mutex> lock(mutex_);
   cv_.wait(lock, [&] { return !queue_.empty() || error_ != nullptr; });
   if (queue_.empty() && error_) std::rethrow_exception(error_);
-  Batch b = std::move(queue_.front());
+  ImageBatch b = std::move(queue_.front());
   queue_.pop_front();
   ++next_index_;
   lock.unlock();

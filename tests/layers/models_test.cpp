@@ -28,10 +28,12 @@ std::set<std::string> param_names(const Module& m) {
 
 /// Runs `stages` one after another, backpropagates sum(out * g), and compares the output and every
 /// parameter gradient with the unsplit model's. Stage parameters must carry the model's names.
+// `unsplit` runs the whole model (default: model.forward(input)); the stages get `inputs`.
 void expect_split_equals_unsplit(Module& model, const std::vector<ModulePtr>& stages, const Variable& input,
-                                 const std::string& label, double atol = 1e-6) {
+                                 const std::string& label, double atol = 1e-6, const StageInputs& inputs = {},
+                                 std::function<Variable()> unsplit = nullptr) {
   model.zero_grad();
-  Variable y = model.forward(input);
+  Variable y = unsplit ? unsplit() : model.forward(input);
   const at::Tensor g = at::randn_like(y.data());
   y.backward(g);
   std::map<std::string, at::Tensor> grads;
@@ -40,7 +42,7 @@ void expect_split_equals_unsplit(Module& model, const std::vector<ModulePtr>& st
   model.zero_grad();
 
   Variable x = input;
-  for (auto& s : stages) x = s->forward(x);
+  for (auto& s : stages) x = std::static_pointer_cast<Stage>(s)->forward(x, inputs);
   EXPECT_TRUE(all_close(x.data(), y.data(), label + " split output", atol, 1e-5));
   x.backward(g);
   std::set<std::string> union_names;
@@ -324,17 +326,20 @@ TEST(ModelsBert, PaddingDoesNotLeakAndInitIsHuggingFaces) {
   EXPECT_THROW(m.forward(at::zeros({1, 21}, at::kLong)), c10::Error);  // longer than max positions
 }
 
-TEST(ModelsBert, SplitStagesReadTheBatchInputs) {
+TEST(ModelsBert, SplitStagesReadTheirSideInputs) {
   at::manual_seed(9);
   Bert m(tiny_bert());
   EXPECT_EQ(m.cut_points(), (std::vector<std::string>{"embeddings", "layers.0", "layers.1"}));
   const at::Tensor ids = at::randint(1, 41, {3, 6}, at::kLong);
   const at::Tensor mask = at::arange(6).view({1, 6}).lt(at::tensor({6, 4, 2}).view({3, 1}));
   const at::Tensor types = at::randint(2, {3, 6}, at::kLong);
-  m.set_batch_inputs(mask, types);
+  const StageInputs inputs{ids, mask, types};
+  m.eval();  // no dropout: the three forms below must agree exactly
   const at::Tensor logits = m.forward(ids, mask, types).logits.data();
-  EXPECT_TRUE(all_close(m.forward(Variable(ids)).data(), logits, "single-input forward"));
-  expect_split_equals_unsplit(m, m.split({"embeddings", "layers.0"}), Variable(ids), "BERT split", 1e-5);
+  EXPECT_TRUE(all_close(m.forward(Variable(ids), inputs).data(), logits, "pipeline-form forward"));
+  EXPECT_GT(max_diff(m.forward(Variable(ids)).data(), logits), 1e-4);  // without them: another result
+  expect_split_equals_unsplit(m, m.split({"embeddings", "layers.0"}), Variable(ids), "BERT split", 1e-5, inputs,
+                              [&] { return m.forward(ids, mask, types).logits; });
   auto stages = m.split({"layers.1"});
   EXPECT_TRUE(param_names(*stages[1]).count("classifier.weight"));
   EXPECT_TRUE(param_names(*stages[1]).count("pooler.weight"));

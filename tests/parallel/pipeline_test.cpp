@@ -17,7 +17,22 @@ std::shared_ptr<ResNet> small_resnet(uint64_t seed) {
   return make_resnet("resnet8", 1, 10, 0.5, gen);
 }
 
-Variable ce(const Variable& logits, const at::Tensor& y) { return cross_entropy(logits, y); }
+// Classification as the vision task defines it: mean cross-entropy, tally [loss sum, n, correct].
+MicroBatchLoss ce(const Variable& logits, const Batch& mb) {
+  Variable loss = cross_entropy(logits, mb.target);
+  const double n = static_cast<double>(mb.rows());
+  at::Tensor correct = logits.data().argmax(1).eq(mb.target).sum().to(at::kDouble);
+  return {loss, at::stack({loss.data().to(at::kDouble) * n, at::full({}, n, at::kDouble), correct})};
+}
+
+Batch batch_of(const at::Tensor& x, const at::Tensor& y, const at::Tensor& ids = {}) {
+  Batch b;
+  b.input = x;
+  b.target = y;
+  b.sample_ids = ids;
+  b.units = at::ones({x.size(0)}, at::kLong);
+  return b;
+}
 
 std::vector<BoundarySpec> specs(size_t n, const std::string& fwd = "identity", const std::string& bwd = "identity") {
   BoundarySpec s;
@@ -42,9 +57,9 @@ TEST(Pipeline, IdentityBoundariesMatchTheUnsplitModel) {
   Variable ref_loss = cross_entropy(reference->forward(Variable(x)), y);
   ref_loss.backward();
   pipe->zero_grad();
-  StepResult r = pipe->train_step(x, y, {}, 1, ce);
+  StepResult r = pipe->train_step(batch_of(x, y), 1, ce);
   EXPECT_NEAR(r.loss, ref_loss.item<double>(), 1e-6);
-  EXPECT_EQ(r.samples, 6);
+  EXPECT_EQ(r.rows, 6);
   auto ref_grads = grads_of(*reference);
   for (const auto& [name, g] : grads_of(*model))
     EXPECT_TRUE(all_close(g, ref_grads.at(name), "grad " + name, 1e-6, 1e-5));
@@ -68,8 +83,8 @@ TEST(Pipeline, MicroBatchesGiveTheFullBatchGradientWhenSamplesAreIndependent) {
   at::Tensor x = at::randn({7, 1, 10, 10}), y = at::randint(0, 10, {7}, at::kLong);
   pa->zero_grad();
   pb->zero_grad();
-  StepResult ra = pa->train_step(x, y, {}, 1, ce);
-  StepResult rb = pb->train_step(x, y, {}, 3, ce);
+  StepResult ra = pa->train_step(batch_of(x, y), 1, ce);
+  StepResult rb = pb->train_step(batch_of(x, y), 3, ce);
   EXPECT_EQ(rb.micro_batches, 3);
   EXPECT_NEAR(ra.loss, rb.loss, 1e-6);
   EXPECT_EQ(ra.correct, rb.correct);
@@ -85,7 +100,7 @@ TEST(Pipeline, BatchNormUsesPerMicroBatchStatisticsInTraining) {
   auto pa = Pipeline::build(a, {"layer2"}, specs(1));
   at::Tensor x = at::randn({8, 1, 8, 8}), y = at::randint(0, 10, {8}, at::kLong);
   pa->zero_grad();
-  StepResult r = pa->train_step(x, y, {}, 2, ce);
+  StepResult r = pa->train_step(batch_of(x, y), 2, ce);
   double l0 = cross_entropy(ref->forward(Variable(x.narrow(0, 0, 4))), y.narrow(0, 0, 4)).item<double>();
   double l1 = cross_entropy(ref->forward(Variable(x.narrow(0, 4, 4))), y.narrow(0, 4, 4)).item<double>();
   EXPECT_NEAR(r.loss, (l0 + l1) / 2, 1e-5);
@@ -107,7 +122,7 @@ TEST(Pipeline, InferenceToggleAndByteStatistics) {
   at::Tensor x = at::randn({4, 1, 8, 8}), y = at::randint(0, 10, {4}, at::kLong);
   pipe->reset_stats();
   pipe->zero_grad();
-  pipe->train_step(x, y, {}, 2, ce);
+  pipe->train_step(batch_of(x, y), 2, ce);
   BoundaryStats s = pipe->total_stats();
   EXPECT_EQ(s.forward.messages, 6);  // 3 boundaries x 2 micro-batches
   EXPECT_EQ(s.backward.messages, 6);
@@ -138,7 +153,7 @@ TEST(Pipeline, InferenceToggleAndByteStatistics) {
   // Uncompressed boundaries are not measured (their error is 0): splitting then costs nothing.
   auto plain = Pipeline::build(small_resnet(11), {"layer1"}, specs(1));
   plain->zero_grad();
-  plain->train_step(x, y, {}, 1, ce);
+  plain->train_step(batch_of(x, y), 1, ce);
   EXPECT_EQ(plain->total_stats().forward.measured, 0);
   EXPECT_EQ(plain->total_stats().forward.messages, 1);
 }
@@ -147,10 +162,10 @@ TEST(Pipeline, SampleIdsReachTheCodecs) {
   auto pipe = Pipeline::build(small_resnet(2), {"layer1"}, specs(1, "aqsgd(quant(4))", "identity"));
   at::Tensor x = at::randn({4, 1, 8, 8}), y = at::randint(0, 10, {4}, at::kLong);
   pipe->zero_grad();
-  EXPECT_THROW(pipe->train_step(x, y, {}, 1, ce), c10::Error);  // AQ-SGD needs the ids
+  EXPECT_THROW(pipe->train_step(batch_of(x, y), 1, ce), c10::Error);  // AQ-SGD needs the ids
   pipe->zero_grad();
-  StepResult r = pipe->train_step(x, y, at::arange(4, at::kLong) + 100, 2, ce);
-  EXPECT_EQ(r.samples, 4);
+  StepResult r = pipe->train_step(batch_of(x, y, at::arange(4, at::kLong) + 100), 2, ce);
+  EXPECT_EQ(r.rows, 4);
 }
 
 TEST(Pipeline, RejectsBadSplits) {

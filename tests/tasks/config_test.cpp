@@ -27,8 +27,19 @@ std::string write_ini(const TempDir& dir, const std::string& text, const std::st
 TEST(Config, DefaultsFileAndCommandLinePrecedence) {
   Config d = Config::load("");
   EXPECT_EQ(d.train.epochs, 10);
-  EXPECT_EQ(d.data.dataset, "fashion-mnist");
+  EXPECT_EQ(d.task.name, "vision");
+  EXPECT_EQ(d.data.dataset, "fashion-mnist");  // "auto" resolved for the task
+  EXPECT_EQ(d.model.arch, "resnet8");
+  EXPECT_EQ(d.value("data.dataset"), "fashion-mnist");
+  EXPECT_EQ(d.train.optimizer, "sgd");
   EXPECT_EQ(d.boundary.forward, "identity");
+  Config text = Config::load("", {{"task.name", "text"}});
+  EXPECT_EQ(text.data.dataset, "wordnet");
+  EXPECT_EQ(text.model.arch, "minilm");
+  Config lm = Config::load("", {{"task.name", "lm"}, {"train.optimizer", "adamw"}, {"model.dropout", "0.2"}});
+  EXPECT_EQ(lm.model.arch, "gpt2-tiny");
+  EXPECT_EQ(lm.train.optimizer, "adamw");
+  EXPECT_DOUBLE_EQ(lm.model.dropout, 0.2);
 
   TempDir dir;
   std::string path = write_ini(dir, R"(# a comment
@@ -115,7 +126,11 @@ TEST(Config, BadValuesAreRejectedSayingWhatIsAccepted) {
            {"train.lr", "0", "a number > 0"},
            {"data.hflip", "maybe", "true, false"},
            {"run.progress", "fancy", "auto, bar, plain, none"},
-           {"data.dataset", "imagenet", "fashion-mnist, mnist, cifar10, cifar100, folder"},
+           {"data.dataset", "imagenet", "auto, fashion-mnist, mnist, cifar10, cifar100, folder, wordnet"},
+           {"task.name", "translation", "vision, text, lm"},
+           {"train.optimizer", "adam", "sgd, adamw"},
+           {"model.dropout", "1.5", "auto or a number in [0, 1)"},
+           {"data.max_length", "2", "an integer in [3, 512]"},
            {"run.device", "tpu", "cpu, cuda or cuda:N"},
            {"data.mean", "0.1,0.2", "1 or 3 numbers"},
            {"data.std", "0", "> 0"},
@@ -131,6 +146,9 @@ TEST(Config, BadValuesAreRejectedSayingWhatIsAccepted) {
       {"micro_batches = 8", "batch_size = 4"});
   expect_error([] { Config::load("", {{"data.mean", "0.5"}}); }, {"data.mean and data.std"});
   expect_error([] { Config::load("", {{"data.image_size", "32"}}); }, {"data.image_size", "folder only"});
+  expect_error([] { Config::load("", {{"task.name", "text"}, {"data.dataset", "cifar10"}}); },
+               {"task.name = text", "data.dataset = cifar10", "wordnet"});
+  expect_error([] { Config::load("", {{"data.dataset", "wordnet"}}); }, {"task.name = vision", "image dataset"});
 }
 
 TEST(Config, BadCompressorSpecsAreRejectedWhileReading) {

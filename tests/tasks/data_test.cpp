@@ -236,8 +236,8 @@ ImageDataset toy_dataset(int64_t n, int64_t c = 1, int64_t h = 6, int64_t w = 6)
   return ds;
 }
 
-std::vector<Batch> epoch_batches(DataLoader& loader, int64_t epoch) {
-  std::vector<Batch> out;
+std::vector<ImageBatch> epoch_batches(DataLoader& loader, int64_t epoch) {
+  std::vector<ImageBatch> out;
   loader.start_epoch(epoch);
   while (auto b = loader.next()) out.push_back(*b);
   return out;
@@ -315,7 +315,7 @@ TEST(DataLoader, CropAndFlipMoveWholeImages) {
   ImageDataset ds = toy_dataset(16, 2, 5, 5);
   ds.images.clamp_min_(1);  // no zero pixels in the source, so padding is recognisable
   DataLoader loader(ds, opt);
-  Batch b = loader.make_batch(0, 0);
+  ImageBatch b = loader.make_batch(0, 0);
   int flipped = 0, shifted = 0;
   for (int64_t i = 0; i < 16; ++i) {
     at::Tensor src = ds.images[i].to(at::kFloat) / 255.0;

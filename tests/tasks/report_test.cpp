@@ -17,9 +17,9 @@ EpochMetrics row(int64_t epoch) {
   EpochMetrics m;
   m.epoch = epoch;
   m.train_loss = 1.0 / double(epoch) + 1e-7;
-  m.train_acc = 0.5;
-  m.test_acc_compressed = 0.8125;
-  m.test_acc_uncompressed = 0.375;
+  m.train_metric = 0.5;
+  m.test_metric_compressed = 0.8125;
+  m.test_metric_uncompressed = 0.375;
   m.bytes_forward = 1000 + epoch;
   m.bytes_backward = 2000;
   m.bytes_uncompressed = 30000;
@@ -36,20 +36,29 @@ TEST(Report, MetricsCsvRoundTrip) {
   std::ifstream in(path);
   std::string header;
   std::getline(in, header);
-  EXPECT_EQ(header.rfind("epoch,train_loss,test_acc_compressed,test_acc_uncompressed,bytes_forward,bytes_backward,"
-                         "bytes_uncompressed,wall_s",
-                         0),
-            0u);
+  EXPECT_EQ(header,
+            "epoch,train_loss,train_metric,test_loss_compressed,test_loss_uncompressed,test_metric_compressed,"
+            "test_metric_uncompressed,bytes_forward,bytes_backward,bytes_uncompressed,steps,lr,wall_s,train_time_s,"
+            "compute_s,comm_s,bubble");
   auto rows = read_metrics_csv(path);
   ASSERT_EQ(rows.size(), 2u);
   EXPECT_EQ(rows[1].epoch, 2);
   EXPECT_DOUBLE_EQ(rows[1].train_loss, row(2).train_loss);
   EXPECT_EQ(rows[1].bytes_forward, 1002);
   EXPECT_DOUBLE_EQ(rows[1].wall_s, 25.0);
+  EXPECT_DOUBLE_EQ(rows[1].test_metric_uncompressed, 0.375);
   write_file_atomic(path, "epoch,x\n1,2\n");
-  expect_error([&] { read_metrics_csv(path); }, {path, "unexpected header"});
-  write_file_atomic(path, metrics_csv({row(1)}) + "2,abc,0,0,0,0,0,0,0,0,0\n");
+  expect_error([&] { read_metrics_csv(path); }, {path, "no column 'train_loss'"});
+  write_file_atomic(path, metrics_csv({row(1)}) + "2,abc,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0\n");
   expect_error([&] { read_metrics_csv(path); }, {path + ":3", "not a number"});
+  write_file_atomic(path, metrics_csv({row(1)}) + "2,1\n");
+  expect_error([&] { read_metrics_csv(path); }, {path + ":3", "expected 17 columns"});
+  // Columns are read by name: an extra one (a later version's) is ignored.
+  std::string csv = metrics_csv({row(1)});
+  csv.replace(csv.find('\n'), 1, ",extra\n");
+  csv.replace(csv.rfind('\n'), 1, ",7\n");
+  write_file_atomic(path, csv);
+  EXPECT_EQ(read_metrics_csv(path).at(0).bytes_forward, 1001);
 }
 
 TEST(Report, SummaryJsonRoundTripAndTable) {
@@ -69,6 +78,8 @@ TEST(Report, SummaryJsonRoundTripAndTable) {
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->name, "default");
   EXPECT_EQ(r->fingerprint, "abc");
+  EXPECT_EQ(r->metric, "accuracy");
+  EXPECT_TRUE(r->higher_is_better);
   EXPECT_EQ(r->last.bytes_forward, s.last.bytes_forward);
   EXPECT_DOUBLE_EQ(r->bytes_per_step(), (1002.0 + 2000.0) / 10.0);
   write_file_atomic(path, "{\"name\": 3");
@@ -78,11 +89,19 @@ TEST(Report, SummaryJsonRoundTripAndTable) {
   base.name = "baseline";
   base.forward = base.backward = "identity";
   base.last.bytes_forward = base.last.bytes_backward = 15000;
-  base.last.test_acc_compressed = base.last.test_acc_uncompressed = 0.875;
+  base.last.test_metric_compressed = base.last.test_metric_uncompressed = 0.875;
   std::string table = comparison_table({{"default", s}, {"baseline", base}});
   for (const char* cell :
        {"81.25%", "37.50%", "87.50%", "300 B", "3.00 kB", "0.100x", "1.000x", "topk(0.1) / topk(0.1)"})
     EXPECT_NE(table.find(cell), std::string::npos) << cell << " missing from\n" << table;
+  // Another metric is shown as a number, and named in the header.
+  RunSummary lm = s;
+  lm.metric = "perplexity";
+  lm.higher_is_better = false;
+  lm.last.test_metric_compressed = 3.14159;
+  std::string lm_table = comparison_table({{"lm", lm}});
+  EXPECT_NE(lm_table.find("test perplexity, compression on"), std::string::npos) << lm_table;
+  EXPECT_NE(lm_table.find("3.142"), std::string::npos) << lm_table;
 }
 
 TEST(Report, AtomicWriteReplacesAndLeavesNoTemporaries) {

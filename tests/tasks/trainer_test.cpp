@@ -4,6 +4,8 @@
 // dataset (Debian package dataset-fashion-mnist) is not installed.
 #include "tasks/trainer.h"
 
+#include "tasks/data/dataset.h"
+
 #include <filesystem>
 #include <fstream>
 
@@ -43,9 +45,9 @@ TEST(Trainer, ShortFashionMnistRunLearns) {
   RunSummary s = run_training(req);
   EXPECT_EQ(s.last.epoch, 3);
   EXPECT_EQ(s.stages, 4);
-  EXPECT_GE(s.last.test_acc_uncompressed, 0.75) << "ResNet-8 on 6000 Fashion-MNIST samples, 3 epochs";
+  EXPECT_GE(s.last.test_metric_uncompressed, 0.75) << "ResNet-8 on 6000 Fashion-MNIST samples, 3 epochs";
   // Identity boundaries: compression on and off are the same model.
-  EXPECT_EQ(s.last.test_acc_compressed, s.last.test_acc_uncompressed);
+  EXPECT_EQ(s.last.test_metric_compressed, s.last.test_metric_uncompressed);
   // Bytes: an identity payload is the raw tensor plus a 48-byte header (4-D), each way.
   EXPECT_EQ(s.last.bytes_forward, s.last.bytes_backward);
   const int64_t messages = 3 * s.last.steps;
@@ -58,15 +60,15 @@ TEST(Trainer, ShortFashionMnistRunLearns) {
   EXPECT_LT(rows[2].train_loss, rows[0].train_loss);
   auto summary = read_summary_json((fs::path(req.out_dir) / "summary.json").string());
   ASSERT_TRUE(summary.has_value());
-  EXPECT_EQ(summary->last.test_acc_compressed, s.last.test_acc_compressed);
+  EXPECT_EQ(summary->last.test_metric_compressed, s.last.test_metric_compressed);
   EXPECT_EQ(summary->fingerprint, config_fingerprint(req.config));
   // `tapeline eval` on the checkpoint reproduces the last epoch's accuracy.
   auto acc = evaluate_run(req.out_dir, {true, false});
   ASSERT_EQ(acc.size(), 2u);
-  EXPECT_DOUBLE_EQ(acc[0], s.last.test_acc_compressed);
-  EXPECT_DOUBLE_EQ(acc[1], s.last.test_acc_uncompressed);
+  EXPECT_DOUBLE_EQ(acc[0], s.last.test_metric_compressed);
+  EXPECT_DOUBLE_EQ(acc[1], s.last.test_metric_uncompressed);
   std::printf("[ short run ] 6000 train / 1000 test samples, 3 epochs: test accuracy %.2f%%\n",
-              100.0 * s.last.test_acc_uncompressed);
+              100.0 * s.last.test_metric_uncompressed);
 }
 
 TEST(Trainer, ResumeReachesTheSameFinalMetrics) {
@@ -107,8 +109,8 @@ TEST(Trainer, ResumeReachesTheSameFinalMetrics) {
   for (size_t i = 0; i < 3; ++i) {
     SCOPED_TRACE("epoch " + std::to_string(i + 1));
     EXPECT_EQ(ra[i].train_loss, rb[i].train_loss);
-    EXPECT_EQ(ra[i].test_acc_compressed, rb[i].test_acc_compressed);
-    EXPECT_EQ(ra[i].test_acc_uncompressed, rb[i].test_acc_uncompressed);
+    EXPECT_EQ(ra[i].test_metric_compressed, rb[i].test_metric_compressed);
+    EXPECT_EQ(ra[i].test_metric_uncompressed, rb[i].test_metric_uncompressed);
     EXPECT_EQ(ra[i].bytes_forward, rb[i].bytes_forward);
     EXPECT_EQ(ra[i].bytes_backward, rb[i].bytes_backward);
     EXPECT_EQ(ra[i].lr, rb[i].lr);

@@ -1,0 +1,162 @@
+// bench_transport: throughput of tapeline's Transport (header + body messages, parallel/dist/)
+// against raw c10d send/recv of the same bytes (one preallocated tensor of a size both sides
+// know), between 2 local processes over Gloo. Run without arguments: it launches its own 2 ranks
+// (parallel/dist/launch.h); under torchrun it is one of them.
+//
+// Per message size (64 KiB .. 64 MiB): rank 0 streams K messages to rank 1, which then sends a
+// 1-byte ack; throughput = K * size / (time until the ack). Raw and tapeline runs alternate; the
+// best of the repeats is kept (3x more repeats up to 1 MiB: latency-bound, the most sensitive to
+// a busy machine). JSON lines on stdout (rank 0):
+//   {"bench":"transport","bytes":...,"messages":K,"raw_MBps":...,"tapeline_MBps":...,
+//    "tapeline_thread_MBps":...,"ratio":tapeline/raw,"ratio_thread":...,"target":0.9}
+// Options: --repeats R (default 5), --max-mib M (default 64), --timeout S (default 60).
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "parallel/dist/c10d_compat.h"
+#include "parallel/dist/launch.h"
+#include "parallel/dist/rendezvous.h"
+#include "parallel/dist/transport.h"
+
+using namespace tl::dist;
+
+namespace {
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+struct Args {
+  int repeats = 5;
+  int max_mib = 64;
+  double timeout_s = 60;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    if (k == "--repeats")
+      a.repeats = std::atoi(argv[i + 1]);
+    else if (k == "--max-mib")
+      a.max_mib = std::atoi(argv[i + 1]);
+    else if (k == "--timeout")
+      a.timeout_s = std::atof(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "bench_transport: unknown option '%s'; known: --repeats, --max-mib, --timeout\n", k.c_str());
+      std::exit(2);
+    }
+  }
+  return a;
+}
+
+int run_rank(const Args& args) {
+  const DistEnv env = DistEnv::from_env();
+  if (env.world_size != 2) {
+    std::fprintf(stderr, "bench_transport: needs exactly 2 ranks, got WORLD_SIZE=%d\n", env.world_size);
+    return 2;
+  }
+  TransportOptions o;
+  o.timeout_s = args.timeout_s;
+  auto tl_plain = Transport::connect(env, o);
+  // A second transport with the communication thread, and the raw process group, on the same store.
+  DistEnv env_thread = env;
+  env_thread.restart_count = 1000;  // its own key prefix
+  DistEnv env_raw = env;
+  env_raw.restart_count = 1001;
+  env_thread.agent_store = env_raw.agent_store = true;  // rank 0's first transport hosts the store
+  o.comm_thread = true;
+  auto tl_thread = Transport::connect(env_thread, o);
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(args.timeout_s * 1000));
+  auto raw_store = compat::make_prefix_store(
+      env_raw.store_prefix(), compat::make_tcp_store(env.master_addr, env.master_port, false, env.world_size, timeout));
+  auto raw = compat::make_gloo(raw_store, env.rank, env.world_size, timeout, env.master_addr);
+  const int me = env.rank;
+
+  at::Tensor ack = at::zeros({1}, at::kByte);
+  for (int64_t size = 64 << 10; size <= (int64_t(args.max_mib) << 20); size *= 4) {
+    const int k = static_cast<int>(std::max<int64_t>(4, std::min<int64_t>(64, (int64_t(256) << 20) / size)));
+    at::Tensor buf = at::full({size}, 7, at::kByte);
+    double best_raw = 1e30, best_tl = 1e30, best_thread = 1e30;
+    // Small messages are latency-bound, hence the most sensitive to other processes on the
+    // machine: they get more (cheap) repeats, so that the best of them finds a quiet moment.
+    const int repeats = size <= (int64_t(1) << 20) ? 3 * args.repeats : args.repeats;
+    for (int rep = 0; rep < repeats; ++rep) {
+      // raw c10d: both sides know the size.
+      tl_plain->barrier("raw start");
+      double t0 = now_s();
+      for (int i = 0; i < k; ++i) {
+        std::vector<at::Tensor> v{buf};
+        compat::wait(me == 0 ? raw->send(v, 1, 1) : raw->recv(v, 0, 1), timeout);
+      }
+      {
+        std::vector<at::Tensor> v{ack};
+        compat::wait(me == 0 ? raw->recv(v, 1, 2) : raw->send(v, 0, 2), timeout);
+      }
+      best_raw = std::min(best_raw, now_s() - t0);
+      // tapeline, blocking and with the communication thread: header, then a body the receiver
+      // allocates from the header.
+      for (Transport* t : {tl_plain.get(), tl_thread.get()}) {
+        t->barrier("tapeline start");
+        t0 = now_s();
+        for (int i = 0; i < k; ++i) {
+          if (me == 0)
+            t->send(1, buf, i, "bench");
+          else
+            t->recv(0, i, "bench");
+        }
+        if (me == 0)
+          t->recv(1, -1, "ack");
+        else
+          t->send(0, ack, 0, "ack");
+        const double dt = now_s() - t0;
+        (t == tl_plain.get() ? best_tl : best_thread) = std::min(t == tl_plain.get() ? best_tl : best_thread, dt);
+      }
+    }
+    if (me == 0) {
+      const double mb = double(size) * k / 1e6;
+      std::printf(
+          "{\"bench\":\"transport\",\"backend\":\"gloo\",\"bytes\":%lld,\"messages\":%d,\"repeats\":%d,"
+          "\"raw_MBps\":%.1f,\"tapeline_MBps\":%.1f,\"tapeline_thread_MBps\":%.1f,\"ratio\":%.3f,"
+          "\"ratio_thread\":%.3f,\"target\":0.9}\n",
+          (long long)size, k, repeats, mb / best_raw, mb / best_tl, mb / best_thread, best_raw / best_tl,
+          best_raw / best_thread);
+      std::fflush(stdout);
+    }
+  }
+  tl_thread->barrier("end");
+  tl_plain->barrier("end");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Args args = parse(argc, argv);
+    if (DistEnv::launched()) return run_rank(args);
+    if (!Transport::available("gloo")) {
+      std::printf("{\"bench\":\"transport\",\"skipped\":\"built without c10d Gloo (libgloo-dev)\"}\n");
+      return 0;
+    }
+    LaunchOptions lo;
+    lo.nproc = 2;
+    lo.args.assign(argv + 1, argv + argc);
+    lo.on_line = [](int rank, bool is_stderr, const std::string& line) {
+      // Rank 0's JSON as is; anything else prefixed, on stderr.
+      if (rank == 0 && !is_stderr)
+        std::printf("%s\n", line.c_str());
+      else
+        std::fprintf(stderr, "[rank %d] %s\n", rank, line.c_str());
+      std::fflush(stdout);
+    };
+    const LaunchResult r = launch_local(lo);
+    if (!r.ok()) std::fprintf(stderr, "bench_transport: %s\n", r.message.c_str());
+    return r.exit_code;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_transport: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,668 @@
+#include "parallel/dist/transport.h"
+
+#include <c10/util/Exception.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "parallel/dist/c10d_compat.h"
+
+namespace tl::dist {
+namespace {
+
+using namespace wire;  // Note [wire protocol]: header words.
+// c10d tags of the two halves of a message (slots distinct from any collective's).
+constexpr int kFrameTag = 0x7A01;
+constexpr int kBodyTag = 0x7A02;
+// Internal message tags (callers' tags are >= 0).
+constexpr int64_t kGatherTag = -2;
+
+double now_s() { return steady_ns_to_s(steady_now_ns()); }
+
+// The first line of an exception's text, without c10's backtrace.
+std::string cause_of(const std::exception& e) {
+  std::string s;
+  if (auto* c = dynamic_cast<const c10::Error*>(&e))
+    s = c->what_without_backtrace();
+  else
+    s = e.what();
+  const size_t nl = s.find('\n');
+  if (nl != std::string::npos) s = s.substr(0, nl);
+  return s;
+}
+
+std::string read_first_line(const std::string& path) {
+  std::ifstream f(path);
+  std::string line;
+  if (f) std::getline(f, line);
+  return line;
+}
+
+std::string this_host() {
+  char buf[256] = {0};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "?";
+  return buf;
+}
+
+// Whether process `pid` of this machine still runs (absent or zombie: no).
+bool process_alive(int pid) {
+  const std::string stat = read_first_line("/proc/" + std::to_string(pid) + "/stat");
+  if (stat.empty()) return false;
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= stat.size()) return true;
+  const char state = stat[paren + 2];
+  return state != 'Z' && state != 'X';
+}
+
+struct PeerInfo {
+  int pid = 0;
+  std::string boot_id;
+  std::string host;
+};
+
+struct Pending {
+  int dst;
+  at::Tensor body;
+  int64_t tag;
+  int64_t seq;
+  int64_t stamp_ns;
+  std::string context;
+};
+
+}  // namespace
+
+struct Transport::Impl {
+  DistEnv env;
+  TransportOptions opts;
+  std::chrono::milliseconds timeout{60000};
+  compat::StorePtr store;
+  compat::BackendPtr pg;
+  bool cuda = false;
+  at::Device device = at::kCPU;
+  std::string boot_id;
+  std::vector<PeerInfo> peers;
+  std::vector<int64_t> send_seq, recv_seq;
+  std::vector<std::unique_ptr<Link>> links;  // by source rank; null = ideal
+  SteadyClock clock;
+  // Note [pre-posted frames and reused bodies]: per source rank, the recv of its next frame
+  // (posted once its previous message is complete), and the last large body buffer.
+  struct PostedFrame {
+    std::vector<at::Tensor> tensors;
+    compat::WorkPtr work;
+  };
+  std::vector<std::unique_ptr<PostedFrame>> posted;
+  int64_t inline_max = kInlineMax;  // 0 with NCCL (exact sizes only)
+  std::vector<at::Tensor> spare;
+
+  std::mutex mutex;  // guards the queue, the error and the stats
+  std::condition_variable wake, drained;
+  std::deque<Pending> queue;
+  bool stop = false;
+  bool busy = false;
+  std::exception_ptr error;
+  std::thread thread;
+  TransportStats stats;
+
+  // ---- errors --------------------------------------------------------------------------------
+  // "peer 2 (pid 123) has exited" / "is still running" / "" when not on this machine.
+  // With wait_s > 0, a process that still exists is given that long to finish exiting (its sockets
+  // close before it is gone).
+  std::string liveness(int peer, double wait_s = 0.0) const {
+    if (peer < 0 || peer >= static_cast<int>(peers.size())) return "";
+    const PeerInfo& p = peers[peer];
+    if (p.pid <= 0 || p.boot_id.empty() || p.boot_id != boot_id) return "";
+    bool alive = process_alive(p.pid);
+    for (const double end = now_s() + wait_s; alive && now_s() < end;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      alive = process_alive(p.pid);
+    }
+    return "rank " + std::to_string(peer) + " (pid " + std::to_string(p.pid) + ") " +
+           (alive ? "is still running" : "has exited");
+  }
+
+  TransportError failure(const std::string& what, int peer, const std::string& context, const std::string& cause) {
+    std::ostringstream os;
+    os << "rank " << env.rank << ": " << what << " (" << context << ") failed: ";
+    const bool timed_out = cause.find("imed out") != std::string::npos || cause.find("imeout") != std::string::npos;
+    const bool closed = cause.find("losed") != std::string::npos || cause.find("reset") != std::string::npos ||
+                        cause.find("Broken pipe") != std::string::npos || cause.find("EOF") != std::string::npos;
+    if (timed_out)
+      os << "no answer within " << opts.timeout_s << " s (dist.timeout_s)";
+    else if (closed && peer >= 0)
+      os << "rank " << peer << " closed the connection (it died or exited)";
+    else
+      os << "communication error";
+    if (peer >= 0) {
+      const std::string alive = liveness(peer, closed ? 1.0 : 0.0);
+      if (!alive.empty()) os << "; " << alive;
+    } else {
+      // A collective: say what became of the other ranks of this machine (the first 8).
+      for (int r = 0, n = 0; r < env.world_size && n < 8; ++r) {
+        if (r == env.rank) continue;
+        const std::string alive = liveness(r, closed ? 0.2 : 0.0);
+        if (!alive.empty()) os << "; " << alive, ++n;
+      }
+    }
+    os << " [c10d: " << cause << "]";
+    return TransportError(os.str(), peer, context);
+  }
+
+  // Records the first error; the transport is broken from then on.
+  void record(std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!error) error = e;
+  }
+
+  // Throws the recorded error, if any, saying where it surfaced.
+  void check_ok(const std::string& context) {
+    std::exception_ptr e;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      e = error;
+    }
+    if (!e) return;
+    try {
+      std::rethrow_exception(e);
+    } catch (const TransportError& t) {
+      if (t.context() == context) throw;
+      throw TransportError(std::string(t.what()) + " (reported at: " + context + ")", t.peer(), t.context());
+    }
+  }
+
+  void check_peer(int peer, const char* what) const {
+    TORCH_CHECK(peer >= 0 && peer < env.world_size && peer != env.rank, "rank ", env.rank, ": cannot ", what, " rank ",
+                peer, ": accepted ranks are 0..", env.world_size - 1, " other than this one");
+  }
+
+  at::Tensor on_device(const at::Tensor& t) const { return cuda ? t.to(device) : t; }
+
+  // ---- messages -------------------------------------------------------------------------------
+  void do_send(const Pending& p) {
+    // Note [wire protocol]: the frame is the header, followed by the body when it is small.
+    const int64_t n = p.body.numel();
+    const bool inl = n <= inline_max;
+    at::Tensor frame = at::empty({kHeaderBytes + (inl ? n : 0)}, at::kByte);
+    int64_t h[kHeaderWords];
+    h[kWordMagic] = kMagic;
+    h[kWordSeq] = p.seq;
+    h[kWordTag] = p.tag;
+    h[kWordBytes] = n;
+    h[kWordStamp] = p.stamp_ns;
+    h[kWordCheck] = check_word(h);
+    std::memcpy(frame.data_ptr<uint8_t>(), h, kHeaderBytes);
+    if (inl && n > 0) std::memcpy(frame.data_ptr<uint8_t>() + kHeaderBytes, p.body.data_ptr<uint8_t>(), n);
+    const double t0 = now_s();
+    try {
+      // Both sends are posted before waiting for either: the body's announcement travels right
+      // behind the frame, and the receiver can take the body as soon as it has read the header.
+      std::vector<at::Tensor> hv{on_device(frame)};
+      compat::WorkPtr hw = pg->send(hv, p.dst, kFrameTag);
+      std::vector<at::Tensor> bv;
+      compat::WorkPtr bw;
+      if (!inl) {
+        bv = {on_device(p.body)};
+        bw = pg->send(bv, p.dst, kBodyTag);
+      }
+      compat::wait(hw, timeout);
+      if (bw) compat::wait(bw, timeout);
+    } catch (const TransportError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw failure("send of message #" + std::to_string(p.seq) + " (" + std::to_string(p.body.numel()) +
+                        " bytes) to rank " + std::to_string(p.dst),
+                    p.dst, p.context, cause_of(e));
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    stats.send_s += now_s() - t0;
+    stats.bytes_sent += p.body.numel();
+    stats.messages_sent += 1;
+  }
+
+  void send(int dst, at::Tensor body, int64_t tag, const std::string& context) {
+    check_ok(context);
+    check_peer(dst, "send to");
+    TORCH_CHECK(body.scalar_type() == at::kByte && body.dim() == 1 && body.is_contiguous() && body.device().is_cpu(),
+                "rank ", env.rank, ": send to rank ", dst, " (", context,
+                "): the body must be a 1-D contiguous uint8 CPU tensor, got ", body.toString(), " ", body.sizes());
+    Pending p{dst, std::move(body), tag, send_seq[dst]++, steady_now_ns(), context};
+    if (!opts.comm_thread) {
+      try {
+        do_send(p);
+      } catch (...) {
+        record(std::current_exception());
+        throw;
+      }
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      queue.push_back(std::move(p));
+    }
+    wake.notify_one();
+  }
+
+  void comm_loop() {
+    for (;;) {
+      Pending p;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        wake.wait(lock, [&] { return stop || !queue.empty(); });
+        if (queue.empty()) return;
+        p = std::move(queue.front());
+        queue.pop_front();
+        busy = true;
+      }
+      std::exception_ptr err;
+      try {
+        do_send(p);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        busy = false;
+        if (err) {
+          if (!error) error = err;
+          queue.clear();  // later messages would only pile up behind a broken link
+        }
+      }
+      drained.notify_all();
+    }
+  }
+
+  void flush(const std::string& context) {
+    if (opts.comm_thread) {
+      std::unique_lock<std::mutex> lock(mutex);
+      drained.wait(lock, [&] { return (queue.empty() && !busy) || error; });
+    }
+    check_ok(context);
+  }
+
+  Message recv(int src, std::optional<int64_t> expected_tag, const std::string& context) {
+    check_ok(context);
+    check_peer(src, "receive from");
+    Message m;
+    m.src = src;
+    const double t0 = now_s();
+    const std::string what =
+        "receive of message #" + std::to_string(recv_seq[src]) + " from rank " + std::to_string(src);
+    auto fail = [&](const std::string& why) {
+      TransportError e("rank " + std::to_string(env.rank) + ": " + what + " (" + context + "): " + why, src, context);
+      record(std::make_exception_ptr(e));
+      throw e;
+    };
+    at::Tensor frame;
+    double t_header = 0.0;
+    try {
+      std::unique_ptr<PostedFrame> pf = std::move(posted[src]);
+      if (!pf) pf = post_frame(src);
+      compat::wait(pf->work, timeout);
+      frame = pf->tensors[0].cpu();
+      t_header = now_s();
+    } catch (const std::exception& e) {
+      TransportError err = failure(what, src, context, cause_of(e));
+      record(std::make_exception_ptr(err));
+      throw err;
+    }
+    int64_t h[kHeaderWords];
+    std::memcpy(h, frame.data_ptr<uint8_t>(), kHeaderBytes);
+    if (h[kWordMagic] != kMagic)
+      fail("not a tapeline message (bad magic 0x" + [&] {
+        std::ostringstream os;
+        os << std::hex << h[kWordMagic];
+        return os.str();
+      }() + "): garbage on the connection, or another program/version at the other end");
+    if (h[kWordCheck] != check_word(h)) fail("corrupt message header (check word mismatch)");
+    const int64_t n = h[kWordBytes];
+    if (n < 0 || n > opts.max_message_bytes)
+      fail("announced body of " + std::to_string(n) + " bytes; accepted 0.." + std::to_string(opts.max_message_bytes) +
+           " (TransportOptions::max_message_bytes)");
+    if (h[kWordSeq] != recv_seq[src])
+      fail("got message #" + std::to_string(h[kWordSeq]) + ": messages were lost or reordered");
+    if (expected_tag && h[kWordTag] != *expected_tag)
+      fail("got tag " + std::to_string(h[kWordTag]) + ", expected " + std::to_string(*expected_tag) +
+           ": the two ranks' schedules disagree");
+    m.tag = h[kWordTag];
+    m.seq = h[kWordSeq];
+    m.sent_s = steady_ns_to_s(h[kWordStamp]);
+    try {
+      at::Tensor body;
+      if (n <= inline_max) {
+        body = frame.narrow(0, kHeaderBytes, n);  // came in the frame (a fresh one is posted below)
+      } else {
+        body = body_buffer(src, n);
+        std::vector<at::Tensor> bv{on_device(body)};
+        compat::wait(pg->recv(bv, src, kBodyTag), timeout);
+        if (cuda) body = bv[0].cpu();
+      }
+      m.body = body;
+    } catch (const std::exception& e) {
+      TransportError err = failure(what + " (body of " + std::to_string(n) + " bytes)", src, context, cause_of(e));
+      record(std::make_exception_ptr(err));
+      throw err;
+    }
+    const double t_body = now_s();
+    ++recv_seq[src];
+    if (!cuda) posted[src] = post_frame(src);  // the next frame can land before recv() is called
+    m.transfer_s = n > 0 ? t_body - t_header : 0.0;
+    if (links[src] && m.tag >= 0) {  // pipeline messages only, not gather_bytes
+      // Note [link emulation at the receiver].
+      const bool same_clock = !peers[src].boot_id.empty() && peers[src].boot_id == boot_id;
+      m.link_s = wait_for_delivery(*links[src], clock, same_clock ? m.sent_s : t_header, n);
+    }
+    m.wait_s = now_s() - t0;
+    std::lock_guard<std::mutex> lock(mutex);
+    stats.messages_received += 1;
+    stats.bytes_received += n;
+    stats.recv_wait_s += m.wait_s;
+    stats.link_s += m.link_s;
+    return m;
+  }
+
+  // Posts the recv of src's next frame, as large as the largest frame (Gloo accepts a shorter
+  // message into a larger recv; NCCL does not, hence inline_max = 0 there).
+  std::unique_ptr<PostedFrame> post_frame(int src) {
+    auto pf = std::make_unique<PostedFrame>();
+    pf->tensors = {on_device(at::empty({kHeaderBytes + inline_max}, at::kByte))};
+    pf->work = pg->recv(pf->tensors, src, kFrameTag);
+    return pf;
+  }
+
+  // A body buffer of n bytes: the spare one of this source if nobody else holds it and it is about
+  // the right size, else a new one (kept as the spare when large).
+  at::Tensor body_buffer(int src, int64_t n) {
+    constexpr int64_t kMinSpare = 256 << 10;
+    at::Tensor& s = spare[src];
+    if (n >= kMinSpare && s.defined() && s.storage().use_count() == 1 && s.numel() >= n && s.numel() <= 2 * n)
+      return s.numel() == n ? s : s.narrow(0, 0, n);
+    at::Tensor b = at::empty({n}, at::kByte);
+    if (n >= kMinSpare) s = b;
+    return b;
+  }
+
+  // Runs a collective; errors name the ranks of this machine that are gone.
+  void collective(const std::string& what, const std::string& context, const std::function<compat::WorkPtr()>& op) {
+    try {
+      compat::wait(op(), timeout);
+    } catch (const std::exception& e) {
+      TransportError err = failure(what, -1, context, cause_of(e));
+      // The peer at fault: the single rank that has exited, or the other rank of two.
+      int dead = -1, count = 0;
+      for (int r = 0; r < env.world_size; ++r)
+        if (r != env.rank && liveness(r).find("has exited") != std::string::npos) dead = r, ++count;
+      const int peer = count == 1 ? dead : (count == 0 && env.world_size == 2 ? 1 - env.rank : -1);
+      TransportError named(err.what(), peer, context);
+      record(std::make_exception_ptr(named));
+      throw named;
+    }
+  }
+};
+
+// ---- Transport ------------------------------------------------------------------------------------
+
+bool Transport::available(const std::string& backend) {
+  if (backend == "gloo") return compat::has_gloo();
+  if (backend == "nccl") return compat::has_nccl();
+  return false;
+}
+
+std::unique_ptr<Transport> Transport::connect(const DistEnv& env, const TransportOptions& options) {
+  TORCH_CHECK(options.backend == "gloo" || options.backend == "nccl", "transport: unknown backend '", options.backend,
+              "'; known: gloo, nccl");
+  TORCH_CHECK(options.timeout_s > 0, "transport: dist.timeout_s must be > 0, got ", options.timeout_s);
+  TORCH_CHECK(env.world_size >= 1 && env.rank >= 0 && env.rank < env.world_size, "transport: invalid ", env.describe());
+  auto impl = std::make_unique<Impl>();
+  impl->env = env;
+  impl->opts = options;
+  impl->timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000.0));
+  impl->cuda = options.backend == "nccl";
+  if (impl->cuda) impl->inline_max = 0;
+  if (impl->cuda) impl->device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+  impl->boot_id = read_first_line("/proc/sys/kernel/random/boot_id");
+  const std::string where = "rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size);
+
+  // The store: rank 0 hosts it unless torchrun's agent already does.
+  compat::StorePtr tcp;
+  try {
+    tcp = compat::make_tcp_store(env.master_addr, env.master_port, !env.agent_store && env.rank == 0, env.world_size,
+                                 impl->timeout);
+  } catch (const std::exception& e) {
+    std::ostringstream os;
+    os << where << ": cannot reach the TCPStore at " << env.master_addr << ":" << env.master_port << " ("
+       << (env.agent_store ? "hosted by the launcher's agent"
+           : env.rank == 0 ? "to be hosted here"
+                           : "hosted by rank 0")
+       << ") within " << options.timeout_s << " s: " << cause_of(e);
+    throw TransportError(os.str(), env.agent_store || env.rank == 0 ? -1 : 0, "connect");
+  }
+  impl->store = compat::make_prefix_store(env.store_prefix(), tcp);
+
+  // Who is who (for liveness checks and clocks), then the process group.
+  const std::string info = std::to_string(::getpid()) + " " + impl->boot_id + " " + this_host();
+  impl->store->set("info/" + std::to_string(env.rank), std::vector<uint8_t>(info.begin(), info.end()));
+  try {
+    auto pg_store = compat::make_prefix_store("pg", impl->store);
+    impl->pg = impl->cuda ? compat::make_nccl(pg_store, env.rank, env.world_size, impl->timeout)
+                          : compat::make_gloo(pg_store, env.rank, env.world_size, impl->timeout, env.master_addr);
+  } catch (const std::exception& e) {
+    // Who never registered?
+    std::string missing;
+    int missing_rank = -1, count = 0;
+    for (int r = 0; r < env.world_size; ++r) {
+      bool there = false;
+      try {
+        there = impl->store->check({"info/" + std::to_string(r)});
+      } catch (const std::exception&) {
+      }
+      if (!there) {
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        missing_rank = r;
+        ++count;
+      }
+    }
+    std::ostringstream os;
+    os << where << ": rendezvous of the " << options.backend << " process group failed within " << options.timeout_s
+       << " s (" << env.describe() << "): ";
+    if (count > 0)
+      os << (count == 1 ? "rank " : "ranks ") << missing << (count == 1 ? " did" : " did") << " not arrive";
+    else
+      os << "every rank registered, but connecting them failed";
+    os << " [c10d: " << cause_of(e) << "]";
+    throw TransportError(os.str(), count == 1 ? missing_rank : -1, "connect");
+  }
+  impl->peers.resize(env.world_size);
+  for (int r = 0; r < env.world_size; ++r) {
+    const std::vector<uint8_t> v = impl->store->get("info/" + std::to_string(r));
+    std::istringstream is(std::string(v.begin(), v.end()));
+    is >> impl->peers[r].pid >> impl->peers[r].boot_id >> impl->peers[r].host;
+  }
+  impl->posted.resize(env.world_size);
+  impl->spare.resize(env.world_size);
+  impl->send_seq.assign(env.world_size, 0);
+  impl->recv_seq.assign(env.world_size, 0);
+  impl->links.resize(env.world_size);
+  for (int r = 0; r < env.world_size; ++r) {
+    auto it = options.link_from.find(r);
+    const LinkSpec spec = it != options.link_from.end() ? it->second : options.link;
+    if (!spec.is_ideal()) impl->links[r] = std::make_unique<Link>(spec);
+  }
+  // Nobody leaves before everyone has read the store (rank 0 may host it).
+  impl->collective("barrier after connecting", "connect", [&] {
+    c10d::BarrierOptions o;
+    o.timeout = impl->timeout;
+    return impl->pg->barrier(o);
+  });
+  if (options.comm_thread) {
+    Impl* p = impl.get();
+    impl->thread = std::thread([p] { p->comm_loop(); });
+  }
+  return std::unique_ptr<Transport>(new Transport(std::move(impl)));
+}
+
+Transport::Transport(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Transport::~Transport() {
+  if (impl_->thread.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(impl_->mutex);
+      impl_->stop = true;
+    }
+    impl_->wake.notify_all();
+    impl_->thread.join();  // sends what is queued (each bounded by the timeout) and exits
+  }
+}
+
+int Transport::rank() const { return impl_->env.rank; }
+int Transport::world_size() const { return impl_->env.world_size; }
+const DistEnv& Transport::env() const { return impl_->env; }
+
+void Transport::send(int dst, const at::Tensor& body, int64_t tag, const std::string& context) {
+  TORCH_CHECK(tag >= 0, "transport: message tags are >= 0, got ", tag, " (", context, ")");
+  impl_->send(dst, body, tag, context);
+}
+
+void Transport::send(int dst, std::vector<uint8_t>&& bytes, int64_t tag, const std::string& context) {
+  TORCH_CHECK(tag >= 0, "transport: message tags are >= 0, got ", tag, " (", context, ")");
+  auto owner = std::make_shared<std::vector<uint8_t>>(std::move(bytes));
+  const int64_t n = static_cast<int64_t>(owner->size());
+  at::Tensor t = n == 0 ? at::empty({0}, at::kByte)
+                        : at::from_blob(
+                              owner->data(), {n}, [owner](void*) mutable { owner.reset(); }, at::kByte);
+  impl_->send(dst, std::move(t), tag, context);
+}
+
+void Transport::send_payload(int dst, const Payload& payload, int64_t tag, const std::string& context) {
+  send(dst, payload.serialize(), tag, context);
+}
+
+Message Transport::recv(int src, int64_t expected_tag, const std::string& context) {
+  std::optional<int64_t> want;
+  if (expected_tag >= 0) want = expected_tag;
+  return impl_->recv(src, want, context);
+}
+
+Payload Transport::recv_payload(int src, int64_t expected_tag, const std::string& context, at::Device device,
+                                Message* info) {
+  Message m = recv(src, expected_tag, context);
+  Payload p;
+  try {
+    p = Payload::deserialize(m.data(), m.size(), device);
+  } catch (const std::exception& e) {
+    TransportError err("rank " + std::to_string(rank()) + ": message #" + std::to_string(m.seq) + " from rank " +
+                           std::to_string(src) + " (" + context + ", " + std::to_string(m.size()) +
+                           " bytes) is not a valid payload: " + cause_of(e),
+                       src, context);
+    impl_->record(std::make_exception_ptr(err));
+    throw err;
+  }
+  if (info) *info = std::move(m);
+  return p;
+}
+
+void Transport::flush(const std::string& context) { impl_->flush(context); }
+
+void Transport::all_reduce_sum(at::Tensor& tensor, const std::string& context) {
+  impl_->check_ok(context);
+  TORCH_CHECK(tensor.is_contiguous() && (impl_->cuda ? tensor.is_cuda() : tensor.device().is_cpu()), "rank ", rank(),
+              ": all_reduce_sum (", context, ") needs a contiguous ", impl_->cuda ? "CUDA" : "CPU", " tensor, got ",
+              tensor.toString());
+  std::vector<at::Tensor> v{tensor};
+  impl_->collective("all-reduce of " + std::to_string(tensor.numel()) + " values", context, [&] {
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    o.timeout = impl_->timeout;
+    return impl_->pg->allreduce(v, o);
+  });
+}
+
+void Transport::barrier(const std::string& context) {
+  flush(context);
+  impl_->collective("barrier", context, [&] {
+    c10d::BarrierOptions o;
+    o.timeout = impl_->timeout;
+    return impl_->pg->barrier(o);
+  });
+}
+
+std::string Transport::broadcast_bytes(const std::string& bytes, int root, const std::string& context) {
+  impl_->check_ok(context);
+  TORCH_CHECK(root >= 0 && root < world_size(), "broadcast_bytes (", context, "): root ", root, " is not a rank (0..",
+              world_size() - 1, ")");
+  const bool me = rank() == root;
+  auto bcast = [&](at::Tensor& t, const std::string& what) {
+    std::vector<at::Tensor> v{impl_->on_device(t)};
+    impl_->collective(what, context, [&] {
+      c10d::BroadcastOptions o;
+      o.rootRank = root;
+      o.rootTensor = 0;
+      o.timeout = impl_->timeout;
+      return impl_->pg->broadcast(v, o);
+    });
+    if (impl_->cuda) t.copy_(v[0].cpu());
+  };
+  at::Tensor size = at::full({1}, me ? static_cast<int64_t>(bytes.size()) : int64_t(0), at::kLong);
+  bcast(size, "broadcast of a byte count from rank " + std::to_string(root));
+  const int64_t n = size.item<int64_t>();
+  TORCH_CHECK(n >= 0 && n <= impl_->opts.max_message_bytes, "rank ", rank(), ": broadcast_bytes (", context, "): rank ",
+              root, " announced ", n, " bytes");
+  if (n == 0) return std::string();
+  at::Tensor data = at::empty({n}, at::kByte);
+  if (me) std::memcpy(data.data_ptr<uint8_t>(), bytes.data(), n);
+  bcast(data, "broadcast of " + std::to_string(n) + " bytes from rank " + std::to_string(root));
+  return std::string(reinterpret_cast<const char*>(data.data_ptr<uint8_t>()), n);
+}
+
+std::vector<std::string> Transport::gather_bytes(const std::string& bytes, int root, const std::string& context) {
+  TORCH_CHECK(root >= 0 && root < world_size(), "gather_bytes (", context, "): root ", root, " is not a rank (0..",
+              world_size() - 1, ")");
+  flush(context);
+  if (rank() != root) {
+    at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+    if (!bytes.empty()) std::memcpy(t.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+    // Directly, not through the comm thread: it is idle after flush().
+    Pending p{root, t, kGatherTag, impl_->send_seq[root]++, steady_now_ns(), context};
+    try {
+      impl_->do_send(p);
+    } catch (...) {
+      impl_->record(std::current_exception());
+      throw;
+    }
+    return {};
+  }
+  std::vector<std::string> out(world_size());
+  out[root] = bytes;
+  for (int r = 0; r < world_size(); ++r) {
+    if (r == root) continue;
+    Message m = impl_->recv(r, kGatherTag, context);
+    out[r].assign(reinterpret_cast<const char*>(m.data()), m.size());
+  }
+  return out;
+}
+
+void Transport::inject_raw_header_for_testing(int dst, const std::vector<int64_t>& words, const std::string& context) {
+  impl_->check_peer(dst, "send to");
+  at::Tensor h = at::empty({kHeaderWords}, at::kLong).zero_();
+  for (int64_t i = 0; i < kHeaderWords && i < static_cast<int64_t>(words.size()); ++i) h[i] = words[i];
+  std::vector<at::Tensor> hv{impl_->on_device(h.view(at::kByte))};
+  compat::wait(impl_->pg->send(hv, dst, kFrameTag), impl_->timeout);
+}
+
+TransportStats Transport::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->stats;
+}
+
+void Transport::reset_stats() {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->stats = TransportStats();
+}
+
+}  // namespace tl::dist

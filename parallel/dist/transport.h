@@ -1,0 +1,186 @@
+#pragma once
+// Transport: variable-size messages between the ranks of a multi-process pipeline over c10d
+// (ProcessGroupGloo on CPU; ProcessGroupNCCL where the libtorch has it), plus the few collectives
+// the runtime needs (tied-embedding all-reduce, barrier, broadcast and gather of byte strings).
+//
+// Note [wire protocol]. A message is one or two plain blocking c10d send/recv pairs, in order:
+//   1. a frame: the header, 6 int64 (48 bytes): magic|version, sequence number on this (src, dst)
+//      pair, the caller's tag, body bytes n, the sender's steady-clock stamp in ns (for link
+//      emulation, see parallel/link.h), and a check word (xor of the others with a constant);
+//      followed, when n <= wire::kInlineMax (128 KiB, Gloo only), by the body itself;
+//   2. for a larger body: the body as one uint8 tensor of n bytes.
+// The receiver posts each frame recv at the largest frame size (Gloo accepts a shorter message into
+// a larger recv), so a small message costs one rendezvous instead of two; on NCCL, which needs
+// exact sizes, the frame is the bare header. No batched isend/irecv (it hangs on Gloo). The
+// receiver validates the header before allocating the body: bad magic or check word (garbage, or
+// another program on the port), an absurd size (> TransportOptions::max_message_bytes), a sequence
+// gap, or a tag other than the one expected (the two schedules disagree) are errors naming the peer
+// and the caller's context. (A frame longer than the largest frame cannot be caught: Gloo aborts
+// the process. Only another program would send one.)
+// On Gloo a send completes only once the peer posts the matching recv, so callers must order
+// sends and recvs as parallel/schedule.h's Note [blocking send/recv] explains.
+//
+// Note [failures are errors, never hangs]. Every operation waits at most timeout_s
+// (config dist.timeout_s). A dead peer (its socket closes) fails the pending operation at once; a
+// silent one fails it at the timeout. Either way the TransportError names the peer rank, what
+// was being done and the caller's context ("step 12, boundary 2 forward"), and says whether the
+// peer process still exists (checked through /proc for ranks on this machine). After an error the
+// transport is broken: every later call rethrows the first error.
+//
+// Note [communication thread]. With TransportOptions::comm_thread, send() only queues the message
+// (stamped when queued) and returns; one thread sends the queue in order, so sends overlap the
+// caller's compute and keep the list order that makes blocking sends safe. An error on that
+// thread is thrown by the next call (send, recv, flush, a collective). flush() waits for the
+// queue to drain.
+//
+// Note [link emulation at the receiver]. With a LinkSpec for (src -> this rank), recv() hands each
+// message to a Link (parallel/link.h) as sent at the sender's stamp, with the body's byte count,
+// and sleeps until the emulated delivery. Stamps are steady_clock (CLOCK_MONOTONIC), comparable
+// between processes of one machine; for a peer on another machine (its boot id differs) the
+// receiver uses its own header arrival time instead. Messages of gather_bytes (checkpoints) and
+// the collectives are not emulated.
+//
+// Note [pre-posted frames and reused bodies]. Once a message from rank s is complete, the receiver
+// posts the recv of s's next frame at once (Gloo only), so s's next send completes without waiting
+// for the receiver to call recv(): with small bodies inlined in the frame, a stream of small
+// messages then flows like raw c10d sends. And a receiver reuses its last large body buffer
+// (>= 256 KiB) from the same source when nothing else holds it any more (the caller dropped the
+// Message), saving the page faults of a fresh allocation per message. Neither changes what is
+// received or in which order.
+//
+// Threads: one caller thread per Transport (the stage's thread); not for concurrent callers.
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "compression/payload.h"
+#include "parallel/dist/rendezvous.h"
+#include "parallel/link.h"
+
+namespace tl::dist {
+
+/// Note [wire protocol]'s header, for tools and tests that speak it.
+namespace wire {
+constexpr int64_t kMagic = (int64_t(0x544C4D53) << 16) | 2;  // "TLMS", version 2
+constexpr int64_t kCheckSalt = 0x5A5A5A5A5A5A5A5ALL;
+constexpr int64_t kHeaderWords = 6;
+constexpr int64_t kHeaderBytes = kHeaderWords * 8;
+constexpr int64_t kInlineMax = 128 << 10;  // bodies up to this size travel in the frame (Gloo)
+enum Word { kWordMagic = 0, kWordSeq, kWordTag, kWordBytes, kWordStamp, kWordCheck };
+/// The check word of a header whose first five words are set.
+inline int64_t check_word(const int64_t* h) {
+  return h[kWordMagic] ^ h[kWordSeq] ^ h[kWordTag] ^ h[kWordBytes] ^ h[kWordStamp] ^ kCheckSalt;
+}
+}  // namespace wire
+
+/// A failed communication. peer() is the rank at fault (-1 when unknown, e.g. a collective), and
+/// what() says what happened, where and with whom.
+class TransportError : public std::runtime_error {
+ public:
+  TransportError(const std::string& what, int peer, std::string context)
+      : std::runtime_error(what), peer_(peer), context_(std::move(context)) {}
+  int peer() const { return peer_; }
+  const std::string& context() const { return context_; }
+
+ private:
+  int peer_;
+  std::string context_;
+};
+
+struct TransportOptions {
+  std::string backend = "gloo";                  // "gloo" (CPU) or "nccl" (CUDA, where built)
+  double timeout_s = 60.0;                       // dist.timeout_s: every wait, rendezvous included
+  bool comm_thread = false;                      // Note [communication thread]
+  int64_t max_message_bytes = int64_t(1) << 34;  // larger announced bodies are rejected (16 GiB)
+  LinkSpec link;                                 // emulated link into this rank from every peer
+  std::map<int, LinkSpec> link_from;             // per source rank, overriding `link`
+};
+
+/// A received message.
+struct Message {
+  int src = -1;
+  int64_t tag = 0;
+  int64_t seq = 0;
+  at::Tensor body;          // (n) uint8 on CPU, n may be 0
+  double sent_s = 0.0;      // sender's stamp, steady clock seconds
+  double wait_s = 0.0;      // how long recv() blocked, link emulation included
+  double transfer_s = 0.0;  // header arrived -> body arrived (0 for a body inlined in the frame)
+  double link_s = 0.0;      // time slept for the emulated link
+  const uint8_t* data() const { return body.numel() ? body.data_ptr<uint8_t>() : nullptr; }
+  size_t size() const { return static_cast<size_t>(body.numel()); }
+};
+
+/// Counters since connect (or reset_stats).
+struct TransportStats {
+  int64_t messages_sent = 0, messages_received = 0;
+  int64_t bytes_sent = 0, bytes_received = 0;  // bodies
+  double send_s = 0.0;                         // time in blocking sends (the caller's, or the comm thread's)
+  double recv_wait_s = 0.0;                    // time the caller blocked in recv, link emulation included
+  double link_s = 0.0;                         // of which emulated link delay
+};
+
+class Transport {
+ public:
+  /// Rendezvous from `env` (TCPStore hosted by rank 0, or the agent's with agent_store; keys under
+  /// env.store_prefix()) and a process group of env.world_size ranks. Errors (a rank that never
+  /// arrives within timeout_s, an unknown backend, a build without it) name what and where.
+  static std::unique_ptr<Transport> connect(const DistEnv& env, const TransportOptions& options = {});
+  /// Whether this build can connect with `backend` ("gloo", "nccl").
+  static bool available(const std::string& backend = "gloo");
+
+  ~Transport();
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  int rank() const;
+  int world_size() const;
+  const DistEnv& env() const;
+
+  /// Sends `body` (uint8; 1-D, contiguous, CPU) to `dst` with the caller's `tag` (>= 0; the
+  /// receiver may check it). `context` says where in the run this is, for error messages.
+  void send(int dst, const at::Tensor& body, int64_t tag, const std::string& context);
+  /// As above for bytes the caller gives up (kept alive until sent, no copy).
+  void send(int dst, std::vector<uint8_t>&& bytes, int64_t tag, const std::string& context);
+  /// Sends payload.serialize().
+  void send_payload(int dst, const Payload& payload, int64_t tag, const std::string& context);
+
+  /// Receives the next message from `src`. With expected_tag >= 0, a different tag is an error.
+  Message recv(int src, int64_t expected_tag, const std::string& context);
+  /// Receives and deserializes a Payload (body on `device`); a corrupt payload is a TransportError
+  /// naming the peer. `info`, if given, receives the message's timings (body moved out).
+  Payload recv_payload(int src, int64_t expected_tag, const std::string& context, at::Device device = at::kCPU,
+                       Message* info = nullptr);
+
+  /// Waits until every queued send has gone (no-op without comm thread); rethrows its error.
+  void flush(const std::string& context);
+
+  /// In-place sum over all ranks (tied embeddings). CPU contiguous for gloo.
+  void all_reduce_sum(at::Tensor& tensor, const std::string& context);
+  /// Returns when every rank has called it (after flush()).
+  void barrier(const std::string& context);
+  /// Root's `bytes` on every rank.
+  std::string broadcast_bytes(const std::string& bytes, int root, const std::string& context);
+  /// On `root`: every rank's bytes, by rank. On others: empty. Uses messages (after flush()).
+  std::vector<std::string> gather_bytes(const std::string& bytes, int root, const std::string& context);
+
+  TransportStats stats() const;
+  void reset_stats();
+
+  /// Fault injection for tests and tools: sends `words` as a bare frame (a header without body),
+  /// unchecked (garbage, forged sizes), to `dst`. The transport is unusable for `dst` after it.
+  void inject_raw_header_for_testing(int dst, const std::vector<int64_t>& words, const std::string& context);
+
+  struct Impl;
+
+ private:
+  explicit Transport(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tl::dist

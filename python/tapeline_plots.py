@@ -1,0 +1,478 @@
+"""Figures of tapeline run directories, drawn with matplotlib.
+
+One module shared by the `tapeline` CLI (which runs it as a script: `tapeline compare --plot` and
+the curves.png every `tapeline train` writes) and by the notebooks (which import it). It reads
+what a run directory holds:
+
+  metrics.csv    one row per epoch; columns read by name, old and new names accepted
+                 (test_metric_compressed / test_acc_compressed, ...)
+  metrics.jsonl  {"step", "loss", ...} every log interval; {"epoch_end", "step",
+                 "forward_rel_error", ..., optionally "boundaries": [{"index", ...}]} per epoch
+  summary.json   the last epoch plus "task", "metric", "higher_is_better" (missing: vision,
+                 accuracy, true), "time_to_target_s", "target"
+
+Figures are built on matplotlib.figure.Figure objects (no pyplot state, any backend) and saved
+as PNG and SVG.
+
+Command line (exit status 0: written; 2: bad input, named; 3: matplotlib is not installed for
+this Python, so the caller can try another interpreter or skip with a note):
+
+  python3 tapeline_plots.py run RUN_DIR [--out FILE.png]      # RUN_DIR/curves.png by default
+  python3 tapeline_plots.py compare --out DIR RUN_DIR...      # DIR/*.png and DIR/*.svg
+  python3 tapeline_plots.py check                             # exit 0 when matplotlib imports
+"""
+
+import csv
+import json
+import math
+import os
+import sys
+
+__all__ = [
+    "Run", "read_run", "load_runs", "run_figure", "metric_per_epoch_figure", "frontier_figure",
+    "train_loss_figure", "boundary_stats_figure", "bytes_figure", "write_run_plot", "write_compare_plots",
+    "have_matplotlib", "save",
+]
+
+# Column names of metrics.csv (new name first, then the names older runs used).
+_COLUMNS = {
+    "epoch": ["epoch"],
+    "train_loss": ["train_loss"],
+    "train_metric": ["train_metric", "train_acc"],
+    "metric_on": ["test_metric_compressed", "test_acc_compressed"],
+    "metric_off": ["test_metric_uncompressed", "test_acc_uncompressed"],
+    "loss_on": ["test_loss_compressed"],
+    "loss_off": ["test_loss_uncompressed"],
+    "bytes_forward": ["bytes_forward"],
+    "bytes_backward": ["bytes_backward"],
+    "bytes_uncompressed": ["bytes_uncompressed"],
+    "steps": ["steps"],
+    "lr": ["lr"],
+    "wall_s": ["wall_s"],
+}
+
+
+def have_matplotlib():
+    """True when matplotlib can be imported by this Python."""
+    try:
+        import matplotlib  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def _number(text):
+    if text is None:
+        return None
+    text = str(text).strip()
+    if text == "":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _pick(row, key):
+    for name in _COLUMNS[key]:
+        if name in row:
+            return _number(row[name])
+    return None
+
+
+class Run:
+    """What one run directory holds, with column names normalised.
+
+    epochs: list of dicts with the keys of _COLUMNS (None where the run lacks a column).
+    steps: the jsonl lines with a "step" and a "loss" (training log lines).
+    epoch_ends: the jsonl lines with "epoch_end".
+    """
+
+    def __init__(self, path, label=None):
+        self.path = os.path.normpath(str(path))
+        self.summary = {}
+        self.epochs = []
+        self.steps = []
+        self.epoch_ends = []
+        summary_path = os.path.join(self.path, "summary.json")
+        csv_path = os.path.join(self.path, "metrics.csv")
+        if not os.path.isdir(self.path):
+            raise ValueError(f"{self.path}: not a directory (expected a tapeline run directory)")
+        if not os.path.exists(summary_path) and not os.path.exists(csv_path):
+            raise ValueError(f"{self.path}: neither summary.json nor metrics.csv found "
+                             "(expected a directory written by tapeline train)")
+        if os.path.exists(summary_path):
+            try:
+                with open(summary_path) as f:
+                    self.summary = json.load(f)
+            except (ValueError, OSError) as e:
+                raise ValueError(f"{summary_path}: not a tapeline summary.json ({e})")
+            if not isinstance(self.summary, dict):
+                raise ValueError(f"{summary_path}: not a tapeline summary.json (not a JSON object)")
+        if os.path.exists(csv_path):
+            with open(csv_path, newline="") as f:
+                for row in csv.DictReader(f):
+                    self.epochs.append({k: _pick(row, k) for k in _COLUMNS})
+        jsonl_path = os.path.join(self.path, "metrics.jsonl")
+        if os.path.exists(jsonl_path):
+            with open(jsonl_path) as f:
+                for n, line in enumerate(f, 1):
+                    line = line.strip()
+                    if not line:
+                        continue
+                    try:
+                        obj = json.loads(line)
+                    except ValueError as e:
+                        raise ValueError(f"{jsonl_path}:{n}: not a JSON object ({e})")
+                    if "epoch_end" in obj:
+                        self.epoch_ends.append(obj)
+                    elif "step" in obj and "loss" in obj:
+                        self.steps.append(obj)
+        self.label = label or self.summary.get("name") or os.path.basename(self.path)
+
+    # What the run measured.
+    @property
+    def task(self):
+        return self.summary.get("task", "vision")
+
+    @property
+    def metric(self):
+        return self.summary.get("metric", "accuracy")
+
+    @property
+    def higher_is_better(self):
+        return bool(self.summary.get("higher_is_better", True))
+
+    @property
+    def codecs(self):
+        return f"{self.summary.get('forward', '?')} / {self.summary.get('backward', '?')}"
+
+    def final(self, key):
+        """The last epoch's value of a normalised column (None if unknown)."""
+        for row in reversed(self.epochs):
+            if row.get(key) is not None:
+                return row[key]
+        return None
+
+    def bytes_per_step(self):
+        """(forward + backward bytes) / steps of the last epoch, and the uncompressed size."""
+        if self.epochs:
+            last = self.epochs[-1]
+            steps = last.get("steps") or 0
+            if steps > 0:
+                sent = (last.get("bytes_forward") or 0) + (last.get("bytes_backward") or 0)
+                return sent / steps, (last.get("bytes_uncompressed") or 0) / steps
+        return self.summary.get("bytes_per_step"), self.summary.get("uncompressed_bytes_per_step")
+
+
+def read_run(path, label=None):
+    return Run(path, label)
+
+
+def load_runs(paths, labels=None):
+    labels = labels or [None] * len(paths)
+    return [Run(p, l) for p, l in zip(paths, labels)]
+
+
+# ---- formatting ---------------------------------------------------------------------------------
+def _metric_label(metric):
+    return {"accuracy": "test accuracy (%)", "perplexity": "test perplexity"}.get(metric, f"test {metric}")
+
+
+def _scale(metric):
+    # Accuracies are stored as fractions and shown in percent.
+    return 100.0 if metric == "accuracy" else 1.0
+
+
+def _integer_epochs(ax):
+    from matplotlib.ticker import MaxNLocator
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _colors(n):
+    import matplotlib
+    cmap = matplotlib.colormaps["tab10"] if hasattr(matplotlib, "colormaps") else matplotlib.cm.get_cmap("tab10")
+    return [cmap(i % 10) for i in range(n)]
+
+
+def _figure(ncols, nrows=1, width=5.0, height=3.6):
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained") \
+        if _has_layout_kw() else Figure(figsize=(width * ncols, height * nrows))
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    return fig, axes
+
+
+def _has_layout_kw():
+    import matplotlib
+    major, minor = (int(x) for x in matplotlib.__version__.split(".")[:2])
+    return (major, minor) >= (3, 5)
+
+
+def _metric_groups(runs):
+    """Runs grouped by (task, metric), in first-seen order: one panel per group."""
+    groups = {}
+    for r in runs:
+        groups.setdefault((r.task, r.metric), []).append(r)
+    return list(groups.items())
+
+
+# ---- figures ------------------------------------------------------------------------------------
+def metric_per_epoch_figure(runs):
+    """Test metric after every epoch: compression on solid, off dashed, one color per run."""
+    groups = _metric_groups(runs)
+    fig, axes = _figure(len(groups))
+    colors = dict(zip([id(r) for r in runs], _colors(len(runs))))
+    for ax, ((task, metric), members) in zip(axes[0], groups):
+        s = _scale(metric)
+        for r in members:
+            ep = [row["epoch"] for row in r.epochs if row["epoch"] is not None]
+            on = [row["metric_on"] for row in r.epochs]
+            off = [row["metric_off"] for row in r.epochs]
+            c = colors[id(r)]
+            if any(v is not None for v in on):
+                ax.plot(ep, [v * s if v is not None else math.nan for v in on], color=c, marker="o",
+                        label=f"{r.label} (on)")
+            if any(v is not None for v in off):
+                ax.plot(ep, [v * s if v is not None else math.nan for v in off], color=c, ls="--", marker="x",
+                        label=f"{r.label} (off)")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(_metric_label(metric))
+        ax.set_title(f"{task}: compression on (solid) / off (dashed)", fontsize=9)
+        _integer_epochs(ax)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return fig
+
+
+def frontier_figure(runs):
+    """Final metric against bytes per training step (log x): the trade-off frontier."""
+    groups = _metric_groups(runs)
+    fig, axes = _figure(len(groups))
+    colors = dict(zip([id(r) for r in runs], _colors(len(runs))))
+    for ax, ((task, metric), members) in zip(axes[0], groups):
+        s = _scale(metric)
+        for r in members:
+            bps, _ = r.bytes_per_step()
+            on, off = r.final("metric_on"), r.final("metric_off")
+            if not bps or on is None:
+                continue
+            c = colors[id(r)]
+            ax.scatter([bps], [on * s], color=c, marker="o", s=40, zorder=3)
+            if off is not None:
+                ax.scatter([bps], [off * s], facecolors="none", edgecolors=[c], marker="o", s=40, zorder=3)
+                ax.plot([bps, bps], [on * s, off * s], color=c, lw=0.8, ls=":")
+            ax.annotate(r.label, (bps, on * s), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.set_xscale("log")
+        ax.set_xlabel("bytes sent per training step (forward + backward)")
+        ax.set_ylabel(_metric_label(metric))
+        ax.set_title(f"{task}: final metric, compression on (filled) / off (hollow)", fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+    return fig
+
+
+def train_loss_figure(runs):
+    """Training loss per logged step (metrics.jsonl)."""
+    fig, axes = _figure(1)
+    ax = axes[0][0]
+    for r, c in zip(runs, _colors(len(runs))):
+        if r.steps:
+            ax.plot([p["step"] for p in r.steps], [p["loss"] for p in r.steps], color=c, label=r.label, lw=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (mean over the log interval)")
+    ax.grid(alpha=0.3)
+    if any(r.steps for r in runs):
+        ax.legend(fontsize=7)
+    return fig
+
+
+def _boundary_series(r, key):
+    """[(label, steps, values)] for `key` (forward_rel_error, ...): one series per boundary when the
+    jsonl carries "boundaries", else the total over all cuts."""
+    per = {}
+    for e in r.epoch_ends:
+        for b in e.get("boundaries") or []:
+            if key in b and b[key] is not None:
+                per.setdefault(b.get("index", "?"), []).append((e.get("step", e["epoch_end"]), b[key]))
+    if per:
+        return [(f"cut {i}", [p[0] for p in pts], [p[1] for p in pts]) for i, pts in sorted(per.items(), key=str)]
+    pts = [(e.get("step", e["epoch_end"]), e[key]) for e in r.epoch_ends if e.get(key) is not None]
+    return [("all cuts", [p[0] for p in pts], [p[1] for p in pts])] if pts else []
+
+
+def boundary_stats_figure(runs):
+    """Relative error ||x - x^|| / ||x|| and density of what crossed the cuts, per epoch end."""
+    fig, axes = _figure(2, 2, width=4.6, height=3.0)
+    panels = [("forward_rel_error", "forward relative error"), ("backward_rel_error", "backward relative error"),
+              ("forward_density", "forward density"), ("backward_density", "backward density")]
+    styles = ["-", "--", "-.", ":"]
+    for (key, title), ax in zip(panels, [axes[0][0], axes[0][1], axes[1][0], axes[1][1]]):
+        drawn = False
+        for r, c in zip(runs, _colors(len(runs))):
+            for k, (name, xs, ys) in enumerate(_boundary_series(r, key)):
+                label = r.label if name == "all cuts" else f"{r.label}, {name}"
+                ax.plot(xs, ys, color=c, ls=styles[k % len(styles)], marker="o", ms=3, label=label)
+                drawn = True
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("step (end of epoch)")
+        if key.endswith("density"):
+            ax.set_ylim(0, 1.05)  # a fraction: a constant line is not zoomed into noise
+        ax.grid(alpha=0.3)
+        if drawn:
+            ax.legend(fontsize=6)
+    return fig
+
+
+def bytes_figure(runs):
+    """Bytes per step of each run as a fraction of what its messages would cost uncompressed (fp32),
+    stacked forward + backward: an uncompressed run reaches 1."""
+    fig, axes = _figure(1)
+    ax = axes[0][0]
+    names, fwd, bwd = [], [], []
+    for r in runs:
+        if not r.epochs:
+            continue
+        last = r.epochs[-1]
+        raw = last.get("bytes_uncompressed") or 0  # both directions
+        if raw <= 0:
+            continue
+        names.append(r.label)
+        fwd.append((last.get("bytes_forward") or 0) / raw)
+        bwd.append((last.get("bytes_backward") or 0) / raw)
+    xs = list(range(len(names)))
+    ax.bar(xs, fwd, width=0.6, label="forward")
+    ax.bar(xs, bwd, width=0.6, bottom=fwd, label="backward")
+    for x, f, b in zip(xs, fwd, bwd):
+        ax.annotate(f"{f + b:.3f}", (x, f + b), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=7)
+    ax.set_xticks(xs)
+    ax.set_xticklabels(names, rotation=20, ha="right", fontsize=8)
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set_ylabel("sent / uncompressed bytes")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def run_figure(run):
+    """The one-page picture of a run (curves.png): metric per epoch, training loss, relative error
+    and density over training."""
+    fig, axes = _figure(2, 2, width=4.8, height=3.2)
+    s = _scale(run.metric)
+    ax = axes[0][0]
+    ep = [row["epoch"] for row in run.epochs]
+    if any(row["metric_on"] is not None for row in run.epochs):
+        ax.plot(ep, [row["metric_on"] * s if row["metric_on"] is not None else math.nan for row in run.epochs],
+                marker="o", label="compression on")
+    if any(row["metric_off"] is not None for row in run.epochs):
+        ax.plot(ep, [row["metric_off"] * s if row["metric_off"] is not None else math.nan for row in run.epochs],
+                marker="x", ls="--", label="compression off")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(_metric_label(run.metric))
+    _integer_epochs(ax)
+    ax.grid(alpha=0.3)
+    if run.epochs:
+        ax.legend(fontsize=7)
+    ax = axes[0][1]
+    if run.steps:
+        ax.plot([p["step"] for p in run.steps], [p["loss"] for p in run.steps], lw=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.grid(alpha=0.3)
+    for ax, kind in ((axes[1][0], "rel_error"), (axes[1][1], "density")):
+        drawn = False
+        for direction, ls in (("forward", "-"), ("backward", "--")):
+            for name, xs, ys in _boundary_series(run, f"{direction}_{kind}"):
+                ax.plot(xs, ys, ls=ls, marker="o", ms=3, label=f"{direction}, {name}")
+                drawn = True
+        ax.set_xlabel("step (end of epoch)")
+        ax.set_ylabel("relative error ||x - x^|| / ||x||" if kind == "rel_error" else "density (nonzero fraction)")
+        if kind == "density":
+            ax.set_ylim(0, 1.05)
+        ax.grid(alpha=0.3)
+        if drawn:
+            ax.legend(fontsize=6)
+    fig.suptitle(f"{run.label}: {run.codecs}", fontsize=10)
+    return fig
+
+
+def save(fig, path_without_ext, formats=("png", "svg")):
+    """Saves fig as path.png and path.svg (or the given formats); returns the paths."""
+    out = []
+    for fmt in formats:
+        p = f"{path_without_ext}.{fmt}"
+        fig.savefig(p, dpi=120)
+        out.append(p)
+    return out
+
+
+def write_run_plot(run_dir, out=None):
+    """RUN_DIR/curves.png (or `out`); returns the path."""
+    run = Run(run_dir)
+    out = out or os.path.join(run.path, "curves.png")
+    run_figure(run).savefig(out, dpi=110)
+    return out
+
+
+def write_compare_plots(run_dirs, out_dir, labels=None):
+    """The comparison figures as PNG and SVG in out_dir; returns the paths written."""
+    runs = load_runs(run_dirs, labels)
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    written += save(metric_per_epoch_figure(runs), os.path.join(out_dir, "metric_per_epoch"))
+    written += save(frontier_figure(runs), os.path.join(out_dir, "frontier"))
+    written += save(train_loss_figure(runs), os.path.join(out_dir, "train_loss"))
+    written += save(boundary_stats_figure(runs), os.path.join(out_dir, "boundary_stats"))
+    return written
+
+
+# ---- command line -------------------------------------------------------------------------------
+_USAGE = """usage:
+  tapeline_plots.py run RUN_DIR [--out FILE.png]
+  tapeline_plots.py compare --out DIR RUN_DIR...
+  tapeline_plots.py check"""
+
+
+def main(argv):
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_USAGE)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    out = None
+    if "--out" in rest:
+        i = rest.index("--out")
+        if i + 1 >= len(rest):
+            print("tapeline_plots: --out needs a path", file=sys.stderr)
+            return 2
+        out = rest[i + 1]
+        rest = rest[:i] + rest[i + 2:]
+    if cmd not in ("run", "compare", "check"):
+        print(f"tapeline_plots: unknown command '{cmd}'; accepted: run, compare, check\n{_USAGE}", file=sys.stderr)
+        return 2
+    if not have_matplotlib():
+        print(f"tapeline_plots: matplotlib is not installed for {sys.executable} "
+              "(Debian: apt-get install python3-matplotlib)", file=sys.stderr)
+        return 3
+    if cmd == "check":
+        return 0
+    import matplotlib
+    matplotlib.use("Agg")
+    try:
+        if cmd == "run":
+            if len(rest) != 1:
+                print(f"tapeline_plots run: expected one RUN_DIR, got {len(rest)}\n{_USAGE}", file=sys.stderr)
+                return 2
+            print(write_run_plot(rest[0], out))
+        else:
+            if out is None or not rest:
+                print(f"tapeline_plots compare: needs --out DIR and at least one RUN_DIR\n{_USAGE}", file=sys.stderr)
+                return 2
+            for p in write_compare_plots(rest, out):
+                print(p)
+    except ValueError as e:
+        print(f"tapeline_plots {cmd}: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,47 @@
+#pragma once
+// The model of a run, by model.arch, sized for the task (tasks/task.h TaskShape):
+//
+//   resnet8 | resnet20 | resnet18 | resnet34   vision: CIFAR-style ResNets (model.width scales channels)
+//   minilm                                     text: all-MiniLM-L6-v2 (BERT-style, 6 layers, d = 384) with a
+//                                              classification head; pretrained weights from model.weights
+//                                              (model.pretrained = false: the same architecture, random init)
+//   gpt2-tiny | gpt2-mini | gpt2-small         lm: GPT-2 with 2 x 128 (4 heads), 4 x 256 (4 heads) or the
+//                                              124M 12 x 768 (12 heads); context = data.seq_len
+//
+// model.init_from then replaces the weights by those of an earlier tapeline run (its
+// checkpoint's model part; the architecture must match exactly).
+
+#include <string>
+#include <vector>
+
+#include "layers/module.h"
+#include "parallel/pipeline.h"
+#include "tasks/config.h"
+#include "tasks/task.h"
+
+namespace tl {
+
+struct BuiltModel {
+  ModulePtr model;           // implements Splittable
+  std::string description;   // e.g. "minilm (pretrained, 22.7M parameters)"
+  std::string weights_dir;   // minilm: where the pretrained files were found
+};
+
+/// Architectures known to build_model, for messages.
+const std::vector<std::string>& known_architectures();
+
+/// Builds (and initialises) the model of `config` for a task of shape `shape`. Errors name
+/// model.arch and say which task it fits, or name the missing weights and how to get them.
+BuiltModel build_model(const Config& config, const TaskShape& shape, const at::Generator& gen);
+
+/// Lets codecs that constrain the model (Protocol Models' subspace: a frozen token table added to
+/// the input embedding, residual-stream writers kept in span(U)) apply their constraints, once,
+/// after the pipeline is on its device and before the optimizer is built. Only GPT-2 supports
+/// them; another model with such a codec is an error naming the boundary.
+void apply_codec_constraints(Pipeline& pipeline);
+
+/// Loads the model weights of a tapeline checkpoint (a run directory or a checkpoint file) into
+/// `model`; every parameter and buffer must match by name and shape.
+void init_model_from(Module& model, const std::string& run_or_checkpoint);
+
+}  // namespace tl

@@ -1,0 +1,313 @@
+// parallel_dist_helper: one rank of the multi-process tests (transport_test.cpp, launch_test.cpp).
+// It reads the torchrun variables like any tapeline rank and runs one scenario:
+//
+//   exchange N [comm]   2 ranks: rank 0 sends N payloads of many sizes (empty body included),
+//                       rank 1 checks each against its own copy and echoes the bytes back; rank 0
+//                       checks the echo byte for byte. Then all-reduce, broadcast, gather, barrier.
+//                       Prints "OK exchange ..." and exits 0.
+//   die VICTIM [send [thread]]  after a message each way and a barrier, VICTIM kills itself with
+//                       SIGKILL; the survivor then receives from it (or, with "send", sends 64 MiB
+//                       to it, from the comm thread with "thread") and must fail.
+//   silent              rank 1 connects and then says nothing; rank 0's recv must time out.
+//   silent_collective   rank 1 connects and never joins the all-reduce rank 0 starts.
+//   garbage KIND        rank 1 sends a forged header (KIND: magic | size | tag); rank 0 must
+//                       reject it.
+//   link                rank 1 receives over an emulated link; checks nothing arrives early.
+//   hello               prints a line to stdout and to stderr, exits 0.
+//   fail RANK CODE      RANK exits with CODE once all ranks are up (TL_UP_DIR) and 0.3 s more (CODE
+//                       "kill": SIGKILL itself); the others sleep (with "stubborn", ignoring SIGTERM)
+//                       until stopped.
+//
+// A survivor that catches the expected TransportError prints "CAUGHT peer=P elapsed=S: what" and
+// exits 3. TL_TIMEOUT_S sets dist.timeout_s (default 10).
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "compression/payload.h"
+#include "parallel/dist/rendezvous.h"
+#include "parallel/dist/transport.h"
+
+using namespace tl;
+using namespace tl::dist;
+
+namespace {
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// Payload i of the exchange: identical on both ranks (seeded), sizes from 0 to ~1.5 MB.
+Payload make_payload(int i) {
+  static const int64_t sizes[] = {0, 1, 3, 1000, 65536, 250000, 7, 393216, 12345, 1};
+  const int64_t n = sizes[i % 10] + 17 * (i / 10);
+  Payload p;
+  p.codec = codec_id("identity");
+  p.dtype = at::kFloat;
+  p.shape = {n};
+  p.params = {i, -i};
+  at::manual_seed(1000 + i);
+  at::Tensor x = at::randn({n});
+  p.body = n ? x.view(at::kByte).clone() : at::empty({0}, at::kByte);
+  return p;
+}
+
+TransportOptions options_from_env() {
+  TransportOptions o;
+  const char* t = std::getenv("TL_TIMEOUT_S");
+  o.timeout_s = t ? std::atof(t) : 10.0;
+  return o;
+}
+
+[[noreturn]] void caught(const TransportError& e, double t0) {
+  std::printf("CAUGHT peer=%d elapsed=%.2f: %s\n", e.peer(), now_s() - t0, e.what());
+  std::fflush(stdout);
+  std::_Exit(3);  // no destructors: the process group's threads may wait on the dead peer
+}
+
+int run_exchange(const DistEnv& env, int n, bool comm) {
+  TransportOptions o = options_from_env();
+  o.comm_thread = comm;
+  auto t = Transport::connect(env, o);
+  const int me = t->rank();
+  if (me == 0) {
+    std::vector<std::vector<uint8_t>> sent(n);
+    for (int i = 0; i < n; ++i) sent[i] = make_payload(i).serialize();
+    auto check_echo = [&](int i) {
+      Message m = t->recv(1, i, "echo " + std::to_string(i));
+      if (m.size() != sent[i].size() || (m.size() && std::memcmp(m.data(), sent[i].data(), m.size()) != 0)) {
+        std::printf("FAIL echo %d: %zu bytes back, %zu sent\n", i, m.size(), sent[i].size());
+        std::exit(1);
+      }
+    };
+    for (int i = 0; i < n; ++i) {
+      std::vector<uint8_t> copy = sent[i];
+      t->send(1, std::move(copy), i, "payload " + std::to_string(i));
+      if (!comm) check_echo(i);
+    }
+    if (comm)
+      for (int i = 0; i < n; ++i) check_echo(i);
+  } else if (me == 1) {
+    for (int i = 0; i < n; ++i) {
+      Message info;
+      Payload p = t->recv_payload(0, i, "payload " + std::to_string(i), at::kCPU, &info);
+      Payload want = make_payload(i);
+      if (p.shape != want.shape || p.params != want.params || p.codec != want.codec || !at::equal(p.body, want.body)) {
+        std::printf("FAIL payload %d differs\n", i);
+        std::exit(1);
+      }
+      t->send(0, p.serialize(), i, "echo " + std::to_string(i));
+    }
+  }
+  t->flush("after exchange");
+  const TransportStats s = t->stats();  // the exchange's messages only
+  // Collectives every runtime needs.
+  at::Tensor x = at::full({5}, double(me + 1), at::kFloat);
+  t->all_reduce_sum(x, "tied embeddings");
+  const float want_sum = t->world_size() * (t->world_size() + 1) / 2.0f;
+  if (!at::allclose(x, at::full({5}, want_sum, at::kFloat))) {
+    std::printf("FAIL all-reduce\n");
+    return 1;
+  }
+  const std::string b = t->broadcast_bytes(me == 0 ? std::string("config\0bytes", 12) : std::string(), 0, "bcast");
+  if (b != std::string("config\0bytes", 12)) {
+    std::printf("FAIL broadcast\n");
+    return 1;
+  }
+  const auto g = t->gather_bytes(std::string(me + 1, char('a' + me)), 0, "checkpoint");
+  if (me == 0) {
+    for (int r = 0; r < t->world_size(); ++r)
+      if (g.at(r) != std::string(r + 1, char('a' + r))) {
+        std::printf("FAIL gather from %d\n", r);
+        return 1;
+      }
+  }
+  t->barrier("end");
+  std::printf("OK exchange rank %d agent_store=%d sent=%lld received=%lld bytes_sent=%lld\n", me, int(env.agent_store),
+              (long long)s.messages_sent, (long long)s.messages_received, (long long)s.bytes_sent);
+  return 0;
+}
+
+int run_die(const DistEnv& env, int victim, bool in_send, bool thread) {
+  TransportOptions o = options_from_env();
+  o.comm_thread = thread;
+  auto t = Transport::connect(env, o);
+  // One message each way first: the survivor's next header recv is then already posted.
+  const int other = 1 - t->rank();
+  if (t->rank() == 0) {
+    t->send(other, std::vector<uint8_t>(100, 1), 0, "warm-up");
+    t->recv(other, 0, "warm-up");
+  } else {
+    t->recv(other, 0, "warm-up");
+    t->send(other, std::vector<uint8_t>(100, 1), 0, "warm-up");
+  }
+  t->barrier("before the fault");
+  if (t->rank() == victim) {
+    ::raise(SIGKILL);
+  }
+  const double t0 = now_s();
+  try {
+    if (in_send) {
+      std::vector<uint8_t> big(64 << 20, 7);
+      t->send(victim, std::move(big), 1, "step 12, boundary 1 forward send");
+      t->flush("step 12, end of the forward");  // with the comm thread, the error surfaces here
+    } else {
+      t->recv(victim, 1, "step 12, boundary 2 forward");
+    }
+  } catch (const TransportError& e) {
+    caught(e, t0);
+  }
+  std::printf("FAIL: no error from the dead rank\n");
+  return 1;
+}
+
+int run_silent(const DistEnv& env, bool collective) {
+  auto t = Transport::connect(env, options_from_env());
+  t->barrier("connected");
+  if (t->rank() == 1) {
+    std::this_thread::sleep_for(std::chrono::seconds(120));  // the test kills us long before
+    return 0;
+  }
+  const double t0 = now_s();
+  try {
+    if (collective) {
+      at::Tensor x = at::ones({4});
+      t->all_reduce_sum(x, "step 3, tied embeddings");
+    } else {
+      t->recv(1, 0, "step 3, boundary 1 backward");
+    }
+  } catch (const TransportError& e) {
+    caught(e, t0);
+  }
+  std::printf("FAIL: no error from the silent rank\n");
+  return 1;
+}
+
+int run_garbage(const DistEnv& env, const std::string& kind) {
+  auto t = Transport::connect(env, options_from_env());
+  if (t->rank() == 1) {
+    std::vector<int64_t> h(wire::kHeaderWords, 0);
+    if (kind == "magic") {
+      h = {0x0123456789ABCDEFLL, 42, -7, 99, 12345, 777};
+    } else {
+      h[wire::kWordMagic] = wire::kMagic;
+      h[wire::kWordSeq] = 0;
+      h[wire::kWordTag] = kind == "tag" ? 5 : 0;
+      h[wire::kWordBytes] = kind == "size" ? (int64_t(1) << 50) : 10;
+      h[wire::kWordStamp] = 0;
+      h[wire::kWordCheck] = wire::check_word(h.data());
+    }
+    t->inject_raw_header_for_testing(0, h, "forging");
+    std::this_thread::sleep_for(std::chrono::seconds(2));  // let rank 0 read it before we go
+    std::_Exit(0);
+  }
+  const double t0 = now_s();
+  try {
+    t->recv(1, 0, "step 1, boundary 1 forward");
+  } catch (const TransportError& e) {
+    caught(e, t0);
+  }
+  std::printf("FAIL: garbage accepted\n");
+  return 1;
+}
+
+// Rank 0 queues 3 messages of 100 kB at once (comm thread); rank 1 receives them over an emulated
+// 8 Mbit/s, 50 ms link: 0.1 s of transmission each, back to back, then 50 ms. No message may be
+// returned before the model's delivery time (sender's stamp + queue + transmission + latency).
+int run_link(const DistEnv& env) {
+  TransportOptions o = options_from_env();
+  o.comm_thread = env.rank == 0;
+  const LinkSpec spec{8, 50};
+  o.link_from[0] = spec;
+  auto t = Transport::connect(env, o);
+  const int64_t n = 100000;
+  if (t->rank() == 0) {
+    for (int i = 0; i < 3; ++i) t->send(1, std::vector<uint8_t>(n, uint8_t(i)), i, "link " + std::to_string(i));
+    t->flush("link");
+  } else {
+    Link model(spec);
+    for (int i = 0; i < 3; ++i) {
+      Message m = t->recv(0, i, "link " + std::to_string(i));
+      const double got = steady_ns_to_s(steady_now_ns());
+      const double due = model.transmit(m.sent_s, n);
+      std::printf("message %d: due %.3f s after its stamp, returned after %.3f s (link wait %.3f s, wire %.6f s)\n", i,
+                  due - m.sent_s, got - m.sent_s, m.link_s, m.transfer_s);
+      if (got < due - 1e-6 || m.size() != size_t(n) || m.data()[0] != uint8_t(i)) {
+        std::printf("FAIL link message %d\n", i);
+        return 1;
+      }
+    }
+    std::printf("OK link\n");
+  }
+  t->barrier("end");
+  return 0;
+}
+
+int run_fail(const DistEnv& env, int bad, const std::string& code, bool stubborn) {
+  std::printf("rank %d of %d up (MASTER_PORT=%d LOCAL_RANK=%d)\n", env.rank, env.world_size, env.master_port,
+              env.local_rank);
+  std::fflush(stdout);
+  // With TL_UP_DIR, every rank marks itself up there and the failing rank waits for all marks, so
+  // that it never fails before the others have started (bounded: 30 s).
+  const char* up = std::getenv("TL_UP_DIR");
+  if (up) {
+    std::FILE* f = std::fopen((std::string(up) + "/up_" + std::to_string(env.rank)).c_str(), "w");
+    if (f) std::fclose(f);
+  }
+  if (env.rank == bad) {
+    for (int tries = 0; up && tries < 1500; ++tries) {
+      int n = 0;
+      for (int r = 0; r < env.world_size; ++r)
+        n += ::access((std::string(up) + "/up_" + std::to_string(r)).c_str(), F_OK) == 0;
+      if (n == env.world_size) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (code == "kill") ::raise(SIGKILL);
+    std::fprintf(stderr, "rank %d failing with status %s\n", env.rank, code.c_str());
+    return std::atoi(code.c_str());
+  }
+  if (stubborn) ::signal(SIGTERM, SIG_IGN);
+  std::this_thread::sleep_for(std::chrono::seconds(60));
+  std::printf("rank %d was not stopped\n", env.rank);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> a(argv + 1, argv + argc);
+  if (a.empty()) {
+    std::fprintf(stderr, "usage: parallel_dist_helper exchange|die|silent|silent_collective|garbage|hello|fail ...\n");
+    return 2;
+  }
+  try {
+    const DistEnv env = DistEnv::from_env();
+    const std::string& mode = a[0];
+    if (mode == "exchange") return run_exchange(env, a.size() > 1 ? std::atoi(a[1].c_str()) : 20, a.size() > 2);
+    if (mode == "die")
+      return run_die(env, std::atoi(a.at(1).c_str()), a.size() > 2 && a[2] == "send", a.size() > 3 && a[3] == "thread");
+    if (mode == "silent") return run_silent(env, false);
+    if (mode == "link") return run_link(env);
+    if (mode == "silent_collective") return run_silent(env, true);
+    if (mode == "garbage") return run_garbage(env, a.at(1));
+    if (mode == "hello") {
+      std::printf("hello from rank %d of %d\nsecond line %d\n", env.rank, env.world_size, env.rank);
+      std::fprintf(stderr, "stderr of rank %d", env.rank);  // no newline: flushed at exit
+      return 0;
+    }
+    if (mode == "fail") return run_fail(env, std::atoi(a.at(1).c_str()), a.at(2), a.size() > 3);
+    std::fprintf(stderr, "unknown mode '%s'\n", mode.c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::printf("ERROR %s\n", e.what());
+    std::fflush(stdout);
+    std::_Exit(1);
+  }
+}

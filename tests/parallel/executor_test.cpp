@@ -1,0 +1,137 @@
+// The in-process executor: GPipe and 1F1B give bit-identical training (the per-link order of
+// messages is the same, Note [codec state order]); emulated links delay the pipeline's timeline
+// by exactly what the link model says; Optimus-CC's epilogue-only flag compresses only the
+// critical-path backward sends; a stage's micro-batch tapes are freed after their backward.
+#include "parallel/executor.h"
+
+#include "layers/models/resnet.h"
+#include "layers/optim/sgd.h"
+#include "tests/common/testing.h"
+
+namespace tl {
+namespace {
+
+std::shared_ptr<ResNet> small_resnet(uint64_t seed) {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  return make_resnet("resnet8", 1, 10, 0.5, gen);
+}
+
+MicroBatchLoss ce(const Variable& logits, const Batch& mb) {
+  Variable loss = cross_entropy(logits, mb.target);
+  const double n = static_cast<double>(mb.rows());
+  at::Tensor correct = logits.data().argmax(1).eq(mb.target).sum().to(at::kDouble);
+  return {loss, at::stack({loss.data().to(at::kDouble) * n, at::full({}, n, at::kDouble), correct})};
+}
+
+Batch batch_of(int64_t rows, uint64_t seed) {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  Batch b;
+  b.input = at::randn({rows, 1, 12, 12}, gen);
+  b.target = at::randint(0, 10, {rows}, gen, at::kLong);
+  b.sample_ids = at::arange(rows, at::kLong);
+  b.units = at::ones({rows}, at::kLong);
+  return b;
+}
+
+std::shared_ptr<Pipeline> stateful_pipeline(uint64_t seed) {
+  std::vector<BoundaryPtr> bs;
+  for (int i = 1; i <= 3; ++i)
+    bs.push_back(std::make_shared<Boundary>("b" + std::to_string(i), "ef(topk(0.3))", "ef21(quant(bits=4, seed=" +
+                                                                                        std::to_string(i) + "))"));
+  return std::make_shared<Pipeline>(small_resnet(seed), std::vector<std::string>{"layer1", "layer2", "layer3"}, bs);
+}
+
+TEST(Executor, GpipeAndOneFOneBTrainBitForBitAlike) {
+  auto a = stateful_pipeline(4), b = stateful_pipeline(4);
+  a->set_schedule("gpipe");
+  b->set_schedule("1f1b");
+  SGD opt_a(a->parameters(), GroupOptions().set_lr(0.05).set_momentum(0.9));
+  SGD opt_b(b->parameters(), GroupOptions().set_lr(0.05).set_momentum(0.9));
+  for (int step = 0; step < 3; ++step) {
+    Batch batch = batch_of(16, 10 + step);
+    opt_a.zero_grad();
+    opt_b.zero_grad();
+    StepResult ra = a->train_step(batch, 4, ce, 0);
+    StepResult rb = b->train_step(batch, 4, ce, 0);
+    EXPECT_EQ(ra.loss, rb.loss) << "step " << step;
+    EXPECT_EQ(ra.micro_batches, 4);
+    opt_a.step();
+    opt_b.step();
+  }
+  auto sa = a->state_dict(), sb = b->state_dict();
+  ASSERT_EQ(sa.size(), sb.size());
+  for (const auto& [name, t] : sa) EXPECT_TRUE(t.equal(sb.at(name))) << name << " differs between GPipe and 1F1B";
+  EXPECT_EQ(a->total_stats().forward.bytes, b->total_stats().forward.bytes);
+  EXPECT_EQ(a->total_stats().backward.bytes, b->total_stats().backward.bytes);
+}
+
+TEST(Executor, EmulatedLinksDelayTheTimelineByTheLinkModel) {
+  auto pipe = Pipeline::build(small_resnet(1), {"layer2"}, {BoundarySpec{}});
+  Batch batch = batch_of(8, 3);
+  pipe->train_step(batch, 1, ce, 0);
+  const StepTiming ideal = pipe->last_timing();
+  EXPECT_EQ(ideal.comm_s.size(), 2u);
+
+  // 1 Mbit/s and 50 ms each way. One micro-batch: the activation, then the gradient, cross the
+  // link one after the other, so the step lasts at least both messages' link time.
+  pipe->set_links({LinkSpec{1.0, 50.0}});
+  pipe->reset_stats();
+  pipe->train_step(batch, 1, ce, 0);
+  const StepTiming slow = pipe->last_timing();
+  const BoundaryStats s = pipe->total_stats();
+  const double link_s = 2 * 0.05 + 8.0 * static_cast<double>(s.forward.bytes + s.backward.bytes) / 1e6;
+  EXPECT_GE(slow.step_s, link_s);
+  EXPECT_GE(slow.comm_s[1], 0.05 + 8.0 * static_cast<double>(s.forward.bytes) / 1e6) << "stage 1 waits for the activation";
+  EXPECT_GE(slow.comm_s[0], 0.05) << "stage 0 waits for the gradient";
+  EXPECT_GT(slow.bubble(), 0.5);
+}
+
+TEST(Executor, EpilogueOnlyCompressesTheCriticalPathSendsOnly) {
+  // 4 stages x 8 micro-batches under 1F1B: each stage's backward sends off the critical path go
+  // uncompressed (identity payloads), the others through the codec.
+  const int stages = 4, m = 8;
+  std::vector<BoundaryPtr> bs;
+  for (int i = 1; i < stages; ++i) {
+    bs.push_back(std::make_shared<Boundary>("b" + std::to_string(i), "identity", "topk(0.1)"));
+    bs.back()->set_epilogue_only(true);
+  }
+  auto pipe = std::make_shared<Pipeline>(small_resnet(2), std::vector<std::string>{"layer1", "layer2", "layer3"}, bs);
+  pipe->train_step(batch_of(16, 5), m, ce, 0);
+  const auto plan = one_f_one_b_schedule(stages, m);
+  for (int s = 1; s < stages; ++s) {
+    int64_t compressed = 0;
+    for (const Action& a : plan[s]) compressed += a.type == ActionType::SendGrad && a.compress_backward;
+    ASSERT_GT(compressed, 0);
+    ASSERT_LT(compressed, m) << "some sends of stage " << s << " are off the critical path";
+    const DirectionStats d = pipe->boundary(s - 1)->stats().backward;
+    EXPECT_EQ(d.messages, m);
+    // Uncompressed messages are identity payloads of the (2, C, H, W) gradient; compressed ones far smaller.
+    const int64_t raw_message = d.raw_bytes / m;
+    EXPECT_GT(d.bytes, (m - compressed) * raw_message);
+    EXPECT_LT(d.bytes, (m - compressed) * (raw_message + 64) + compressed * raw_message / 4);
+  }
+  for (const auto& b : bs) EXPECT_TRUE(b->backward_compression_enabled()) << "restored after the step";
+}
+
+TEST(Executor, StageRuntimeFreesEachMicroBatchAfterItsBackward) {
+  auto pipe = Pipeline::build(small_resnet(3), {"layer1"}, {BoundarySpec{}});
+  StageRuntime first(*pipe, 0, ce), last(*pipe, 1, ce);
+  Batch batch = batch_of(4, 1);
+  CodecContext c0, c1;
+  c1.micro_batch = 1;
+  auto p0 = first.forward(0, batch.slice(0, 2), nullptr, c0);
+  auto p1 = first.forward(1, batch.slice(2, 2), nullptr, c1);
+  ASSERT_TRUE(p0 && p1);
+  EXPECT_EQ(first.in_flight(), 2u);
+  EXPECT_FALSE(last.forward(0, batch.slice(0, 2), &*p0, c0).has_value()) << "the last stage sends nothing forward";
+  auto g0 = last.backward(0, nullptr);
+  ASSERT_TRUE(g0.has_value());
+  EXPECT_EQ(last.in_flight(), 0u);
+  EXPECT_FALSE(first.backward(0, &*g0).has_value()) << "stage 0 sends no gradient";
+  EXPECT_EQ(first.in_flight(), 1u) << "micro-batch 1 is still waiting for its backward";
+  EXPECT_THROW(first.backward(0, &*g0), c10::Error) << "a second backward of the same micro-batch";
+  EXPECT_THROW(last.backward(7, nullptr), c10::Error) << "backward before forward";
+}
+
+}  // namespace
+}  // namespace tl

@@ -1,0 +1,120 @@
+#pragma once
+// Test harness for multi-process tests: start ranks of parallel_dist_helper (or any program) with
+// the torchrun variables, their output in a log file, and wait for them with a hang guard that
+// kills what is left. Every test that starts processes holds a ProcessGroupGuard, so a failed
+// ASSERT never leaves processes behind.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+extern char** environ;
+
+namespace tl::testing_mp {
+
+using EnvList = std::vector<std::pair<std::string, std::string>>;
+
+inline std::string helper_path() {
+#ifdef TL_DIST_HELPER
+  return TL_DIST_HELPER;
+#else
+  return "";
+#endif
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+inline std::string temp_log(const std::string& name) {
+  return ::testing::TempDir() + "tl_mp_" + std::to_string(::getpid()) + "_" + name + ".log";
+}
+
+/// Starts `exe args`, with this process's environment minus the rank variables plus `env`;
+/// stdout and stderr go to `log`. Returns the pid.
+inline pid_t spawn(const std::string& exe, const std::vector<std::string>& args, const EnvList& env,
+                   const std::string& log) {
+  static const std::set<std::string> drop = {"RANK",
+                                             "WORLD_SIZE",
+                                             "LOCAL_RANK",
+                                             "LOCAL_WORLD_SIZE",
+                                             "MASTER_ADDR",
+                                             "MASTER_PORT",
+                                             "TORCHELASTIC_USE_AGENT_STORE"};
+  std::vector<std::string> env_s;
+  for (char** e = environ; e && *e; ++e) {
+    std::string kv = *e;
+    if (!drop.count(kv.substr(0, kv.find('=')))) env_s.push_back(kv);
+  }
+  for (const auto& [k, v] : env) env_s.push_back(k + "=" + v);
+  std::vector<std::string> argv_s = {exe};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv, envp;
+  for (auto& s : argv_s) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  for (auto& s : env_s) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    FILE* f = std::fopen(log.c_str(), "w");
+    if (f) {
+      ::dup2(::fileno(f), 1);
+      ::dup2(::fileno(f), 2);
+    }
+    ::execve(exe.c_str(), argv.data(), envp.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+/// Waits for `pid` at most `limit_s`; returns its wait status, or -1 if it had to be killed (a hang).
+inline int wait_or_kill(pid_t pid, double limit_s) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
+  int status = 0;
+  while (std::chrono::steady_clock::now() < end) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) return status;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  return -1;
+}
+
+inline int exit_code(int status) { return status >= 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
+
+/// Kills (SIGKILL) and reaps every process it holds that is still there, at scope exit.
+struct ProcessGroupGuard {
+  std::vector<pid_t> pids;
+  ~ProcessGroupGuard() {
+    for (pid_t p : pids) {
+      int st;
+      if (::waitpid(p, &st, WNOHANG) == 0) {
+        ::kill(p, SIGKILL);
+        ::waitpid(p, &st, 0);
+      }
+    }
+  }
+};
+
+/// The torchrun variables of rank r of n with the store at 127.0.0.1:port.
+inline EnvList rank_env(int r, int n, int port, EnvList extra = {}) {
+  EnvList e = {{"MASTER_ADDR", "127.0.0.1"},      {"MASTER_PORT", std::to_string(port)},
+               {"RANK", std::to_string(r)},       {"WORLD_SIZE", std::to_string(n)},
+               {"LOCAL_RANK", std::to_string(r)}, {"LOCAL_WORLD_SIZE", std::to_string(n)}};
+  e.insert(e.end(), extra.begin(), extra.end());
+  return e;
+}
+
+}  // namespace tl::testing_mp

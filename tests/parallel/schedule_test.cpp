@@ -1,0 +1,257 @@
+// Schedules as data: the 1F1B and GPipe lists against hand-written tables; a small independent
+// executor with rendezvous (blocking) sends that runs every rank's list and finds no deadlock and
+// only matched messages for 1..8 stages x 1..16 micro-batches; Optimus-CC's epilogue-only flags;
+// the event simulation against the closed-form bubble and a hand-timed example.
+#include "parallel/schedule.h"
+
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <sstream>
+
+namespace tl {
+namespace {
+
+// ---- an executor with blocking rendezvous sends, independent of simulate_schedule ---------------
+// Each rank walks its list. A compute action always completes. A send completes together with the
+// peer's recv when the peer is at the matching recv (same kind and micro-batch): the semantics of
+// Gloo's blocking send. Returns "" when every list ran to the end with every send matched, else
+// a description of the deadlock or mismatch.
+std::string run_blocking(const std::vector<RankSchedule>& sched, int* matched_out = nullptr) {
+  const int S = static_cast<int>(sched.size());
+  std::vector<size_t> pc(S, 0);
+  int matched = 0, sends = 0, recvs = 0;
+  for (const auto& l : sched)
+    for (const auto& a : l) {
+      sends += is_send(a.type);
+      recvs += is_recv(a.type);
+    }
+  auto kind = [](ActionType t) {
+    return t == ActionType::SendActivation || t == ActionType::RecvActivation ? 'A' : 'G';
+  };
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < S; ++r) {
+      if (pc[r] >= sched[r].size()) continue;
+      const Action& a = sched[r][pc[r]];
+      if (is_compute(a.type)) {
+        ++pc[r];
+        progress = true;
+      } else if (is_send(a.type)) {
+        const int p = a.type == ActionType::SendActivation ? r + 1 : r - 1;
+        if (p < 0 || p >= S || pc[p] >= sched[p].size()) continue;
+        const Action& b = sched[p][pc[p]];
+        const int from = b.type == ActionType::RecvActivation ? p - 1 : b.type == ActionType::RecvGrad ? p + 1 : -1;
+        if (!is_recv(b.type) || from != r) continue;  // the peer is elsewhere: the send waits
+        if (kind(b.type) != kind(a.type) || b.micro_batch != a.micro_batch)
+          return "rank " + std::to_string(r) + " sends " + action_token(a) + " but rank " + std::to_string(p) +
+                 " receives " + action_token(b);
+        ++pc[r];
+        ++pc[p];
+        ++matched;
+        progress = true;
+      }
+      // A recv waits for its sender's turn.
+    }
+  }
+  std::string stuck;
+  for (int r = 0; r < S; ++r)
+    if (pc[r] < sched[r].size()) stuck += " rank " + std::to_string(r) + " at " + action_token(sched[r][pc[r]]);
+  if (!stuck.empty()) return "deadlock:" + stuck;
+  if (matched != sends || matched != recvs)
+    return "unmatched messages: " + std::to_string(sends) + " sends, " + std::to_string(recvs) + " recvs, " +
+           std::to_string(matched) + " matched";
+  if (matched_out) *matched_out = matched;
+  return "";
+}
+
+TEST(Schedule, OneFOneBTableFourStagesEightMicroBatches) {
+  const auto sched = one_f_one_b_schedule(4, 8);
+  const std::string table = format_schedule(sched);
+  std::cout << table;
+  // Warm-up of S - r - 1 forwards, steady 1F1B, cool-down (written by hand).
+  const std::string expected =
+      "rank 0: F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7\n"
+      "rank 1: F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7\n"
+      "rank 2: F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7\n"
+      "rank 3: F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7\n";
+  EXPECT_EQ(table, expected);
+
+  const std::string full = format_schedule(sched, /*with_comm=*/true);
+  std::cout << full;
+  // Every message, with the next activation received before the gradient is sent in the steady
+  // state, and "~" on the steady-state gradient sends that epilogue-only leaves uncompressed.
+  const std::string expected_full =
+      "rank 0: F0 SA0 F1 SA1 F2 SA2 F3 SA3 RG0 B0 F4 SA4 RG1 B1 F5 SA5 RG2 B2 F6 SA6 RG3 B3 F7 SA7 RG4 B4 "
+      "RG5 B5 RG6 B6 RG7 B7\n"
+      "rank 1: RA0 F0 SA0 RA1 F1 SA1 RA2 F2 SA2 RG0 B0 RA3 SG0~ F3 SA3 RG1 B1 RA4 SG1~ F4 SA4 RG2 B2 RA5 SG2~ "
+      "F5 SA5 RG3 B3 RA6 SG3~ F6 SA6 RG4 B4 RA7 SG4~ F7 SA7 RG5 B5 SG5 RG6 B6 SG6 RG7 B7 SG7\n"
+      "rank 2: RA0 F0 SA0 RA1 F1 SA1 RG0 B0 RA2 SG0~ F2 SA2 RG1 B1 RA3 SG1~ F3 SA3 RG2 B2 RA4 SG2~ "
+      "F4 SA4 RG3 B3 RA5 SG3~ F5 SA5 RG4 B4 RA6 SG4~ F6 SA6 RG5 B5 RA7 SG5~ F7 SA7 RG6 B6 SG6 RG7 B7 SG7\n"
+      "rank 3: RA0 F0 B0 RA1 SG0~ F1 B1 RA2 SG1~ F2 B2 RA3 SG2~ F3 B3 RA4 SG3~ F4 B4 RA5 SG4~ F5 B5 RA6 SG5~ "
+      "F6 B6 RA7 SG6~ F7 B7 SG7\n";
+  EXPECT_EQ(full, expected_full);
+}
+
+TEST(Schedule, GPipeTable) {
+  const auto sched = gpipe_schedule(3, 3);
+  EXPECT_EQ(format_schedule(sched),
+            "rank 0: F0 F1 F2 B0 B1 B2\n"
+            "rank 1: F0 F1 F2 B0 B1 B2\n"
+            "rank 2: F0 F1 F2 B0 B1 B2\n");
+  EXPECT_EQ(format_schedule(sched, true),
+            "rank 0: F0 SA0 F1 SA1 F2 SA2 RG0 B0 RG1 B1 RG2 B2\n"
+            "rank 1: RA0 F0 SA0 RA1 F1 SA1 RA2 F2 SA2 RG0 B0 SG0 RG1 B1 SG1 RG2 B2 SG2\n"
+            "rank 2: RA0 F0 RA1 F1 RA2 F2 B0 SG0 B1 SG1 B2 SG2\n");
+}
+
+TEST(Schedule, FewerMicroBatchesThanStagesIsAllForwardThenAllBackward) {
+  EXPECT_EQ(format_schedule(one_f_one_b_schedule(4, 2)),
+            "rank 0: F0 F1 B0 B1\n"
+            "rank 1: F0 F1 B0 B1\n"
+            "rank 2: F0 F1 B0 B1\n"
+            "rank 3: F0 B0 F1 B1\n");
+}
+
+TEST(Schedule, BlockingSendsNeverDeadlockAndEveryMessageMatches) {
+  for (int S = 1; S <= 8; ++S) {
+    for (int M = 1; M <= 16; ++M) {
+      for (const char* name : {"gpipe", "1f1b"}) {
+        SCOPED_TRACE(std::string(name) + " stages " + std::to_string(S) + " micro-batches " + std::to_string(M));
+        const auto sched = make_schedule(name, S, M);
+        ASSERT_NO_THROW(validate_schedule(sched, M));
+        int matched = 0;
+        ASSERT_EQ(run_blocking(sched, &matched), "");
+        EXPECT_EQ(matched, 2 * (S - 1) * M);  // one activation and one gradient per link and micro-batch
+        // The library's event simulation agrees under all three send semantics.
+        const SimCosts c = SimCosts::uniform(S, 1.0, 2.0);
+        for (SendMode mode : {SendMode::Eager, SendMode::Rendezvous, SendMode::SendQueue})
+          ASSERT_NO_THROW(simulate_schedule(sched, c, mode));
+      }
+    }
+  }
+}
+
+// The textbook steady state (receive the next activation at the start of the next step, after
+// the gradient send) deadlocks with blocking sends: both executors must see it, or they could not
+// see anything.
+TEST(Schedule, TextbookOneFOneBOrderDeadlocksWithBlockingSends) {
+  auto sched = one_f_one_b_schedule(2, 4);
+  // rank 1's steady state holds "B b, RA f+1, SG b": swap to "B b, SG b, RA f+1".
+  auto& l = sched[1];
+  for (size_t i = 0; i + 1 < l.size(); ++i)
+    if (l[i].type == ActionType::RecvActivation && l[i + 1].type == ActionType::SendGrad) std::swap(l[i], l[i + 1]);
+  ASSERT_NO_THROW(validate_schedule(sched, 4));  // structurally fine...
+  const std::string r = run_blocking(sched);
+  EXPECT_NE(r.find("deadlock"), std::string::npos) << r;  // ...but it hangs on Gloo
+  EXPECT_THROW(simulate_schedule(sched, SimCosts::uniform(2, 1, 1), SendMode::Rendezvous), c10::Error);
+  // With buffered sends (eager, or a send thread) it runs, which is why the order matters only
+  // for blocking sends.
+  EXPECT_NO_THROW(simulate_schedule(sched, SimCosts::uniform(2, 1, 1), SendMode::Eager));
+  EXPECT_NO_THROW(simulate_schedule(sched, SimCosts::uniform(2, 1, 1), SendMode::SendQueue));
+}
+
+TEST(Schedule, MismatchedMessageOrderIsReported) {
+  auto sched = gpipe_schedule(2, 2);
+  // rank 1 receives activation 1 before activation 0.
+  auto& l = sched[1];
+  std::swap(l[0], l[2]);  // RA0 F0 RA1 F1 -> RA1 F0 RA0 F1 (structurally invalid too)
+  EXPECT_NE(run_blocking(sched).find("receives RA1"), std::string::npos);
+  try {
+    simulate_schedule(sched, SimCosts::uniform(2, 1, 1), SendMode::Eager);
+    FAIL() << "expected a mismatch error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("order their messages differently"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(validate_schedule(sched, 2), c10::Error);
+}
+
+TEST(Schedule, EpilogueOnlyFlagsMarkCooldownAndLastSteadySend) {
+  const int S = 4, M = 8;
+  const auto sched = one_f_one_b_schedule(S, M);
+  for (int r = 1; r < S; ++r) {
+    const int warmup = std::min(S - r - 1, M), steady = M - warmup;
+    for (const Action& a : sched[r]) {
+      if (a.type != ActionType::SendGrad) {
+        EXPECT_TRUE(a.compress_backward);  // the flag only concerns gradient sends
+        continue;
+      }
+      // Backward b runs in the steady state iff b < steady; the last steady one is b == steady - 1.
+      const bool critical = a.micro_batch >= steady - 1;
+      EXPECT_EQ(a.compress_backward, critical) << "rank " << r << " " << action_token(a);
+    }
+  }
+  for (const auto& l : gpipe_schedule(S, M))
+    for (const Action& a : l) EXPECT_TRUE(a.compress_backward);
+}
+
+TEST(Schedule, ValidateNamesTheBrokenRule) {
+  auto sched = gpipe_schedule(2, 2);
+  sched[0].pop_back();  // drop B1
+  try {
+    validate_schedule(sched, 2);
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0 micro-batch 1: needs one forward and one backward"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(make_schedule("1F1B-interleaved", 2, 2), c10::Error);
+  EXPECT_THROW(one_f_one_b_schedule(0, 2), c10::Error);
+}
+
+TEST(Schedule, UniformStagesTakeTheTheoreticalTime) {
+  for (int S = 1; S <= 6; ++S) {
+    for (int M = 1; M <= 10; ++M) {
+      for (const char* name : {"gpipe", "1f1b"}) {
+        for (SendMode mode : {SendMode::Eager, SendMode::Rendezvous, SendMode::SendQueue}) {
+          SCOPED_TRACE(std::string(name) + " S=" + std::to_string(S) + " M=" + std::to_string(M) + " mode " +
+                       std::to_string(static_cast<int>(mode)));
+          const SimResult r = simulate_schedule(make_schedule(name, S, M), SimCosts::uniform(S, 1.0, 2.0), mode);
+          EXPECT_DOUBLE_EQ(r.step_s, ideal_step_time(S, M, 1.0, 2.0));
+          // Bubble of a uniform pipeline: (S - 1) / (M + S - 1).
+          EXPECT_NEAR(r.bubble(), double(S - 1) / (M + S - 1), 1e-12);
+        }
+      }
+    }
+  }
+}
+
+TEST(Schedule, NonUniformStagesHandTimed) {
+  // 2 stages, 2 micro-batches; stage 0: tf 1, tb 2; stage 1: tf 2, tb 4.
+  // rank 1: F0 [1,3] B0 [3,7] F1 [7,9] B1 [9,13]; rank 0: F0 [0,1] F1 [1,2] B0 [7,9] B1 [13,15].
+  SimCosts c;
+  c.forward_s = {1, 2};
+  c.backward_s = {2, 4};
+  for (SendMode mode : {SendMode::Eager, SendMode::Rendezvous, SendMode::SendQueue}) {
+    const SimResult r = simulate_schedule(one_f_one_b_schedule(2, 2), c, mode);
+    EXPECT_DOUBLE_EQ(r.step_s, 15.0);
+    EXPECT_DOUBLE_EQ(r.compute_s[0], 6.0);
+    EXPECT_DOUBLE_EQ(r.compute_s[1], 12.0);
+    EXPECT_NEAR(r.bubble(), 1.0 - 18.0 / 30.0, 1e-12);
+    ASSERT_EQ(r.spans[0].size(), 4u);
+    EXPECT_DOUBLE_EQ(r.spans[0][2].start_s, 7.0);  // B0 on rank 0 waits for rank 1's B0
+    EXPECT_DOUBLE_EQ(r.spans[0][3].start_s, 13.0);
+  }
+  // Message costs delay the receiver: every activation and gradient takes 0.5 more. Activation 1
+  // left rank 0 at 2 (before it waited for gradient 0), so rank 1 finds it there at 7.5:
+  // rank 1: F0 [1.5,3.5] B0 [3.5,7.5] F1 [7.5,9.5] B1 [9.5,13.5]; rank 0: B0 [8,10] B1 [14,16].
+  c.activation_s = c.grad_s = 0.5;
+  const SimResult slow = simulate_schedule(one_f_one_b_schedule(2, 2), c, SendMode::Eager);
+  EXPECT_DOUBLE_EQ(slow.step_s, 16.0);
+  EXPECT_DOUBLE_EQ(slow.spans[1][2].start_s, 7.5);
+}
+
+TEST(Schedule, TimelinePrintsTheBubble) {
+  const SimResult r = simulate_schedule(one_f_one_b_schedule(3, 4), SimCosts::uniform(3, 1.0, 1.0));
+  const std::string timeline = format_timeline(r, 1.0);
+  std::cout << timeline;
+  const std::string expected =
+      "rank 0: F0 F1 F2 .. .. B0 F3 B1 .. B2 .. B3\n"
+      "rank 1: .. F0 F1 .. B0 F2 B1 F3 B2 .. B3 ..\n"
+      "rank 2: .. .. F0 B0 F1 B1 F2 B2 F3 B3 .. ..\n";
+  EXPECT_EQ(timeline, expected);
+}
+
+}  // namespace
+}  // namespace tl
