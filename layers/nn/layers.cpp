@@ -281,6 +281,8 @@ std::optional<at::Generator> DropoutRng::generator_for(at::Device device) {
   return g;
 }
 
+Variable Flatten::forward(const Variable& x) { return flatten(x, start_dim_, end_dim_); }
+
 // ---- Sequential ---------------------------------------------------------------------------------
 Sequential::Sequential(std::vector<ModulePtr> modules) : Module("Sequential") {
   for (auto& m : modules) push_back(std::to_string(modules_.size()), m);

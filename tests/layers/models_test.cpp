@@ -337,7 +337,7 @@ TEST(ModelsBert, SplitStagesReadTheirSideInputs) {
   m.eval();  // no dropout: the three forms below must agree exactly
   const at::Tensor logits = m.forward(ids, mask, types).logits.data();
   EXPECT_TRUE(all_close(m.forward(Variable(ids), inputs).data(), logits, "pipeline-form forward"));
-  EXPECT_GT(max_diff(m.forward(Variable(ids)).data(), logits), 1e-4);  // without them: another result
+  EXPECT_GT(testing::max_diff(m.forward(Variable(ids)).data(), logits), 1e-4);  // without them: another result
   expect_split_equals_unsplit(m, m.split({"embeddings", "layers.0"}), Variable(ids), "BERT split", 1e-5, inputs,
                               [&] { return m.forward(ids, mask, types).logits; });
   auto stages = m.split({"layers.1"});
