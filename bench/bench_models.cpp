@@ -1,11 +1,13 @@
 // Training-step time of tapeline models against the same models in torch::nn + torch::optim, in
-// one process: forward, cross-entropy, backward, SGD (momentum 0.9) step. Both models start
+// one process: forward, cross-entropy, backward, optimizer step (SGD with momentum 0.9; AdamW for
+// the MiniLM fine-tuning step, as in configs/text/). Both models start
 // from the same weights and see the same batch; steps are interleaved (tapeline, torch,
 // tapeline, ...) after a warm-up so that drift in machine load hits both alike, and the median
 // step time of each is reported. One JSON line per case:
 //   {"bench": "models", "case": ..., "tapeline_s": ..., "reference_s": ..., "ratio": ...}
 // ratio = tapeline_s / reference_s (target <= 1.05); cpu_ratio is the same on process CPU time,
-// which a loaded machine disturbs less than wall time.
+// which a loaded machine disturbs less than wall time. Transformer cases also report tokens/s
+// (tokens in the batch / median step time) for both.
 //
 // Usage: bench_models [steps (default 5)] [warmup (default 2)] [gpt2 vocabulary (default 50257)]
 // With GPT-2's vocabulary the tied output projection is ~80% of the GPT-2 step's FLOPs; a small
@@ -20,8 +22,10 @@
 #include <string>
 #include <vector>
 
+#include "layers/models/bert.h"
 #include "layers/models/gpt2.h"
 #include "layers/models/resnet.h"
+#include "layers/optim/adam.h"
 #include "layers/optim/sgd.h"
 #include "tests/layers/models_reference.h"
 
@@ -50,7 +54,7 @@ double median(std::vector<double> v) {
 }
 
 void run_case(const std::string& name, const std::string& shape, const std::function<double()>& tl_step,
-              const std::function<double()>& ref_step, int steps, int warmup) {
+              const std::function<double()>& ref_step, int steps, int warmup, int64_t tokens = 0) {
   double tl_loss = 0, ref_loss = 0;
   for (int i = 0; i < warmup; ++i) {
     tl_loss = tl_step();
@@ -67,9 +71,12 @@ void run_case(const std::string& name, const std::string& shape, const std::func
   std::printf(
       "{\"bench\": \"models\", \"case\": \"%s\", \"shape\": \"%s\", \"steps\": %d, \"warmup\": %d, \"threads\": %d, "
       "\"tapeline_s\": %.5f, \"reference_s\": %.5f, \"ratio\": %.4f, \"tapeline_cpu_s\": %.5f, "
-      "\"reference_cpu_s\": %.5f, \"cpu_ratio\": %.4f, \"tapeline_loss\": %.5f, \"reference_loss\": %.5f}\n",
+      "\"reference_cpu_s\": %.5f, \"cpu_ratio\": %.4f, \"tapeline_loss\": %.5f, \"reference_loss\": %.5f",
       name.c_str(), shape.c_str(), steps, warmup, at::get_num_threads(), a, b, a / b, ac, bc, ac / bc, tl_loss,
       ref_loss);
+  if (tokens > 0)
+    std::printf(", \"tapeline_tokens_per_s\": %.1f, \"reference_tokens_per_s\": %.1f", tokens / a, tokens / b);
+  std::printf("}\n");
   std::fflush(stdout);
 }
 
@@ -145,7 +152,54 @@ void gpt2(int steps, int warmup, int64_t vocab) {
         ref_opt.step();
         return loss.item<double>();
       },
-      steps, warmup);
+      steps, warmup, batch * t);
+}
+
+/// The fine-tuning step of configs/text/: MiniLM's architecture (6 layers, d = 384, 12 heads,
+/// WordPiece vocabulary) with a 45-way classifier, batch 32 x 32 tokens with padding, AdamW. The
+/// weights are random (the step's cost does not depend on them; no model files needed).
+void minilm(int steps, int warmup) {
+  at::manual_seed(2);
+  const int64_t batch = 32, t = 32, labels = 45;
+  tl::BertConfig c;
+  c.vocab_size = 30522;
+  c.hidden_size = 384;
+  c.num_hidden_layers = 6;
+  c.num_attention_heads = 12;
+  c.intermediate_size = 1536;
+  c.num_labels = labels;
+  c.hidden_dropout = 0.0;  // the torch reference has no dropout
+  c.attention_dropout = 0.0;
+  auto ours = std::make_shared<tl::Bert>(c);
+  tl::reference::Bert ref(tl::reference::BertSizes{c.vocab_size, c.max_position_embeddings, c.type_vocab_size,
+                                                   c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
+                                                   c.intermediate_size, labels, c.layer_norm_eps});
+  sync(*ref, *ours);
+  const at::Tensor ids = at::randint(1, c.vocab_size, {batch, t}, at::kLong);
+  const at::Tensor lengths = at::randint(8, t + 1, {batch, 1}, at::kLong);  // (B, 1) real tokens per row
+  const at::Tensor mask = at::arange(t).view({1, t}).lt(lengths).to(at::kLong);  // (B, T) 1 = token
+  const at::Tensor types = at::zeros({batch, t}, at::kLong);
+  const at::Tensor y = at::randint(labels, {batch}, at::kLong);
+  const auto opt = tl::GroupOptions().set_lr(1e-4).set_weight_decay(0.01);
+  tl::AdamW tl_opt(ours->parameters(), opt);
+  torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(1e-4).weight_decay(0.01));
+  run_case(
+      "minilm_finetune_train_step", "B32 T32 L45 adamw",
+      [&] {
+        tl_opt.zero_grad();
+        tl::Variable loss = tl::cross_entropy(ours->forward(ids, mask, types).logits, y);
+        loss.backward();
+        tl_opt.step();
+        return loss.item<double>();
+      },
+      [&] {
+        ref_opt.zero_grad();
+        auto loss = torch::cross_entropy_loss(ref->forward(ids, mask, types), y);
+        loss.backward();
+        ref_opt.step();
+        return loss.item<double>();
+      },
+      steps, warmup, mask.sum().item<int64_t>());
 }
 
 }  // namespace
@@ -156,5 +210,6 @@ int main(int argc, char** argv) {
   const int64_t vocab = argc > 3 ? std::max<int64_t>(2, std::atoll(argv[3])) : 50257;
   resnet18(steps, warmup);
   gpt2(steps, warmup, vocab);
+  minilm(steps, warmup);
   return 0;
 }

@@ -236,6 +236,10 @@ const std::vector<Key>& schema() {
         "transformers: dropout probability (auto: 0.1 for minilm, 0 for gpt2)", [](Config& c, const std::string& v) {
           c.model.dropout = v == "auto" ? -1.0 : parse_double(v, 0.0, 0.999, "auto or a number in [0, 1)");
         });
+    add("model.pooling", "mean", "mean or cls",
+        "minilm: the sentence vector the classifier reads: mean (masked mean of the last hidden states, as "
+        "sentence-transformers trained all-MiniLM-L6-v2) or cls (BERT's tanh pooler on the first token)",
+        [](Config& c, const std::string& v) { c.model.pooling = parse_choice(v, {"mean", "cls"}); });
     add("model.cuts", "all", "all, none, or comma-separated cut point names",
         "where the model is split into stages (a boundary at each cut)", [](Config& c, const std::string& v) {
           c.model.cuts.clear();

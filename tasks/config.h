@@ -54,6 +54,7 @@ struct ModelSection {
   bool pretrained = true;        // minilm: start from the pretrained weights (false: random initialisation)
   std::string init_from;         // a run directory or checkpoint file whose model weights start this run
   double dropout = -1;           // transformers: dropout probability (< 0: the architecture's default)
+  std::string pooling = "mean";  // minilm: sentence vector for the classifier, "mean" or "cls"
   std::vector<std::string> cuts;  // cut point names; empty = all of the model's cut points
   bool no_cuts = false;           // cuts = none: one stage, no boundary
 };

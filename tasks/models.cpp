@@ -69,6 +69,7 @@ BuiltModel build_model(const Config& config, const TaskShape& shape, const at::G
     PretrainedDir dir = find_minilm(config.model.weights);
     BertConfig bc = bert_config_from_hf(dir.config_json);
     if (config.model.dropout >= 0) bc.hidden_dropout = bc.attention_dropout = config.model.dropout;
+    bc.pooling = config.model.pooling;
     std::shared_ptr<Bert> bert;
     if (config.model.pretrained) {
       bert = load_pretrained_bert(dir, shape.num_classes, gen, bc);

@@ -27,11 +27,40 @@ using tensor_list = std::vector<at::Tensor>;
 
 at::Tensor mT(const at::Tensor& a) { return a.transpose(-2, -1); }
 
+// Note [attention as bmm]
+// When q, k and v share their leading (batch, head) dims, every product is one bmm over (N, T, D)
+// views with N the product of those dims, and transposed operands are passed as strides (BLAS
+// takes them as they are). q, k and v are made (N, T, D) once in forward, copied only if their
+// layout needs it (q, k, v cut out of a fused projection do), and the copies are kept for
+// backward, so backward copies nothing. at::matmul on the 4-D tensors would reshape (and copy)
+// every operand of every product again. Otherwise (broadcast leading dims) matmul it is.
+bool same_leading_dims(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t d = q.dim();
+  return d >= 3 && k.dim() == d && v.dim() == d && q.sizes().slice(0, d - 2).equals(k.sizes().slice(0, d - 2)) &&
+         q.sizes().slice(0, d - 2).equals(v.sizes().slice(0, d - 2));
+}
+
+// t (..., T, D) as (N, T, D).
+at::Tensor as_batch(const at::Tensor& t) {
+  int64_t n = 1;
+  for (int64_t i = 0; i + 2 < t.dim(); ++i) n *= t.size(i);
+  return t.reshape({n, t.size(-2), t.size(-1)});
+}
+
+// (N, A, B) back to the leading dims of `like` (..., *, *) with trailing dims (A, B).
+at::Tensor with_leading_dims(const at::Tensor& t, const at::Tensor& like) {
+  std::vector<int64_t> shape(like.sizes().begin(), like.sizes().end() - 2);
+  shape.push_back(t.size(1));
+  shape.push_back(t.size(2));
+  return t.view(shape);
+}
+
 struct ScaledDotProductAttentionFn : Function<ScaledDotProductAttentionFn> {
   static constexpr const char* name = "scaled_dot_product_attention";
   static constexpr bool kFreshOutputs = true;
   struct Saved {
     double scale = 1.0;
+    bool batched = false;  // Note [attention as bmm]
   };
   static at::Tensor forward(Context& ctx, Saved& saved, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& mask, bool is_causal, double dropout_p,
@@ -52,7 +81,15 @@ struct ScaledDotProductAttentionFn : Function<ScaledDotProductAttentionFn> {
                 dropout_p);
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
     const double neg_inf = -std::numeric_limits<double>::infinity();
-    at::Tensor s = at::matmul(q, mT(k));  // (..., Tq, Tk)
+    const bool batched = same_leading_dims(q, k, v);  // Note [attention as bmm]
+    at::Tensor q3, k3, v3;                            // (N, T, D) when batched
+    at::Tensor s;                                     // (..., Tq, Tk)
+    if (batched) {
+      q3 = as_batch(q), k3 = as_batch(k), v3 = as_batch(v);
+      s = with_leading_dims(at::bmm(q3, k3.transpose(1, 2)), q);
+    } else {
+      s = at::matmul(q, mT(k));
+    }
     s.mul_(scale);
     if (mask.defined()) {
       TORCH_CHECK(mask.scalar_type() == at::kBool || at::isFloatingType(mask.scalar_type()),
@@ -84,9 +121,24 @@ struct ScaledDotProductAttentionFn : Function<ScaledDotProductAttentionFn> {
       }
       pd = p * drop;
     }
-    ctx.save_for_backward({q, k, v, p, drop});
+    // q, k, v themselves (their in-place changes are checked), and their (N, T, D) copies if any.
+    auto copy_of = [](const at::Tensor& t3, const at::Tensor& t) { return t3.is_alias_of(t) ? at::Tensor() : t3; };
+    if (batched) {
+      ctx.save_for_backward({q, k, v, p, drop, copy_of(q3, q), copy_of(k3, k), copy_of(v3, v)});
+    } else {
+      ctx.save_for_backward({q, k, v, p, drop});
+    }
     saved.scale = scale;
-    return at::matmul(pd, v);  // (..., Tq, Dv)
+    saved.batched = batched;
+    if (batched) return at::bmm(as_batch(pd), v3).view(out_shape(q, v));  // (..., Tq, Dv)
+    return at::matmul(pd, v);                                             // (..., Tq, Dv)
+  }
+
+  // (..., Tq, Dv)
+  static std::vector<int64_t> out_shape(const at::Tensor& q, const at::Tensor& v) {
+    std::vector<int64_t> shape = q.sizes().vec();
+    shape.back() = v.size(-1);
+    return shape;
   }
 
   static tensor_list backward(Context& ctx, const Saved& saved, tensor_list g) {
@@ -95,6 +147,26 @@ struct ScaledDotProductAttentionFn : Function<ScaledDotProductAttentionFn> {
     const double scale = saved.scale;
     const at::Tensor& go = g[0];  // (..., Tq, Dv)
     at::Tensor grad_q, grad_k, grad_v;
+    if (saved.batched) {                                          // Note [attention as bmm]
+      const at::Tensor q3 = s[5].defined() ? s[5] : as_batch(q);  // (N, Tq, D)
+      const at::Tensor k3 = s[6].defined() ? s[6] : as_batch(k);  // (N, Tk, D)
+      const at::Tensor v3 = s[7].defined() ? s[7] : as_batch(v);  // (N, Tk, Dv)
+      const at::Tensor go3 = as_batch(go);                        // (N, Tq, Dv)
+      if (ctx.needs_input_grad(2)) {
+        const at::Tensor pd = drop.defined() ? p * drop : p;
+        grad_v = at::bmm(as_batch(pd).transpose(1, 2), go3).view(v.sizes());  // (..., Tk, Dv)
+      }
+      if (ctx.needs_input_grad(0) || ctx.needs_input_grad(1)) {
+        at::Tensor dp = with_leading_dims(at::bmm(go3, v3.transpose(1, 2)), p);  // (..., Tq, Tk)
+        if (drop.defined()) dp.mul_(drop);
+        at::Tensor ds = at::_softmax_backward_data(dp, p, p.dim() - 1, p.scalar_type());
+        ds.mul_(scale);
+        const at::Tensor ds3 = as_batch(ds);                                                     // (N, Tq, Tk)
+        if (ctx.needs_input_grad(0)) grad_q = at::bmm(ds3, k3).view(q.sizes());                  // (..., Tq, D)
+        if (ctx.needs_input_grad(1)) grad_k = at::bmm(ds3.transpose(1, 2), q3).view(k.sizes());  // (..., Tk, D)
+      }
+      return {grad_q, grad_k, grad_v};
+    }
     if (ctx.needs_input_grad(2)) {
       const at::Tensor pd = drop.defined() ? p * drop : p;
       grad_v = sum_to_shape(at::matmul(mT(pd), go), v.sizes());  // (..., Tk, Dv)

@@ -105,7 +105,7 @@ struct CrossEntropyFn : Function<CrossEntropyFn> {
   static tensor_list backward(Context& ctx, const Saved& saved, tensor_list g) {
     const auto& s = ctx.saved();
     const at::Tensor& lsm = s[0];                   // (M, C)
-    const at::Tensor target = s[1].reshape({-1});  // (M)
+    const at::Tensor target = s[1].dim() == 1 ? s[1] : s[1].reshape({-1});  // (M)
     const int64_t ignore_index = saved.ignore_index;
     const int64_t reduction = saved.reduction;
     const double smoothing = saved.smoothing;

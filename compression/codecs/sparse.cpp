@@ -4,7 +4,6 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
-#include <mutex>
 
 #include "compression/codecs/common.h"
 #include "compression/codecs/sparse_kernels.h"
@@ -138,10 +137,7 @@ double SparseCodec::rescale_factor(const Layout& l) const {
 at::Tensor SparseCodec::randk_mask(int64_t rows, int64_t D, int64_t k) {
   at::Generator& gen = generator_.get();
   at::Tensor mask = at::empty({rows * D}, at::kByte);
-  {
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    codec::randk_mask_cpu(gen.get<at::CPUGeneratorImpl>(), rows, D, k, mask.data_ptr<uint8_t>());
-  }
+  codec::randk_mask_cpu(gen.get<at::CPUGeneratorImpl>(), rows, D, k, mask.data_ptr<uint8_t>());  // locks gen
   generator_.commit();
   return mask;
 }

@@ -10,12 +10,24 @@ void check_ids(const at::Tensor& t, const char* what, const at::Tensor& ids) {
               " differs from the token ids' ", ids.sizes());
 }
 
-/// Pooler and classifier on the last hidden states (B, T, C).
-void run_head(const std::shared_ptr<Linear>& pooler, const std::shared_ptr<Dropout>& drop,
-              const std::shared_ptr<Linear>& classifier, BertOutput& out) {
-  if (!pooler) return;
-  Variable first = squeeze(narrow(out.hidden, 1, 0, 1), 1);  // (B, C): the [CLS] position
-  out.pooled = tanh(pooler->forward(first));
+/// Pooling and classifier on the last hidden states out.hidden (B, T, C); attention_mask (B, T)
+/// (1/true = token) or undefined (all tokens).
+void run_head(const std::string& pooling, const std::shared_ptr<Linear>& pooler, const std::shared_ptr<Dropout>& drop,
+              const std::shared_ptr<Linear>& classifier, const at::Tensor& attention_mask, BertOutput& out) {
+  if (pooling == "mean") {
+    const Variable& h = out.hidden;  // (B, T, C)
+    if (attention_mask.defined()) {
+      const at::Tensor m = attention_mask.to(h.data().scalar_type()).unsqueeze(-1);  // (B, T, 1)
+      const at::Tensor count = m.sum(1).clamp_min(1.0);                               // (B, 1)
+      out.pooled = div(sum(mul(h, Variable(m)), {1}, false), Variable(count));        // (B, C)
+    } else {
+      out.pooled = mean(h, {1}, false);  // (B, C)
+    }
+  } else {
+    if (!pooler) return;
+    Variable first = squeeze(narrow(out.hidden, 1, 0, 1), 1);  // (B, C): the [CLS] position
+    out.pooled = tanh(pooler->forward(first));
+  }
   if (classifier) out.logits = classifier->forward(drop->forward(out.pooled));  // (B, num_labels)
 }
 }  // namespace
@@ -53,8 +65,10 @@ Bert::Bert(const BertConfig& c, const init::Generator& gen) : Module("Bert"), co
               "Bert: hidden_size (", c.hidden_size, ") must be a positive multiple of num_attention_heads (",
               c.num_attention_heads, "), with positive num_hidden_layers (", c.num_hidden_layers,
               ") and intermediate_size (", c.intermediate_size, ")");
-  TORCH_CHECK(c.num_labels == 0 || c.add_pooler, "Bert: a classifier (num_labels = ", c.num_labels,
-              ") needs the pooler (add_pooler = true)");
+  TORCH_CHECK(c.pooling == "cls" || c.pooling == "mean", "Bert: pooling = '", c.pooling,
+              "' is not accepted; accepted: cls, mean");
+  TORCH_CHECK(c.num_labels == 0 || c.add_pooler || c.pooling == "mean", "Bert: a classifier (num_labels = ",
+              c.num_labels, ") on the [CLS] token needs the pooler (add_pooler = true) or pooling = mean");
   embeddings_ = register_module("embeddings", std::make_shared<BertEmbeddings>(c, gen));
   auto layers = register_module("layers", std::make_shared<Sequential>());
   const auto opts = TransformerBlockOptions(c.hidden_size, c.num_attention_heads)
@@ -68,7 +82,7 @@ Bert::Bert(const BertConfig& c, const init::Generator& gen) : Module("Bert"), co
                         .attention_dropout(c.attention_dropout);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
     layers_.push_back(layers->push_back(std::make_shared<TransformerBlock>(opts, gen)));
-  if (c.add_pooler)
+  if (c.add_pooler && c.pooling == "cls")
     pooler_ = register_module("pooler", std::make_shared<Linear>(c.hidden_size, c.hidden_size, true, gen));
   drop_ = register_module("drop", std::make_shared<Dropout>(c.hidden_dropout, gen));
   if (c.num_labels > 0)
@@ -114,9 +128,10 @@ Bert::Bert(const BertConfig& c, const init::Generator& gen) : Module("Bert"), co
   }
   auto pooler = pooler_, classifier = classifier_;
   auto drop = drop_;
-  segments_.push_back({"", head_modules, [pooler, drop, classifier](const Variable& x, const StageInputs&) {
+  const std::string pooling = c.pooling;
+  segments_.push_back({"", head_modules, [pooling, pooler, drop, classifier](const Variable& x, const StageInputs& in) {
                          BertOutput out{x, {}, {}};
-                         run_head(pooler, drop, classifier, out);
+                         run_head(pooling, pooler, drop, classifier, in.attention_mask, out);
                          return out.logits.defined() ? out.logits : out.pooled.defined() ? out.pooled : out.hidden;
                        }});
 }
@@ -134,7 +149,7 @@ BertOutput Bert::forward(const at::Tensor& ids, const at::Tensor& attention_mask
   BertOutput out;
   out.hidden = embeddings_->forward(ids, token_type_ids);  // (B, T, C)
   for (auto& l : layers_) out.hidden = l->forward(out.hidden, kpm);
-  run_head(pooler_, drop_, classifier_, out);
+  run_head(config_.pooling, pooler_, drop_, classifier_, attention_mask, out);
   return out;
 }
 

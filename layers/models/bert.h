@@ -1,7 +1,8 @@
 #pragma once
 // BERT-style encoder: word + position + token-type embeddings and a LayerNorm, post-LN
 // transformer blocks with separate query/key/value projections and a gelu MLP, a pooler (tanh of
-// a dense layer on the first token) and an optional sequence-classification head.
+// a dense layer on the first token, or the masked mean of the tokens) and an optional
+// sequence-classification head.
 //
 // Names: embeddings.{word, position, token_type, norm}, layers.{i}.{attn.query, attn.key,
 // attn.value, attn.out, ln1, mlp.fc, mlp.proj, ln2}, pooler, classifier.
@@ -35,6 +36,10 @@ struct BertConfig {
   double attention_dropout = 0.1;
   double initializer_range = 0.02;
   bool add_pooler = true;
+  /// How the sentence vector is made: "cls" (BERT: tanh(pooler(h[:, 0])), needs add_pooler) or
+  /// "mean" (sentence-transformers: the mean of the last hidden states over the tokens of the
+  /// attention mask; no pooler is built, whatever add_pooler says).
+  std::string pooling = "cls";
   int64_t num_labels = 0;  // > 0: a classifier (dropout, Linear) on the pooled output
 };
 
@@ -59,7 +64,7 @@ class BertEmbeddings : public Module {
 
 struct BertOutput {
   Variable hidden;  // (B, T, C) last hidden states
-  Variable pooled;  // (B, C), undefined without pooler
+  Variable pooled;  // (B, C), undefined without pooling (pooling "cls" without a pooler)
   Variable logits;  // (B, num_labels), undefined without classifier
 };
 
@@ -73,8 +78,8 @@ class Bert : public Module, public Splittable {
                      const at::Tensor& token_type_ids = {});
 
   /// The pipeline form, as split() stages run it: ids in, the side inputs (attention mask, token
-  /// types) from `inputs`; the last segment returns logits (classifier), else the pooled output
-  /// (pooler), else the hidden states. forward(ids) has no padding and token type 0.
+  /// types) from `inputs`; the last segment returns logits (classifier), else the pooled output,
+  /// else the hidden states. forward(ids) has no padding and token type 0.
   Variable forward(const Variable& ids, const StageInputs& inputs);
   Variable forward(const Variable& ids) override { return forward(ids, StageInputs{}); }
 

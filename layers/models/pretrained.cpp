@@ -148,7 +148,7 @@ std::shared_ptr<Bert> load_pretrained_bert(const PretrainedDir& dir, int64_t num
   twin_config.hidden_dropout = twin_config.attention_dropout = 0.0;
   Bert twin(twin_config, at::detail::createCPUGenerator(0));
   HfBertOptions options;
-  options.allow_pooler_mismatch = !has_pooler || !c.add_pooler;
+  options.allow_pooler_mismatch = !has_pooler || !c.add_pooler || c.pooling != "cls";
   try {
     load_hf_bert(twin, dir.safetensors, options);
   } catch (const c10::Error& e) {

@@ -36,8 +36,8 @@ usage:
 
 commands:
   train   train a model cut into stages with a compression boundary at each cut; writes DIR/
-          (config.ini, metrics.csv, metrics.jsonl, summary.json, checkpoint.safetensors) and
-          prints test accuracy with and without compression and bytes per step
+          (config.ini, metrics.csv, metrics.jsonl, summary.json, checkpoint.safetensors,
+          curves.png) and prints test accuracy with and without compression and bytes per step
   eval    test accuracy of a run's last checkpoint with compression on or off
   compare one table of finished runs (final metric with compression on and off, bytes per step,
           wall time); --plot OUT_DIR also draws the figures (PNG and SVG, matplotlib)
@@ -70,7 +70,9 @@ po::options_description train_options() {
       "baseline", po::value<std::string>(),
       "baseline run directory to compare with (default: a sibling 'baseline' of --out, e.g. runs/baseline)")(
       "stop-after", po::value<int64_t>(), "stop after N epochs of this invocation (an interruption; resume later)")(
-      "quiet", "no progress output (the final table is still printed)");
+      "quiet", "no progress output (the final table is still printed)")(
+      "no-plot", "do not draw DIR/curves.png at the end (it needs python3-matplotlib; skipped with a note "
+                 "when missing)");
   return d;
 }
 
@@ -186,6 +188,13 @@ int cmd_train(const std::vector<std::string>& argv) {
   if (run.last.epoch < run.epochs)
     std::cout << "note: stopped after epoch " << run.last.epoch << " of " << run.epochs
               << "; continue with tapeline train --resume " << req.out_dir << "\n";
+  if (!vm.count("no-plot")) {  // a picture of the run; never fails it
+    std::string why;
+    if (write_run_plot(req.out_dir, &why))
+      std::cout << "curves: " << (fs::path(req.out_dir) / "curves.png").string() << "\n";
+    else
+      std::cout << "note: " << why << "\n";
+  }
   std::cout << "run directory: " << req.out_dir << "\n";
   return 0;
 }

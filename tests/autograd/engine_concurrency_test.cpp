@@ -13,24 +13,29 @@
 namespace tl {
 namespace {
 
-// (4, 4) float32 tensor of small integers: every sum below is exact in float32, so the result of
-// concurrent accumulation must equal the sequential one bit for bit, whatever the order.
+// (kN, kN) float32 tensor of small integers: every sum below is exact in float32, so the result of
+// concurrent accumulation must equal the sequential one bit for bit, whatever the order. The
+// leaves are large enough that accumulating into them takes a while, so a missing lock would
+// lose updates (ThreadSanitizer does not see those: the writes happen inside libtorch's kernels).
+constexpr int64_t kN = 192;
 at::Tensor small_ints(int64_t seed) {
-  return at::arange(16, at::kFloat).view({4, 4}).add(static_cast<double>(seed)).remainder(7.0).sub(3.0);
+  return at::arange(kN * kN, at::kFloat).view({kN, kN}).add(static_cast<double>(seed)).remainder(7.0).sub(3.0);
 }
 
-// One step of a small graph over the shared leaves w, b (and a per-call input x): the leaves get
-// gradients from several ops (w twice), so accumulation inside one pass and across passes happens.
+// One step of a small graph over the shared leaves w, b (and a per-call input x): w gets gradients
+// along several paths, so accumulation happens inside one pass and across passes. Per step every
+// |gradient| stays below 300, so 2 x 1,000 steps sum exactly in float32.
 void one_backward(const Variable& w, const Variable& b, int64_t seed) {
   Variable x(small_ints(seed));
-  Variable h = mul(w, x) + b;               // (4, 4)
-  Variable y = matmul(h, w) + mul(w, 2.0);  // (4, 4): w reached along two paths
-  sum(mul(y, Variable(small_ints(seed + 1)))).backward();
+  Variable h = mul(w, x) + b;                                   // (kN, kN)
+  Variable y = mul(h, w) + mul(w, 2.0);                         // (kN, kN)
+  Variable z = matmul(narrow(y, 0, 0, 4), narrow(w, 1, 0, 4));  // (4, 4)
+  (sum(mul(y, Variable(small_ints(seed + 1)))) + sum(z)).backward();
 }
 
 struct Leaves {
-  Variable w{at::eye(4, at::kFloat).add(1.0), true};
-  Variable b{at::ones({4, 4}, at::kFloat), true};
+  Variable w{at::eye(kN, at::kFloat).sub(small_ints(5).remainder(2.0)), true};  // entries in {-1, 0, 1}
+  Variable b{at::ones({kN, kN}, at::kFloat), true};
 };
 
 TEST(EngineConcurrency, TwoThreadsThousandBackwardsThroughSharedLeavesEqualTheSequentialSum) {

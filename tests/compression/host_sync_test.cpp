@@ -35,10 +35,17 @@ namespace {
 using testing::all_close;
 
 // ATen operators that read device data on the host (so wait for the device) whatever their inputs.
-const std::set<std::string> kSyncOps = {"aten::_local_scalar_dense", "aten::nonzero",  "aten::masked_select",
-                                        "aten::bincount",            "aten::unique_dim", "aten::_unique2",
-                                        "aten::is_nonzero",          "aten::equal",     "aten::allclose",
-                                        "aten::nonzero_numpy",       "aten::argwhere"};
+const std::set<std::string> kSyncOps = {"aten::_local_scalar_dense",
+                                        "aten::nonzero",
+                                        "aten::masked_select",
+                                        "aten::bincount",
+                                        "aten::unique_dim",
+                                        "aten::_unique2",
+                                        "aten::is_nonzero",
+                                        "aten::equal",
+                                        "aten::allclose",
+                                        "aten::nonzero_numpy",
+                                        "aten::argwhere"};
 
 thread_local std::map<std::string, int64_t>* g_sync_calls = nullptr;
 
@@ -91,6 +98,7 @@ TEST(HostSync, DevicePathsOfTheCodecsReadNothingBack) {
   const at::Tensor x = at::randn({6, 3, 40});
   const at::Tensor g = at::randn({6, 3, 40});
   CodecContext ctx;
+  ASSERT_EQ(sync_calls([] { (void)at::ones({2}).sum().item<float>(); }).size(), 1u) << "the counter sees .item()";
   for (const char* spec : kNoSyncSpecs) {
     at::Tensor y_fast = testing::round_trip(parse_compressor(spec), x);
     codec::PortableKernelsGuard device_path(/*device_semantics=*/true);
@@ -102,8 +110,9 @@ TEST(HostSync, DevicePathsOfTheCodecsReadNothingBack) {
       y = c->decode(p, ctx);
     });
     EXPECT_TRUE(calls.empty()) << spec << ": encode + decode on the device path synchronised:" << describe(calls);
-    if (std::string(spec).find("stochastic") == std::string::npos)  // each path has its own random stream
+    if (std::string(spec).find("stochastic") == std::string::npos) {  // each path has its own random stream
       EXPECT_TRUE(all_close(y, y_fast, std::string(spec) + ": device path vs fast path", 1e-5, 1e-5));
+    }
     if (c->supports_shared()) {
       calls = sync_calls([&] { c->decode_shared(c->encode_shared(g, p, ctx), p, ctx); });
       EXPECT_TRUE(calls.empty()) << spec << ": shared mode synchronised:" << describe(calls);
@@ -139,8 +148,8 @@ TEST(HostSync, PayloadsFromTheWireAreCheckedOnTheHostAndLocalOnesAreTrusted) {
   at::manual_seed(4);
   const at::Tensor x = at::randn({3, 50});
   CodecContext ctx;
-  for (const char* spec : {"topk(0.2, index=int32)", "topk(0.2, index=delta)", "topk(0.2, index=bitmap)",
-                           "topk(0.2) | quant(8)"}) {
+  for (const char* spec :
+       {"topk(0.2, index=int32)", "topk(0.2, index=delta)", "topk(0.2, index=bitmap)", "topk(0.2) | quant(8)"}) {
     auto c = parse_compressor(spec);
     Payload p = c->encode(x, ctx);
     const std::vector<uint8_t> bytes = p.serialize();
@@ -154,7 +163,7 @@ TEST(HostSync, PayloadsFromTheWireAreCheckedOnTheHostAndLocalOnesAreTrusted) {
   auto c = parse_compressor("topk(0.2, index=int32)");
   Payload p = c->encode(x, ctx);
   std::vector<uint8_t> bytes = p.serialize();
-  const size_t index_at = p.header_bytes();          // the int32 index comes first in the body
+  const size_t index_at = p.header_bytes();                            // the int32 index comes first in the body
   bytes[index_at] = bytes[index_at + 1] = bytes[index_at + 2] = 0xff;  // index 0: a huge value
   Payload wire = Payload::deserialize(bytes.data(), bytes.size());
   codec::PortableKernelsGuard device_path(/*device_semantics=*/true);

@@ -1,6 +1,7 @@
 #pragma once
 // Reference models built from libtorch's torch::nn, with the same parameter names as tapeline's
-// (so weights copy across by name): a CIFAR-style ResNet and GPT-2 with explicit attention.
+// (so weights copy across by name): a CIFAR-style ResNet, GPT-2 with explicit attention and a
+// BERT-style encoder with pooler and classifier.
 // Used by the layer/model tests and by bench/bench_models.cpp.
 
 #include <torch/torch.h>
@@ -175,6 +176,50 @@ struct GPT2Impl : torch::nn::Module {
   torch::nn::LayerNorm ln_f;
 };
 TORCH_MODULE(GPT2);
+
+// ---- BERT -----------------------------------------------------------------------------------------
+/// Sizes of the BERT reference (tapeline's BertConfig without the tapeline dependency).
+struct BertSizes {
+  int64_t vocab, positions, types, dim, layers, heads, hidden, labels;
+  double eps = 1e-12;
+};
+
+/// word, position, token_type, norm (no dropout).
+struct BertEmbeddingsImpl : torch::nn::Module {
+  explicit BertEmbeddingsImpl(const BertSizes& c)
+      : word(register_module("word", torch::nn::Embedding(c.vocab, c.dim))),
+        position(register_module("position", torch::nn::Embedding(c.positions, c.dim))),
+        token_type(register_module("token_type", torch::nn::Embedding(c.types, c.dim))),
+        norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim}).eps(c.eps)))) {}
+  torch::nn::Embedding word, position, token_type;
+  torch::nn::LayerNorm norm;
+};
+TORCH_MODULE(BertEmbeddings);
+
+/// BERT without dropout: embeddings, post-LN blocks (erf gelu), pooler (tanh), classifier.
+struct BertImpl : torch::nn::Module {
+  explicit BertImpl(const BertSizes& c)
+      : embeddings(register_module("embeddings", BertEmbeddings(c))),
+        layers(register_module("layers", torch::nn::ModuleList())),
+        pooler(register_module("pooler", torch::nn::Linear(c.dim, c.dim))),
+        classifier(register_module("classifier", torch::nn::Linear(c.dim, c.labels))) {
+    for (int64_t i = 0; i < c.layers; ++i)
+      layers->push_back(Block(c.dim, c.heads, c.hidden, false, false, false, "none", c.eps));
+  }
+  /// ids, mask (1 = token, 0 = padding) and types (B, T) int64 -> logits (B, labels)
+  torch::Tensor forward(const torch::Tensor& ids, const torch::Tensor& mask, const torch::Tensor& types) {
+    auto x = embeddings->word(ids) + embeddings->position(torch::arange(ids.size(1), ids.options())) +
+             embeddings->token_type(types);  // (B, T, C)
+    x = embeddings->norm(x);
+    const auto kpm = mask.eq(0);  // (B, T) true = padding
+    for (auto& l : *layers) x = l->as<Block>()->forward(x, kpm);
+    return classifier(torch::tanh(pooler(x.select(1, 0))));
+  }
+  BertEmbeddings embeddings;
+  torch::nn::ModuleList layers;
+  torch::nn::Linear pooler, classifier;
+};
+TORCH_MODULE(Bert);
 
 /// Copies every parameter and buffer of `src` (a tapeline state_dict) into `dst` by name; false
 /// (and nothing copied for that name) where a name is absent.

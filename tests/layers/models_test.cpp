@@ -250,47 +250,18 @@ BertConfig tiny_bert() {
   return c;
 }
 
-/// BERT from torch::nn pieces, same names as tl::Bert.
-struct RefBertEmbeddingsImpl : torch::nn::Module {
-  RefBertEmbeddingsImpl(const BertConfig& c)
-      : word(register_module("word", torch::nn::Embedding(c.vocab_size, c.hidden_size))),
-        position(register_module("position", torch::nn::Embedding(c.max_position_embeddings, c.hidden_size))),
-        token_type(register_module("token_type", torch::nn::Embedding(c.type_vocab_size, c.hidden_size))),
-        norm(register_module(
-            "norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps)))) {}
-  torch::nn::Embedding word, position, token_type;
-  torch::nn::LayerNorm norm;
-};
-TORCH_MODULE(RefBertEmbeddings);
-
-struct RefBertImpl : torch::nn::Module {
-  explicit RefBertImpl(const BertConfig& c)
-      : embeddings(register_module("embeddings", RefBertEmbeddings(c))),
-        layers(register_module("layers", torch::nn::ModuleList())),
-        pooler(register_module("pooler", torch::nn::Linear(c.hidden_size, c.hidden_size))),
-        classifier(register_module("classifier", torch::nn::Linear(c.hidden_size, c.num_labels))) {
-    for (int64_t i = 0; i < c.num_hidden_layers; ++i)
-      layers->push_back(reference::Block(c.hidden_size, c.num_attention_heads, c.intermediate_size, false, false, false,
-                                         "none", c.layer_norm_eps));
-  }
-  torch::Tensor forward(const torch::Tensor& ids, const torch::Tensor& mask, const torch::Tensor& types) {
-    auto x = embeddings->word(ids) + embeddings->position(torch::arange(ids.size(1))) + embeddings->token_type(types);
-    x = embeddings->norm(x);
-    const auto kpm = mask.eq(0);
-    for (auto& l : *layers) x = l->as<reference::Block>()->forward(x, kpm);
-    return classifier(torch::tanh(pooler(x.select(1, 0))));
-  }
-  RefBertEmbeddings embeddings;
-  torch::nn::ModuleList layers;
-  torch::nn::Linear pooler, classifier;
-};
-TORCH_MODULE(RefBert);
+/// The torch::nn BERT of models_reference.h with tiny_bert's sizes.
+reference::Bert ref_bert(const BertConfig& c) {
+  return reference::Bert(reference::BertSizes{c.vocab_size, c.max_position_embeddings, c.type_vocab_size,
+                                              c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
+                                              c.intermediate_size, c.num_labels, c.layer_norm_eps});
+}
 
 TEST(ModelsBert, MatchesTorchReferenceWithPaddingAndTokenTypes) {
   at::manual_seed(7);
   const BertConfig c = tiny_bert();
   Bert ours(c);
-  RefBert ref(c);
+  reference::Bert ref = ref_bert(c);
   EXPECT_TRUE(reference::copy_into(*ref, ours.state_dict()).empty());
   EXPECT_EQ(ref->named_parameters().size(), ours.named_parameters().size());
   const at::Tensor ids = at::randint(1, 41, {2, 7}, at::kLong);
@@ -306,6 +277,29 @@ TEST(ModelsBert, MatchesTorchReferenceWithPaddingAndTokenTypes) {
   EXPECT_EQ(out.hidden.sizes().vec(), (std::vector<int64_t>{2, 7, 16}));
   EXPECT_EQ(out.pooled.sizes().vec(), (std::vector<int64_t>{2, 16}));
   EXPECT_EQ(out.logits.sizes().vec(), (std::vector<int64_t>{2, 3}));
+}
+
+// pooling = mean: the classifier reads the mean of the last hidden states over the real tokens
+// (no pooler is built), in the whole model and in its split stages alike.
+TEST(ModelsBert, MeanPoolingAveragesTheRealTokensOnly) {
+  at::manual_seed(9);
+  BertConfig c = tiny_bert();
+  c.pooling = "mean";
+  Bert m(c);
+  EXPECT_EQ(m.pooler(), nullptr);
+  const at::Tensor ids = at::randint(1, 41, {2, 6}, at::kLong);
+  const at::Tensor mask = at::arange(6).view({1, 6}).lt(at::tensor({6, 4}).view({2, 1})).to(at::kLong);  // (2, 6)
+  const BertOutput out = m.forward(ids, mask);
+  const at::Tensor h = out.hidden.data();  // (2, 6, 16)
+  const at::Tensor expect = at::stack({h[0].mean(0), h[1].narrow(0, 0, 4).mean(0)});
+  EXPECT_TRUE(at::allclose(out.pooled.data(), expect, 1e-5, 1e-6));
+  EXPECT_TRUE(at::allclose(out.logits.data(), m.classifier()->forward(Variable(expect)).data(), 1e-5, 1e-6));
+  StageInputs in;
+  in.attention_mask = mask;
+  in.token_ids = ids;
+  EXPECT_TRUE(at::allclose(m.forward(Variable(ids), in).data(), out.logits.data(), 1e-5, 1e-6));
+  c.pooling = "max";
+  EXPECT_THROW(Bert{c}, c10::Error);
 }
 
 TEST(ModelsBert, PaddingDoesNotLeakAndInitIsHuggingFaces) {

@@ -5,8 +5,11 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
+#include "tasks/data/dataset.h"
 #include "tests/tasks/task_testing.h"
 
 namespace tl {
@@ -76,6 +79,41 @@ TEST(Cli, ConfigurationErrorsExitWithStatus2BeforeRunning) {
   r = run("eval --run " + out);
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("not a tapeline run directory"), std::string::npos) << r.output;
+}
+
+// A finished `tapeline train` draws DIR/curves.png when python3 has matplotlib, and otherwise ends
+// with a note and status 0 (the picture never fails a run); --no-plot skips it.
+TEST(Cli, ATrainRunEndsWithItsCurvesOrANote) {
+  REQUIRE_TAPELINE();
+  if (!fs::exists(fs::path(default_dataset_root("fashion-mnist")) / "train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "Fashion-MNIST not installed (Debian package dataset-fashion-mnist)";
+  testing::TempDir dir;
+  const std::string cfg = (kConfigs / "default.ini").string();
+  const std::string tiny =
+      " --data.train_limit=128 --data.test_limit=64 --train.epochs=1 --train.batch_size=64 --quiet";
+  // The CLI tries python3 on the PATH, then /usr/bin/python3 (tasks/compare.cpp), unless TAPELINE_PYTHON.
+  if (std::getenv("TAPELINE_PYTHON")) GTEST_SKIP() << "TAPELINE_PYTHON is set: the interpreter is the user's choice";
+  const bool matplotlib = std::system("python3 -c 'import matplotlib' >/dev/null 2>&1") == 0 ||
+                          std::system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") == 0;
+  const fs::path out = dir.path() / "run";
+  Result r = run("train --config " + cfg + " --out " + out.string() + tiny);
+  ASSERT_EQ(r.status, 0) << r.output;
+  if (matplotlib) {
+    ASSERT_TRUE(fs::exists(out / "curves.png")) << r.output;
+    EXPECT_NE(r.output.find("curves: "), std::string::npos) << r.output;
+    std::ifstream png(out / "curves.png", std::ios::binary);
+    char magic[8] = {};
+    png.read(magic, 8);
+    EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+  } else {
+    EXPECT_FALSE(fs::exists(out / "curves.png"));
+    EXPECT_NE(r.output.find("note: "), std::string::npos) << r.output;
+  }
+  const fs::path quiet = dir.path() / "no_plot";
+  r = run("train --config " + cfg + " --out " + quiet.string() + tiny + " --no-plot");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(fs::exists(quiet / "summary.json"));
+  EXPECT_FALSE(fs::exists(quiet / "curves.png"));
 }
 
 }  // namespace
