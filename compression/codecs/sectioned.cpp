@@ -5,6 +5,9 @@
 #include "compression/codecs/common.h"
 
 namespace tl {
+namespace {
+constexpr double kHalfMax = 65504.0;  // the largest finite fp16
+}  // namespace
 
 int64_t SectionedCodec::Section::numel() const { return codec::shape_numel(shape); }
 
@@ -17,7 +20,10 @@ Payload SectionedCodec::join(Payload rest, const std::vector<at::Tensor>& values
   for (size_t i = 0; i < values.size(); ++i) {
     TORCH_CHECK(values[i].numel() == secs[i].numel(), codec(), ": section ", i, " has ", values[i].numel(),
                 " values, its header announces ", secs[i].numel());
-    at::Tensor v = values[i].to(secs[i].wire_type);
+    // fp16 saturates at its largest finite value: an overflow to inf would turn into NaN at the
+    // receiver (inf * 0) and end training, where a clipped value is only a large error.
+    const bool saturate = secs[i].wire_type == at::kHalf && c10::elementSize(values[i].scalar_type()) > 2;
+    at::Tensor v = (saturate ? values[i].clamp(-kHalfMax, kHalfMax) : values[i]).to(secs[i].wire_type);
     if (v.is_same(values[i]))
       w.put(v);  // may alias the caller's tensor (identity): copied
     else

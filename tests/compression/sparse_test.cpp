@@ -73,6 +73,20 @@ TEST(TopK, TiesAreCutExactlyAtK) {
   }
 }
 
+// fp16 values saturate at +-65504 instead of overflowing to inf (which the receiver would turn
+// into NaN); fp32 and bf16 carry the value as it is.
+TEST(TopK, Fp16ValuesSaturateInsteadOfOverflowing) {
+  const at::Tensor x = at::tensor({1e6f, -3e5f, 2.0f, 0.5f}).view({1, 4});
+  CodecContext ctx;
+  const at::Tensor y = round_trip(parse_compressor("topk(3)"), x);
+  EXPECT_TRUE(at::isfinite(y).all().item<bool>()) << y;
+  EXPECT_EQ(y[0][0].item<float>(), 65504.0f);
+  EXPECT_EQ(y[0][1].item<float>(), -65504.0f);
+  EXPECT_EQ(y[0][2].item<float>(), 2.0f);
+  EXPECT_EQ(y[0][3].item<float>(), 0.0f);
+  EXPECT_EQ(round_trip(parse_compressor("topk(3, values=fp32)"), x)[0][0].item<float>(), 1e6f);
+}
+
 TEST(TopK, PayloadSizeFormula) {
   at::manual_seed(3);
   at::Tensor x = at::randn({4, 256});
