@@ -172,5 +172,27 @@ TEST(Trainer, StudyConfigsShareEverythingButTheBoundaries) {
   EXPECT_GE(count, 13);
 }
 
+TEST(Trainer, StudyFoldersShareEverythingButTheBoundaries) {
+  // configs/{text,lm,pipeline}/: each folder's runs compare (text's from-scratch run differs in
+  // model.pretrained, on purpose, and AQ-SGD's pads every batch to data.max_length, as its
+  // per-sample cache needs one shape; the pipeline configs differ in their links, under [boundary]).
+  const fs::path configs = fs::path(__FILE__).parent_path().parent_path().parent_path() / "configs";
+  for (const auto& [folder, base] : std::vector<std::pair<std::string, std::string>>{
+           {"text", "finetune.ini"}, {"lm", "baseline.ini"}, {"pipeline", "slow_baseline.ini"}}) {
+    const std::string fp = config_fingerprint(Config::load((configs / folder / base).string()));
+    int count = 0;
+    for (const auto& entry : fs::directory_iterator(configs / folder)) {
+      if (entry.path().extension() != ".ini" || entry.path().filename() == "finetune_scratch.ini") continue;
+      ++count;
+      const bool padded = folder == "text" && entry.path().filename() == "aqsgd4.ini";
+      const Config c = padded ? Config::load(entry.path().string(), {{"data.pad_to_max_length", "false"}})
+                              : Config::load(entry.path().string());
+      EXPECT_EQ(config_fingerprint(c), fp)
+          << folder << "/" << entry.path().filename().string() << " differs from " << base << " outside [boundary]";
+    }
+    EXPECT_GE(count, 4) << folder;
+  }
+}
+
 }  // namespace
 }  // namespace tl
