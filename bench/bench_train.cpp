@@ -26,6 +26,7 @@
 
 #include "layers/models/resnet.h"
 #include "layers/optim/sgd.h"
+#include "bench/bench_util.h"
 #include "parallel/pipeline.h"
 #include "tasks/task.h"
 
@@ -33,11 +34,7 @@ namespace {
 using namespace tl;
 using Clock = std::chrono::steady_clock;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using bench::median;
 
 struct Options {
   int rounds = 15;
