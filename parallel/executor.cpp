@@ -109,25 +109,13 @@ void LocalExecutor::set_links(std::vector<LinkSpec> links) {
 
 StepResult LocalExecutor::train_step(const Batch& batch, int64_t micro_batches, const std::string& schedule_name,
                                      const Pipeline::LossFn& loss_fn, int64_t epoch, StepTiming* timing) {
-  const int64_t rows = batch.rows();
-  TORCH_CHECK(rows > 0 && batch.target.defined() && batch.target.size(0) == rows, "train_step: ",
-              batch.input.sizes(), " inputs and ", batch.target.defined() ? batch.target.sizes() : at::IntArrayRef(),
-              " targets; expected the same number of rows (> 0)");
-  TORCH_CHECK(batch.units.defined() && batch.units.numel() == rows,
-              "train_step: the batch needs one loss unit count per row (Batch::units)");
-  TORCH_CHECK(!batch.sample_ids.defined() || batch.sample_ids.numel() == rows, "train_step: ",
-              batch.sample_ids.numel(), " sample ids for ", rows, " rows");
-  const auto slices = Pipeline::micro_batch_slices(rows, micro_batches);
+  const MicroBatches split = split_micro_batches(batch, micro_batches, epoch);
+  const std::vector<Batch>& mbs = split.batches;
+  const std::vector<CodecContext>& ctxs = split.contexts;
   const int stages = static_cast<int>(pipeline_.num_stages());
-  const int m = static_cast<int>(slices.size());
+  const int m = split.size();
   const std::vector<RankSchedule> plan = make_schedule(schedule_name, stages, m);
 
-  std::vector<Batch> mbs;
-  std::vector<CodecContext> ctxs;
-  for (int i = 0; i < m; ++i) {
-    mbs.push_back(batch.slice(slices[i].first, slices[i].second));
-    ctxs.push_back(micro_batch_context(mbs.back(), i, epoch));
-  }
   std::vector<std::unique_ptr<StageRuntime>> rt;
   for (int s = 0; s < stages; ++s) rt.push_back(std::make_unique<StageRuntime>(pipeline_, s, loss_fn));
   for (int s = 0; s < stages; ++s)
@@ -178,7 +166,7 @@ StepResult LocalExecutor::train_step(const Batch& batch, int64_t micro_batches, 
             break;
           }
           case ActionType::Backward: {
-            if (s > 0) set_epilogue_flag(plan[s], next[s], mb);
+            if (s > 0) apply_epilogue_flag(pipeline_, plan[s], next[s], mb);
             auto t0 = std::chrono::steady_clock::now();
             const Payload* in = nullptr;
             auto got = got_grad[s].find(mb);
@@ -240,7 +228,7 @@ StepResult LocalExecutor::train_step(const Batch& batch, int64_t micro_batches, 
   r.units = last.units();  // from the batch (CPU), equal to the tally's count
   r.loss = t.loss_sum / r.units;
   r.correct = t.correct;
-  r.rows = rows;
+  r.rows = batch.rows();
   r.micro_batches = m;
   if (timing) {
     timing->step_s = *std::max_element(clock.begin(), clock.end());
@@ -250,10 +238,8 @@ StepResult LocalExecutor::train_step(const Batch& batch, int64_t micro_batches, 
   return r;
 }
 
-void LocalExecutor::set_epilogue_flag(const RankSchedule& list, size_t at, int micro_batch) {
-  // Optimus-CC: the gradient this backward produces is compressed only if its send is on the
-  // critical path (the schedule's SendGrad flag), where the boundary is epilogue-only.
-  const BoundaryPtr& b = pipeline_.boundary(list[at].stage - 1);
+void apply_epilogue_flag(Pipeline& pipeline, const RankSchedule& list, size_t at, int micro_batch) {
+  const BoundaryPtr& b = pipeline.boundary(list[at].stage - 1);
   bool compress = true;
   for (size_t i = at + 1; i < list.size(); ++i)
     if (list[i].type == ActionType::SendGrad && list[i].micro_batch == micro_batch) {
@@ -261,6 +247,23 @@ void LocalExecutor::set_epilogue_flag(const RankSchedule& list, size_t at, int m
       break;
     }
   b->set_backward_compression_enabled(!b->epilogue_only() || compress);
+}
+
+MicroBatches split_micro_batches(const Batch& batch, int64_t micro_batches, int64_t epoch) {
+  const int64_t rows = batch.rows();
+  TORCH_CHECK(rows > 0 && batch.target.defined() && batch.target.size(0) == rows, "train_step: ",
+              batch.input.sizes(), " inputs and ", batch.target.defined() ? batch.target.sizes() : at::IntArrayRef(),
+              " targets; expected the same number of rows (> 0)");
+  TORCH_CHECK(batch.units.defined() && batch.units.numel() == rows,
+              "train_step: the batch needs one loss unit count per row (Batch::units)");
+  TORCH_CHECK(!batch.sample_ids.defined() || batch.sample_ids.numel() == rows, "train_step: ",
+              batch.sample_ids.numel(), " sample ids for ", rows, " rows");
+  MicroBatches out;
+  for (const auto& [start, size] : Pipeline::micro_batch_slices(rows, micro_batches)) {
+    out.batches.push_back(batch.slice(start, size));
+    out.contexts.push_back(micro_batch_context(out.batches.back(), out.size() - 1, epoch));
+  }
+  return out;
 }
 
 CodecContext micro_batch_context(const Batch& mb, int64_t index, int64_t epoch) {

@@ -123,13 +123,27 @@ class LocalExecutor {
                         const Pipeline::LossFn& loss_fn, int64_t epoch, StepTiming* timing = nullptr);
 
  private:
-  void set_epilogue_flag(const RankSchedule& list, size_t at, int micro_batch);
-
   Pipeline& pipeline_;
   std::vector<LinkSpec> links_;
 };
 
 /// The codec context of micro-batch `index` (sample and token ids from the micro-batch).
 CodecContext micro_batch_context(const Batch& mb, int64_t index, int64_t epoch);
+
+/// A step's batch split into micro-batches (Pipeline::micro_batch_slices) with their codec
+/// contexts, after checking the batch (rows, targets, units, sample ids): what every executor
+/// and every rank splits the same way.
+struct MicroBatches {
+  std::vector<Batch> batches;
+  std::vector<CodecContext> contexts;
+  int size() const { return static_cast<int>(batches.size()); }
+};
+MicroBatches split_micro_batches(const Batch& batch, int64_t micro_batches, int64_t epoch);
+
+/// Before the backward at list[at] of micro-batch `micro_batch` on a stage > 0 (Optimus-CC): the
+/// gradient it produces is compressed only if its send is on the critical path (the schedule's
+/// SendGrad flag), where the boundary before the stage is epilogue-only. Executors reset the
+/// flags to true after the step.
+void apply_epilogue_flag(Pipeline& pipeline, const RankSchedule& list, size_t at, int micro_batch);
 
 }  // namespace tl

@@ -137,10 +137,9 @@ void Pipeline::after_optimizer_step() {
   for (const auto& b : boundaries_) b->after_optimizer_step();
 }
 
-BoundaryStats Pipeline::total_stats() const {
+BoundaryStats sum_boundary_stats(const std::vector<BoundaryStats>& all) {
   BoundaryStats total;
-  for (const auto& b : boundaries_) {
-    BoundaryStats s = b->stats();
+  for (const BoundaryStats& s : all) {
     for (auto [dst, src] : {std::make_pair(&total.forward, &s.forward), std::make_pair(&total.backward, &s.backward)}) {
       dst->messages += src->messages;
       dst->bytes += src->bytes;
@@ -160,6 +159,12 @@ BoundaryStats Pipeline::total_stats() const {
     }
   }
   return total;
+}
+
+BoundaryStats Pipeline::total_stats() const {
+  std::vector<BoundaryStats> all;
+  for (const auto& b : boundaries_) all.push_back(b->stats());
+  return sum_boundary_stats(all);
 }
 
 void Pipeline::reset_stats() {

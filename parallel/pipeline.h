@@ -72,6 +72,10 @@ struct StepResult {
 
 struct StepTiming;  // parallel/executor.h
 
+/// Statistics summed over boundaries (or over the ranks that each saw part of one boundary):
+/// bytes and messages added, relative error and density averaged over the measured messages.
+BoundaryStats sum_boundary_stats(const std::vector<BoundaryStats>& all);
+
 class Pipeline : public Module {
  public:
   /// The task's loss of one micro-batch's output (the last stage's).

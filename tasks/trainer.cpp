@@ -2,7 +2,9 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <chrono>
+#include <optional>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +20,9 @@
 #include "layers/optim/grad_utils.h"
 #include "layers/optim/sgd.h"
 #include "tasks/data/loader.h"
+#include "parallel/dist/rendezvous.h"
+#include "parallel/dist/runtime.h"
+#include "parallel/dist/transport.h"
 #include "parallel/executor.h"
 #include "tasks/models.h"
 
@@ -70,10 +75,12 @@ std::string fnv1a_hex(const std::string& text) {
   return s.str();
 }
 
-// Keys that do not change what a run computes (presentation, placement, file locations).
+// Keys that do not change what a run computes (presentation, placement, file locations; one process
+// or one per stage compute the same numbers, parallel/dist/runtime.h).
 bool outside_fingerprint(const std::string& key) {
   static const std::vector<std::string> keys = {"run.progress", "run.log_every", "run.checkpoint_every", "run.threads",
-                                                "run.device",   "data.root",     "data.prefetch", "model.weights"};
+                                                "run.device",   "data.root",     "data.prefetch", "model.weights",
+                                                "pipeline.nproc", "dist.timeout_s"};
   return key.rfind("boundary.", 0) == 0 || std::find(keys.begin(), keys.end(), key) != keys.end();
 }
 
@@ -129,19 +136,30 @@ std::unique_ptr<Optimizer> build_optimizer(const TrainSection& t, Module& model)
 
 }  // namespace
 
-Experiment::Experiment(const Config& config) : config_(config) {
-  // Not built yet: one process per stage. The transports exist (parallel/dist/); the runner does
-  // not drive them. Say so rather than silently running in one process.
-  const char* world = std::getenv("WORLD_SIZE");
-  const bool torchrun = world && std::string(world) != "1";
-  TORCH_CHECK(config_.pipeline.nproc == 1 && !torchrun, "pipeline.nproc = ", config_.pipeline.nproc,
-              torchrun ? std::string(" (WORLD_SIZE = ") + world + " from torchrun)" : std::string(),
-              ": multi-process pipelines are not implemented in `tapeline train` yet (the c10d transport, "
-              "rendezvous and launcher exist in parallel/dist/); run every stage in one process with "
-              "pipeline.nproc = 1, where links can be emulated (boundary.bandwidth_mbps, boundary.latency_ms)");
+Experiment::Experiment(const Config& config, bool allow_distributed) : config_(config) {
+  // One rank of several (torchrun, tapeline train --nproc): the environment says so.
+  std::optional<dist::DistEnv> env;
+  if (allow_distributed && dist::DistEnv::launched()) {
+    env = dist::DistEnv::from_env();
+    if (env->world_size == 1) env.reset();
+  }
+  if (allow_distributed && !env)
+    TORCH_CHECK(config_.pipeline.nproc == 1, "pipeline.nproc = ", config_.pipeline.nproc,
+                ": this process is not one of several ranks (RANK and WORLD_SIZE are not set); start the ranks with "
+                "`tapeline train --nproc ",
+                config_.pipeline.nproc, " ...` or torchrun, or set pipeline.nproc = 1 to run every stage here");
+  if (env)
+    TORCH_CHECK(config_.pipeline.nproc == 1 || config_.pipeline.nproc == env->world_size, "pipeline.nproc = ",
+                config_.pipeline.nproc, " but ", env->world_size,
+                " ranks were started (WORLD_SIZE); start as many ranks as the config says, or drop pipeline.nproc");
+  if (env && config_.run.threads == 0) {  // the machine's cores shared by the ranks on it
+    const unsigned cores = std::thread::hardware_concurrency();
+    config_.run.threads = std::max<int64_t>(1, static_cast<int64_t>(cores) / std::max(1, env->local_world_size));
+  }
   threads_ = choose_threads(config_.run.threads);
   at::set_num_threads(threads_);
   device_ = parse_run_device(config_.run.device);
+  if (env && device_.is_cuda()) device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env->local_rank));
   at::manual_seed(config_.run.seed);  // the default generator, for anything that uses it
 
   // 1. Task, model, cuts and boundaries: no data read yet.
@@ -182,6 +200,22 @@ Experiment::Experiment(const Config& config) : config_(config) {
   pipeline_->to(device_);
   apply_codec_constraints(*pipeline_);  // subspace codecs project the GPT-2 weights they need
 
+  // 1b. Multi-process: meet the other ranks (one per stage) before the data is read, so a
+  //     mismatch or a missing rank is reported early. Links are emulated at the receiver.
+  if (env) {
+    TORCH_CHECK(static_cast<size_t>(env->world_size) == pipeline_->num_stages(), env->world_size,
+                " ranks (WORLD_SIZE) but the model has ", pipeline_->num_stages(), " stages (",
+                pipeline_->boundaries().size(), " cuts, model.cuts): start one rank per stage");
+    dist::TransportOptions o;
+    o.backend = device_.is_cuda() ? "nccl" : "gloo";
+    o.timeout_s = config_.dist.timeout_s;
+    o.comm_thread = true;  // sends overlap compute
+    const int r = env->rank;
+    if (r > 0) o.link_from[r - 1] = links[static_cast<size_t>(r - 1)];          // activations in
+    if (r + 1 < env->world_size) o.link_from[r + 1] = links[static_cast<size_t>(r)];  // gradients in
+    transport_ = dist::Transport::connect(*env, o);
+  }
+
   // 2. Data.
   task_->load_data();
 
@@ -201,6 +235,29 @@ Experiment::Experiment(const Config& config) : config_(config) {
   // 4. Optimizer and schedule.
   optimizer_ = build_optimizer(config_.train, *pipeline_);
   scheduler_ = std::make_unique<LRScheduler>(*optimizer_, build_schedule(config_.train, steps_per_epoch()));
+  if (transport_) {
+    dist_ = std::make_unique<dist::DistExecutor>(*pipeline_, *transport_);
+    dist_->synchronized(*optimizer_);
+  }
+}
+
+Experiment::~Experiment() = default;
+
+int Experiment::rank() const { return dist_ ? dist_->rank() : 0; }
+int Experiment::world_size() const { return transport_ ? transport_->world_size() : 1; }
+
+void Experiment::save_checkpoint(const std::string& path, const CheckpointInfo& info) {
+  if (!dist_) {
+    tl::save_checkpoint(path, *pipeline_, optimizer_.get(), scheduler_.get(), info);
+    return;
+  }
+  dist_->save_checkpoint(path, checkpoint_contents(*pipeline_, optimizer_.get(), scheduler_.get(), info));
+}
+
+CheckpointInfo Experiment::load_checkpoint(const std::string& path) {
+  CheckpointInfo info = tl::load_checkpoint(path, *pipeline_, optimizer_.get(), scheduler_.get());
+  if (dist_) dist_->synchronized(*optimizer_);  // every rank now holds the same state
+  return info;
 }
 
 std::string Experiment::describe() const {
@@ -215,6 +272,18 @@ std::string Experiment::describe() const {
 
 Experiment::Evaluation Experiment::evaluate(bool compression) {
   pipeline_->eval();
+  if (dist_) {
+    at::Tensor tally;
+    const auto tally_fn = [this](const Variable& out, const Batch& batch) { return task_->loss(out, batch).tally; };
+    for (int64_t b = 0; b < task_->eval_batches(); ++b) {
+      at::Tensor t = dist_->evaluate_batch(task_->eval_batch(b).to(device_), compression, tally_fn, b);
+      if (t.defined()) tally = tally.defined() ? tally + t : t;
+    }
+    pipeline_->train();
+    const Tally t = dist_->share_tally(tally, std::string("evaluation with compression ") + (compression ? "on" : "off"));
+    if (t.units <= 0) return {};
+    return {t.loss(), task_->metric_value(t)};
+  }
   at::Tensor tally;
   for (int64_t b = 0; b < task_->eval_batches(); ++b) {
     Batch batch = task_->eval_batch(b).to(device_);
@@ -241,14 +310,27 @@ EpochMetrics Experiment::train_epoch(int64_t epoch, const std::function<void(con
   task_->start_epoch(epoch);
   while (auto batch = task_->next_train_batch()) {
     optimizer_->zero_grad();
-    StepResult r = pipeline_->train_step(batch->to(device_), config_.train.micro_batches, loss_fn, epoch);
+    StepTiming timing;
+    StepResult r;
+    const int64_t global = scheduler_->step_count() + 1;
+    if (dist_) {  // this rank's stage; the result is the last stage's, on every rank
+      r = dist_->train_step(batch->to(device_), config_.train.micro_batches, pipeline_->schedule(), loss_fn, epoch,
+                            global, &timing);
+    } else {
+      r = pipeline_->train_step(batch->to(device_), config_.train.micro_batches, loss_fn, epoch);
+      timing = pipeline_->last_timing();
+    }
     TORCH_CHECK(std::isfinite(r.loss), "training diverged at epoch ", epoch + 1, " step ", batch->index + 1,
                 ": loss is ", r.loss, "; lower train.lr or use a milder compressor");
-    if (config_.train.grad_clip > 0) clip_grad_norm(optimizer_->parameters(), config_.train.grad_clip);
+    if (config_.train.grad_clip > 0) {
+      if (dist_)
+        dist_->clip_grad_norm(optimizer_->parameters(), config_.train.grad_clip, global);
+      else
+        clip_grad_norm(optimizer_->parameters(), config_.train.grad_clip);
+    }
     optimizer_->step();
     pipeline_->after_optimizer_step();  // every codec's hook (subspace projection, lazy EF carry)
     scheduler_->step();
-    const StepTiming& timing = pipeline_->last_timing();
     m.train_time_s += timing.step_s;
     for (size_t s = 0; s < timing.compute_s.size(); ++s) {
       m.compute_s += timing.compute_s[s] / static_cast<double>(timing.compute_s.size());
@@ -274,7 +356,23 @@ EpochMetrics Experiment::train_epoch(int64_t epoch, const std::function<void(con
     }
   }
   TORCH_CHECK(total.units > 0, "epoch ", epoch + 1, ": the task produced no training batch");
-  BoundaryStats stats = pipeline_->total_stats();
+  std::vector<BoundaryStats> per_boundary;
+  if (dist_) {
+    // Rank 0 gets every rank's part: bytes are counted by each direction's sender. Pipeline time
+    // is the slowest rank's; compute and comm are averaged over the ranks (stages), as in process.
+    auto totals = dist_->gather_epoch(m.train_time_s, m.compute_s, m.comm_s, epoch);
+    if (!totals.train_time_s.empty()) {
+      const double n = static_cast<double>(totals.train_time_s.size());
+      m.train_time_s = *std::max_element(totals.train_time_s.begin(), totals.train_time_s.end());
+      m.compute_s = m.comm_s = 0;
+      for (size_t i = 0; i < totals.compute_s.size(); ++i)
+        m.compute_s += totals.compute_s[i] / n, m.comm_s += totals.comm_s[i] / n;
+    }
+    per_boundary = totals.boundaries;  // empty on ranks > 0
+  } else {
+    for (const auto& b : pipeline_->boundaries()) per_boundary.push_back(b->stats());
+  }
+  const BoundaryStats stats = sum_boundary_stats(per_boundary);
   m.bubble = m.train_time_s > 0 ? std::max(0.0, 1.0 - m.compute_s / m.train_time_s) : 0.0;
   m.train_loss = total.loss();
   m.train_metric = task_->metric_value(total);
@@ -285,8 +383,8 @@ EpochMetrics Experiment::train_epoch(int64_t epoch, const std::function<void(con
     m.forward_rel_error = stats.forward.rel_error_mean, m.forward_density = stats.forward.density_mean;
   if (stats.backward.measured > 0)
     m.backward_rel_error = stats.backward.rel_error_mean, m.backward_density = stats.backward.density_mean;
-  for (size_t i = 0; i < pipeline_->boundaries().size(); ++i) {
-    const BoundaryStats b = pipeline_->boundary(i)->stats();
+  for (size_t i = 0; i < per_boundary.size(); ++i) {
+    const BoundaryStats& b = per_boundary[i];
     BoundaryMetrics bm;
     bm.index = static_cast<int64_t>(i + 1);
     bm.bytes_forward = b.forward.bytes;
@@ -328,20 +426,30 @@ RunSummary run_training(const TrainRequest& req) {
   TORCH_CHECK(!req.out_dir.empty(), "train: --out DIR is required");
   Experiment ex(req.config);
   const Config& cfg = ex.config();
-  Progress progress(req.quiet ? Progress::Mode::kNone : Progress::resolve(cfg.run.progress));
-  fs::create_directories(req.out_dir);
+  // Multi-process: rank 0 alone writes the run directory and prints progress; the others print
+  // only errors. Every rank takes part in checkpoints and evaluations.
+  const bool writer = ex.rank() == 0;
+  Progress progress(req.quiet || !writer ? Progress::Mode::kNone : Progress::resolve(cfg.run.progress));
+  if (writer) fs::create_directories(req.out_dir);
   const std::string out = req.out_dir;
   const std::string ckpt = (fs::path(out) / kCheckpoint).string();
   const std::string csv = (fs::path(out) / "metrics.csv").string();
   const std::string jsonl = (fs::path(out) / "metrics.jsonl").string();
+  auto write_file = [&](const std::string& path, const std::string& text) {
+    if (writer) write_file_atomic(path, text);
+  };
 
   std::vector<EpochMetrics> history;
   int64_t start_epoch = 0;
   double wall_before = 0.0;
   if (!req.resume_dir.empty()) {
     const std::string from = (fs::path(req.resume_dir) / kCheckpoint).string();
-    TORCH_CHECK(fs::exists(from), "--resume ", req.resume_dir, ": no ", kCheckpoint, " there (nothing to resume)");
-    CheckpointInfo info = load_checkpoint(from, ex.pipeline(), &ex.optimizer(), &ex.scheduler());
+    TORCH_CHECK(fs::exists(from), "--resume ", req.resume_dir, ": no ", kCheckpoint, " there (nothing to resume)",
+                ex.distributed() ? " on rank " + std::to_string(ex.rank()) +
+                                       "; every rank reads it: on several machines put the run directory on a shared "
+                                       "file system"
+                                 : std::string());
+    CheckpointInfo info = ex.load_checkpoint(from);
     start_epoch = info.epoch;
     auto fp = info.metadata.find("fingerprint");
     if (fp != info.metadata.end() && fp->second != config_fingerprint(cfg))
@@ -355,17 +463,17 @@ RunSummary run_training(const TrainRequest& req) {
       for (const auto& row : read_metrics_csv(old_csv))
         if (row.epoch <= start_epoch) history.push_back(row);
     const std::string old_jsonl = (fs::path(req.resume_dir) / "metrics.jsonl").string();
-    if (fs::exists(old_jsonl))
+    if (writer && fs::exists(old_jsonl))
       truncate_jsonl(old_jsonl, jsonl, info.step);
     else
-      write_file_atomic(jsonl, "");
+      write_file(jsonl, "");
     progress.line("resuming " + req.resume_dir + " after epoch " + std::to_string(start_epoch) + " (step " +
                   std::to_string(info.step) + ")");
   } else {
-    write_file_atomic(jsonl, "");
+    write_file(jsonl, "");
   }
-  write_file_atomic((fs::path(out) / "config.ini").string(), cfg.to_ini());
-  progress.line(ex.describe());
+  write_file((fs::path(out) / "config.ini").string(), cfg.to_ini());
+  progress.line(ex.describe() + (ex.distributed() ? "\n" + std::to_string(ex.world_size()) + " processes, one per stage (rank 0 writes the run)" : std::string()));
 
   RunSummary summary;
   summary.name = fs::path(out).filename().string();
@@ -426,7 +534,7 @@ RunSummary run_training(const TrainRequest& req) {
                {"lr", s.lr},
                {unit + "_per_s", s.units_per_s},
                {"wall_s", wall_before + seconds_since(t_start)}};
-        append_line(jsonl, j.dump());
+        if (writer) append_line(jsonl, j.dump());
         if (progress.mode() == Progress::Mode::kPlain) {
           std::ostringstream line;
           line << "epoch " << s.epoch + 1 << "/" << cfg.train.epochs << " step " << s.step_in_epoch << "/"
@@ -478,10 +586,10 @@ RunSummary run_training(const TrainRequest& req) {
                                  {"backward_rel_error", b.backward_rel_error},
                                  {"forward_density", b.forward_density},
                                  {"backward_density", b.backward_density}});
-    append_line(jsonl, j.dump());
-    write_file_atomic(csv, metrics_csv(history));
+    if (writer) append_line(jsonl, j.dump());
+    write_file(csv, metrics_csv(history));
     summary.last = m;
-    write_file_atomic((fs::path(out) / "summary.json").string(), summary_json(summary));
+    write_file((fs::path(out) / "summary.json").string(), summary_json(summary));
     if ((m.epoch % cfg.run.checkpoint_every == 0) || m.epoch == cfg.train.epochs ||
         (req.stop_after_epochs > 0 && run_epochs >= req.stop_after_epochs)) {
       CheckpointInfo info;
@@ -489,7 +597,7 @@ RunSummary run_training(const TrainRequest& req) {
       info.epoch = m.epoch;
       info.metadata["wall_s"] = std::to_string(m.wall_s);
       info.metadata["fingerprint"] = summary.fingerprint;
-      save_checkpoint(ckpt, ex.pipeline(), &ex.optimizer(), &ex.scheduler(), info);
+      ex.save_checkpoint(ckpt, info);
     }
     std::ostringstream line;
     line << std::fixed << "epoch " << m.epoch << "/" << cfg.train.epochs << ": train loss " << std::setprecision(4)
@@ -513,7 +621,7 @@ std::vector<double> evaluate_run(const std::string& run_dir, const std::vector<b
   TORCH_CHECK(fs::exists(config), "eval --run ", run_dir, ": no config.ini (not a tapeline run directory)");
   TORCH_CHECK(fs::exists(ckpt), "eval --run ", run_dir, ": no ", kCheckpoint, " (the run has not finished an epoch)");
   Config cfg = Config::load(config, overrides);
-  Experiment ex(cfg);
+  Experiment ex(cfg, /*allow_distributed=*/false);  // one process reads the whole checkpoint
   CheckpointLoadOptions opt;
   opt.restore_rng = false;
   load_checkpoint(ckpt, ex.pipeline(), nullptr, nullptr, opt);

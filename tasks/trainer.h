@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "layers/io/checkpoint.h"
 #include "layers/optim/optimizer.h"
 #include "layers/optim/schedule.h"
 #include "parallel/pipeline.h"
@@ -36,13 +37,26 @@
 
 namespace tl {
 
+namespace dist {
+class Transport;
+class DistExecutor;
+}  // namespace dist
+
 /// Everything a run is made of. The constructor validates in the order that fails fastest:
 /// device, task and model and cuts and boundary specs (no data read yet), then the data, then one
 /// forward pass on a training batch (shapes; creates lazily sized codec weights) before the
 /// optimizer is built. Nothing is trained here.
+///
+/// Multi-process (this process is one rank of several: torchrun or `tapeline train --nproc`, see
+/// parallel/dist/rendezvous.h): every rank builds the same experiment from the same config and
+/// seed, connects to the others (dist.timeout_s), and trains and evaluates only its own stage
+/// (parallel/dist/runtime.h); the step results, evaluations and epoch metrics are the same on
+/// every rank (gathered to rank 0 where only rank 0 needs them). With `allow_distributed` false
+/// the experiment runs in this process whatever the environment says (evaluation of a run).
 class Experiment {
  public:
-  explicit Experiment(const Config& config);
+  explicit Experiment(const Config& config, bool allow_distributed = true);
+  ~Experiment();
 
   const Config& config() const { return config_; }
   Task& task() { return *task_; }
@@ -74,6 +88,16 @@ class Experiment {
   EpochMetrics train_epoch(int64_t epoch, const std::function<void(const StepLog&)>& on_step);
   int64_t global_step() const { return scheduler_->step_count(); }
 
+  /// Whether this process is one rank of a multi-process pipeline, and which (0 otherwise).
+  bool distributed() const { return dist_ != nullptr; }
+  int rank() const;
+  int world_size() const;
+  /// Saves a checkpoint of the whole pipeline (multi-process: collective, written by rank 0 from
+  /// every rank's state; Note [one checkpoint] in parallel/dist/runtime.h).
+  void save_checkpoint(const std::string& path, const CheckpointInfo& info);
+  /// Loads one (every rank reads the same file) and returns its counters.
+  CheckpointInfo load_checkpoint(const std::string& path);
+
  private:
   Config config_;
   at::Device device_{at::kCPU};
@@ -83,6 +107,8 @@ class Experiment {
   std::shared_ptr<Pipeline> pipeline_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<LRScheduler> scheduler_;
+  std::unique_ptr<dist::Transport> transport_;
+  std::unique_ptr<dist::DistExecutor> dist_;
 };
 
 /// What `tapeline train` asks for.

@@ -117,28 +117,39 @@ void set_rng_state(const TensorMap& state) {
   }
 }
 
+CheckpointContents checkpoint_contents(const Module& model, const Optimizer* optimizer, const LRScheduler* scheduler,
+                                       const CheckpointInfo& info, bool save_rng) {
+  TORCH_CHECK(info.step >= 0 && info.epoch >= 0, "checkpoint: step and epoch must be >= 0, got ", info.step, " and ",
+              info.epoch);
+  CheckpointContents c;
+  for (const auto& [n, t] : model.state_dict()) c.tensors["model." + n] = t;
+  c.metadata = {{"format", kFormat},
+                {"version", kVersion},
+                {"step", std::to_string(info.step)},
+                {"epoch", std::to_string(info.epoch)}};
+  if (optimizer) {
+    for (const auto& [k, t] : optimizer->state_dict()) c.tensors["optim." + k] = t;
+    c.metadata["optimizer"] = optimizer->name();
+  }
+  if (scheduler) {
+    for (const auto& [k, t] : scheduler->state_dict()) c.tensors["sched." + k] = t;
+    c.metadata["schedule"] = scheduler->schedule().describe();
+  }
+  if (save_rng)
+    for (const auto& [k, t] : rng_state()) c.tensors["rng." + k] = t;
+  for (const auto& [k, v] : info.metadata) c.metadata["user." + k] = v;
+  return c;
+}
+
+void write_checkpoint(const std::string& path, const CheckpointContents& contents) {
+  save_safetensors(path, contents.tensors, contents.metadata);
+}
+
 void save_checkpoint(const std::string& path, const Module& model, const Optimizer* optimizer,
                      const LRScheduler* scheduler, const CheckpointInfo& info, bool save_rng) {
   TORCH_CHECK(info.step >= 0 && info.epoch >= 0, "save_checkpoint('", path, "'): step and epoch must be >= 0, got ",
               info.step, " and ", info.epoch);
-  TensorMap all;
-  for (const auto& [n, t] : model.state_dict()) all["model." + n] = t;
-  std::map<std::string, std::string> meta = {{"format", kFormat},
-                                             {"version", kVersion},
-                                             {"step", std::to_string(info.step)},
-                                             {"epoch", std::to_string(info.epoch)}};
-  if (optimizer) {
-    for (const auto& [k, t] : optimizer->state_dict()) all["optim." + k] = t;
-    meta["optimizer"] = optimizer->name();
-  }
-  if (scheduler) {
-    for (const auto& [k, t] : scheduler->state_dict()) all["sched." + k] = t;
-    meta["schedule"] = scheduler->schedule().describe();
-  }
-  if (save_rng)
-    for (const auto& [k, t] : rng_state()) all["rng." + k] = t;
-  for (const auto& [k, v] : info.metadata) meta["user." + k] = v;
-  save_safetensors(path, all, meta);
+  write_checkpoint(path, checkpoint_contents(model, optimizer, scheduler, info, save_rng));
 }
 
 CheckpointInfo read_checkpoint_info(const std::string& path) {

@@ -43,6 +43,18 @@ struct CheckpointLoadOptions {
 void save_checkpoint(const std::string& path, const Module& model, const Optimizer* optimizer,
                      const LRScheduler* scheduler, const CheckpointInfo& info, bool save_rng = true);
 
+/// What save_checkpoint writes, in memory: the named tensors (model.*, optim.*, sched.*, rng.*)
+/// and the metadata. Multi-process runs assemble one checkpoint from every rank's contents
+/// (parallel/dist/runtime.h) and write it with write_checkpoint.
+struct CheckpointContents {
+  TensorMap tensors;
+  std::map<std::string, std::string> metadata;
+};
+CheckpointContents checkpoint_contents(const Module& model, const Optimizer* optimizer, const LRScheduler* scheduler,
+                                       const CheckpointInfo& info, bool save_rng = true);
+/// Writes `contents` atomically (temp file + rename).
+void write_checkpoint(const std::string& path, const CheckpointContents& contents);
+
 /// Restores into the given targets (all validated first; nothing changes on error) and returns the
 /// stored counters and metadata. A target passed as nullptr is skipped (e.g. loading weights only);
 /// a target the checkpoint has no state for is an error.

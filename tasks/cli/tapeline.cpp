@@ -1,5 +1,5 @@
 // tapeline: the command-line front end.
-//   tapeline train --config FILE --out DIR [--resume DIR] [--with-baseline] [--section.key=value ...]
+//   tapeline train --config FILE --out DIR [--resume DIR] [--with-baseline] [--nproc N] [--section.key=value ...]
 //   tapeline eval --run DIR [--compression on|off|both] [--section.key=value ...]
 // Exit status: 0 success, 2 usage or configuration error (nothing ran), 1 failure while running.
 #include <boost/program_options.hpp>
@@ -11,6 +11,8 @@
 #include <iostream>
 #include <sstream>
 
+#include "parallel/dist/launch.h"
+#include "parallel/dist/rendezvous.h"
 #include "tasks/compare.h"
 #include "tasks/config.h"
 #include "tasks/report.h"
@@ -72,7 +74,10 @@ po::options_description train_options() {
       "stop-after", po::value<int64_t>(), "stop after N epochs of this invocation (an interruption; resume later)")(
       "quiet", "no progress output (the final table is still printed)")(
       "no-plot", "do not draw DIR/curves.png at the end (it needs python3-matplotlib; skipped with a note "
-                 "when missing)");
+                 "when missing)")(
+      "nproc", po::value<int>(),
+      "one process per stage: start N ranks of this program on this machine (N = the number of stages; "
+      "default pipeline.nproc). Under torchrun, torchrun starts them instead (docs/PIPELINE.md)");
   return d;
 }
 
@@ -107,9 +112,19 @@ bool all_identity(const Config& c) {
   return true;
 }
 
+// Set by `tapeline train --nproc` in its ranks: the launcher prints the table and draws the plot.
+const char* kLaunchedByUs = "TAPELINE_LAUNCHER";
+
 int cmd_train(const std::vector<std::string>& argv) {
+  std::vector<std::string> args = argv;
+  int nproc = 0;
+  try {
+    nproc = dist::take_nproc_flag(args);
+  } catch (const std::exception& e) {
+    throw UsageError(e.what());
+  }
   std::vector<std::string> rest;
-  auto overrides = split_overrides(argv, rest);
+  auto overrides = split_overrides(args, rest);
   auto desc = train_options();
   po::variables_map vm = parse(rest, desc);
   if (vm.count("help")) {
@@ -144,7 +159,34 @@ int cmd_train(const std::vector<std::string>& argv) {
     throw UsageError(e.what());
   }
 
-  RunSummary run = run_training(req);
+  // One process per stage. Started by torchrun (or by us): this process is one rank.
+  const bool is_rank = dist::DistEnv::launched();
+  if (!is_rank && nproc == 0) nproc = static_cast<int>(req.config.pipeline.nproc);
+  if (is_rank && vm.count("with-baseline") && !std::getenv(kLaunchedByUs))
+    throw UsageError("--with-baseline is not available under torchrun; train the baseline as its own run "
+                     "(same config with --boundary.forward=identity --boundary.backward=identity)");
+  RunSummary run;
+  if (!is_rank && nproc > 1) {
+    dist::LaunchOptions launch;
+    launch.nproc = nproc;
+    launch.args = {"train"};
+    for (const auto& a : args)
+      if (a != "--with-baseline") launch.args.push_back(a);  // the baseline is trained here, afterwards
+    if (!vm.count("no-plot")) launch.args.push_back("--no-plot");  // drawn here, once
+    launch.env = {{kLaunchedByUs, "1"}};
+    if (!req.quiet) std::cerr << "starting " << nproc << " ranks, one per stage (output prefixed [rank r])\n";
+    const dist::LaunchResult result = dist::launch_local(launch);
+    if (!result.ok()) {
+      std::cerr << "tapeline train: " << result.message << "\n";
+      return result.exit_code == 2 ? 2 : 1;
+    }
+    auto summary = read_summary_json((fs::path(req.out_dir) / "summary.json").string());
+    if (!summary) throw std::runtime_error("the ranks finished but " + req.out_dir + "/summary.json is missing");
+    run = *summary;
+  } else {
+    run = run_training(req);
+    if (is_rank && (dist::DistEnv::from_env().rank != 0 || std::getenv(kLaunchedByUs))) return 0;
+  }
 
   // The comparison table: this run, and the uncompressed baseline when one is available.
   std::vector<std::pair<std::string, RunSummary>> rows = {{run.name, run}};
@@ -167,6 +209,12 @@ int cmd_train(const std::vector<std::string>& argv) {
       std::cerr << "training the uncompressed baseline into " << baseline_dir.string() << "\n";
       TrainRequest base;
       base.config = baseline_config(req.config);
+      if (base.config.pipeline.nproc > 1) {  // trained here, in one process: the same numbers (docs/PIPELINE.md)
+        auto kv = base.config.resolved();
+        for (auto& [k, v] : kv)
+          if (k == "pipeline.nproc") v = "1";
+        base.config = Config::load("", kv);
+      }
       base.config_path = req.config_path + " (boundaries uncompressed)";
       base.out_dir = baseline_dir.string();
       base.quiet = req.quiet;

@@ -13,21 +13,34 @@
 //   garbage KIND        rank 1 sends a forged header (KIND: magic | size | tag); rank 0 must
 //                       reject it.
 //   link                rank 1 receives over an emulated link; checks nothing arrives early.
+//   timed COUNT BYTES...  2 ranks, ping-pong: rank 0 sends a message of BYTES (each size in turn,
+//                       COUNT times, after 5 unmeasured warm-up rounds of the largest size) and
+//                       waits for rank 1's 1-byte ack. Rank 1 measures each message's one-way time,
+//                       from the sender's stamp (taken in Transport::send) to its recv() returning,
+//                       and prints per size "TIMED bytes=B count=C total_s=.. mean_s=.. median_s=..
+//                       min_s=.. max_s=.. link_s=.." (link_s: mean time slept for link emulation).
+//                       For netns_test.cpp: a tc-shaped loopback against the link emulation.
 //   hello               prints a line to stdout and to stderr, exits 0.
 //   fail RANK CODE      RANK exits with CODE once all ranks are up (TL_UP_DIR) and 0.3 s more (CODE
 //                       "kill": SIGKILL itself); the others sleep (with "stubborn", ignoring SIGTERM)
 //                       until stopped.
 //
 // A survivor that catches the expected TransportError prints "CAUGHT peer=P elapsed=S: what" and
-// exits 3. TL_TIMEOUT_S sets dist.timeout_s (default 10).
+// exits 3. TL_TIMEOUT_S sets dist.timeout_s (default 10). TL_LINK_MBPS and TL_LINK_MS (numbers >= 0;
+// unset: 0) set TransportOptions::link, the link emulated into this rank from every peer (0 Mbit/s:
+// unlimited), for any scenario.
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <numeric>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -58,10 +71,23 @@ Payload make_payload(int i) {
   return p;
 }
 
+// The number in environment variable `name`, `fallback` when unset or empty; any other text than a
+// finite number >= 0 is an error naming the variable.
+double env_number(const char* name, double fallback) {
+  const char* s = std::getenv(name);
+  if (!s || !*s) return fallback;
+  char* end = nullptr;
+  const double v = std::strtod(s, &end);
+  if (*end != '\0' || !std::isfinite(v) || v < 0)
+    throw std::invalid_argument(std::string(name) + "='" + s + "' is not a number >= 0");
+  return v;
+}
+
 TransportOptions options_from_env() {
   TransportOptions o;
-  const char* t = std::getenv("TL_TIMEOUT_S");
-  o.timeout_s = t ? std::atof(t) : 10.0;
+  o.timeout_s = env_number("TL_TIMEOUT_S", 10.0);
+  o.link.bandwidth_mbps = env_number("TL_LINK_MBPS", 0.0);
+  o.link.latency_ms = env_number("TL_LINK_MS", 0.0);
   return o;
 }
 
@@ -249,6 +275,58 @@ int run_link(const DistEnv& env) {
   return 0;
 }
 
+// Note [one-way times]. A ping-pong, not a stream: each message leaves an idle link, and rank 1's ack
+// follows, on the same connection, the announcement of its next frame recv (Note [pre-posted frames
+// and reused bodies]), so rank 0's next send goes out at once instead of waiting for it. The time
+// measured is then what a link charges one message (latency + transmission), whether a real shaped
+// link or the transport's emulation (tests/parallel/netns_test.cpp explains why they agree).
+int run_timed(const DistEnv& env, int count, const std::vector<int64_t>& sizes) {
+  auto t = Transport::connect(env, options_from_env());
+  if (t->world_size() != 2) throw std::invalid_argument("timed: needs exactly 2 ranks");
+  constexpr size_t kWarmup = 5;  // rounds of the largest size while TCP opens its windows, not measured
+  const int64_t largest = *std::max_element(sizes.begin(), sizes.end());
+  std::vector<int64_t> rounds(kWarmup, largest);
+  for (int64_t n : sizes) rounds.insert(rounds.end(), count, n);
+  std::vector<std::vector<double>> one_way(sizes.size());  // by size, measured rounds only
+  std::vector<double> link_s(sizes.size(), 0.0);
+  for (size_t i = 0; i < rounds.size(); ++i) {
+    const int64_t n = rounds[i], tag = int64_t(i);
+    const std::string ctx = "timed round " + std::to_string(i);
+    if (t->rank() == 0) {
+      t->send(1, std::vector<uint8_t>(n, uint8_t(i)), tag, ctx);
+      t->recv(1, tag, ctx + " ack");
+      continue;
+    }
+    Message m = t->recv(0, tag, ctx);
+    const double got = steady_ns_to_s(steady_now_ns());
+    if (m.size() != size_t(n) || (n && m.data()[n - 1] != uint8_t(i))) {
+      std::printf("FAIL timed round %zu: %zu bytes, %lld sent\n", i, m.size(), (long long)n);
+      return 1;
+    }
+    if (i >= kWarmup) {
+      const size_t k = (i - kWarmup) / count;  // which size
+      one_way[k].push_back(got - m.sent_s);
+      link_s[k] += m.link_s;
+    }
+    t->send(0, std::vector<uint8_t>(1, 0), tag, ctx + " ack");
+  }
+  t->barrier("end");
+  if (t->rank() == 1) {
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      std::vector<double> v = one_way[k];
+      std::sort(v.begin(), v.end());
+      const double total = std::accumulate(v.begin(), v.end(), 0.0);
+      const size_t c = v.size();
+      const double median = c % 2 ? v[c / 2] : 0.5 * (v[c / 2 - 1] + v[c / 2]);
+      std::printf(
+          "TIMED bytes=%lld count=%zu total_s=%.6f mean_s=%.6f median_s=%.6f min_s=%.6f max_s=%.6f link_s=%.6f\n",
+          (long long)sizes[k], c, total, total / c, median, v.front(), v.back(), link_s[k] / c);
+    }
+    std::printf("OK timed\n");
+  }
+  return 0;
+}
+
 int run_fail(const DistEnv& env, int bad, const std::string& code, bool stubborn) {
   std::printf("rank %d of %d up (MASTER_PORT=%d LOCAL_RANK=%d)\n", env.rank, env.world_size, env.master_port,
               env.local_rank);
@@ -284,7 +362,9 @@ int run_fail(const DistEnv& env, int bad, const std::string& code, bool stubborn
 int main(int argc, char** argv) {
   std::vector<std::string> a(argv + 1, argv + argc);
   if (a.empty()) {
-    std::fprintf(stderr, "usage: parallel_dist_helper exchange|die|silent|silent_collective|garbage|hello|fail ...\n");
+    std::fprintf(
+        stderr,
+        "usage: parallel_dist_helper exchange|die|silent|silent_collective|garbage|link|timed|hello|fail ...\n");
     return 2;
   }
   try {
@@ -295,6 +375,14 @@ int main(int argc, char** argv) {
       return run_die(env, std::atoi(a.at(1).c_str()), a.size() > 2 && a[2] == "send", a.size() > 3 && a[3] == "thread");
     if (mode == "silent") return run_silent(env, false);
     if (mode == "link") return run_link(env);
+    if (mode == "timed") {
+      const int count = std::atoi(a.at(1).c_str());
+      std::vector<int64_t> sizes;
+      for (size_t i = 2; i < a.size(); ++i) sizes.push_back(std::atoll(a[i].c_str()));
+      if (count < 1 || sizes.empty() || *std::min_element(sizes.begin(), sizes.end()) < 0)
+        throw std::invalid_argument("usage: timed COUNT BYTES... (COUNT >= 1, BYTES >= 0)");
+      return run_timed(env, count, sizes);
+    }
     if (mode == "silent_collective") return run_silent(env, true);
     if (mode == "garbage") return run_garbage(env, a.at(1));
     if (mode == "hello") {

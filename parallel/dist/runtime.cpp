@@ -1,0 +1,437 @@
+#include "parallel/dist/runtime.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "autograd/autograd.h"
+#include "layers/optim/grad_utils.h"
+
+namespace tl::dist {
+
+namespace {
+
+// Message tags: (step, kind, micro-batch), so a message of another step or kind is caught by the
+// receiver's tag check (the two ranks' schedules disagree) instead of being decoded.
+enum TagKind : int64_t { kActivation = 1, kGradient = 2, kEvalActivation = 3 };
+int64_t tag(int64_t step, TagKind kind, int64_t micro_batch) {
+  return ((step & ((int64_t(1) << 36) - 1)) << 24) | (int64_t(kind) << 20) | (micro_batch & 0xFFFFF);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string where(int64_t epoch, int64_t step) {
+  return "epoch " + std::to_string(epoch + 1) + " step " + std::to_string(step);
+}
+
+// ---- byte strings for the gathers: a few doubles, boundary statistics, tensor maps --------------
+
+void put(std::string& out, const void* p, size_t n) { out.append(static_cast<const char*>(p), n); }
+template <class T>
+void put(std::string& out, T v) {
+  put(out, &v, sizeof(T));
+}
+struct Reader {
+  const std::string& s;
+  size_t at = 0;
+  const std::string& what;
+  void get(void* p, size_t n) {
+    TORCH_CHECK(at + n <= s.size(), "rank 0: ", what, ": a rank sent ", s.size(), " bytes, too few (garbled)");
+    std::memcpy(p, s.data() + at, n);
+    at += n;
+  }
+  template <class T>
+  T get() {
+    T v;
+    get(&v, sizeof(T));
+    return v;
+  }
+};
+
+void put_stats(std::string& out, const DirectionStats& d) {
+  for (int64_t v : {d.messages, d.bytes, d.raw_bytes, d.last_bytes, d.last_raw_bytes, d.measured}) put(out, v);
+  for (double v : {d.rel_error_mean, d.rel_error_last, d.density_mean, d.density_last}) put(out, v);
+}
+DirectionStats get_stats(Reader& r) {
+  DirectionStats d;
+  for (int64_t* v : {&d.messages, &d.bytes, &d.raw_bytes, &d.last_bytes, &d.last_raw_bytes, &d.measured})
+    *v = r.get<int64_t>();
+  for (double* v : {&d.rel_error_mean, &d.rel_error_last, &d.density_mean, &d.density_last}) *v = r.get<double>();
+  return d;
+}
+
+// A tensor map between ranks of one build: name, dtype, shape, bytes (CPU copies).
+std::string pack(const TensorMap& map) {
+  std::string out;
+  put(out, static_cast<int64_t>(map.size()));
+  for (const auto& [name, t0] : map) {
+    const at::Tensor t = t0.detach().to(at::kCPU).contiguous();
+    put(out, static_cast<int64_t>(name.size()));
+    put(out, name.data(), name.size());
+    put(out, static_cast<int64_t>(t.scalar_type()));
+    put(out, static_cast<int64_t>(t.dim()));
+    for (int64_t s : t.sizes()) put(out, s);
+    const size_t n = t.numel() * t.element_size();
+    put(out, static_cast<int64_t>(n));
+    if (n) put(out, t.data_ptr(), n);
+  }
+  return out;
+}
+TensorMap unpack(const std::string& bytes, const std::string& what) {
+  Reader r{bytes, 0, what};
+  TensorMap map;
+  const int64_t count = r.get<int64_t>();
+  for (int64_t i = 0; i < count; ++i) {
+    std::string name(static_cast<size_t>(r.get<int64_t>()), '\0');
+    r.get(name.data(), name.size());
+    const auto dtype = static_cast<at::ScalarType>(r.get<int64_t>());
+    std::vector<int64_t> shape(static_cast<size_t>(r.get<int64_t>()));
+    for (auto& s : shape) s = r.get<int64_t>();
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));
+    const auto n = static_cast<size_t>(r.get<int64_t>());
+    TORCH_CHECK(n == static_cast<size_t>(t.numel() * t.element_size()), "rank 0: ", what, ": entry '", name,
+                "' has ", n, " bytes for shape ", t.sizes(), " (garbled)");
+    if (n) r.get(t.data_ptr(), n);
+    map[name] = t;
+  }
+  return map;
+}
+
+bool same_tensor(const at::Tensor& a0, const at::Tensor& b0) {
+  if (a0.scalar_type() != b0.scalar_type() || !a0.sizes().equals(b0.sizes())) return false;
+  const at::Tensor a = a0.detach().to(at::kCPU).contiguous(), b = b0.detach().to(at::kCPU).contiguous();
+  return std::memcmp(a.data_ptr(), b.data_ptr(), a.numel() * a.element_size()) == 0;  // bitwise (NaN == NaN)
+}
+
+const at::TensorImpl* impl_of(const Variable& v) { return v.data().unsafeGetTensorImpl(); }
+
+}  // namespace
+
+DistExecutor::DistExecutor(Pipeline& pipeline, Transport& transport)
+    : pipeline_(pipeline), transport_(transport), rank_(transport.rank()), world_(transport.world_size()) {
+  TORCH_CHECK(static_cast<size_t>(world_) == pipeline.num_stages(), "multi-process pipeline: ", world_,
+              " ranks (WORLD_SIZE) but the model has ", pipeline.num_stages(), " stage",
+              pipeline.num_stages() == 1 ? "" : "s", " (", pipeline.boundaries().size(),
+              " cuts, model.cuts): run one rank per stage");
+  // Which stage holds each parameter and buffer, by identity (stages are views of the model).
+  std::map<const at::TensorImpl*, std::set<int>> stages_of;
+  for (size_t s = 0; s < pipeline.num_stages(); ++s) {
+    for (const auto& [n, v] : pipeline.stage(s)->named_parameters()) stages_of[impl_of(v)].insert(static_cast<int>(s));
+    for (const auto& [n, v] : pipeline.stage(s)->named_buffers()) stages_of[impl_of(v)].insert(static_cast<int>(s));
+  }
+  auto note = [&](const std::string& name, const Variable& v, bool parameter) {
+    auto it = stages_of.find(impl_of(v));
+    if (it == stages_of.end()) return;  // a boundary's (codec state, learned codec weights)
+    owner_[name] = *it->second.begin();
+    if (parameter && it->second.size() > 1) tied_.push_back(name), held_[name] = it->second;
+  };
+  for (const auto& [n, v] : pipeline.named_parameters()) note(n, v, true);
+  for (const auto& [n, v] : pipeline.named_buffers()) note(n, v, false);
+}
+
+// ---- training -------------------------------------------------------------------------------------
+
+StepResult DistExecutor::train_step(const Batch& batch, int64_t micro_batches, const std::string& schedule_name,
+                                    const Pipeline::LossFn& loss_fn, int64_t epoch, int64_t step, StepTiming* timing) {
+  const auto t_step = std::chrono::steady_clock::now();
+  const MicroBatches split = split_micro_batches(batch, micro_batches, epoch);
+  const int m = split.size();
+  const RankSchedule list = make_schedule(schedule_name, world_, m).at(static_cast<size_t>(rank_));
+  const at::Device device = batch.input.device();
+  StageRuntime rt(pipeline_, stage(), loss_fn);
+  std::map<int, std::optional<Payload>> to_send;  // computed, not sent yet: activations or gradients
+  std::map<int, Payload> got_act, got_grad;
+  double compute = 0, comm = 0;
+  const std::string at_step = where(epoch, step);
+
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Action& a = list[i];
+    const int mb = a.micro_batch;
+    switch (a.type) {
+      case ActionType::Forward: {
+        const auto t0 = std::chrono::steady_clock::now();
+        const Payload* in = nullptr;
+        if (rank_ > 0) in = &got_act.at(mb);
+        std::optional<Payload> out = rt.forward(mb, split.batches[mb], in, split.contexts[mb]);
+        got_act.erase(mb);
+        if (!last()) to_send[mb] = std::move(out);
+        compute += seconds_since(t0);
+        break;
+      }
+      case ActionType::Backward: {
+        if (rank_ > 0) apply_epilogue_flag(pipeline_, list, i, mb);
+        const auto t0 = std::chrono::steady_clock::now();
+        auto got = got_grad.find(mb);
+        std::optional<Payload> out = rt.backward(mb, got != got_grad.end() ? &got->second : nullptr);
+        if (got != got_grad.end()) got_grad.erase(got);
+        if (rank_ > 0) to_send[mb] = std::move(out);
+        compute += seconds_since(t0);
+        break;
+      }
+      case ActionType::SendActivation:
+      case ActionType::SendGrad: {
+        const bool act = a.type == ActionType::SendActivation;
+        auto it = to_send.find(mb);
+        TORCH_CHECK(it != to_send.end(), "rank ", rank_, ": the schedule sends micro-batch ", mb, " before computing it");
+        // nullopt: backward mode none; the receiver knows and does not wait for it.
+        if (it->second)
+          transport_.send_payload(act ? rank_ + 1 : rank_ - 1, *it->second, tag(step, act ? kActivation : kGradient, mb),
+                                  at_step + ", boundary " + std::to_string(act ? rank_ + 1 : rank_) +
+                                      (act ? " forward" : " backward") + ", micro-batch " + std::to_string(mb));
+        to_send.erase(it);
+        break;
+      }
+      case ActionType::RecvActivation:
+      case ActionType::RecvGrad: {
+        const bool act = a.type == ActionType::RecvActivation;
+        if (!act && !pipeline_.boundary(stage())->sends_gradient()) break;
+        Message info;
+        Payload p = transport_.recv_payload(
+            act ? rank_ - 1 : rank_ + 1, tag(step, act ? kActivation : kGradient, mb),
+            at_step + ", boundary " + std::to_string(act ? rank_ : rank_ + 1) + (act ? " forward" : " backward") +
+                ", micro-batch " + std::to_string(mb),
+            device, &info);
+        comm += info.wait_s;
+        (act ? got_act : got_grad).emplace(mb, std::move(p));
+        break;
+      }
+    }
+  }
+  if (rank_ > 0) pipeline_.boundary(stage() - 1)->set_backward_compression_enabled(true);
+  const double step_s = seconds_since(t_step);
+
+  StepResult r;
+  TORCH_CHECK(rt.units() > 0, "train_step: the batch has no loss units (every target ignored)");
+  const Tally t = share_tally(rt.tally(), at_step + ", the step's loss");
+  r.units = rt.units();
+  // As Pipeline::train_step: the gradient of the mean loss over the batch's units, tied
+  // parameters' two parts summed first.
+  reduce_tied_grads(step);
+  scale_grads(pipeline_.parameters(), 1.0 / r.units);
+  r.loss = t.loss_sum / r.units;
+  r.correct = t.correct;
+  r.rows = batch.rows();
+  r.micro_batches = m;
+  if (timing) {
+    timing->step_s = step_s;
+    timing->compute_s = {compute};
+    timing->comm_s = {comm};
+  }
+  return r;
+}
+
+void DistExecutor::reduce_tied_grads(int64_t step) {
+  if (tied_.empty()) return;
+  NoGradGuard no_grad;
+  std::map<std::string, Variable> params;
+  for (const auto& [n, v] : pipeline_.named_parameters()) params[n] = v;
+  // One flat all-reduce: every rank contributes each tied gradient, zeros where it has none.
+  std::vector<at::Tensor> parts;
+  for (const auto& name : tied_) {
+    const Variable& p = params.at(name);
+    at::Tensor g = p.grad();
+    parts.push_back(g.defined() ? g.reshape(-1) : at::zeros({p.numel()}, p.options()));
+  }
+  at::Tensor flat = at::cat(parts);
+  transport_.all_reduce_sum(flat, "step " + std::to_string(step) + ", summing tied parameters' gradients");
+  int64_t at = 0;
+  for (const auto& name : tied_) {
+    Variable p = params.at(name);
+    const int64_t n = p.numel();
+    if (held_.at(name).count(rank_)) p.set_grad(flat.narrow(0, at, n).view(p.sizes()).clone());
+    at += n;
+  }
+}
+
+double DistExecutor::clip_grad_norm(const std::vector<Variable>& params, double max_norm, int64_t step) {
+  NoGradGuard no_grad;
+  // Tied parameters count on the first stage holding them (both holders have the summed gradient).
+  std::set<const at::TensorImpl*> counted_elsewhere;
+  for (const auto& [n, v] : pipeline_.named_parameters()) {
+    auto held = held_.find(n);
+    if (held != held_.end() && *held->second.begin() != rank_) counted_elsewhere.insert(impl_of(v));
+  }
+  // Every parameter's norm (and whether it has a gradient) on every rank: one slot per parameter,
+  // filled by the one rank that counts it, zeros elsewhere, so the all-reduced sums are exact and
+  // the total is formed as clip_grad_norm forms it in process (same order, same ops).
+  const int64_t n = static_cast<int64_t>(params.size());
+  at::Tensor slots = at::zeros({2, n}, at::kFloat);  // row 0: norms, row 1: has a gradient
+  std::vector<at::Tensor> grads;
+  for (int64_t i = 0; i < n; ++i) {
+    at::Tensor g = params[static_cast<size_t>(i)].grad();
+    if (!g.defined()) continue;
+    grads.push_back(g);
+    if (counted_elsewhere.count(impl_of(params[static_cast<size_t>(i)]))) continue;
+    slots[0][i] = g.norm(2.0).to(at::kCPU, at::kFloat).item<float>();
+    slots[1][i] = 1.0f;
+  }
+  transport_.all_reduce_sum(slots, "step " + std::to_string(step) + ", global gradient norm");
+  std::vector<at::Tensor> norms;
+  for (int64_t i = 0; i < n; ++i)
+    if (slots[1][i].item<float>() > 0) norms.push_back(slots[0][i]);
+  if (norms.empty()) return 0.0;
+  const at::Tensor norm = norms.size() == 1 ? norms[0] : at::stack(norms).norm(2.0);
+  const at::Tensor coef = at::clamp_max(max_norm / (norm + 1e-6), 1.0);
+  for (auto& g : grads) g.mul_(coef.to(g.device()));
+  return norm.item<double>();
+}
+
+// ---- evaluation -----------------------------------------------------------------------------------
+
+at::Tensor DistExecutor::evaluate_batch(const Batch& batch, bool compression,
+                                        const std::function<at::Tensor(const Variable&, const Batch&)>& tally_fn,
+                                        int64_t index) {
+  NoGradGuard no_grad;
+  const std::string ctx_text = "evaluation batch " + std::to_string(index + 1);
+  CodecContext ctx;
+  ctx.token_ids = batch.side.token_ids;
+  // The inference toggle of the adjacent boundaries, restored afterwards (as Pipeline::predict).
+  std::vector<std::pair<BoundaryPtr, bool>> saved;
+  if (rank_ > 0) saved.emplace_back(pipeline_.boundary(stage() - 1), false);
+  if (!last()) saved.emplace_back(pipeline_.boundary(stage()), false);
+  for (auto& [b, was] : saved) was = b->active_at_inference(), b->set_active_at_inference(compression);
+  auto restore = [&] {
+    for (auto& [b, was] : saved) b->set_active_at_inference(was);
+  };
+  try {
+    Variable x;
+    if (rank_ == 0) {
+      x = Variable(batch.input);
+    } else {
+      const BoundaryPtr& b = pipeline_.boundary(stage() - 1);
+      Payload p = transport_.recv_payload(rank_ - 1, tag(index, kEvalActivation, 0),
+                                          ctx_text + ", boundary " + std::to_string(rank_) + " forward",
+                                          batch.input.device());
+      x = b->receiver_transform(Variable(b->receive_forward(p, ctx)), ctx);
+    }
+    Variable h = std::static_pointer_cast<Stage>(pipeline_.stage(stage()))->forward(x, batch.side);
+    at::Tensor out;
+    if (last()) {
+      out = tally_fn(h, batch);
+    } else {
+      const BoundaryPtr& b = pipeline_.boundary(stage());
+      Variable z = b->sender_transform(h, ctx);
+      transport_.send_payload(rank_ + 1, b->send_forward(z.data(), ctx), tag(index, kEvalActivation, 0),
+                              ctx_text + ", boundary " + std::to_string(rank_ + 1) + " forward");
+    }
+    restore();
+    return out;
+  } catch (...) {
+    restore();
+    throw;
+  }
+}
+
+Tally DistExecutor::share_tally(const at::Tensor& tally, const std::string& context) {
+  std::string bytes;
+  if (last() && tally.defined()) {
+    const Tally t = Tally::from(tally);
+    for (double v : {t.loss_sum, t.units, t.correct}) put(bytes, v);
+  }
+  const std::string got = transport_.broadcast_bytes(bytes, world_ - 1, context);
+  Tally t;
+  if (got.empty()) return t;
+  const std::string what = context;
+  Reader r{got, 0, what};
+  t.loss_sum = r.get<double>(), t.units = r.get<double>(), t.correct = r.get<double>();
+  return t;
+}
+
+DistExecutor::EpochTotals DistExecutor::gather_epoch(double train_time_s, double compute_s, double comm_s,
+                                                     int64_t epoch) {
+  std::string mine;
+  for (double v : {train_time_s, compute_s, comm_s}) put(mine, v);
+  for (const auto& b : pipeline_.boundaries()) {
+    const BoundaryStats s = b->stats();
+    put_stats(mine, s.forward);
+    put_stats(mine, s.backward);
+  }
+  const std::string what = "end of epoch " + std::to_string(epoch + 1) + ", gathering statistics";
+  const std::vector<std::string> all = transport_.gather_bytes(mine, 0, what);
+  EpochTotals out;
+  if (rank_ != 0) return out;
+  std::vector<std::vector<BoundaryStats>> per_boundary(pipeline_.boundaries().size());
+  for (const std::string& bytes : all) {
+    Reader r{bytes, 0, what};
+    out.train_time_s.push_back(r.get<double>());
+    out.compute_s.push_back(r.get<double>());
+    out.comm_s.push_back(r.get<double>());
+    for (auto& b : per_boundary) {
+      BoundaryStats s;
+      s.forward = get_stats(r);
+      s.backward = get_stats(r);
+      b.push_back(s);
+    }
+  }
+  // Each direction is counted by its sender only, so the sum over ranks is the boundary's.
+  for (const auto& b : per_boundary) out.boundaries.push_back(sum_boundary_stats(b));
+  return out;
+}
+
+// ---- checkpoints ----------------------------------------------------------------------------------
+
+int DistExecutor::structural_owner(const std::string& key) const {
+  if (key.rfind("model.", 0) == 0) {
+    auto it = owner_.find(key.substr(6));
+    return it == owner_.end() ? -1 : it->second;
+  }
+  static const std::string state = "optim.state.";
+  if (key.rfind(state, 0) == 0) {
+    const size_t dot = key.rfind('.');  // state.<parameter>.<slot>: slots have no dots
+    auto it = owner_.find(key.substr(state.size(), dot - state.size()));
+    return it == owner_.end() ? -1 : it->second;
+  }
+  return -1;
+}
+
+void DistExecutor::synchronized(const Optimizer& optimizer) {
+  reference_.clear();
+  const CheckpointContents c = checkpoint_contents(pipeline_, &optimizer, nullptr, CheckpointInfo{}, false);
+  for (const auto& [k, t] : c.tensors)
+    if (structural_owner(k) < 0 && k.rfind("optim.groups.", 0) != 0) reference_[k] = t.detach().to(at::kCPU).clone();
+}
+
+TensorMap DistExecutor::part_for_checkpoint(const TensorMap& all) const {
+  TensorMap part;
+  for (const auto& [k, t] : all) {
+    if (k.rfind("optim.groups.", 0) == 0 || k.rfind("sched.", 0) == 0 || k.rfind("rng.", 0) == 0) continue;
+    const int owner = structural_owner(k);
+    if (owner >= 0) {
+      if (owner == rank_) part[k] = t;
+      continue;
+    }
+    auto ref = reference_.find(k);
+    if (ref == reference_.end() || !same_tensor(ref->second, t)) part[k] = t;  // changed here
+  }
+  return part;
+}
+
+void DistExecutor::save_checkpoint(const std::string& path, const CheckpointContents& mine) {
+  const std::string what = "checkpoint " + path;
+  const std::vector<std::string> parts = transport_.gather_bytes(pack(part_for_checkpoint(mine.tensors)), 0, what);
+  if (rank_ == 0) {
+    CheckpointContents merged = mine;  // entries nobody changed, counters, rank 0's RNG state
+    std::map<std::string, int> changed_by;
+    for (int r = 0; r < world_; ++r) {
+      for (auto& [k, t] : unpack(parts[static_cast<size_t>(r)], what)) {
+        if (structural_owner(k) < 0) {
+          auto prev = changed_by.find(k);
+          TORCH_CHECK(prev == changed_by.end() || same_tensor(merged.tensors.at(k), t), what, ": '", k,
+                      "' was changed on rank ", prev == changed_by.end() ? -1 : prev->second, " and on rank ", r,
+                      " to different values; a codec keeps one state entry on both ends of a boundary but updates "
+                      "it differently, so no single checkpoint can hold it");
+          changed_by[k] = r;
+        }
+        merged.tensors[k] = t;
+      }
+    }
+    write_checkpoint(path, merged);
+  }
+  transport_.barrier(what + " written by rank 0");
+}
+
+}  // namespace tl::dist

@@ -1,0 +1,177 @@
+// `tapeline train` with one process per stage (parallel/dist/runtime.h), on Gloo over 127.0.0.1:
+// the same numbers as in one process, and a rank killed mid-epoch. Skipped without the tapeline
+// executable, c10d's Gloo backend or Fashion-MNIST.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "parallel/dist/rendezvous.h"
+#include "parallel/dist/transport.h"
+#include "tasks/data/dataset.h"
+#include "tests/parallel/multiprocess.h"
+#include "tests/tasks/task_testing.h"
+
+namespace tl {
+namespace {
+namespace fs = std::filesystem;
+namespace mp = tl::testing_mp;
+
+fs::path tapeline_path() {  // build/tests/tasks/test_tasks -> build/tapeline
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? fs::path() : self.parent_path().parent_path().parent_path() / "tapeline";
+}
+
+#define REQUIRE_MULTIPROCESS()                                                                                  \
+  if (!fs::exists(tapeline_path())) GTEST_SKIP() << tapeline_path() << " not built (make tapeline)";           \
+  if (!dist::Transport::available("gloo")) GTEST_SKIP() << "built without c10d's Gloo backend (libgloo-dev)"; \
+  if (!fs::exists(fs::path(default_dataset_root("fashion-mnist")) / "train-images-idx3-ubyte.gz"))             \
+  GTEST_SKIP() << "Fashion-MNIST not installed (Debian package dataset-fashion-mnist)"
+
+// Runs `tapeline ARGS` with a hang guard; returns (exit status, output).
+std::pair<int, std::string> run(const std::string& args, const std::string& log) {
+  mp::ProcessGroupGuard guard;
+  std::istringstream in(args);
+  std::vector<std::string> argv;
+  for (std::string a; in >> a;) argv.push_back(a);
+  const pid_t pid = mp::spawn(tapeline_path().string(), argv, {}, log);
+  guard.pids.push_back(pid);
+  const int status = mp::wait_or_kill(pid, 300);
+  return {status < 0 ? -1 : mp::exit_code(status), mp::read_file(log)};
+}
+
+// A small ResNet-8 run cut into 4 stages with stateful codecs both ways (error feedback forward,
+// 8-bit backward) and gradient clipping: every piece of cross-rank state is exercised.
+std::string write_config(const fs::path& dir, int epochs) {
+  const fs::path path = dir / "mp.ini";
+  std::ofstream f(path);
+  f << "[run]\nseed = 3\nthreads = 1\nlog_every = 1\n"
+    << "[data]\ndataset = fashion-mnist\ntrain_limit = 512\ntest_limit = 256\n"
+    << "[model]\narch = resnet8\nwidth = 0.5\ncuts = layer1, layer2, layer3\n"
+    << "[train]\nepochs = " << epochs
+    << "\nbatch_size = 64\nmicro_batches = 4\nlr = 0.05\nmomentum = 0.9\nweight_decay = 0.0005\ngrad_clip = 2.0\n"
+    << "[pipeline]\nschedule = 1f1b\n"
+    << "[boundary]\nforward = ef(topk(0.2))\nbackward = quant(bits=8)\n";
+  return path.string();
+}
+
+// metrics.csv without the columns that measure time.
+std::string metrics_without_times(const fs::path& run_dir) {
+  std::ifstream f(run_dir / "metrics.csv");
+  std::string line, out;
+  std::vector<bool> keep;
+  while (std::getline(f, line)) {
+    std::vector<std::string> cells;
+    std::stringstream ss(line);
+    for (std::string c; std::getline(ss, c, ',');) cells.push_back(c);
+    if (keep.empty())
+      for (const auto& c : cells)
+        keep.push_back(c != "wall_s" && c != "train_time_s" && c != "compute_s" && c != "comm_s" && c != "bubble");
+    for (size_t i = 0; i < cells.size() && i < keep.size(); ++i)
+      if (keep[i]) out += cells[i] + ",";
+    out += "\n";
+  }
+  return out;
+}
+
+// The same config and seed: in process on the GPipe and the 1F1B schedule, and in 4 processes
+// (Gloo) on 1F1B, end with identical metrics, and the 4-process run's checkpoint (assembled by
+// rank 0) evaluates exactly as the in-process one.
+TEST(MultiProcessTrain, FourProcessesComputeTheSameNumbersAsOne) {
+  REQUIRE_MULTIPROCESS();
+  testing::TempDir dir;
+  const std::string cfg = write_config(dir.path(), 2);
+  const std::string common = "train --config " + cfg + " --no-plot --quiet --out ";
+  auto [s1, o1] = run(common + (dir.path() / "gpipe").string() + " --pipeline.schedule=gpipe", mp::temp_log("gpipe"));
+  ASSERT_EQ(s1, 0) << o1;
+  auto [s2, o2] = run(common + (dir.path() / "1f1b").string(), mp::temp_log("1f1b"));
+  ASSERT_EQ(s2, 0) << o2;
+  auto [s3, o3] = run(common + (dir.path() / "mp").string() + " --nproc 4", mp::temp_log("mp"));
+  ASSERT_EQ(s3, 0) << o3;
+
+  const std::string reference = metrics_without_times(dir.path() / "1f1b");
+  ASSERT_NE(std::count(reference.begin(), reference.end(), '\n'), 0);
+  EXPECT_EQ(metrics_without_times(dir.path() / "gpipe"), reference);
+  EXPECT_EQ(metrics_without_times(dir.path() / "mp"), reference);
+  // Only rank 0 wrote the run; its summary says how it ran.
+  EXPECT_TRUE(fs::exists(dir.path() / "mp" / "checkpoint.safetensors"));
+  auto e1 = run("eval --run " + (dir.path() / "1f1b").string(), mp::temp_log("eval1"));
+  auto e3 = run("eval --run " + (dir.path() / "mp").string(), mp::temp_log("eval3"));
+  ASSERT_EQ(e1.first, 0) << e1.second;
+  EXPECT_EQ(e3.second, e1.second);
+}
+
+// One of 4 ranks is killed (SIGKILL) in the middle of epoch 2: every other rank exits non-zero
+// within dist.timeout_s, the ranks next to it naming it and the step; resuming from the epoch-1
+// checkpoint with 4 processes ends with the metrics of an uninterrupted run.
+TEST(MultiProcessTrain, AKilledRankStopsTheOthersAndTheRunResumesExactly) {
+  REQUIRE_MULTIPROCESS();
+  testing::TempDir dir;
+  const std::string cfg = write_config(dir.path(), 3);
+  const fs::path reference = dir.path() / "reference", run_dir = dir.path() / "run";
+  auto [s0, o0] = run("train --config " + cfg + " --no-plot --quiet --out " + reference.string(), mp::temp_log("ref"));
+  ASSERT_EQ(s0, 0) << o0;
+
+  // The ranks, started as torchrun would (rank 0 hosts the store). 5 ms link latency keeps a step
+  // long enough (~0.1 s) to kill a rank in the middle of an epoch.
+  const double timeout_s = 20;
+  const int port = dist::find_free_port();
+  mp::ProcessGroupGuard guard;
+  std::vector<std::string> logs;
+  for (int r = 0; r < 4; ++r) {
+    logs.push_back(mp::temp_log("rank" + std::to_string(r)));
+    guard.pids.push_back(mp::spawn(tapeline_path().string(),
+                                   {"train", "--config", cfg, "--out", run_dir.string(), "--no-plot", "--quiet",
+                                    "--dist.timeout_s=" + std::to_string(timeout_s), "--boundary.latency_ms=5"},
+                                   mp::rank_env(r, 4, port), logs.back()));
+  }
+  // Wait for step 11 (8 steps per epoch: epoch 2 has begun, its checkpoint is written).
+  const int64_t steps_per_epoch = 512 / 64;
+  auto last_step = [&] {
+    std::ifstream f(run_dir / "metrics.jsonl");
+    int64_t step = 0;
+    for (std::string line; std::getline(f, line);) {
+      try {
+        step = std::max<int64_t>(step, nlohmann::json::parse(line).value("step", int64_t(0)));
+      } catch (const std::exception&) {
+      }
+    }
+    return step;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (last_step() < steps_per_epoch + 3 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const int64_t killed_at = last_step();
+  ASSERT_GE(killed_at, steps_per_epoch + 3) << mp::read_file(logs[0]);
+  ASSERT_LT(killed_at, 2 * steps_per_epoch) << "the run got past epoch 2 before the kill";
+  ASSERT_TRUE(fs::exists(run_dir / "checkpoint.safetensors"));
+  const auto t_kill = std::chrono::steady_clock::now();
+  ::kill(guard.pids[2], SIGKILL);
+  for (int r : {0, 1, 3}) {
+    const int status = mp::wait_or_kill(guard.pids[static_cast<size_t>(r)], timeout_s + 10);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_kill).count();
+    const std::string log = mp::read_file(logs[static_cast<size_t>(r)]);
+    ASSERT_GE(status, 0) << "rank " << r << " hung after rank 2 died:\n" << log;
+    EXPECT_NE(mp::exit_code(status), 0) << "rank " << r << ":\n" << log;
+    EXPECT_LE(took, timeout_s) << "rank " << r;
+    if (r == 1 || r == 3) {  // the neighbours name the dead rank and where the run was
+      EXPECT_NE(log.find("rank 2"), std::string::npos) << log;
+      EXPECT_NE(log.find("step"), std::string::npos) << log;
+    }
+  }
+  int st = 0;
+  ::waitpid(guard.pids[2], &st, 0);
+
+  auto [s1, o1] = run("train --resume " + run_dir.string() + " --nproc 4 --no-plot --quiet", mp::temp_log("resume"));
+  ASSERT_EQ(s1, 0) << o1;
+  EXPECT_EQ(metrics_without_times(run_dir), metrics_without_times(reference));
+}
+
+}  // namespace
+}  // namespace tl
