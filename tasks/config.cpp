@@ -308,11 +308,12 @@ const std::vector<Key>& schema() {
         "order of the micro-batches' forwards and backwards on each stage (docs/PIPELINE.md)",
         [](Config& c, const std::string& v) { c.pipeline.schedule = parse_choice(v, {"1f1b", "gpipe"}); });
     add("pipeline.nproc", "1", "integer >= 1",
-        "1: every stage in this process; N > 1: one process per stage (N = the number of stages), spawned by "
-        "`tapeline train` (or set by torchrun's WORLD_SIZE)",
+        "1: every stage in this process; N > 1: one process per stage (N = the number of stages), started by "
+        "`tapeline train` (= --nproc N; under torchrun WORLD_SIZE decides, and this must be 1 or agree)",
         [](Config& c, const std::string& v) { c.pipeline.nproc = parse_int(v, 1, 1024, "an integer in [1, 1024]"); });
     add("dist.timeout_s", "60", "number > 0",
-        "multi-process: a peer that sends nothing for this long (dead, hung) is an error naming its rank",
+        "multi-process: the longest wait for a peer; a dead peer is reported at once, a silent one after this "
+        "long, naming its rank and the step",
         [](Config& c, const std::string& v) {
           c.dist.timeout_s = parse_double(v, 0.0, 86400.0, "a number of seconds in (0, 86400]", true);
         });

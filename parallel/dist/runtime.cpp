@@ -259,20 +259,30 @@ double DistExecutor::clip_grad_norm(const std::vector<Variable>& params, double 
   // filled by the one rank that counts it, zeros elsewhere, so the all-reduced sums are exact and
   // the total is formed as clip_grad_norm forms it in process (same order, same ops).
   const int64_t n = static_cast<int64_t>(params.size());
-  at::Tensor slots = at::zeros({2, n}, at::kFloat);  // row 0: norms, row 1: has a gradient
-  std::vector<at::Tensor> grads;
+  std::vector<at::Tensor> grads, mine;
+  std::vector<int64_t> index;
   for (int64_t i = 0; i < n; ++i) {
     at::Tensor g = params[static_cast<size_t>(i)].grad();
     if (!g.defined()) continue;
     grads.push_back(g);
     if (counted_elsewhere.count(impl_of(params[static_cast<size_t>(i)]))) continue;
-    slots[0][i] = g.norm(2.0).to(at::kCPU, at::kFloat).item<float>();
-    slots[1][i] = 1.0f;
+    mine.push_back(g.norm(2.0).to(at::kFloat).reshape({1}));
+    index.push_back(i);
+  }
+  // On the parameters' device (NCCL reduces device tensors).
+  const at::Device dev = n > 0 ? params[0].device() : at::Device(at::kCPU);
+  at::Tensor slots = at::zeros({2, n}, at::TensorOptions().dtype(at::kFloat).device(dev));  // norms; has a gradient
+  if (!mine.empty()) {
+    const at::Tensor idx = at::tensor(index, at::kLong).to(dev);
+    slots[0].index_put_({idx}, at::cat(mine).to(dev));
+    slots[1].index_fill_(0, idx, 1.0f);
   }
   transport_.all_reduce_sum(slots, "step " + std::to_string(step) + ", global gradient norm");
   std::vector<at::Tensor> norms;
+  const at::Tensor has_grad = slots[1].to(at::kCPU).contiguous();  // the step's one read-back
+  const float* has = has_grad.data_ptr<float>();
   for (int64_t i = 0; i < n; ++i)
-    if (slots[1][i].item<float>() > 0) norms.push_back(slots[0][i]);
+    if (has[i] > 0) norms.push_back(slots[0][i]);
   if (norms.empty()) return 0.0;
   const at::Tensor norm = norms.size() == 1 ? norms[0] : at::stack(norms).norm(2.0);
   const at::Tensor coef = at::clamp_max(max_norm / (norm + 1e-6), 1.0);

@@ -10,7 +10,8 @@
 //                       to it, from the comm thread with "thread") and must fail.
 //   silent              rank 1 connects and then says nothing; rank 0's recv must time out.
 //   silent_collective   rank 1 connects and never joins the all-reduce rank 0 starts.
-//   garbage KIND        rank 1 sends a forged header (KIND: magic | size | tag); rank 0 must
+//   garbage KIND        rank 1 sends a forged header (KIND: magic | size | tag) or a truncated
+//                       payload in a well-formed message (KIND payload); rank 0 must
 //                       reject it.
 //   link                rank 1 receives over an emulated link; checks nothing arrives early.
 //   timed COUNT BYTES...  2 ranks, ping-pong: rank 0 sends a message of BYTES (each size in turn,
@@ -217,6 +218,14 @@ int run_silent(const DistEnv& env, bool collective) {
 
 int run_garbage(const DistEnv& env, const std::string& kind) {
   auto t = Transport::connect(env, options_from_env());
+  if (t->rank() == 1 && kind == "payload") {  // a well-formed message whose body is half a payload
+    std::vector<uint8_t> bytes = make_payload(4).serialize();
+    bytes.resize(bytes.size() / 2);
+    t->send(0, std::move(bytes), 0, "truncating");
+    t->flush("truncating");
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    std::_Exit(0);
+  }
   if (t->rank() == 1) {
     std::vector<int64_t> h(wire::kHeaderWords, 0);
     if (kind == "magic") {
@@ -235,7 +244,10 @@ int run_garbage(const DistEnv& env, const std::string& kind) {
   }
   const double t0 = now_s();
   try {
-    t->recv(1, 0, "step 1, boundary 1 forward");
+    if (kind == "payload")
+      t->recv_payload(1, 0, "step 1, boundary 1 forward");
+    else
+      t->recv(1, 0, "step 1, boundary 1 forward");
   } catch (const TransportError& e) {
     caught(e, t0);
   }

@@ -164,12 +164,13 @@ TEST(Transport, SilentPeerInACollectiveTimesOut) {
   EXPECT_NE(runs[0].log.find("rank 1 (pid"), std::string::npos) << runs[0].log;
 }
 
-TEST(Transport, ForgedHeadersAreRejectedNamingThePeer) {
+TEST(Transport, ForgedHeadersAndPayloadsAreRejectedNamingThePeer) {
   SKIP_WITHOUT_TRANSPORT();
   const std::pair<const char*, const char*> cases[] = {
       {"magic", "not a tapeline message (bad magic"},
       {"size", "announced body of 1125899906842624 bytes"},
       {"tag", "got tag 5, expected 0: the two ranks' schedules disagree"},
+      {"payload", "is not a valid payload"},
   };
   for (const auto& [kind, why] : cases) {
     SCOPED_TRACE(kind);

@@ -5,6 +5,8 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <cstdlib>
+#include <iostream>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -81,7 +83,7 @@ std::string metrics_without_times(const fs::path& run_dir) {
 }
 
 // The same config and seed: in process on the GPipe and the 1F1B schedule, and in 4 processes
-// (Gloo) on 1F1B, end with identical metrics, and the 4-process run's checkpoint (assembled by
+// (Gloo) on 1F1B started by `tapeline train --nproc 4` and by torchrun, end with identical metrics, and the 4-process run's checkpoint (assembled by
 // rank 0) evaluates exactly as the in-process one.
 TEST(MultiProcessTrain, FourProcessesComputeTheSameNumbersAsOne) {
   REQUIRE_MULTIPROCESS();
@@ -101,6 +103,23 @@ TEST(MultiProcessTrain, FourProcessesComputeTheSameNumbersAsOne) {
   EXPECT_EQ(metrics_without_times(dir.path() / "mp"), reference);
   // Only rank 0 wrote the run; its summary says how it ran.
   EXPECT_TRUE(fs::exists(dir.path() / "mp" / "checkpoint.safetensors"));
+  // Under torchrun (its agent hosts the store: TORCHELASTIC_USE_AGENT_STORE), through
+  // scripts/torchrun, which works around Debian's torchrun 1.13 on Python 3.11.
+  if (std::system("/usr/bin/python3 -c 'import torch.distributed.run' >/dev/null 2>&1") == 0) {
+    mp::ProcessGroupGuard guard;
+    const fs::path torchrun = fs::path(__FILE__).parent_path().parent_path().parent_path() / "scripts" / "torchrun";
+    const std::string log = mp::temp_log("torchrun");
+    guard.pids.push_back(mp::spawn(torchrun.string(),
+                                   {"--standalone", "--no_python", "--nproc_per_node", "4", tapeline_path().string(),
+                                    "train", "--config", cfg, "--no-plot", "--quiet", "--out",
+                                    (dir.path() / "torchrun").string()},
+                                   {}, log));
+    const int status = mp::wait_or_kill(guard.pids.back(), 300);
+    ASSERT_EQ(mp::exit_code(status), 0) << mp::read_file(log);
+    EXPECT_EQ(metrics_without_times(dir.path() / "torchrun"), reference);
+  } else {
+    std::cout << "[ NOTE ] torchrun part skipped: /usr/bin/python3 has no torch.distributed (Debian python3-torch)\n";
+  }
   auto e1 = run("eval --run " + (dir.path() / "1f1b").string(), mp::temp_log("eval1"));
   auto e3 = run("eval --run " + (dir.path() / "mp").string(), mp::temp_log("eval3"));
   ASSERT_EQ(e1.first, 0) << e1.second;
