@@ -139,10 +139,7 @@ std::unique_ptr<Optimizer> build_optimizer(const TrainSection& t, Module& model)
 Experiment::Experiment(const Config& config, bool allow_distributed) : config_(config) {
   // One rank of several (torchrun, tapeline train --nproc): the environment says so.
   std::optional<dist::DistEnv> env;
-  if (allow_distributed && dist::DistEnv::launched()) {
-    env = dist::DistEnv::from_env();
-    if (env->world_size == 1) env.reset();
-  }
+  if (allow_distributed && dist::DistEnv::one_of_several()) env = dist::DistEnv::from_env();
   if (allow_distributed && !env)
     TORCH_CHECK(config_.pipeline.nproc == 1, "pipeline.nproc = ", config_.pipeline.nproc,
                 ": this process is not one of several ranks (RANK and WORLD_SIZE are not set); start the ranks with "

@@ -15,14 +15,7 @@ void check_ids(const at::Tensor& t, const char* what, const at::Tensor& ids) {
 void run_head(const std::string& pooling, const std::shared_ptr<Linear>& pooler, const std::shared_ptr<Dropout>& drop,
               const std::shared_ptr<Linear>& classifier, const at::Tensor& attention_mask, BertOutput& out) {
   if (pooling == "mean") {
-    const Variable& h = out.hidden;  // (B, T, C)
-    if (attention_mask.defined()) {
-      const at::Tensor m = attention_mask.to(h.data().scalar_type()).unsqueeze(-1);  // (B, T, 1)
-      const at::Tensor count = m.sum(1).clamp_min(1.0);                               // (B, 1)
-      out.pooled = div(sum(mul(h, Variable(m)), {1}, false), Variable(count));        // (B, C)
-    } else {
-      out.pooled = mean(h, {1}, false);  // (B, C)
-    }
+    out.pooled = masked_mean(out.hidden, attention_mask);  // (B, C)
   } else {
     if (!pooler) return;
     Variable first = squeeze(narrow(out.hidden, 1, 0, 1), 1);  // (B, C): the [CLS] position
@@ -31,6 +24,17 @@ void run_head(const std::string& pooling, const std::shared_ptr<Linear>& pooler,
   if (classifier) out.logits = classifier->forward(drop->forward(out.pooled));  // (B, num_labels)
 }
 }  // namespace
+
+Variable masked_mean(const Variable& h, const at::Tensor& attention_mask) {
+  if (!attention_mask.defined()) return mean(h, {1}, false);  // (B, C)
+  TORCH_CHECK(h.dim() == 3 && attention_mask.dim() == 2 && h.size(0) == attention_mask.size(0) &&
+                  h.size(1) == attention_mask.size(1),
+              "masked_mean: expected hidden (B, T, C) and attention_mask (B, T), got ", h.sizes(), " and ",
+              attention_mask.sizes());
+  const at::Tensor m = attention_mask.to(h.data().scalar_type()).unsqueeze(-1);  // (B, T, 1)
+  const at::Tensor count = m.sum(1).clamp_min(1.0);                               // (B, 1): counts are whole
+  return div(sum(mul(h, Variable(m)), {1}, false), Variable(count));             // (B, C)
+}
 
 // ---- embeddings ---------------------------------------------------------------------------------
 BertEmbeddings::BertEmbeddings(const BertConfig& c, const init::Generator& gen) : Module("BertEmbeddings") {

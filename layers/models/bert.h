@@ -68,6 +68,11 @@ struct BertOutput {
   Variable logits;  // (B, num_labels), undefined without classifier
 };
 
+/// The mean of hidden states (B, T, C) over the positions attention_mask (B, T) keeps (nonzero),
+/// per sequence: (B, C); an all-masked row gives zeros. Undefined mask: the mean over T. The
+/// classifier's `pooling = mean` head and sentence embeddings (pretrained.h) both use it.
+Variable masked_mean(const Variable& hidden, const at::Tensor& attention_mask);
+
 class Bert : public Module, public Splittable {
  public:
   explicit Bert(const BertConfig& config, const init::Generator& gen = std::nullopt);

@@ -172,14 +172,9 @@ std::shared_ptr<Bert> load_pretrained_bert(const PretrainedDir& dir, int64_t num
 }
 
 at::Tensor mean_pool(const at::Tensor& hidden, const at::Tensor& attention_mask, bool normalize) {
-  TORCH_CHECK(hidden.dim() == 3 && attention_mask.dim() == 2 && hidden.size(0) == attention_mask.size(0) &&
-                  hidden.size(1) == attention_mask.size(1),
-              "mean_pool: expected hidden (B, T, C) and attention_mask (B, T), got ", hidden.sizes(), " and ",
-              attention_mask.sizes());
-  const at::Tensor m = attention_mask.to(hidden.scalar_type()).unsqueeze(-1);  // (B, T, 1)
-  const at::Tensor sum = (hidden * m).sum(1);                                  // (B, C)
-  const at::Tensor count = m.sum(1).clamp_min(1e-9);                           // (B, 1)
-  at::Tensor e = sum / count;                                                  // (B, C)
+  TORCH_CHECK(attention_mask.defined(), "mean_pool: the attention mask is undefined");
+  NoGradGuard no_grad;
+  at::Tensor e = masked_mean(Variable(hidden), attention_mask).data();  // (B, C)
   if (normalize) e = e / e.norm(2, {1}, /*keepdim=*/true).clamp_min(1e-12);
   return e;
 }

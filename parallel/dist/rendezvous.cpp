@@ -64,6 +64,11 @@ DistEnv DistEnv::from_env() {
 
 bool DistEnv::launched() { return std::getenv("RANK") != nullptr || std::getenv("WORLD_SIZE") != nullptr; }
 
+bool DistEnv::one_of_several() {
+  const char* w = std::getenv("WORLD_SIZE");
+  return launched() && !(w && std::string(w) == "1");
+}
+
 std::string DistEnv::describe() const {
   std::ostringstream os;
   os << "rank " << rank << "/" << world_size << " (local " << local_rank << "/" << local_world_size << "), store "

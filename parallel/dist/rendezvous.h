@@ -35,6 +35,8 @@ struct DistEnv {
   static DistEnv from_lookup(const std::function<const char*(const char*)>& lookup);
   /// True when RANK or WORLD_SIZE is set, i.e. this process was launched as one of several ranks.
   static bool launched();
+  /// launched() and WORLD_SIZE is not 1 (a world of one rank is a single process).
+  static bool one_of_several();
 
   /// "rank 1/4 (local 1/4), store 127.0.0.1:29500 hosted by rank 0".
   std::string describe() const;

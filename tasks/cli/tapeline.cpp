@@ -160,7 +160,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   }
 
   // One process per stage. Started by torchrun (or by us): this process is one rank.
-  const bool is_rank = dist::DistEnv::launched();
+  const bool is_rank = dist::DistEnv::one_of_several();
   if (!is_rank && nproc == 0) nproc = static_cast<int>(req.config.pipeline.nproc);
   if (is_rank && vm.count("with-baseline") && !std::getenv(kLaunchedByUs))
     throw UsageError("--with-baseline is not available under torchrun; train the baseline as its own run "
