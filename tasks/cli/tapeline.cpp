@@ -13,6 +13,7 @@
 
 #include "parallel/dist/launch.h"
 #include "parallel/dist/rendezvous.h"
+#include "parallel/schedule.h"
 #include "tasks/compare.h"
 #include "tasks/config.h"
 #include "tasks/report.h"
@@ -34,7 +35,8 @@ usage:
   tapeline train --config FILE --out DIR [options] [--section.key=value ...]
   tapeline eval --run DIR [--compression on|off|both] [--section.key=value ...]
   tapeline compare RUN_DIR... [--plot OUT_DIR]
-  tapeline help [train|eval|compare]
+  tapeline schedule [--schedule 1f1b|gpipe] [--stages S] [--micro-batches M] [--comm]
+  tapeline help [train|eval|compare|schedule]
 
 commands:
   train   train a model cut into stages with a compression boundary at each cut; writes DIR/
@@ -43,6 +45,9 @@ commands:
   eval    test accuracy of a run's last checkpoint with compression on or off
   compare one table of finished runs (final metric with compression on and off, bytes per step,
           wall time); --plot OUT_DIR also draws the figures (PNG and SVG, matplotlib)
+  schedule print every rank's action list of one training step (compute only, or with --comm
+          the sends and receives too: SA/RA activation, SG/RG gradient, ~ = sent uncompressed
+          by epilogue-only boundaries), as pipeline.schedule runs it
 
 Run `tapeline train --help` for the options and every configuration key (docs/CONFIG.md).
 )";
@@ -301,6 +306,30 @@ int cmd_compare(const std::vector<std::string>& argv) {
   return 0;
 }
 
+int cmd_schedule(const std::vector<std::string>& argv) {
+  po::options_description d("schedule options");
+  d.add_options()("help,h", "show this help")("schedule", po::value<std::string>()->default_value("1f1b"),
+                                              "1f1b or gpipe (pipeline.schedule)")(
+      "stages", po::value<int>()->default_value(4), "number of stages (ranks)")(
+      "micro-batches", po::value<int>()->default_value(8), "micro-batches per step (train.micro_batches)")(
+      "comm", "list the sends and receives too");
+  po::variables_map vm = parse(argv, d);
+  if (vm.count("help")) {
+    std::cout << "usage: tapeline schedule [options]\n\n" << d;
+    return 0;
+  }
+  const int stages = vm["stages"].as<int>(), m = vm["micro-batches"].as<int>();
+  if (stages < 1 || m < 1) throw UsageError("--stages and --micro-batches must be >= 1");
+  std::vector<RankSchedule> lists;
+  try {
+    lists = make_schedule(vm["schedule"].as<std::string>(), stages, m);
+  } catch (const c10::Error& e) {
+    throw UsageError(e.what_without_backtrace());
+  }
+  std::cout << format_schedule(lists, vm.count("comm") > 0);
+  return 0;
+}
+
 int cmd_eval(const std::vector<std::string>& argv) {
   std::vector<std::string> rest;
   auto overrides = split_overrides(argv, rest);
@@ -344,14 +373,18 @@ int main(int argc, char** argv) {
   try {
     if (cmd.empty() || cmd == "--help" || cmd == "-h" || cmd == "help") {
       if (cmd == "help" && !rest.empty())
-        return rest[0] == "train" ? cmd_train({"--help"}) : rest[0] == "compare" ? cmd_compare({"--help"}) : cmd_eval({"--help"});
+        return rest[0] == "train"      ? cmd_train({"--help"})
+               : rest[0] == "compare"  ? cmd_compare({"--help"})
+               : rest[0] == "schedule" ? cmd_schedule({"--help"})
+                                       : cmd_eval({"--help"});
       std::cout << kTopHelp;
       return cmd.empty() ? 2 : 0;
     }
     if (cmd == "train") return cmd_train(rest);
     if (cmd == "eval") return cmd_eval(rest);
     if (cmd == "compare") return cmd_compare(rest);
-    throw UsageError("unknown command '" + cmd + "'; commands: train, eval, compare (tapeline --help)");
+    if (cmd == "schedule") return cmd_schedule(rest);
+    throw UsageError("unknown command '" + cmd + "'; commands: train, eval, compare, schedule (tapeline --help)");
   } catch (const UsageError& e) {
     std::cerr << "tapeline " << cmd << ": error: " << e.what() << "\n";
     return 2;

@@ -46,6 +46,19 @@ const fs::path kConfigs = fs::path(__FILE__).parent_path().parent_path().parent_
 #define REQUIRE_TAPELINE() \
   if (!fs::exists(tapeline_path())) GTEST_SKIP() << tapeline_path() << " not built (make tapeline)"
 
+// `tapeline schedule` prints the lists the runner executes (parallel/schedule.h).
+TEST(Cli, SchedulePrintsEveryRanksActions) {
+  REQUIRE_TAPELINE();
+  Result r = run("schedule --stages 4 --micro-batches 8");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 3: F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7\n"), std::string::npos) << r.output;
+  Result comm = run("schedule --schedule gpipe --stages 2 --micro-batches 2 --comm");
+  EXPECT_EQ(comm.output, "rank 0: F0 SA0 F1 SA1 RG0 B0 RG1 B1\nrank 1: RA0 F0 RA1 F1 B0 SG0 B1 SG1\n");
+  Result bad = run("schedule --schedule zigzag");
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.output.find("unknown pipeline schedule 'zigzag'"), std::string::npos) << bad.output;
+}
+
 TEST(Cli, HelpListsCommandsAndEveryKey) {
   REQUIRE_TAPELINE();
   Result top = run("--help");
