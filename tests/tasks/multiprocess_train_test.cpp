@@ -192,5 +192,33 @@ TEST(MultiProcessTrain, AKilledRankStopsTheOthersAndTheRunResumesExactly) {
   EXPECT_EQ(metrics_without_times(run_dir), metrics_without_times(reference));
 }
 
+// GPT-2 ties its input embedding (stage 0) to its output layer (the last stage): each of the two
+// ranks holds the parameter, and their gradients are summed between them every step. Three
+// processes give the in-process run's numbers up to the order of that sum.
+TEST(MultiProcessTrain, TiedEmbeddingsAreSummedBetweenTheFirstAndLastRank) {
+  if (!fs::exists(tapeline_path())) GTEST_SKIP() << tapeline_path() << " not built (make tapeline)";
+  if (!dist::Transport::available("gloo")) GTEST_SKIP() << "built without c10d's Gloo backend (libgloo-dev)";
+  if (!fs::exists("/usr/share/wordnet/data.noun"))
+    GTEST_SKIP() << "WordNet not found in /usr/share/wordnet (install the Debian package wordnet-base)";
+  testing::TempDir dir;
+  const fs::path cfg = fs::path(__FILE__).parent_path().parent_path().parent_path() / "configs" / "lm" / "baseline.ini";
+  const std::string common = "train --config " + cfg.string() +
+                             " --no-plot --quiet --data.train_limit=256 --data.test_limit=64 --run.threads=1 --out ";
+  auto [s1, o1] = run(common + (dir.path() / "one").string(), mp::temp_log("lm1"));
+  ASSERT_EQ(s1, 0) << o1;
+  auto [s3, o3] = run(common + (dir.path() / "three").string() + " --nproc 3", mp::temp_log("lm3"));
+  ASSERT_EQ(s3, 0) << o3;
+  auto read = [](const fs::path& run) {
+    std::ifstream f(run / "summary.json");
+    return nlohmann::json::parse(f);
+  };
+  const auto a = read(dir.path() / "one"), b = read(dir.path() / "three");
+  EXPECT_EQ(b["stages"], 3);
+  for (const char* k : {"train_loss", "test_metric_compressed"}) {
+    const double x = a[k].get<double>(), y = b[k].get<double>();
+    EXPECT_NEAR(x, y, 1e-4 * std::abs(x)) << k;
+  }
+}
+
 }  // namespace
 }  // namespace tl
