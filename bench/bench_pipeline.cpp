@@ -1,9 +1,20 @@
-// bench_pipeline: the in-process executor's training step against pipeline theory, in one run.
+// bench_pipeline: GPipe and 1F1B training steps against pipeline theory, in one process and in
+// one process per stage.
 //
-// Models cut into 4 stages with identity boundaries, M micro-batches per step:
-//   resnet8: ResNet-8 on 1x28x28 images, batch 128, cuts layer1, layer2, layer3
-//   gpt2:    GPT-2 (4 layers, d = 256, 4 heads, 256 byte tokens), batch 32 x 64 tokens, cuts h.0..h.2
-// For each model and schedule (gpipe, 1f1b), per step:
+// Models, M micro-batches per step (default 8), identity boundaries unless said otherwise:
+//   resnet8:  ResNet-8 on 1x28x28 images, batch 128; 4 stages: cuts layer1, layer2, layer3;
+//             2 stages: cut layer1
+//   gpt2:     GPT-2 (4 layers, d = 256, 4 heads, 256 byte tokens), batch 32 x 64 tokens;
+//             4 stages: cuts h.0, h.1, h.2; 2 stages: cut h.1
+//   resnet18: not in the default run (--models resnet18): CIFAR-style ResNet-18 on 1x28x28, batch
+//             32; 4 stages: cuts layer1, layer2, layer3; 2 stages: cut layer2. One step is ~1.5 s
+//             of compute on 1 thread (~9x ResNet-8's), so its cases (in process, links, 4 and 2
+//             processes, 8 rounds each) alone take ~3 min on 2 cores: the default run leaves it out.
+// Everything runs on 1 thread: ATen's (at::set_num_threads(1)) and OpenBLAS's (its own pthread pool,
+// which at::set_num_threads does not reach; without this GPT-2's matmuls use every core "on 1
+// thread"), in process and in every rank, so that the in-process compute is the ranks' reference.
+//
+// 1. In process (LocalExecutor: the stages run one after another here), 4 stages, per schedule:
 //   timeline_s  the step on the executor's timeline (each stage's clock advanced by its measured
 //               forwards and backwards and by waits for messages; ideal links)
 //   ideal_s     sum_i t_i + (M - 1) max_i t_i with t_i = c_i / M and c_i stage i's measured compute
@@ -14,30 +25,96 @@
 //   bound_s     max_i c_i, the busiest stage's compute: no schedule is faster
 //   efficiency  ideal_s / timeline_s (target >= 0.85 for 1F1B)
 //   wall_s      real seconds of the step here (the stages run one after another in this process)
-//   compute_s   sum_i c_i; overhead = wall_s / compute_s - 1 (the executor's bookkeeping, payloads)
+//   compute_s   sum_i c_i (stage_compute_s: each c_i); overhead = wall_s / compute_s - 1 (the
+//               executor's bookkeeping, payloads)
 //   unsplit_s   the same batch through the unsplit model in one pass (reference for wall_s)
-// Then, 1F1B on links of 80 Mbit/s (no latency) at every cut: the timeline step uncompressed and
-// with TopK 10% and 4-bit quantisation at the cuts (speedup = uncompressed / compressed).
-// Medians over the rounds (steps alternate between the cases of a model). One JSON line each:
-//   {"bench":"pipeline","model":..,"schedule":..,"micro_batches":..,"timeline_s":..,"ideal_s":..,
-//    "efficiency":..,"wall_s":..,"compute_s":..,"overhead":..,"unsplit_s":..}
+// Then 1F1B on links of 80 Mbit/s (no latency) at every cut: the timeline step uncompressed and
+// with TopK 10% and 4-bit quantisation at the cuts (speedup = uncompressed / compressed). And the
+// 2-stage splits in process (the references of the 2-process runs; no unsplit pass).
+//
+// 2. Multi-process (DistExecutor on a Gloo Transport with its communication thread, as `tapeline
+// train --nproc N` runs): bench_pipeline launches N ranks of itself (parallel/dist/launch.h, with a
+// hidden --rank-worker argument and OPENBLAS/OMP_NUM_THREADS=1); every rank builds the same models,
+// batches and Pipelines (same seeds) and runs its stage of the same steps: a barrier, then
+// DistExecutor::train_step (the rank's action list, the last stage's tally broadcast, GPT-2's tied
+// embedding gradients all-reduced). Each rank measures per step its wall time (barrier exit to
+// return), its compute (StepTiming.compute_s), its waits in recv (comm_s) and its CPU times; rank 0
+// gathers them (Transport::gather_bytes) after the rounds and prints, medians over rounds:
+//   wall_s      the step: max over ranks of their wall times
+//   ideal_s     the formula above with c_i = rank i's measured compute in that step
+//   efficiency  ideal_s / wall_s
+//   rank_compute_s, rank_comm_s, rank_other_s: per rank, compute, recv waits and the rest (payload
+//               (de)serialisation, and the end-of-step tally broadcast and tied all-reduce, where a
+//               rank that finished its list early waits for the others)
+//   rank_thread_cpu_s  per rank, CPU time of the rank's main thread in the step (its compute,
+//               payload (de)serialisation, bookkeeping): against rank_compute_s (wall) it shows
+//               how long the rank waited for a core inside its own compute
+//   cpu_s       sum over ranks of process CPU time in the step (main threads, Gloo's threads and
+//               the communication threads); cpu_s / inproc_compute_s - 1 is the CPU the
+//               processes spend beyond the in-process compute
+//   inproc_*    the in-process run of the same split: timeline_s, ideal_s, wall_s, compute_s
+//   cores_bound_s  inproc_compute_s / min(cores, N): with 1 thread per rank, no step on this
+//               machine is shorter (all ranks' compute has to fit on the cores)
+//   vs_inproc_timeline  inproc timeline_s / wall_s (1 = the processes achieve what the in-process
+//               timeline predicts for a pipeline of processes, each on its own core)
+//   speedup_vs_inproc_wall  inproc wall_s / wall_s (the stages one after another in one process)
+//   loadavg_1m  the machine's load when the line was printed (other processes share the cores)
+// What the numbers mean on a small machine: with N ranks on fewer than N cores (4 ranks on 2 cores)
+// the stages cannot all run at once. A rank's compute_s is wall time and includes the time it
+// waited for a core while inside a forward or backward (rank_thread_cpu_s is what it computed), so
+// ideal_s (from those c_i) is inflated against inproc_ideal_s, and wall_s cannot get below
+// cores_bound_s, which can exceed the in-process timeline (GPT-2: the 4 stages' compute does not
+// fit on 2 cores in one timeline's time). The 4-process rows measure the runtime under
+// oversubscription, not pipeline parallelism; the 2-process rows (2 stages x 2 processes on 2
+// cores) are the case that fits the cores, as long as nothing else runs on the machine.
+// Then 4 processes, 1F1B, 80 Mbit/s links emulated at the receivers (TransportOptions.link_from, as
+// tasks/trainer.cpp sets them: rank r receives activations from r - 1 over link r - 1 and
+// gradients from r + 1 over link r): wall step uncompressed, TopK 10% and 4-bit, speedup, the
+// in-process timeline's prediction for the same case (predicted_s, predicted_speedup;
+// vs_predicted = predicted_s / wall_s), per rank the time slept for emulated deliveries, and
+// cores_bound_s as above for that case. A rank waiting for a delivery sleeps, so slow-link rows
+// suffer less from oversubscription; compressed rows are short enough to be CPU-bound on 2 cores.
+//
+// Steps alternate between the cases of a model, round by round; round -1 is a warm-up. One JSON
+// line each:
+//   {"bench":"pipeline","model":..,"schedule":..,"stages":..,"micro_batches":..,"threads":1,
+//    "blas_threads":1,"timeline_s":..,"ideal_s":..,"efficiency":..,"wall_s":..,"compute_s":..,
+//    "stage_compute_s":[..],"overhead":..,"unsplit_s":..}
 //   {"bench":"pipeline_link","model":..,"link":"80 Mbit/s","case":..,"timeline_s":..,"bytes_per_step":..,
 //    "reference_timeline_s":..,"speedup":..}
+//   {"bench":"pipeline_mp","model":..,"schedule":..,"processes":N,"stages":N,"wall_s":..,"ideal_s":..,
+//    "efficiency":..,"rank_compute_s":[..],..,"vs_inproc_timeline":..,"speedup_vs_inproc_wall":..}
+//   {"bench":"pipeline_mp_link","model":..,"processes":4,"case":..,"wall_s":..,"bytes_per_step":..,
+//    "reference_wall_s":..,"speedup":..,"predicted_s":..,"predicted_speedup":..,"vs_predicted":..}
+// The default run (ResNet-8 and GPT-2, 7 rounds, 4 and 2 processes) takes ~1.5-2 min on 2 cores.
 // Usage: bench_pipeline [rounds (default 7)] [micro-batches (default 8)]
+//          [--models resnet8,gpt2[,resnet18]] [--mp 4,2 | --mp none] [--mp-rounds R (default: rounds)]
+//          [--no-links]
+#include <dlfcn.h>
 #include <malloc.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <ctime>
 #include <functional>
+#include <map>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "layers/models/gpt2.h"
 #include "layers/models/resnet.h"
+#include "parallel/dist/launch.h"
+#include "parallel/dist/rendezvous.h"
+#include "parallel/dist/runtime.h"
+#include "parallel/dist/transport.h"
 #include "parallel/executor.h"
-#include "bench/bench_util.h"
 #include "parallel/pipeline.h"
 #include "tasks/task.h"
 
@@ -49,18 +126,93 @@ using bench::median;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// The 1-minute load average (other processes on the machine: the numbers are only as quiet as it).
+double loadavg_1m() {
+  double l = -1;
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &l) != 1) l = -1;
+    std::fclose(f);
+  }
+  return l;
+}
+
+int g_blas_threads = 0;  // as set in main, for the JSON lines
+
+// OpenBLAS (the BLAS of Debian's libtorch) keeps its own pthread pool, one thread per core, which
+// at::set_num_threads does not reach: GPT-2's matmuls would use every core "with 1 thread". Sets
+// its thread count where it is loaded; returns it (0 where there is no OpenBLAS).
+int set_blas_threads(int n) {
+  using Set = void (*)(int);
+  using Get = int (*)();
+  if (auto set = reinterpret_cast<Set>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) set(n);
+  auto get = reinterpret_cast<Get>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  return get ? get() : 0;
+}
+
+double cpu_s(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 /// A model, its batch and its loss.
 struct Workload {
   std::string name;
-  std::function<ModulePtr()> make;  // same weights every call
-  std::vector<std::string> cuts;
+  std::function<ModulePtr()> make;                  // same weights every call
+  std::map<int, std::vector<std::string>> cuts;     // by number of stages
   Batch batch;
   Pipeline::LossFn loss;
 };
 
+/// The benchmark's options (also passed to the rank workers).
+struct Options {
+  int rounds = 7;
+  int64_t m = 8;
+  std::vector<std::string> models = {"resnet8", "gpt2"};
+  std::vector<int> mp = {4, 2};  // process counts of the multi-process part
+  int mp_rounds = -1;            // -1: rounds
+  bool links = true;
+  // Rank workers only.
+  bool worker = false;
+  std::map<std::string, double> refs;  // in-process results, "model/stages/schedule/field"
+};
+
+/// The 80 Mbit/s cases (forward, backward codec).
+struct LinkCase {
+  std::string name, fwd, bwd;
+};
+const std::vector<LinkCase>& link_cases() {
+  static const std::vector<LinkCase> cases = {{"uncompressed", "identity", "identity"},
+                                              {"topk(0.1) fwd+bwd", "topk(0.1)", "topk(0.1)"},
+                                              {"quant(4) fwd, quant(8) bwd", "quant(bits=4, scale=channel)", "quant(8)"}};
+  return cases;
+}
+LinkSpec bench_link() {
+  LinkSpec l;
+  l.bandwidth_mbps = 80;
+  return l;
+}
+
+std::string ref_key(const std::string& model, int stages, const std::string& what, const std::string& field) {
+  return model + "/" + std::to_string(stages) + "/" + what + "/" + field;
+}
+
+std::string json_array(const std::vector<double>& v, const char* fmt = "%.5f") {
+  std::string s = "[";
+  char buf[64];
+  for (size_t i = 0; i < v.size(); ++i) {
+    std::snprintf(buf, sizeof(buf), fmt, v[i]);
+    s += (i ? "," : "") + std::string(buf);
+  }
+  return s + "]";
+}
+
+// ---- in process -----------------------------------------------------------------------------------
+
 /// What one timed step of a pipeline gives.
 struct Sample {
   double timeline = 0, ideal = 0, bound = 0, wall = 0, compute = 0, bytes = 0;
+  std::vector<double> stage_compute;
 };
 
 Sample step(Pipeline& p, const Workload& w, int64_t m) {
@@ -78,16 +230,18 @@ Sample step(Pipeline& p, const Workload& w, int64_t m) {
   s.ideal = sum / md + (md - 1) * slowest / md;
   s.compute = sum;
   s.bound = slowest;
+  s.stage_compute = t.compute_s;
   const BoundaryStats st = p.total_stats();
   s.bytes = static_cast<double>(st.forward.bytes + st.backward.bytes);
   return s;
 }
 
-std::shared_ptr<Pipeline> build(const Workload& w, const std::string& fwd, const std::string& bwd) {
+std::shared_ptr<Pipeline> build(const Workload& w, int stages, const std::string& fwd, const std::string& bwd) {
   BoundarySpec spec;
   spec.forward = fwd;
   spec.backward = bwd;
-  return Pipeline::build(w.make(), w.cuts, std::vector<BoundarySpec>(w.cuts.size(), spec));
+  const std::vector<std::string>& cuts = w.cuts.at(stages);
+  return Pipeline::build(w.make(), cuts, std::vector<BoundarySpec>(cuts.size(), spec));
 }
 
 double unsplit_step(Module& model, const Workload& w) {
@@ -98,54 +252,64 @@ double unsplit_step(Module& model, const Workload& w) {
   return seconds_since(t0);
 }
 
-void schedules(const Workload& w, int rounds, int64_t m) {
-  auto gpipe = build(w, "identity", "identity"), one_f = build(w, "identity", "identity");
+/// GPipe and 1F1B in process on `stages` stages; records the medians in `refs`.
+void schedules(const Workload& w, int stages, const Options& o, std::map<std::string, double>& refs) {
+  const bool with_unsplit = stages == 4;
+  auto gpipe = build(w, stages, "identity", "identity"), one_f = build(w, stages, "identity", "identity");
   gpipe->set_schedule("gpipe");
   one_f->set_schedule("1f1b");
   ModulePtr unsplit = w.make();
   std::vector<Sample> g, f;
   std::vector<double> u;
-  for (int r = -1; r < rounds; ++r) {  // round -1: warm-up
-    Sample a = step(*gpipe, w, m), b = step(*one_f, w, m);
-    const double c = unsplit_step(*unsplit, w);
+  for (int r = -1; r < o.rounds; ++r) {  // round -1: warm-up
+    Sample a = step(*gpipe, w, o.m), b = step(*one_f, w, o.m);
+    const double c = with_unsplit ? unsplit_step(*unsplit, w) : 0.0;
     if (r < 0) continue;
     g.push_back(a), f.push_back(b), u.push_back(c);
   }
   for (const auto& [name, v] : {std::make_pair("gpipe", &g), std::make_pair("1f1b", &f)}) {
     std::vector<double> tl, ideal, bound, eff, wall, compute;
-    for (const Sample& s : *v)
+    std::vector<std::vector<double>> per_stage(static_cast<size_t>(stages));
+    for (const Sample& s : *v) {
       tl.push_back(s.timeline), ideal.push_back(s.ideal), bound.push_back(s.bound), eff.push_back(s.ideal / s.timeline),
           wall.push_back(s.wall), compute.push_back(s.compute);
+      for (size_t i = 0; i < per_stage.size() && i < s.stage_compute.size(); ++i) per_stage[i].push_back(s.stage_compute[i]);
+    }
+    std::vector<double> stage_med;
+    for (const auto& c : per_stage) stage_med.push_back(median(c));
+    char unsplit_field[64] = "";
+    if (with_unsplit) std::snprintf(unsplit_field, sizeof(unsplit_field), ",\"unsplit_s\":%.5f", median(u));
     std::printf(
-        "{\"bench\":\"pipeline\",\"model\":\"%s\",\"schedule\":\"%s\",\"stages\":%zu,\"micro_batches\":%lld,"
-        "\"threads\":%d,\"timeline_s\":%.5f,\"ideal_s\":%.5f,\"bound_s\":%.5f,\"efficiency\":%.3f,\"wall_s\":%.5f,\"compute_s\":%.5f,"
-        "\"overhead\":%.3f,\"unsplit_s\":%.5f}\n",
-        w.name.c_str(), name, w.cuts.size() + 1, static_cast<long long>(m), at::get_num_threads(), median(tl),
-        median(ideal), median(bound), median(eff), median(wall), median(compute), median(wall) / median(compute) - 1.0, median(u));
+        "{\"bench\":\"pipeline\",\"model\":\"%s\",\"schedule\":\"%s\",\"stages\":%d,\"micro_batches\":%lld,"
+        "\"threads\":%d,\"blas_threads\":%d,\"timeline_s\":%.5f,\"ideal_s\":%.5f,\"bound_s\":%.5f,\"efficiency\":%.3f,\"wall_s\":%.5f,"
+        "\"compute_s\":%.5f,\"stage_compute_s\":%s,\"overhead\":%.3f%s}\n",
+        w.name.c_str(), name, stages, static_cast<long long>(o.m), at::get_num_threads(), g_blas_threads, median(tl),
+        median(ideal),
+        median(bound), median(eff), median(wall), median(compute), json_array(stage_med).c_str(),
+        median(wall) / median(compute) - 1.0, unsplit_field);
     std::fflush(stdout);
+    refs[ref_key(w.name, stages, name, "timeline")] = median(tl);
+    refs[ref_key(w.name, stages, name, "ideal")] = median(ideal);
+    refs[ref_key(w.name, stages, name, "wall")] = median(wall);
+    refs[ref_key(w.name, stages, name, "compute")] = median(compute);
   }
 }
 
-void links(const Workload& w, int rounds, int64_t m) {
-  struct Case {
-    std::string name, fwd, bwd;
-  };
-  const std::vector<Case> cases = {{"uncompressed", "identity", "identity"},
-                                   {"topk(0.1) fwd+bwd", "topk(0.1)", "topk(0.1)"},
-                                   {"quant(4) fwd, quant(8) bwd", "quant(bits=4, scale=channel)", "quant(8)"}};
+/// 1F1B on 80 Mbit/s links in process (4 stages); records the timelines in `refs`.
+void links(const Workload& w, const Options& o, std::map<std::string, double>& refs) {
+  const auto& cases = link_cases();
+  const int stages = 4;
   std::vector<std::shared_ptr<Pipeline>> ps;
-  for (const Case& c : cases) {
-    ps.push_back(build(w, c.fwd, c.bwd));
+  for (const LinkCase& c : cases) {
+    ps.push_back(build(w, stages, c.fwd, c.bwd));
     ps.back()->set_schedule("1f1b");
-    LinkSpec link;
-    link.bandwidth_mbps = 80;
-    ps.back()->set_links(std::vector<LinkSpec>(w.cuts.size(), link));
+    ps.back()->set_links(std::vector<LinkSpec>(w.cuts.at(stages).size(), bench_link()));
   }
-  std::vector<std::vector<double>> t(cases.size()), bytes(cases.size());
-  for (int r = -1; r < rounds; ++r)
+  std::vector<std::vector<double>> t(cases.size()), bytes(cases.size()), compute(cases.size());
+  for (int r = -1; r < o.rounds; ++r)
     for (size_t i = 0; i < cases.size(); ++i) {
-      const Sample s = step(*ps[i], w, m);
-      if (r >= 0) t[i].push_back(s.timeline), bytes[i].push_back(s.bytes);
+      const Sample s = step(*ps[i], w, o.m);
+      if (r >= 0) t[i].push_back(s.timeline), bytes[i].push_back(s.bytes), compute[i].push_back(s.compute);
     }
   const double ref = median(t[0]);
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -153,23 +317,201 @@ void links(const Workload& w, int rounds, int64_t m) {
         "{\"bench\":\"pipeline_link\",\"model\":\"%s\",\"schedule\":\"1f1b\",\"micro_batches\":%lld,\"link\":\"80 "
         "Mbit/s, 0 ms\",\"case\":\"%s\",\"timeline_s\":%.4f,\"bytes_per_step\":%.0f,\"reference_timeline_s\":%.4f,"
         "\"speedup\":%.2f}\n",
-        w.name.c_str(), static_cast<long long>(m), cases[i].name.c_str(), median(t[i]), median(bytes[i]), ref,
+        w.name.c_str(), static_cast<long long>(o.m), cases[i].name.c_str(), median(t[i]), median(bytes[i]), ref,
         ref / median(t[i]));
     std::fflush(stdout);
+    refs[ref_key(w.name, stages, "link" + std::to_string(i), "timeline")] = median(t[i]);
+    refs[ref_key(w.name, stages, "link" + std::to_string(i), "compute")] = median(compute[i]);
   }
+}
+
+// ---- multi-process (one rank) -----------------------------------------------------------------------
+
+/// What one rank measures in one step.
+struct RankSample {
+  double wall = 0, compute = 0, comm = 0, cpu = 0, thread_cpu = 0, bytes = 0, link = 0;
+  static constexpr size_t kFields = 7;
+};
+
+/// One rank's step: barrier, then DistExecutor::train_step.
+RankSample mp_step(dist::DistExecutor& ex, Pipeline& p, dist::Transport& t, const Workload& w, int64_t m,
+                   const std::string& schedule, int64_t& step_no) {
+  for (auto& param : p.parameters()) param.zero_grad();
+  t.barrier("before step " + std::to_string(step_no));
+  const dist::TransportStats s0 = t.stats();
+  const double cpu0 = cpu_s(CLOCK_PROCESS_CPUTIME_ID), thread0 = cpu_s(CLOCK_THREAD_CPUTIME_ID);
+  const auto t0 = Clock::now();
+  StepTiming timing;
+  ex.train_step(w.batch, m, schedule, w.loss, 0, step_no++, &timing);
+  RankSample r;
+  r.wall = seconds_since(t0);
+  r.cpu = cpu_s(CLOCK_PROCESS_CPUTIME_ID) - cpu0;
+  r.thread_cpu = cpu_s(CLOCK_THREAD_CPUTIME_ID) - thread0;
+  r.compute = timing.compute_s.empty() ? 0.0 : timing.compute_s[0];
+  r.comm = timing.comm_s.empty() ? 0.0 : timing.comm_s[0];
+  const dist::TransportStats s1 = t.stats();
+  r.bytes = static_cast<double>(s1.bytes_sent - s0.bytes_sent);
+  r.link = s1.link_s - s0.link_s;
+  return r;
+}
+
+/// Runs every case for `rounds` (+1 warm-up) rounds, cases alternating; returns, on rank 0,
+/// samples[case][round][rank] (empty elsewhere).
+using AllSamples = std::vector<std::vector<std::vector<RankSample>>>;
+AllSamples mp_rounds(dist::Transport& t, const Workload& w, const Options& o, int rounds,
+                     const std::vector<std::shared_ptr<Pipeline>>& ps, const std::vector<std::string>& schedules,
+                     int64_t& step_no) {
+  std::vector<std::unique_ptr<dist::DistExecutor>> ex;
+  for (const auto& p : ps) ex.push_back(std::make_unique<dist::DistExecutor>(*p, t));
+  std::vector<std::vector<RankSample>> mine(ps.size());
+  for (int r = -1; r < rounds; ++r)
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const RankSample s = mp_step(*ex[i], *ps[i], t, w, o.m, schedules[i], step_no);
+      if (r >= 0) mine[i].push_back(s);
+    }
+  std::string bytes;
+  for (const auto& c : mine)
+    for (const RankSample& s : c)
+      for (double v : {s.wall, s.compute, s.comm, s.cpu, s.thread_cpu, s.bytes, s.link})
+        bytes.append(reinterpret_cast<const char*>(&v), sizeof(double));
+  const std::vector<std::string> all = t.gather_bytes(bytes, 0, w.name + ": gathering the step timings");
+  AllSamples out;
+  if (t.rank() != 0) return out;
+  out.assign(ps.size(), std::vector<std::vector<RankSample>>(static_cast<size_t>(rounds)));
+  for (size_t rank = 0; rank < all.size(); ++rank) {
+    TORCH_CHECK(all[rank].size() == bytes.size(), "rank ", rank, " sent ", all[rank].size(), " bytes of timings, rank 0 ",
+                bytes.size());
+    const double* d = reinterpret_cast<const double*>(all[rank].data());
+    for (size_t i = 0; i < ps.size(); ++i)
+      for (int r = 0; r < rounds; ++r, d += RankSample::kFields)
+        out[i][static_cast<size_t>(r)].push_back({d[0], d[1], d[2], d[3], d[4], d[5], d[6]});
+  }
+  return out;
+}
+
+double ref_or_nan(const Options& o, const std::string& key) {
+  auto it = o.refs.find(key);
+  return it == o.refs.end() ? std::nan("") : it->second;
+}
+
+/// GPipe and 1F1B on this rank's stage (N ranks = N stages).
+void mp_schedules(dist::Transport& t, const Workload& w, const Options& o, int rounds, int64_t& step_no) {
+  const int n = t.world_size();
+  const std::vector<std::string> names = {"gpipe", "1f1b"};
+  std::vector<std::shared_ptr<Pipeline>> ps = {build(w, n, "identity", "identity"), build(w, n, "identity", "identity")};
+  const AllSamples all = mp_rounds(t, w, o, rounds, ps, names, step_no);
+  if (t.rank() != 0) return;
+  const double md = static_cast<double>(o.m);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (size_t i = 0; i < names.size(); ++i) {
+    std::vector<double> wall, ideal, eff, cpu;
+    std::vector<std::vector<double>> compute(n), comm(n), other(n), thread_cpu(n);
+    for (const auto& round : all[i]) {
+      double wmax = 0, sum = 0, slowest = 0, cpu_sum = 0;
+      for (int r = 0; r < n; ++r) {
+        const RankSample& s = round[static_cast<size_t>(r)];
+        wmax = std::max(wmax, s.wall), sum += s.compute, slowest = std::max(slowest, s.compute), cpu_sum += s.cpu;
+        compute[r].push_back(s.compute), comm[r].push_back(s.comm), other[r].push_back(s.wall - s.compute - s.comm),
+            thread_cpu[r].push_back(s.thread_cpu);
+      }
+      const double id = sum / md + (md - 1) * slowest / md;
+      wall.push_back(wmax), ideal.push_back(id), eff.push_back(id / wmax), cpu.push_back(cpu_sum);
+    }
+    std::vector<double> c_med, comm_med, other_med, thread_med;
+    for (int r = 0; r < n; ++r)
+      c_med.push_back(median(compute[r])), comm_med.push_back(median(comm[r])), other_med.push_back(median(other[r])),
+          thread_med.push_back(median(thread_cpu[r]));
+    const double in_tl = ref_or_nan(o, ref_key(w.name, n, names[i], "timeline"));
+    const double in_ideal = ref_or_nan(o, ref_key(w.name, n, names[i], "ideal"));
+    const double in_wall = ref_or_nan(o, ref_key(w.name, n, names[i], "wall"));
+    const double in_compute = ref_or_nan(o, ref_key(w.name, n, names[i], "compute"));
+    const double cores_bound = in_compute / std::min(cores, n);
+    const double wm = median(wall);
+    std::printf(
+        "{\"bench\":\"pipeline_mp\",\"model\":\"%s\",\"schedule\":\"%s\",\"processes\":%d,\"stages\":%d,"
+        "\"micro_batches\":%lld,\"threads_per_rank\":%d,\"blas_threads_per_rank\":%d,\"cores\":%d,\"rounds\":%d,\"wall_s\":%.5f,\"ideal_s\":%.5f,"
+        "\"efficiency\":%.3f,\"rank_compute_s\":%s,\"rank_comm_s\":%s,\"rank_other_s\":%s,\"rank_thread_cpu_s\":%s,"
+        "\"cpu_s\":%.5f,"
+        "\"inproc_timeline_s\":%.5f,\"inproc_ideal_s\":%.5f,\"inproc_wall_s\":%.5f,\"inproc_compute_s\":%.5f,"
+        "\"cores_bound_s\":%.5f,\"vs_inproc_timeline\":%.3f,\"speedup_vs_inproc_wall\":%.3f,\"loadavg_1m\":%.2f}\n",
+        w.name.c_str(), names[i].c_str(), n, n, static_cast<long long>(o.m), at::get_num_threads(), g_blas_threads, cores,
+        rounds, wm,
+        median(ideal), median(eff), json_array(c_med).c_str(), json_array(comm_med).c_str(),
+        json_array(other_med).c_str(), json_array(thread_med).c_str(), median(cpu), in_tl, in_ideal, in_wall, in_compute, cores_bound, in_tl / wm,
+        in_wall / wm, loadavg_1m());
+    std::fflush(stdout);
+  }
+}
+
+/// 1F1B on 80 Mbit/s links emulated at the receivers (`t` was connected with them).
+void mp_links(dist::Transport& t, const Workload& w, const Options& o, int rounds, int64_t& step_no) {
+  const int n = t.world_size();
+  const auto& cases = link_cases();
+  std::vector<std::shared_ptr<Pipeline>> ps;
+  for (const LinkCase& c : cases) ps.push_back(build(w, n, c.fwd, c.bwd));
+  const AllSamples all = mp_rounds(t, w, o, rounds, ps, std::vector<std::string>(cases.size(), "1f1b"), step_no);
+  if (t.rank() != 0) return;
+  std::vector<double> wall_med(cases.size()), bytes_med(cases.size());
+  std::vector<std::vector<double>> link_med(cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    std::vector<double> wall, bytes;
+    std::vector<std::vector<double>> link(n);
+    for (const auto& round : all[i]) {
+      double wmax = 0, b = 0;
+      for (int r = 0; r < n; ++r) {
+        const RankSample& s = round[static_cast<size_t>(r)];
+        wmax = std::max(wmax, s.wall), b += s.bytes, link[r].push_back(s.link);
+      }
+      wall.push_back(wmax), bytes.push_back(b);
+    }
+    wall_med[i] = median(wall), bytes_med[i] = median(bytes);
+    for (int r = 0; r < n; ++r) link_med[i].push_back(median(link[r]));
+  }
+  const double pred_ref = ref_or_nan(o, ref_key(w.name, n, "link0", "timeline"));
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const double pred = ref_or_nan(o, ref_key(w.name, n, "link" + std::to_string(i), "timeline"));
+    const double cores_bound = ref_or_nan(o, ref_key(w.name, n, "link" + std::to_string(i), "compute")) / std::min(cores, n);
+    std::printf(
+        "{\"bench\":\"pipeline_mp_link\",\"model\":\"%s\",\"schedule\":\"1f1b\",\"processes\":%d,\"micro_batches\":%lld,"
+        "\"threads_per_rank\":%d,\"rounds\":%d,\"link\":\"80 Mbit/s, 0 ms\",\"case\":\"%s\",\"wall_s\":%.4f,"
+        "\"bytes_per_step\":%.0f,\"rank_link_wait_s\":%s,\"reference_wall_s\":%.4f,\"speedup\":%.2f,"
+        "\"predicted_s\":%.4f,\"predicted_speedup\":%.2f,\"vs_predicted\":%.3f,\"cores_bound_s\":%.4f,\"loadavg_1m\":%.2f}\n",
+        w.name.c_str(), n, static_cast<long long>(o.m), at::get_num_threads(), rounds, cases[i].name.c_str(),
+        wall_med[i], bytes_med[i], json_array(link_med[i], "%.4f").c_str(), wall_med[0], wall_med[0] / wall_med[i],
+        pred, pred_ref / pred, pred / wall_med[i], cores_bound, loadavg_1m());
+    std::fflush(stdout);
+  }
+}
+
+// ---- workloads ------------------------------------------------------------------------------------
+
+void classification_batch(Workload& w, int64_t b, uint64_t seed) {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  w.batch.input = at::randn({b, 1, 28, 28}, gen);
+  w.batch.target = at::randint(10, {b}, gen, at::kLong);
+  w.batch.sample_ids = at::arange(b, at::kLong);
+  w.batch.units = at::ones({b}, at::kLong);
+  w.loss = classification_loss;
 }
 
 Workload resnet8() {
   Workload w;
   w.name = "resnet8";
   w.make = [] { return ModulePtr(make_resnet("resnet8", 1, 10, 1.0, at::detail::createCPUGenerator(1))); };
-  w.cuts = {"layer1", "layer2", "layer3"};
-  const int64_t b = 128;
-  w.batch.input = at::randn({b, 1, 28, 28});
-  w.batch.target = at::randint(10, {b}, at::kLong);
-  w.batch.sample_ids = at::arange(b, at::kLong);
-  w.batch.units = at::ones({b}, at::kLong);
-  w.loss = classification_loss;
+  w.cuts[4] = {"layer1", "layer2", "layer3"};
+  w.cuts[2] = {"layer1"};
+  classification_batch(w, 128, 11);
+  return w;
+}
+
+Workload resnet18() {
+  Workload w;
+  w.name = "resnet18";
+  w.make = [] { return ModulePtr(make_resnet("resnet18", 1, 10, 1.0, at::detail::createCPUGenerator(3))); };
+  w.cuts[4] = {"layer1", "layer2", "layer3"};
+  w.cuts[2] = {"layer2"};
+  classification_batch(w, 32, 13);
   return w;
 }
 
@@ -187,9 +529,11 @@ Workload gpt2() {
     c.dropout = 0.0;
     return ModulePtr(std::make_shared<GPT2>(c, at::detail::createCPUGenerator(2)));
   };
-  w.cuts = {"h.0", "h.1", "h.2"};
-  w.batch.input = at::randint(256, {b, t}, at::kLong);
-  w.batch.target = at::randint(256, {b, t}, at::kLong);
+  w.cuts[4] = {"h.0", "h.1", "h.2"};
+  w.cuts[2] = {"h.1"};
+  at::Generator gen = at::detail::createCPUGenerator(12);
+  w.batch.input = at::randint(256, {b, t}, gen, at::kLong);
+  w.batch.target = at::randint(256, {b, t}, gen, at::kLong);
   w.batch.side.token_ids = w.batch.input;
   w.batch.sample_ids = at::arange(b, at::kLong);
   w.batch.units = at::full({b}, t, at::kLong);
@@ -197,18 +541,173 @@ Workload gpt2() {
   return w;
 }
 
+Workload make_workload(const std::string& name) {
+  if (name == "resnet8") return resnet8();
+  if (name == "gpt2" || name == "gpt2_4x256") return gpt2();
+  if (name == "resnet18") return resnet18();
+  TORCH_CHECK(false, "unknown model '", name, "'; known: resnet8, gpt2, resnet18");
+}
+
+// ---- options --------------------------------------------------------------------------------------
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string part; std::getline(ss, part, sep);)
+    if (!part.empty()) out.push_back(part);
+  return out;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  int positional = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      TORCH_CHECK(i + 1 < argc, a, " needs a value");
+      return argv[++i];
+    };
+    if (a == "--rank-worker") {
+      o.worker = true;
+    } else if (a == "--models") {
+      o.models = split(value(), ',');
+    } else if (a == "--mp") {
+      const std::string v = value();
+      o.mp.clear();
+      if (v != "none" && v != "0")
+        for (const std::string& n : split(v, ',')) {
+          o.mp.push_back(std::atoi(n.c_str()));
+          TORCH_CHECK(o.mp.back() == 2 || o.mp.back() == 4, "--mp ", v,
+                      ": the models have 4-stage and 2-stage splits, so 4 or 2 processes (or none)");
+        }
+    } else if (a == "--mp-rounds") {
+      o.mp_rounds = std::max(1, std::atoi(value().c_str()));
+    } else if (a == "--no-links") {
+      o.links = false;
+    } else if (a == "--refs") {
+      for (const std::string& kv : split(value(), ';')) {
+        const size_t eq = kv.find('=');
+        if (eq != std::string::npos) o.refs[kv.substr(0, eq)] = std::atof(kv.substr(eq + 1).c_str());
+      }
+    } else if (a.rfind("--", 0) == 0) {
+      TORCH_CHECK(false, "unknown option '", a,
+                  "'; usage: bench_pipeline [rounds] [micro-batches] [--models resnet8,gpt2,resnet18] [--mp 4,2|none] "
+                  "[--mp-rounds R] [--no-links]");
+    } else if (positional == 0) {
+      o.rounds = std::max(1, std::atoi(a.c_str())), ++positional;
+    } else if (positional == 1) {
+      o.m = std::max(1, std::atoi(a.c_str())), ++positional;
+    }
+  }
+  if (o.mp_rounds < 0) o.mp_rounds = o.rounds;
+  return o;
+}
+
+std::string join(const std::vector<std::string>& v, char sep) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? std::string(1, sep) : "") + v[i];
+  return s;
+}
+
+/// The arguments of the rank workers of an N-process launch.
+std::vector<std::string> worker_args(const Options& o, int n, const std::map<std::string, double>& refs) {
+  std::string r;
+  char buf[64];
+  for (const auto& [k, v] : refs) {
+    std::snprintf(buf, sizeof(buf), "%.9g", v);
+    r += (r.empty() ? "" : ";") + k + "=" + buf;
+  }
+  std::vector<std::string> args = {"--rank-worker", std::to_string(o.mp_rounds), std::to_string(o.m), "--models",
+                                   join(o.models, ','), "--mp", std::to_string(n), "--refs", r};
+  if (!o.links) args.push_back("--no-links");
+  return args;
+}
+
+/// One rank of an N-process run (launched by main with --rank-worker).
+int rank_worker(const Options& o) {
+  const dist::DistEnv env = dist::DistEnv::from_env();
+  dist::TransportOptions opts;
+  opts.timeout_s = 300;
+  opts.comm_thread = true;  // as tasks/trainer.cpp: sends overlap compute
+  auto plain = dist::Transport::connect(env, opts);
+  std::unique_ptr<dist::Transport> slow;
+  const bool with_links = o.links && env.world_size == 4;
+  if (with_links) {
+    // A second transport (its own store prefix) whose receivers emulate 80 Mbit/s links.
+    dist::DistEnv env_link = env;
+    env_link.restart_count = env.restart_count + 1000;
+    env_link.agent_store = true;  // the launcher's store, or rank 0's first transport's
+    dist::TransportOptions lo = opts;
+    const int r = env.rank;
+    if (r > 0) lo.link_from[r - 1] = bench_link();                   // activations in
+    if (r + 1 < env.world_size) lo.link_from[r + 1] = bench_link();  // gradients in
+    slow = dist::Transport::connect(env_link, lo);
+  }
+  int64_t step_plain = 0, step_slow = 0;
+  for (const std::string& name : o.models) {
+    const Workload w = make_workload(name);
+    TORCH_CHECK(w.cuts.count(env.world_size), "no ", env.world_size, "-stage split of ", name);
+    mp_schedules(*plain, w, o, o.rounds, step_plain);
+    if (with_links) mp_links(*slow, w, o, o.rounds, step_slow);
+  }
+  if (slow) slow->barrier("end");
+  plain->barrier("end");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 7;
-  const int64_t m = argc > 2 ? std::max(1, std::atoi(argv[2])) : 8;
-  // As the tapeline CLI does: keep freed memory in the heap (no page faults per step).
-  mallopt(M_MMAP_THRESHOLD, 256 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  at::manual_seed(0);
-  for (const Workload& w : {resnet8(), gpt2()}) {
-    schedules(w, rounds, m);
-    links(w, rounds, m);
+  try {
+    const Options o = parse(argc, argv);
+    // As the tapeline CLI does: keep freed memory in the heap (no page faults per step).
+    mallopt(M_MMAP_THRESHOLD, 256 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    at::manual_seed(0);
+    // One thread for everything, in process and in every rank: the in-process compute is the
+    // reference of the ranks' (see the header).
+    at::set_num_threads(1);
+    g_blas_threads = set_blas_threads(1);
+    if (o.worker) return rank_worker(o);
+
+    std::map<std::string, double> refs;
+    std::vector<Workload> ws;
+    for (const std::string& name : o.models) ws.push_back(make_workload(name));
+    for (const Workload& w : ws) {
+      schedules(w, 4, o, refs);
+      if (o.links) links(w, o, refs);
+    }
+    for (int n : o.mp)
+      if (n != 4)
+        for (const Workload& w : ws)
+          if (w.cuts.count(n)) schedules(w, n, o, refs);
+
+    int status = 0;
+    for (int n : o.mp) {
+      if (!dist::Transport::available("gloo")) {
+        std::printf("{\"bench\":\"pipeline_mp\",\"skipped\":\"built without c10d Gloo (libgloo-dev)\"}\n");
+        break;
+      }
+      dist::LaunchOptions lo;
+      lo.nproc = n;
+      lo.args = worker_args(o, n, refs);
+      // One thread per rank for BLAS too: at::set_num_threads does not reach OpenBLAS (Debian's
+      // libtorch), whose pthread pool would otherwise add a worker per core to every rank, each
+      // spinning between calls on the cores the other ranks need.
+      lo.env = {{"OPENBLAS_NUM_THREADS", "1"}, {"OMP_NUM_THREADS", "1"}, {"MKL_NUM_THREADS", "1"}};
+      lo.on_line = bench::print_rank_line;
+      const dist::LaunchResult r = dist::launch_local(lo);
+      if (!r.ok()) {
+        std::fprintf(stderr, "bench_pipeline: %d processes: %s\n", n, r.message.c_str());
+        status = r.exit_code;
+      }
+    }
+    return status;
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "bench_pipeline: %s\n", e.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_pipeline: %s\n", e.what());
+    return 1;
   }
-  return 0;
 }

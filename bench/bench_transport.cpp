@@ -6,10 +6,14 @@
 // Per message size (64 KiB .. 64 MiB): rank 0 streams K messages to rank 1, which then sends a
 // 1-byte ack; throughput = K * size / (time until the ack). Raw and tapeline runs alternate; the
 // best of the repeats is kept (3x more repeats up to 1 MiB: latency-bound, the most sensitive to
-// a busy machine). JSON lines on stdout (rank 0):
+// a busy machine). On a shared machine the best of each is a lucky moment of its own, so the
+// median over repeats of the paired ratio (raw and tapeline of the same repeat, moments apart) is
+// printed too. JSON lines on stdout (rank 0):
 //   {"bench":"transport","bytes":...,"messages":K,"raw_MBps":...,"tapeline_MBps":...,
-//    "tapeline_thread_MBps":...,"ratio":tapeline/raw,"ratio_thread":...,"target":0.9}
+//    "tapeline_thread_MBps":...,"ratio":tapeline/raw,"ratio_thread":...,"ratio_median":...,
+//    "ratio_thread_median":...,"target":0.9}
 // Options: --repeats R (default 5), --max-mib M (default 64), --timeout S (default 60).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "parallel/dist/c10d_compat.h"
 #include "parallel/dist/launch.h"
 #include "parallel/dist/rendezvous.h"
@@ -80,6 +85,7 @@ int run_rank(const Args& args) {
     const int k = static_cast<int>(std::max<int64_t>(4, std::min<int64_t>(64, (int64_t(256) << 20) / size)));
     at::Tensor buf = at::full({size}, 7, at::kByte);
     double best_raw = 1e30, best_tl = 1e30, best_thread = 1e30;
+    std::vector<double> paired, paired_thread;  // raw time / tapeline time, per repeat
     // Small messages are latency-bound, hence the most sensitive to other processes on the
     // machine: they get more (cheap) repeats, so that the best of them finds a quiet moment.
     const int repeats = size <= (int64_t(1) << 20) ? 3 * args.repeats : args.repeats;
@@ -95,7 +101,8 @@ int run_rank(const Args& args) {
         std::vector<at::Tensor> v{ack};
         compat::wait(me == 0 ? raw->recv(v, 1, 2) : raw->send(v, 0, 2), timeout);
       }
-      best_raw = std::min(best_raw, now_s() - t0);
+      const double raw_s = now_s() - t0;
+      best_raw = std::min(best_raw, raw_s);
       // tapeline, blocking and with the communication thread: header, then a body the receiver
       // allocates from the header.
       for (Transport* t : {tl_plain.get(), tl_thread.get()}) {
@@ -113,16 +120,22 @@ int run_rank(const Args& args) {
           t->send(0, ack, 0, "ack");
         const double dt = now_s() - t0;
         (t == tl_plain.get() ? best_tl : best_thread) = std::min(t == tl_plain.get() ? best_tl : best_thread, dt);
+        (t == tl_plain.get() ? paired : paired_thread).push_back(raw_s / dt);
       }
     }
     if (me == 0) {
+      auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        const size_t n = v.size();
+        return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+      };
       const double mb = double(size) * k / 1e6;
       std::printf(
           "{\"bench\":\"transport\",\"backend\":\"gloo\",\"bytes\":%lld,\"messages\":%d,\"repeats\":%d,"
           "\"raw_MBps\":%.1f,\"tapeline_MBps\":%.1f,\"tapeline_thread_MBps\":%.1f,\"ratio\":%.3f,"
-          "\"ratio_thread\":%.3f,\"target\":0.9}\n",
+          "\"ratio_thread\":%.3f,\"ratio_median\":%.3f,\"ratio_thread_median\":%.3f,\"target\":0.9}\n",
           (long long)size, k, repeats, mb / best_raw, mb / best_tl, mb / best_thread, best_raw / best_tl,
-          best_raw / best_thread);
+          best_raw / best_thread, median(paired), median(paired_thread));
       std::fflush(stdout);
     }
   }
@@ -144,14 +157,7 @@ int main(int argc, char** argv) {
     LaunchOptions lo;
     lo.nproc = 2;
     lo.args.assign(argv + 1, argv + argc);
-    lo.on_line = [](int rank, bool is_stderr, const std::string& line) {
-      // Rank 0's JSON as is; anything else prefixed, on stderr.
-      if (rank == 0 && !is_stderr)
-        std::printf("%s\n", line.c_str());
-      else
-        std::fprintf(stderr, "[rank %d] %s\n", rank, line.c_str());
-      std::fflush(stdout);
-    };
+    lo.on_line = tl::bench::print_rank_line;
     const LaunchResult r = launch_local(lo);
     if (!r.ok()) std::fprintf(stderr, "bench_transport: %s\n", r.message.c_str());
     return r.exit_code;

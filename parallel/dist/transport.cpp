@@ -27,6 +27,28 @@ constexpr int64_t kGatherTag = -2;
 
 double now_s() { return steady_ns_to_s(steady_now_ns()); }
 
+// Whether nothing but `t` itself refers to its memory: no other handle to its TensorImpl (a copy
+// of the handle, e.g. a Message's body or a queued send) and no other tensor on its storage (a
+// view, e.g. an inlined body narrowed from a frame).
+bool unshared(const at::Tensor& t) { return t.defined() && t.use_count() == 1 && t.storage().use_count() == 1; }
+
+// A buffer of `n` bytes from `pool` that nothing else refers to, or a new one kept in the pool
+// (at most `keep`, replacing one still in use). Reuse saves the allocation and the page faults of
+// touching fresh memory, and keeps the buffer warm in the caches.
+at::Tensor pooled_buffer(std::vector<at::Tensor>& pool, int64_t n, size_t keep) {
+  for (const at::Tensor& t : pool)
+    if (t.numel() == n && unshared(t)) return t;
+  at::Tensor b = at::empty({n}, at::kByte);
+  if (pool.size() < keep) {
+    pool.push_back(b);
+  } else {
+    size_t i = 0;
+    while (i + 1 < pool.size() && pool[i].numel() == n) ++i;  // replace another size first
+    pool[i] = b;
+  }
+  return b;
+}
+
 // The first line of an exception's text, without c10's backtrace.
 std::string cause_of(const std::exception& e) {
   std::string s;
@@ -92,15 +114,18 @@ struct Transport::Impl {
   std::vector<int64_t> send_seq, recv_seq;
   std::vector<std::unique_ptr<Link>> links;  // by source rank; null = ideal
   SteadyClock clock;
-  // Note [pre-posted frames and reused bodies]: per source rank, the recv of its next frame
-  // (posted once its previous message is complete), and the last large body buffer.
+  // Note [pre-posted frames and reused buffers]: per source rank, the recv of its next frame
+  // (posted as soon as the previous frame is read), the frame buffers it reuses, and the last
+  // large body buffer; per destination, the frame buffer of the last send.
   struct PostedFrame {
     std::vector<at::Tensor> tensors;
     compat::WorkPtr work;
   };
   std::vector<std::unique_ptr<PostedFrame>> posted;
   int64_t inline_max = kInlineMax;  // 0 with NCCL (exact sizes only)
+  std::vector<std::vector<at::Tensor>> frame_pool;
   std::vector<at::Tensor> spare;
+  std::vector<at::Tensor> send_frame;
 
   std::mutex mutex;  // guards the queue, the error and the stats
   std::condition_variable wake, drained;
@@ -189,7 +214,10 @@ struct Transport::Impl {
     // Note [wire protocol]: the frame is the header, followed by the body when it is small.
     const int64_t n = p.body.numel();
     const bool inl = n <= inline_max;
-    at::Tensor frame = at::empty({kHeaderBytes + (inl ? n : 0)}, at::kByte);
+    // The frame buffer of this destination is reused once its last send is complete.
+    at::Tensor& reuse = send_frame[p.dst];
+    if (!unshared(reuse)) reuse = at::empty({kHeaderBytes + inline_max}, at::kByte);
+    at::Tensor frame = reuse.narrow(0, 0, kHeaderBytes + (inl ? n : 0));
     int64_t h[kHeaderWords];
     h[kWordMagic] = kMagic;
     h[kWordSeq] = p.seq;
@@ -334,9 +362,11 @@ struct Transport::Impl {
     m.seq = h[kWordSeq];
     m.sent_s = steady_ns_to_s(h[kWordStamp]);
     try {
+      // The next frame can land while this body does, and before recv() is called again.
+      if (!cuda) posted[src] = post_frame(src);
       at::Tensor body;
       if (n <= inline_max) {
-        body = frame.narrow(0, kHeaderBytes, n);  // came in the frame (a fresh one is posted below)
+        body = frame.narrow(0, kHeaderBytes, n);  // came in the frame
       } else {
         body = body_buffer(src, n);
         std::vector<at::Tensor> bv{on_device(body)};
@@ -351,7 +381,6 @@ struct Transport::Impl {
     }
     const double t_body = now_s();
     ++recv_seq[src];
-    if (!cuda) posted[src] = post_frame(src);  // the next frame can land before recv() is called
     m.transfer_s = n > 0 ? t_body - t_header : 0.0;
     if (links[src] && m.tag >= 0) {  // pipeline messages only, not gather_bytes
       // Note [link emulation at the receiver].
@@ -371,7 +400,8 @@ struct Transport::Impl {
   // message into a larger recv; NCCL does not, hence inline_max = 0 there).
   std::unique_ptr<PostedFrame> post_frame(int src) {
     auto pf = std::make_unique<PostedFrame>();
-    pf->tensors = {on_device(at::empty({kHeaderBytes + inline_max}, at::kByte))};
+    pf->tensors = {cuda ? on_device(at::empty({kHeaderBytes + inline_max}, at::kByte))
+                        : pooled_buffer(frame_pool[src], kHeaderBytes + inline_max, 3)};
     pf->work = pg->recv(pf->tensors, src, kFrameTag);
     return pf;
   }
@@ -381,7 +411,7 @@ struct Transport::Impl {
   at::Tensor body_buffer(int src, int64_t n) {
     constexpr int64_t kMinSpare = 256 << 10;
     at::Tensor& s = spare[src];
-    if (n >= kMinSpare && s.defined() && s.storage().use_count() == 1 && s.numel() >= n && s.numel() <= 2 * n)
+    if (n >= kMinSpare && unshared(s) && s.numel() >= n && s.numel() <= 2 * n)
       return s.numel() == n ? s : s.narrow(0, 0, n);
     at::Tensor b = at::empty({n}, at::kByte);
     if (n >= kMinSpare) s = b;
@@ -485,7 +515,9 @@ std::unique_ptr<Transport> Transport::connect(const DistEnv& env, const Transpor
     is >> impl->peers[r].pid >> impl->peers[r].boot_id >> impl->peers[r].host;
   }
   impl->posted.resize(env.world_size);
+  impl->frame_pool.resize(env.world_size);
   impl->spare.resize(env.world_size);
+  impl->send_frame.resize(env.world_size);
   impl->send_seq.assign(env.world_size, 0);
   impl->recv_seq.assign(env.world_size, 0);
   impl->links.resize(env.world_size);

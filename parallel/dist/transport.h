@@ -40,13 +40,20 @@
 // receiver uses its own header arrival time instead. Messages of gather_bytes (checkpoints) and
 // the collectives are not emulated.
 //
-// Note [pre-posted frames and reused bodies]. Once a message from rank s is complete, the receiver
-// posts the recv of s's next frame at once (Gloo only), so s's next send completes without waiting
-// for the receiver to call recv(): with small bodies inlined in the frame, a stream of small
-// messages then flows like raw c10d sends. And a receiver reuses its last large body buffer
-// (>= 256 KiB) from the same source when nothing else holds it any more (the caller dropped the
-// Message), saving the page faults of a fresh allocation per message. Neither changes what is
-// received or in which order.
+// Note [pre-posted frames and reused buffers]. On Gloo a send moves its bytes only once the
+// receiver's recv is posted and the receiver has told the sender so (a "recv ready" notice, half a
+// round trip before any byte flows). As soon as it has read a frame from rank s (before taking
+// that frame's body, if one follows), the receiver posts the recv of s's next frame (Gloo only):
+// s's next frame then flows as soon as s sends it, without waiting for the receiver to call recv()
+// or for this body to land, so a stream of small messages flows like raw c10d sends, and a larger
+// message waits for one recv-ready notice (its body's) instead of two. (Posting the next body's
+// recv in advance too, at a fixed capacity, measured slower on Gloo 2022 over loopback, and would
+// need the sender to know that capacity; it is not done.)
+// Buffers are reused once nothing else refers to them: neither another handle to the tensor (a
+// Message's body, a queued send) nor a view of its storage (an inlined body narrowed from its
+// frame): the receiver's frame buffers per source, its last large body buffer (>= 256 KiB) per
+// source, and the sender's frame buffer per destination. That saves an allocation and the page
+// faults of fresh memory per message. None of this changes what is received or in which order.
 //
 // Threads: one caller thread per Transport (the stage's thread); not for concurrent callers.
 

@@ -6,10 +6,12 @@
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
+#include <algorithm>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 #include "parallel/dist/launch.h"
 #include "parallel/dist/rendezvous.h"
@@ -179,6 +181,13 @@ int cmd_train(const std::vector<std::string>& argv) {
       if (a != "--with-baseline") launch.args.push_back(a);  // the baseline is trained here, afterwards
     if (!vm.count("no-plot")) launch.args.push_back("--no-plot");  // drawn here, once
     launch.env = {{kLaunchedByUs, "1"}};
+    // OpenBLAS (Debian's libtorch's BLAS) starts a worker per core in every rank unless told
+    // otherwise, and at::set_num_threads does not reach it: give each rank its share of the cores,
+    // as torchrun does with OMP_NUM_THREADS.
+    if (!std::getenv("OPENBLAS_NUM_THREADS")) {
+      const unsigned cores = std::thread::hardware_concurrency();
+      launch.env.emplace_back("OPENBLAS_NUM_THREADS", std::to_string(std::max(1, static_cast<int>(cores) / nproc)));
+    }
     if (!req.quiet) std::cerr << "starting " << nproc << " ranks, one per stage (output prefixed [rank r])\n";
     const dist::LaunchResult result = dist::launch_local(launch);
     if (!result.ok()) {
