@@ -16,12 +16,7 @@ namespace tl {
 namespace {
 namespace fs = std::filesystem;
 
-// build/tests/tasks/test_tasks -> build/tapeline
-fs::path tapeline_path() {
-  std::error_code ec;
-  fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? fs::path() : self.parent_path().parent_path().parent_path() / "tapeline";
-}
+using testing::tapeline_path;
 
 struct Result {
   int status = -1;

@@ -24,16 +24,16 @@ namespace {
 namespace fs = std::filesystem;
 namespace mp = tl::testing_mp;
 
-fs::path tapeline_path() {  // build/tests/tasks/test_tasks -> build/tapeline
-  std::error_code ec;
-  fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? fs::path() : self.parent_path().parent_path().parent_path() / "tapeline";
-}
+using testing::tapeline_path;
+const fs::path kRoot = fs::path(__FILE__).parent_path().parent_path().parent_path();  // the repository
 
-#define REQUIRE_MULTIPROCESS()                                                                                  \
+#define REQUIRE_RANKS()                                                                                         \
   if (!fs::exists(tapeline_path())) GTEST_SKIP() << tapeline_path() << " not built (make tapeline)";           \
-  if (!dist::Transport::available("gloo")) GTEST_SKIP() << "built without c10d's Gloo backend (libgloo-dev)"; \
-  if (!fs::exists(fs::path(default_dataset_root("fashion-mnist")) / "train-images-idx3-ubyte.gz"))             \
+  if (!dist::Transport::available("gloo")) GTEST_SKIP() << "built without c10d's Gloo backend (libgloo-dev)"
+
+#define REQUIRE_MULTIPROCESS()                                                                      \
+  REQUIRE_RANKS();                                                                                  \
+  if (!fs::exists(fs::path(default_dataset_root("fashion-mnist")) / "train-images-idx3-ubyte.gz")) \
   GTEST_SKIP() << "Fashion-MNIST not installed (Debian package dataset-fashion-mnist)"
 
 // Runs `tapeline ARGS` with a hang guard; returns (exit status, output).
@@ -107,7 +107,7 @@ TEST(MultiProcessTrain, FourProcessesComputeTheSameNumbersAsOne) {
   // scripts/torchrun, which works around Debian's torchrun 1.13 on Python 3.11.
   if (std::system("/usr/bin/python3 -c 'import torch.distributed.run' >/dev/null 2>&1") == 0) {
     mp::ProcessGroupGuard guard;
-    const fs::path torchrun = fs::path(__FILE__).parent_path().parent_path().parent_path() / "scripts" / "torchrun";
+    const fs::path torchrun = kRoot / "scripts" / "torchrun";
     const std::string log = mp::temp_log("torchrun");
     guard.pids.push_back(mp::spawn(torchrun.string(),
                                    {"--standalone", "--no_python", "--nproc_per_node", "4", tapeline_path().string(),
@@ -196,12 +196,11 @@ TEST(MultiProcessTrain, AKilledRankStopsTheOthersAndTheRunResumesExactly) {
 // ranks holds the parameter, and their gradients are summed between them every step. Three
 // processes give the in-process run's numbers up to the order of that sum.
 TEST(MultiProcessTrain, TiedEmbeddingsAreSummedBetweenTheFirstAndLastRank) {
-  if (!fs::exists(tapeline_path())) GTEST_SKIP() << tapeline_path() << " not built (make tapeline)";
-  if (!dist::Transport::available("gloo")) GTEST_SKIP() << "built without c10d's Gloo backend (libgloo-dev)";
+  REQUIRE_RANKS();
   if (!fs::exists("/usr/share/wordnet/data.noun"))
     GTEST_SKIP() << "WordNet not found in /usr/share/wordnet (install the Debian package wordnet-base)";
   testing::TempDir dir;
-  const fs::path cfg = fs::path(__FILE__).parent_path().parent_path().parent_path() / "configs" / "lm" / "baseline.ini";
+  const fs::path cfg = kRoot / "configs" / "lm" / "baseline.ini";
   const std::string common = "train --config " + cfg.string() +
                              " --no-plot --quiet --data.train_limit=256 --data.test_limit=64 --run.threads=1 --out ";
   auto [s1, o1] = run(common + (dir.path() / "one").string(), mp::temp_log("lm1"));

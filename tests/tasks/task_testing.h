@@ -1,5 +1,5 @@
 #pragma once
-// Helpers for the tasks tests: temporary directories and error-message checks.
+// Helpers for the tasks tests: temporary directories, error-message checks, the tapeline executable.
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -13,6 +13,14 @@
 #include "tests/common/testing.h"
 
 namespace tl::testing {
+
+/// The tapeline executable next to this test binary's build tree (build/tests/tasks/test_tasks ->
+/// build/tapeline); empty if /proc/self/exe cannot be read.
+inline std::filesystem::path tapeline_path() {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::filesystem::path() : self.parent_path().parent_path().parent_path() / "tapeline";
+}
 
 /// A fresh directory under the system temp dir, removed with everything in it at scope exit.
 class TempDir {
