@@ -5,6 +5,7 @@
 #include <deque>
 
 #include "autograd/autograd.h"
+#include "parallel/interpreter.h"
 
 namespace tl {
 
@@ -20,46 +21,48 @@ StageRuntime::StageRuntime(Pipeline& pipeline, size_t stage, const Pipeline::Los
               "-stage pipeline");
 }
 
-std::optional<Payload> StageRuntime::forward(int64_t mb_index, const Batch& mb, const Payload* received,
-                                             const CodecContext& ctx) {
+std::optional<StageMessage> StageRuntime::forward(int64_t mb_index, const Batch& mb, const StageMessage* in,
+                                                  const CodecContext& ctx, bool keep) {
   TORCH_CHECK(!in_flight_.count(mb_index), "stage ", stage_, ": micro-batch ", mb_index, " is already in flight");
-  InFlight& f = in_flight_[mb_index];
-  f.tape = std::make_unique<Tape>();
+  InFlight f;
+  if (keep) f.tape = std::make_unique<Tape>();
   f.ctx = ctx;
-  TapeGuard guard(*f.tape);  // this micro-batch's graph on this stage
+  std::optional<TapeGuard> guard;
+  if (keep) guard.emplace(*f.tape);  // this micro-batch's graph on this stage
   Variable x;
   if (first()) {
     x = Variable(mb.input);
   } else {
-    TORCH_CHECK(received, "stage ", stage_, ": micro-batch ", mb_index, " has no activation from stage ", stage_ - 1);
+    TORCH_CHECK(in && in->payload, "stage ", stage_, ": micro-batch ", mb_index, " has no activation from stage ",
+                stage_ - 1);
     const BoundaryPtr& b = pipeline_.boundary(stage_ - 1);
-    at::Tensor zhat = b->receive_forward(*received, ctx);
-    f.input = Variable(zhat, /*requires_grad=*/true);  // cut from the sender's graph
+    at::Tensor zhat = b->receive_forward(*in->payload, ctx);
+    f.input = Variable(zhat, /*requires_grad=*/keep);  // cut from the sender's graph
     x = b->receiver_transform(f.input, ctx);
     f.raw_in = raw_size(x.data());
-    if (previous_ && b->measures_error()) {
-      auto it = previous_->in_flight_.find(mb_index);
-      if (it != previous_->in_flight_.end() && it->second.boundary_input.defined())
-        b->measure_forward(it->second.boundary_input, x.data(), zhat);
-    }
+    if (in->reference.defined()) b->measure_forward(in->reference, x.data(), zhat);
   }
   Variable h = std::static_pointer_cast<Stage>(pipeline_.stage(stage_))->forward(x, mb.side);
-  units_ += mb.weight();
+  std::optional<StageMessage> out;
   if (last()) {
     MicroBatchLoss l = loss_fn_(h, mb);
-    f.loss = l.loss;
-    f.weight = mb.weight();
     tally_ = tally_.defined() ? tally_ + l.tally : l.tally;
-    return std::nullopt;
+    f.loss = l.loss;
+  } else {
+    const BoundaryPtr& b = pipeline_.boundary(stage_);
+    f.raw_out = raw_size(h.data());
+    f.sent = b->sender_transform(h, ctx);
+    out = StageMessage{b->send_forward(f.sent.data(), ctx, f.raw_out), keep && b->measures_error() ? h.data() : at::Tensor()};
   }
-  const BoundaryPtr& b = pipeline_.boundary(stage_);
-  f.raw_out = raw_size(h.data());
-  if (next_ && b->measures_error()) f.boundary_input = h.data();
-  f.sent = b->sender_transform(h, ctx);
-  return b->send_forward(f.sent.data(), ctx, f.raw_out);
+  if (keep) {
+    f.weight = mb.weight();
+    units_ += f.weight;
+    in_flight_.emplace(mb_index, std::move(f));
+  }
+  return out;
 }
 
-std::optional<Payload> StageRuntime::backward(int64_t mb_index, const Payload* received) {
+std::optional<StageMessage> StageRuntime::backward(int64_t mb_index, const StageMessage* in) {
   auto it = in_flight_.find(mb_index);
   TORCH_CHECK(it != in_flight_.end(), "stage ", stage_, ": backward of micro-batch ", mb_index, " before its forward");
   InFlight f = std::move(it->second);
@@ -71,14 +74,9 @@ std::optional<Payload> StageRuntime::backward(int64_t mb_index, const Payload* r
   } else {
     const BoundaryPtr& b = pipeline_.boundary(stage_);
     // Backward mode none: no gradient crosses; this stage's part of the graph gets zeros.
-    at::Tensor g = received ? b->receive_backward(*received, f.ctx) : at::zeros_like(f.sent.data());
-    if (next_ && received) {
-      auto sent = next_->sent_grads_.find(mb_index);
-      if (sent != next_->sent_grads_.end()) {
-        b->measure_backward(sent->second, g);
-        next_->sent_grads_.erase(sent);
-      }
-    }
+    const bool got = in && in->payload;
+    at::Tensor g = got ? b->receive_backward(*in->payload, f.ctx) : at::zeros_like(f.sent.data());
+    if (got && in->reference.defined()) b->measure_backward(in->reference, g);
     f.sent.backward(g);
   }
   if (first()) return std::nullopt;
@@ -86,8 +84,8 @@ std::optional<Payload> StageRuntime::backward(int64_t mb_index, const Payload* r
   if (!b->sends_gradient()) return std::nullopt;
   at::Tensor grad = f.input.grad();
   if (!grad.defined()) grad = at::zeros_like(f.input.data());  // the stage did not use its input
-  if (previous_ && b->measures_error()) sent_grads_[mb_index] = grad;
-  return b->send_backward(grad, f.ctx, f.raw_in);  // f (its tape and saved tensors) is freed on return
+  // f (its tape and saved tensors) is freed on return.
+  return StageMessage{b->send_backward(grad, f.ctx, f.raw_in), b->measures_error() ? grad : at::Tensor()};
 }
 
 // ---- LocalExecutor -------------------------------------------------------------------------------
@@ -99,154 +97,130 @@ double StepTiming::bubble() const {
   return total > 0 ? std::max(0.0, 1.0 - compute / total) : 0.0;
 }
 
-LocalExecutor::LocalExecutor(Pipeline& pipeline) : pipeline_(pipeline), links_(pipeline.boundaries().size()) {}
+LocalExecutor::LocalExecutor(Pipeline& pipeline, int virtual_stages)
+    : pipeline_(pipeline),
+      layout_(StageLayout::of(static_cast<int>(pipeline.num_stages()), virtual_stages)),
+      links_(pipeline.boundaries().size()) {}
 
 void LocalExecutor::set_links(std::vector<LinkSpec> links) {
   TORCH_CHECK(links.size() == pipeline_.boundaries().size(), "LocalExecutor: ", links.size(), " link specs for ",
               pipeline_.boundaries().size(), " boundaries");
   links_ = std::move(links);
+  link_specs_by_rank_pair(layout_, links_);  // checks that boundaries sharing a link agree
 }
+
+namespace {
+
+// Runs every rank's interpreter in turns until all are done; an error if none can proceed.
+void run_to_completion(std::vector<std::unique_ptr<RankInterpreter>>& ranks, const std::string& schedule_name) {
+  for (size_t done = 0; done < ranks.size();) {
+    done = 0;
+    bool progressed = false;
+    for (auto& r : ranks) {
+      if (r->done()) {
+        ++done;
+        continue;
+      }
+      const size_t before = r->position();
+      const bool finished = r->run();
+      progressed = progressed || r->position() != before;
+      done += finished;
+    }
+    if (done == ranks.size()) break;
+    TORCH_CHECK(progressed, "executor: the '", schedule_name, "' schedule cannot proceed (a rank waits for a ",
+                "message no rank sends)");
+  }
+}
+
+}  // namespace
 
 StepResult LocalExecutor::train_step(const Batch& batch, int64_t micro_batches, const std::string& schedule_name,
                                      const Pipeline::LossFn& loss_fn, int64_t epoch, StepTiming* timing) {
   const MicroBatches split = split_micro_batches(batch, micro_batches, epoch);
-  const std::vector<Batch>& mbs = split.batches;
-  const std::vector<CodecContext>& ctxs = split.contexts;
-  const int stages = static_cast<int>(pipeline_.num_stages());
-  const int m = split.size();
-  const std::vector<RankSchedule> plan = make_schedule(schedule_name, stages, m);
+  const std::vector<RankSchedule> plan = make_schedule(schedule_name, layout_, split.size());
+  LocalChannel channel;
+  for (const auto& [pair, spec] : link_specs_by_rank_pair(layout_, links_)) channel.set_link(pair.first, pair.second, spec);
+  std::vector<std::unique_ptr<RankInterpreter>> ranks;
+  for (int r = 0; r < layout_.ranks; ++r)
+    ranks.push_back(std::make_unique<RankInterpreter>(pipeline_, layout_, r, plan[static_cast<size_t>(r)], split,
+                                                      loss_fn, channel, RankInterpreter::Mode::Train));
+  run_to_completion(ranks, schedule_name);
+  TORCH_CHECK(channel.in_flight() == 0, "executor: the '", schedule_name, "' schedule left ", channel.in_flight(),
+              " messages unreceived");
 
-  std::vector<std::unique_ptr<StageRuntime>> rt;
-  for (int s = 0; s < stages; ++s) rt.push_back(std::make_unique<StageRuntime>(pipeline_, s, loss_fn));
-  for (int s = 0; s < stages; ++s)
-    rt[s]->set_neighbours(s > 0 ? rt[s - 1].get() : nullptr, s + 1 < stages ? rt[s + 1].get() : nullptr);
-
-  // A message on a link: the payload (nullopt: backward mode none, nothing on the wire) and its
-  // delivery time on the virtual timeline.
-  struct Message {
-    int micro_batch;
-    std::optional<Payload> payload;
-    double delivered_s;
-  };
-  // outbox[s]: what stage s computed and has not sent yet; to_next[s] / to_prev[s]: messages on
-  // the link after / before stage s, in send order (a link delivers in order).
-  std::vector<std::map<int, std::optional<Payload>>> out_act(stages), out_grad(stages);
-  std::vector<std::deque<Message>> acts(stages), grads(stages);  // acts[s]: s -> s+1; grads[s]: s+1 -> s
-  std::vector<std::map<int, Message>> got_act(stages), got_grad(stages);
-  std::deque<Link> fwd_links, bwd_links;  // full duplex: one queue per direction (Link is not movable)
-  for (const auto& spec : links_) fwd_links.emplace_back(spec), bwd_links.emplace_back(spec);
-  std::vector<double> clock(stages, 0.0), compute(stages, 0.0), comm(stages, 0.0);
-  std::vector<size_t> next(stages, 0);
-
-  auto elapsed = [](std::chrono::steady_clock::time_point t0) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  auto transmit = [](Link& link, double sent_s, const std::optional<Payload>& p) {
-    return p ? link.transmit(sent_s, static_cast<int64_t>(p->nbytes())) : sent_s;
-  };
-
-  size_t remaining = 0;
-  for (const auto& list : plan) remaining += list.size();
-  while (remaining > 0) {
-    bool progressed = false;
-    for (int s = 0; s < stages; ++s) {
-      while (next[s] < plan[s].size()) {  // this stage's actions until it waits for a message
-        const Action& a = plan[s][next[s]];
-        const int mb = a.micro_batch;
-        bool ready = true;
-        switch (a.type) {
-          case ActionType::Forward: {
-            auto t0 = std::chrono::steady_clock::now();
-            const Payload* in = s > 0 ? &*got_act[s].at(mb).payload : nullptr;
-            std::optional<Payload> out = rt[s]->forward(mb, mbs[mb], in, ctxs[mb]);
-            got_act[s].erase(mb);
-            if (s + 1 < stages) out_act[s][mb] = std::move(out);
-            const double dt = elapsed(t0);
-            clock[s] += dt, compute[s] += dt;
-            break;
-          }
-          case ActionType::Backward: {
-            if (s > 0) apply_epilogue_flag(pipeline_, plan[s], next[s], mb);
-            auto t0 = std::chrono::steady_clock::now();
-            const Payload* in = nullptr;
-            auto got = got_grad[s].find(mb);
-            if (got != got_grad[s].end() && got->second.payload) in = &*got->second.payload;
-            std::optional<Payload> out = rt[s]->backward(mb, in);
-            if (got != got_grad[s].end()) got_grad[s].erase(got);
-            if (s > 0) out_grad[s][mb] = std::move(out);
-            const double dt = elapsed(t0);
-            clock[s] += dt, compute[s] += dt;
-            break;
-          }
-          case ActionType::SendActivation: {
-            std::optional<Payload> p = std::move(out_act[s].at(mb));
-            out_act[s].erase(mb);
-            const double at_s = transmit(fwd_links[s], clock[s], p);
-            acts[s].push_back({mb, std::move(p), at_s});
-            break;
-          }
-          case ActionType::SendGrad: {
-            std::optional<Payload> p = std::move(out_grad[s].at(mb));
-            out_grad[s].erase(mb);
-            const double at_s = transmit(bwd_links[s - 1], clock[s], p);
-            grads[s - 1].push_back({mb, std::move(p), at_s});
-            break;
-          }
-          case ActionType::RecvActivation:
-          case ActionType::RecvGrad: {
-            const bool act = a.type == ActionType::RecvActivation;
-            std::deque<Message>& link = act ? acts[s - 1] : grads[s];
-            if (link.empty()) {
-              ready = false;  // the sender has not got there yet
-              break;
-            }
-            Message msg = std::move(link.front());
-            link.pop_front();
-            TORCH_CHECK(msg.micro_batch == mb, "executor: stage ", s, " expected ", act ? "activation" : "gradient",
-                        " ", mb, " but the link delivers ", msg.micro_batch, " (the '", schedule_name,
-                        "' schedule's sends and receives disagree)");
-            if (msg.delivered_s > clock[s]) comm[s] += msg.delivered_s - clock[s], clock[s] = msg.delivered_s;
-            (act ? got_act[s] : got_grad[s]).emplace(mb, std::move(msg));
-            break;
-          }
-        }
-        if (!ready) break;
-        ++next[s];
-        --remaining;
-        progressed = true;
-      }
-    }
-    TORCH_CHECK(progressed, "executor: the '", schedule_name, "' schedule cannot proceed (a stage waits for a ",
-                "message no stage sends)");
-  }
-  for (int s = 0; s + 1 < stages; ++s) pipeline_.boundary(s)->set_backward_compression_enabled(true);
-
-  StepResult r;
-  const StageRuntime& last = *rt.back();
-  TORCH_CHECK(last.units() > 0, "train_step: the batch has no loss units (every target ignored)");
-  const Tally t = Tally::from(last.tally());  // one sync per step
-  r.units = last.units();  // from the batch (CPU), equal to the tally's count
-  r.loss = t.loss_sum / r.units;
-  r.correct = t.correct;
-  r.rows = batch.rows();
-  r.micro_batches = m;
+  const RankInterpreter& last = *ranks.back();  // the last stage lives on the last pipeline rank
+  const StepResult r = step_result(last.tally(), last.units(), batch.rows(), split.size());
   if (timing) {
-    timing->step_s = *std::max_element(clock.begin(), clock.end());
-    timing->compute_s = compute;
-    timing->comm_s = comm;
+    timing->step_s = 0;
+    timing->compute_s.clear();
+    timing->comm_s.clear();
+    for (const auto& rank : ranks) {
+      timing->step_s = std::max(timing->step_s, rank->clock_s());
+      timing->compute_s.push_back(rank->compute_s());
+      timing->comm_s.push_back(rank->comm_s());
+    }
   }
   return r;
 }
 
-void apply_epilogue_flag(Pipeline& pipeline, const RankSchedule& list, size_t at, int micro_batch) {
-  const BoundaryPtr& b = pipeline.boundary(list[at].stage - 1);
-  bool compress = true;
-  for (size_t i = at + 1; i < list.size(); ++i)
-    if (list[i].type == ActionType::SendGrad && list[i].micro_batch == micro_batch) {
-      compress = list[i].compress_backward;
-      break;
+at::Tensor LocalExecutor::evaluate_batch(const Batch& batch, bool compression, const Pipeline::LossFn& loss_fn) {
+  NoGradGuard no_grad;
+  ScopedInference inference(pipeline_, compression);
+  const MicroBatches one = evaluation_batch(batch);
+  const std::vector<RankSchedule> plan = forward_only_schedule(layout_);
+  LocalChannel channel;
+  std::vector<std::unique_ptr<RankInterpreter>> ranks;
+  for (int r = 0; r < layout_.ranks; ++r)
+    ranks.push_back(std::make_unique<RankInterpreter>(pipeline_, layout_, r, plan[static_cast<size_t>(r)], one, loss_fn,
+                                                      channel, RankInterpreter::Mode::Evaluate));
+  run_to_completion(ranks, "evaluation");
+  return ranks.back()->tally();
+}
+
+StepResult step_result(const at::Tensor& tally, double units, int64_t rows, int micro_batches) {
+  TORCH_CHECK(units > 0, "train_step: the batch has no loss units (every target ignored)");
+  const Tally t = Tally::from(tally);  // one sync per step
+  StepResult r;
+  r.units = units;  // from the batch (CPU), equal to the tally's count
+  r.loss = t.loss_sum / r.units;
+  r.correct = t.correct;
+  r.rows = rows;
+  r.micro_batches = micro_batches;
+  return r;
+}
+
+std::map<std::pair<int, int>, LinkSpec> link_specs_by_rank_pair(const StageLayout& layout,
+                                                                const std::vector<LinkSpec>& boundary_links) {
+  std::map<std::pair<int, int>, LinkSpec> out;
+  std::map<std::pair<int, int>, size_t> first_boundary;
+  for (size_t b = 0; b < boundary_links.size(); ++b) {
+    const int a = layout.rank_of(static_cast<int>(b)), c = layout.rank_of(static_cast<int>(b) + 1);
+    if (a == c) continue;  // both stages on one rank: no link
+    const LinkSpec& spec = boundary_links[b];
+    for (auto pair : {std::make_pair(a, c), std::make_pair(c, a)}) {
+      auto seen = first_boundary.find(pair);
+      if (seen == first_boundary.end()) {
+        first_boundary[pair] = b;
+        out[pair] = spec;
+        continue;
+      }
+      const LinkSpec& other = boundary_links[seen->second];
+      TORCH_CHECK(other.bandwidth_mbps == spec.bandwidth_mbps && other.latency_ms == spec.latency_ms, "boundary.",
+                  seen->second + 1, " (", other.describe(), ") and boundary.", b + 1, " (", spec.describe(),
+                  ") cross the same link, between pipeline ranks ", pair.first, " and ", pair.second,
+                  " (pipeline.virtual_stages = ", layout.virtual_stages, "): give them the same bandwidth and latency");
     }
-  b->set_backward_compression_enabled(!b->epilogue_only() || compress);
+  }
+  return out;
+}
+
+MicroBatches evaluation_batch(const Batch& batch) {
+  MicroBatches one;
+  one.batches.push_back(batch);
+  CodecContext ctx;
+  ctx.token_ids = batch.side.token_ids;
+  one.contexts.push_back(ctx);
+  return one;
 }
 
 MicroBatches split_micro_batches(const Batch& batch, int64_t micro_batches, int64_t epoch) {

@@ -2,8 +2,9 @@
 // Executing a schedule (parallel/schedule.h): each stage runs one micro-batch at a time, and the
 // messages between stages are the Boundary's real payloads.
 //
-// StageRuntime is one stage's side of the protocol, shared by every executor (this file's
-// in-process LocalExecutor and the multi-process runtime, parallel/dist/):
+// StageRuntime is one stage's side of the protocol, used by the one schedule interpreter
+// (parallel/interpreter.h) that both executors run: this file's in-process LocalExecutor and the
+// multi-process DistExecutor (parallel/dist/runtime.h).
 //
 //   forward(mb):   stage 0 reads the micro-batch's input; stage i > 0 decodes the payload from
 //                  boundary i (receive_forward) into a fresh leaf that requires grad (cut from the
@@ -32,6 +33,7 @@
 #include <optional>
 #include <vector>
 
+#include "parallel/channel.h"
 #include "parallel/link.h"
 #include "parallel/pipeline.h"
 #include "parallel/schedule.h"
@@ -47,14 +49,18 @@ class StageRuntime {
   bool first() const { return stage_ == 0; }
   bool last() const { return stage_ + 1 == pipeline_.num_stages(); }
 
-  /// Forward of micro-batch `mb_index` (its rows `mb`, side inputs and units). `received`: the
-  /// payload from the previous stage (null on stage 0). Returns the payload for the next stage
-  /// (nullopt on the last stage). `ctx` carries the micro-batch index, epoch and sample ids.
-  std::optional<Payload> forward(int64_t mb_index, const Batch& mb, const Payload* received, const CodecContext& ctx);
-  /// Backward of micro-batch `mb_index`. `received`: the gradient payload from the next stage
-  /// (null on the last stage, or when the boundary sends none: backward mode none). Returns the
-  /// gradient payload for the previous stage (nullopt on stage 0 or when none is sent).
-  std::optional<Payload> backward(int64_t mb_index, const Payload* received);
+  /// Forward of micro-batch `mb_index` (its rows `mb`, side inputs and units). `in`: the message
+  /// from the previous stage (null on stage 0); its reference, when set, is measured against
+  /// what this stage decoded (Note [reference tensors] in parallel/channel.h). Returns the message
+  /// for the next stage (nullopt on the last stage), with the boundary input as reference when the
+  /// boundary measures errors. `ctx` carries the micro-batch index, epoch and sample ids. With
+  /// `keep` false (evaluation, under NoGradGuard) nothing is kept for a backward.
+  std::optional<StageMessage> forward(int64_t mb_index, const Batch& mb, const StageMessage* in,
+                                      const CodecContext& ctx, bool keep = true);
+  /// Backward of micro-batch `mb_index`. `in`: the gradient message from the next stage (null on
+  /// the last stage, or when the boundary sends none: backward mode none). Returns the gradient
+  /// message for the previous stage (nullopt on stage 0 or when none is sent).
+  std::optional<StageMessage> backward(int64_t mb_index, const StageMessage* in);
 
   /// Last stage: the summed tally of the micro-batches (kTallySize), undefined before any forward.
   const at::Tensor& tally() const { return tally_; }
@@ -63,22 +69,15 @@ class StageRuntime {
   /// Micro-batches whose backward has not run yet (0 after a complete step).
   size_t in_flight() const { return in_flight_.size(); }
 
-  /// In-process executors hold both ends of every boundary: with the neighbouring runtimes known,
-  /// the receiving end measures each message's relative error and density (forward: the
-  /// receiver's output against the sender's boundary input; backward: the decoded gradient against
-  /// the one sent) where the boundary measures errors. Null: not measured (multi-process).
-  void set_neighbours(StageRuntime* previous, StageRuntime* next) { previous_ = previous, next_ = next; }
-
  private:
   struct InFlight {
     std::unique_ptr<Tape> tape;
     CodecContext ctx;
-    Variable input;             // stage > 0: the decoded wire tensor, a leaf that requires grad
-    int64_t raw_in = 0;         // stage > 0: uncompressed size of the boundary's output (= its input h)
-    Variable sent;              // stage < last: the wire tensor encoded for the next boundary (on the tape)
-    int64_t raw_out = 0;        // stage < last: uncompressed size of h
-    at::Tensor boundary_input;  // stage < last, when measuring: h before the sender transform
-    Variable loss;              // last stage
+    Variable input;       // stage > 0: the decoded wire tensor, a leaf that requires grad
+    int64_t raw_in = 0;   // stage > 0: uncompressed size of the boundary's output (= its input h)
+    Variable sent;        // stage < last: the wire tensor encoded for the next boundary (on the tape)
+    int64_t raw_out = 0;  // stage < last: uncompressed size of h
+    Variable loss;        // last stage
     double weight = 0;
   };
 
@@ -88,42 +87,49 @@ class StageRuntime {
   std::map<int64_t, InFlight> in_flight_;
   at::Tensor tally_;
   double units_ = 0;
-  StageRuntime* previous_ = nullptr;
-  StageRuntime* next_ = nullptr;
-  std::map<int64_t, at::Tensor> sent_grads_;  // when measured by the previous stage
 };
 
 /// Timing of one executed step (seconds).
 struct StepTiming {
   double step_s = 0;                // the step's duration on the executor's timeline
-  std::vector<double> compute_s;    // per stage: time spent in forward and backward actions
-  std::vector<double> comm_s;       // per stage: time spent waiting on messages (links, peers)
-  /// Idle fraction: 1 - sum(compute) / (stages * step).
+  std::vector<double> compute_s;    // per pipeline rank: time spent in forward and backward actions
+  std::vector<double> comm_s;       // per pipeline rank: time spent waiting on messages (links, peers)
+  /// Idle fraction: 1 - sum(compute) / (ranks * step).
   double bubble() const;
 };
 
-/// Runs every stage of a Pipeline in this process, one action at a time, following the schedule's
-/// per-stage action lists: stages take turns, a stage whose next action is a receive waits for
-/// the message. Messages are real payloads; with link specs set, each boundary is emulated as a
-/// Link on a virtual timeline: every stage has its own clock, advanced by the measured duration
-/// of its compute actions and by waits for deliveries, so the step time is what a pipeline of
-/// processes on such links would take (given these compute times), while the run stays
-/// sequential and bit-reproducible.
+/// Runs every stage of a Pipeline in this process: one RankInterpreter per pipeline rank over a
+/// LocalChannel, taking turns; a rank whose next action is a receive waits for the message.
+/// Messages are real payloads; with link specs set, each boundary is emulated as a Link on a
+/// virtual timeline: every rank has its own clock, advanced by the measured duration of its
+/// compute actions and by waits for deliveries, so the step time is what a pipeline of processes
+/// on such links would take (given these compute times), while the run stays sequential and
+/// bit-reproducible.
 class LocalExecutor {
  public:
-  explicit LocalExecutor(Pipeline& pipeline);
+  /// `virtual_stages`: stages per pipeline rank (pipeline.virtual_stages; the interleaved schedule).
+  explicit LocalExecutor(Pipeline& pipeline, int virtual_stages = 1);
 
-  /// Links of the boundaries (one per cut); default: ideal links.
+  /// Links of the boundaries (one per cut); default: ideal links. With several stages per rank,
+  /// boundaries between the same two ranks share that link and must agree on its spec.
   void set_links(std::vector<LinkSpec> links);
   const std::vector<LinkSpec>& links() const { return links_; }
+  const StageLayout& layout() const { return layout_; }
 
-  /// One training step of `batch` split into `micro_batches` under `schedule` (gpipe, 1f1b).
-  /// Gradients accumulate into the parameters (the caller zeroes them before and steps after).
+  /// One training step of `batch` split into `micro_batches` under `schedule` (gpipe, 1f1b,
+  /// interleaved). Gradients accumulate into the parameters (the caller zeroes them before and
+  /// steps after).
   StepResult train_step(const Batch& batch, int64_t micro_batches, const std::string& schedule,
                         const Pipeline::LossFn& loss_fn, int64_t epoch, StepTiming* timing = nullptr);
 
+  /// Forward-only pass of one evaluation batch through every stage, with the boundaries' forward
+  /// codecs on (`compression`) or bypassed (the inference toggle); the task's tally of the last
+  /// stage's output (loss_fn's).
+  at::Tensor evaluate_batch(const Batch& batch, bool compression, const Pipeline::LossFn& loss_fn);
+
  private:
   Pipeline& pipeline_;
+  StageLayout layout_;
   std::vector<LinkSpec> links_;
 };
 
@@ -139,11 +145,17 @@ struct MicroBatches {
   int size() const { return static_cast<int>(batches.size()); }
 };
 MicroBatches split_micro_batches(const Batch& batch, int64_t micro_batches, int64_t epoch);
+/// An evaluation batch as the one micro-batch of a forward-only pass (its codec context carries
+/// the token ids).
+MicroBatches evaluation_batch(const Batch& batch);
 
-/// Before the backward at list[at] of micro-batch `micro_batch` on a stage > 0 (Optimus-CC): the
-/// gradient it produces is compressed only if its send is on the critical path (the schedule's
-/// SendGrad flag), where the boundary before the stage is epilogue-only. Executors reset the
-/// flags to true after the step.
-void apply_epilogue_flag(Pipeline& pipeline, const RankSchedule& list, size_t at, int micro_batch);
+/// The step's result from the last stage's tally and the step's loss units (one device sync).
+StepResult step_result(const at::Tensor& tally, double units, int64_t rows, int micro_batches);
+
+/// The emulated link of each directed pair of pipeline ranks that exchange messages, from the
+/// boundaries' link specs (boundary b joins the ranks of stages b and b + 1; both directions use
+/// its spec). Boundaries that share a pair of ranks (interleaved) must agree: an error names them.
+std::map<std::pair<int, int>, LinkSpec> link_specs_by_rank_pair(const StageLayout& layout,
+                                                                const std::vector<LinkSpec>& boundary_links);
 
 }  // namespace tl

@@ -111,9 +111,17 @@ class Pipeline : public Module {
   /// the caller zeroes them before and steps the optimizer after.
   StepResult train_step(const Batch& batch, int64_t micro_batches, const LossFn& loss_fn, int64_t epoch = 0);
 
-  /// The schedule of train_step: "1f1b" (default) or "gpipe" (parallel/schedule.h).
+  /// The schedule of train_step: "1f1b" (default), "gpipe" or "interleaved" (parallel/schedule.h).
   void set_schedule(const std::string& name);
   const std::string& schedule() const { return schedule_; }
+  /// Stages per pipeline rank (pipeline.virtual_stages; > 1 with the interleaved schedule). An
+  /// error names a count that does not divide the stages.
+  void set_virtual_stages(int virtual_stages);
+  int virtual_stages() const { return virtual_stages_; }
+
+  /// The task's tally (loss_fn's) of one evaluation batch run forward through every stage by the
+  /// in-process executor, the boundaries' forward codecs on (`compression`) or bypassed.
+  at::Tensor evaluate_batch(const Batch& batch, bool compression, const LossFn& loss_fn);
   /// Link emulation per boundary (one spec per cut; default ideal), on the executor's virtual
   /// timeline (parallel/executor.h).
   void set_links(const std::vector<LinkSpec>& links);
@@ -146,6 +154,7 @@ class Pipeline : public Module {
   std::vector<BoundaryPtr> boundaries_;
   std::vector<bool> measure_;  // per boundary, restored after predict()
   std::string schedule_ = "1f1b";
+  int virtual_stages_ = 1;
   std::vector<LinkSpec> links_;
   std::shared_ptr<StepTiming> timing_;
 };

@@ -28,73 +28,182 @@ int peer_stage(const Action& a) {
   }
 }
 
+std::vector<int> StageLayout::stages_of(int rank) const {
+  std::vector<int> out;
+  for (int c = 0; c < virtual_stages; ++c) out.push_back(rank + c * ranks);
+  return out;
+}
+
+StageLayout StageLayout::of(int stages, int virtual_stages) {
+  TORCH_CHECK(stages >= 1, "schedule: stages must be >= 1, got ", stages);
+  TORCH_CHECK(virtual_stages >= 1 && stages % virtual_stages == 0, "pipeline.virtual_stages = ", virtual_stages,
+              " does not divide the ", stages, " stages (model.cuts + 1): each pipeline rank holds the same number of "
+              "stages");
+  return StageLayout{stages / virtual_stages, virtual_stages};
+}
+
 namespace {
 
-void check_sizes(int stages, int micro_batches) {
-  TORCH_CHECK(stages >= 1, "schedule: stages must be >= 1, got ", stages);
+void check_sizes(const StageLayout& layout, int micro_batches) {
+  TORCH_CHECK(layout.ranks >= 1, "schedule: stages must be >= 1, got ", layout.ranks);
+  TORCH_CHECK(layout.virtual_stages >= 1, "schedule: virtual stages must be >= 1, got ", layout.virtual_stages);
   TORCH_CHECK(micro_batches >= 1, "schedule: micro_batches must be >= 1, got ", micro_batches);
 }
 
-// Appends one forward of micro-batch mb on stage s with its messages.
-void add_forward(RankSchedule& l, int s, int S, int mb) {
-  if (s > 0) l.push_back({ActionType::RecvActivation, s, mb});
-  l.push_back({ActionType::Forward, s, mb});
-  if (s < S - 1) l.push_back({ActionType::SendActivation, s, mb});
+Action compute(ActionType t, int stage, int mb) { return Action{t, stage, mb}; }
+
+// GPipe and 1F1B with one stage per rank (stage = rank).
+std::vector<RankSchedule> gpipe_compute(int S, int M) {
+  std::vector<RankSchedule> out(S);
+  for (int s = 0; s < S; ++s) {
+    for (int mb = 0; mb < M; ++mb) out[s].push_back(compute(ActionType::Forward, s, mb));
+    for (int mb = 0; mb < M; ++mb) out[s].push_back(compute(ActionType::Backward, s, mb));
+  }
+  return out;
 }
 
-void add_backward(RankSchedule& l, int s, int S, int mb, bool compress = true) {
-  if (s < S - 1) l.push_back({ActionType::RecvGrad, s, mb});
-  l.push_back({ActionType::Backward, s, mb});
-  if (s > 0) l.push_back({ActionType::SendGrad, s, mb, compress});
+std::vector<RankSchedule> one_f_one_b_compute(int S, int M) {
+  std::vector<RankSchedule> out(S);
+  for (int s = 0; s < S; ++s) {
+    const int warmup = std::min(S - s - 1, M);
+    for (int f = 0; f < warmup; ++f) out[s].push_back(compute(ActionType::Forward, s, f));
+    for (int f = warmup, b = 0; f < M; ++f, ++b) {
+      out[s].push_back(compute(ActionType::Forward, s, f));
+      out[s].push_back(compute(ActionType::Backward, s, b));
+    }
+    for (int b = M - warmup; b < M; ++b) out[s].push_back(compute(ActionType::Backward, s, b));
+  }
+  return out;
+}
+
+// Megatron's interleaved 1F1B (schedules.py, forward_backward_pipelining_with_interleaving): the
+// k-th forward of a rank is micro-batch (k / (P v)) P + k % P on its chunk (k / P) % v; the k-th
+// backward the same micro-batch on chunk v - 1 - (k / P) % v. Warm-up: 2 (P - r - 1) + (v - 1) P
+// forwards (all of them when that reaches M v), then one forward and one backward, then the rest.
+std::vector<RankSchedule> interleaved_compute(const StageLayout& layout, int M) {
+  const int P = layout.ranks, v = layout.virtual_stages;
+  TORCH_CHECK(M % P == 0, "interleaved schedule: micro_batches = ", M, " must be a multiple of the ", P,
+              " pipeline ranks (micro-batches go round the ranks in groups of ", P, ")");
+  const int total = M * v;
+  std::vector<RankSchedule> out(P);
+  for (int r = 0; r < P; ++r) {
+    auto stage_of = [&](int k, bool forward) {
+      const int chunk = (k / P) % v;
+      return (forward ? chunk : v - 1 - chunk) * P + r;
+    };
+    auto mb_of = [&](int k) { return (k / (P * v)) * P + k % P; };
+    const int warmup = std::min(total, 2 * (P - r - 1) + (v - 1) * P);
+    for (int k = 0; k < warmup; ++k) out[r].push_back(compute(ActionType::Forward, stage_of(k, true), mb_of(k)));
+    for (int f = warmup, b = 0; f < total; ++f, ++b) {
+      out[r].push_back(compute(ActionType::Forward, stage_of(f, true), mb_of(f)));
+      out[r].push_back(compute(ActionType::Backward, stage_of(b, false), mb_of(b)));
+    }
+    for (int b = total - warmup; b < total; ++b)
+      out[r].push_back(compute(ActionType::Backward, stage_of(b, false), mb_of(b)));
+  }
+  return out;
+}
+
+// The messages compute action `a` receives before it and sends after it (Note [lowering]).
+void messages_of(const Action& a, const StageLayout& L, std::vector<Action>* recvs, std::vector<Action>* sends) {
+  const int S = L.stages(), s = a.stage, r = L.rank_of(s);
+  auto cross = [&](int other) { return other >= 0 && other < S && L.rank_of(other) != r; };
+  if (a.type == ActionType::Forward) {
+    if (cross(s - 1)) recvs->push_back({ActionType::RecvActivation, s, a.micro_batch, true, L.rank_of(s - 1)});
+    if (cross(s + 1)) sends->push_back({ActionType::SendActivation, s, a.micro_batch, true, L.rank_of(s + 1)});
+  } else if (a.type == ActionType::Backward) {
+    if (cross(s + 1)) recvs->push_back({ActionType::RecvGrad, s, a.micro_batch, true, L.rank_of(s + 1)});
+    if (cross(s - 1)) sends->push_back({ActionType::SendGrad, s, a.micro_batch, true, L.rank_of(s - 1)});
+  }
 }
 
 }  // namespace
 
-std::vector<RankSchedule> gpipe_schedule(int stages, int micro_batches) {
-  check_sizes(stages, micro_batches);
-  std::vector<RankSchedule> out(stages);
-  for (int s = 0; s < stages; ++s) {
-    for (int mb = 0; mb < micro_batches; ++mb) add_forward(out[s], s, stages, mb);
-    for (int mb = 0; mb < micro_batches; ++mb) add_backward(out[s], s, stages, mb);
+std::vector<RankSchedule> lower(const std::vector<RankSchedule>& compute_lists, const StageLayout& layout) {
+  TORCH_CHECK(static_cast<int>(compute_lists.size()) == layout.ranks, "lower: ", compute_lists.size(),
+              " lists for ", layout.ranks, " pipeline ranks");
+  std::vector<RankSchedule> out(compute_lists.size());
+  for (size_t r = 0; r < compute_lists.size(); ++r) {
+    const RankSchedule& in = compute_lists[r];
+    RankSchedule& l = out[r];
+    std::vector<Action> pending;  // receives already placed for the next compute action
+    for (size_t i = 0; i < in.size(); ++i) {
+      const Action& a = in[i];
+      TORCH_CHECK(is_compute(a.type), "lower: rank ", r, " action ", i, " (", action_token(a),
+                  ") is a message; lower() takes compute-only lists");
+      std::vector<Action> recvs, sends;
+      messages_of(a, layout, &recvs, &sends);
+      for (const Action& m : recvs)
+        if (std::find(pending.begin(), pending.end(), m) == pending.end()) l.push_back(m);
+      pending.clear();
+      l.push_back(a);
+      // The next compute's activation from a rank this one sends a gradient to goes first.
+      if (i + 1 < in.size()) {
+        std::vector<Action> next_recvs, unused;
+        messages_of(in[i + 1], layout, &next_recvs, &unused);
+        for (const Action& m : next_recvs) {
+          const bool hoist = m.type == ActionType::RecvActivation &&
+                             std::any_of(sends.begin(), sends.end(), [&](const Action& s) {
+                               return s.type == ActionType::SendGrad && s.peer == m.peer;
+                             });
+          if (hoist) l.push_back(m), pending.push_back(m);
+        }
+      }
+      for (Action m : sends) {
+        if (m.type == ActionType::SendGrad) {  // Note [epilogue-only]: critical unless forwards follow
+          m.compress_backward = std::none_of(in.begin() + static_cast<std::ptrdiff_t>(i) + 1, in.end(),
+                                             [](const Action& b) { return b.type == ActionType::Forward; });
+        }
+        l.push_back(m);
+      }
+    }
   }
   return out;
 }
 
-std::vector<RankSchedule> one_f_one_b_schedule(int stages, int micro_batches) {
-  check_sizes(stages, micro_batches);
-  const int S = stages, M = micro_batches;
-  std::vector<RankSchedule> out(S);
-  for (int s = 0; s < S; ++s) {
-    RankSchedule& l = out[s];
-    const int warmup = std::min(S - s - 1, M);
-    const int steady = M - warmup;
-    for (int f = 0; f < warmup; ++f) add_forward(l, s, S, f);
-    // Steady state: forward f = warmup + i, backward b = i. The input of the next forward is
-    // received before the gradient is sent (Note [blocking send/recv and the order of messages on
-    // a link]); so is the input of the first steady forward, right after the warm-up.
-    if (steady > 0 && s > 0) l.push_back({ActionType::RecvActivation, s, warmup});
-    for (int i = 0; i < steady; ++i) {
-      const int f = warmup + i, b = i;
-      l.push_back({ActionType::Forward, s, f});
-      if (s < S - 1) l.push_back({ActionType::SendActivation, s, f});
-      if (s < S - 1) l.push_back({ActionType::RecvGrad, s, b});
-      l.push_back({ActionType::Backward, s, b});
-      if (s > 0 && f + 1 < M) l.push_back({ActionType::RecvActivation, s, f + 1});
-      // Off the critical path unless it is the last steady-state send (Note [epilogue-only]).
-      if (s > 0) l.push_back({ActionType::SendGrad, s, b, /*compress_backward=*/i == steady - 1});
-    }
-    for (int b = steady; b < M; ++b) add_backward(l, s, S, b);
-  }
-  return out;
+const char* known_schedules() { return "gpipe, 1f1b, interleaved"; }
+
+std::vector<RankSchedule> compute_schedule(const std::string& name, const StageLayout& layout, int micro_batches) {
+  check_sizes(layout, micro_batches);
+  const bool known = name == "gpipe" || name == "1f1b" || name == "interleaved";
+  TORCH_CHECK(known, "unknown pipeline schedule '", name, "'; known: ", known_schedules());
+  if (name == "interleaved" && layout.virtual_stages > 1) return interleaved_compute(layout, micro_batches);
+  TORCH_CHECK(layout.virtual_stages == 1, "pipeline.schedule = ", name, " runs one stage per rank, but ",
+              "pipeline.virtual_stages = ", layout.virtual_stages, "; use pipeline.schedule = interleaved");
+  // Interleaving one stage per rank is 1F1B.
+  return name == "gpipe" ? gpipe_compute(layout.ranks, micro_batches) : one_f_one_b_compute(layout.ranks, micro_batches);
+}
+
+std::vector<RankSchedule> make_schedule(const std::string& name, const StageLayout& layout, int micro_batches) {
+  return lower(compute_schedule(name, layout, micro_batches), layout);
 }
 
 std::vector<RankSchedule> make_schedule(const std::string& name, int stages, int micro_batches) {
-  if (name == "gpipe") return gpipe_schedule(stages, micro_batches);
-  if (name == "1f1b") return one_f_one_b_schedule(stages, micro_batches);
-  TORCH_CHECK(false, "unknown pipeline schedule '", name, "'; known: gpipe, 1f1b");
+  TORCH_CHECK(stages >= 1, "schedule: stages must be >= 1, got ", stages);
+  return make_schedule(name, StageLayout{stages, 1}, micro_batches);
 }
 
-std::string action_token(const Action& a) {
+std::vector<RankSchedule> gpipe_schedule(int stages, int micro_batches) {
+  return make_schedule("gpipe", stages, micro_batches);
+}
+
+std::vector<RankSchedule> one_f_one_b_schedule(int stages, int micro_batches) {
+  return make_schedule("1f1b", stages, micro_batches);
+}
+
+std::vector<RankSchedule> interleaved_schedule(int ranks, int virtual_stages, int micro_batches) {
+  return make_schedule("interleaved", StageLayout{ranks, virtual_stages}, micro_batches);
+}
+
+std::vector<RankSchedule> forward_only_schedule(const StageLayout& layout) {
+  check_sizes(layout, 1);
+  std::vector<RankSchedule> compute_lists(layout.ranks);
+  for (int r = 0; r < layout.ranks; ++r)
+    for (int s : layout.stages_of(r)) compute_lists[r].push_back(compute(ActionType::Forward, s, 0));
+  return lower(compute_lists, layout);
+}
+
+std::string action_token(const Action& a, bool with_stage) {
   const char* p = "?";
   switch (a.type) {
     case ActionType::Forward:
@@ -117,16 +226,28 @@ std::string action_token(const Action& a) {
       break;
   }
   std::string t = p + std::to_string(a.micro_batch);
+  if (with_stage) t += "s" + std::to_string(a.stage);
   if (a.type == ActionType::SendGrad && !a.compress_backward) t += "~";
   return t;
 }
 
+namespace {
+// Whether some rank runs several stages (then tokens name the stage).
+bool several_stages_per_rank(const std::vector<RankSchedule>& schedule) {
+  for (const auto& l : schedule)
+    for (const Action& a : l)
+      if (a.stage != l.front().stage) return true;
+  return false;
+}
+}  // namespace
+
 std::string format_schedule(const std::vector<RankSchedule>& schedule, bool with_comm) {
+  const bool with_stage = several_stages_per_rank(schedule);
   std::ostringstream os;
   for (size_t r = 0; r < schedule.size(); ++r) {
     os << "rank " << r << ":";
     for (const Action& a : schedule[r]) {
-      if (with_comm || is_compute(a.type)) os << " " << action_token(a);
+      if (with_comm || is_compute(a.type)) os << " " << action_token(a, with_stage);
     }
     os << "\n";
   }
@@ -134,43 +255,74 @@ std::string format_schedule(const std::vector<RankSchedule>& schedule, bool with
 }
 
 void validate_schedule(const std::vector<RankSchedule>& schedule, int micro_batches) {
-  const int S = static_cast<int>(schedule.size());
-  TORCH_CHECK(S >= 1, "schedule: no ranks");
-  for (int r = 0; r < S; ++r) {
-    // Position of each action kind per micro-batch (-1: absent).
-    std::map<std::pair<ActionType, int>, int> pos;
+  validate_schedule(schedule, micro_batches, StageLayout{static_cast<int>(schedule.size()), 1});
+}
+
+void validate_schedule(const std::vector<RankSchedule>& schedule, int micro_batches, const StageLayout& layout) {
+  const int P = static_cast<int>(schedule.size()), S = layout.stages();
+  TORCH_CHECK(P >= 1, "schedule: no ranks");
+  TORCH_CHECK(P == layout.ranks, "schedule: ", P, " rank lists for a layout of ", layout.ranks, " ranks");
+  // Position of each action kind per (stage, micro-batch) on its rank (-1: absent).
+  std::map<std::tuple<ActionType, int, int>, int> pos;
+  for (int r = 0; r < P; ++r) {
     for (int i = 0; i < static_cast<int>(schedule[r].size()); ++i) {
       const Action& a = schedule[r][i];
-      TORCH_CHECK(a.stage == r, "schedule: rank ", r, " action ", i, " (", action_token(a), ") belongs to stage ",
-                  a.stage, "; one stage per rank: list r holds stage r's actions");
-      TORCH_CHECK(a.micro_batch >= 0 && a.micro_batch < micro_batches, "schedule: rank ", r, " action ", i, " (",
-                  action_token(a), ") micro-batch out of range [0, ", micro_batches, ")");
+      const std::string what = "schedule: rank " + std::to_string(r) + " action " + std::to_string(i) + " (" +
+                               action_token(a, layout.virtual_stages > 1) + ")";
+      TORCH_CHECK(a.stage >= 0 && a.stage < S && layout.rank_of(a.stage) == r, what, " belongs to stage ", a.stage,
+                  ", which rank ", r, " does not hold",
+                  layout.virtual_stages == 1 ? "; one stage per rank: list r holds stage r's actions" : "");
+      TORCH_CHECK(a.micro_batch >= 0 && a.micro_batch < micro_batches, what, " micro-batch out of range [0, ",
+                  micro_batches, ")");
       const int peer = peer_stage(a);
-      TORCH_CHECK(peer < S && (is_compute(a.type) || peer >= 0), "schedule: rank ", r, " action ", i, " (",
-                  action_token(a), ") talks to stage ", peer, ", which does not exist (", S, " stages)");
-      TORCH_CHECK(pos.emplace(std::make_pair(a.type, a.micro_batch), i).second, "schedule: rank ", r, " action ", i,
-                  " (", action_token(a), ") appears twice");
+      TORCH_CHECK(is_compute(a.type) || (peer >= 0 && peer < S), what, " talks to stage ", peer,
+                  ", which does not exist (", S, " stages)");
+      TORCH_CHECK(is_compute(a.type) || a.peer == layout.rank_of(peer), what, " names rank ", a.peer,
+                  " as its peer, but stage ", peer, " lives on rank ", is_compute(a.type) ? -1 : layout.rank_of(peer));
+      TORCH_CHECK(pos.emplace(std::make_tuple(a.type, a.stage, a.micro_batch), i).second, what, " appears twice");
     }
-    auto at = [&](ActionType t, int mb) {
-      auto it = pos.find({t, mb});
-      return it == pos.end() ? -1 : it->second;
-    };
+  }
+  auto at = [&](ActionType t, int s, int mb) {
+    auto it = pos.find({t, s, mb});
+    return it == pos.end() ? -1 : it->second;
+  };
+  for (int s = 0; s < S; ++s) {
+    const int r = layout.rank_of(s);
+    const bool first = s == 0, last = s == S - 1;
+    // Neighbours on another rank exchange messages; on the same rank the order of compute says it.
+    const bool msg_in = !first && layout.rank_of(s - 1) != r, msg_out = !last && layout.rank_of(s + 1) != r;
     for (int mb = 0; mb < micro_batches; ++mb) {
-      const int f = at(ActionType::Forward, mb), b = at(ActionType::Backward, mb);
-      const std::string where = "schedule: rank " + std::to_string(r) + " micro-batch " + std::to_string(mb) + ": ";
+      const int f = at(ActionType::Forward, s, mb), b = at(ActionType::Backward, s, mb);
+      std::string where = "schedule: rank " + std::to_string(r) + " micro-batch " + std::to_string(mb) + ": ";
+      if (layout.virtual_stages > 1) where = "schedule: rank " + std::to_string(r) + " stage " + std::to_string(s) +
+                                             " micro-batch " + std::to_string(mb) + ": ";
       TORCH_CHECK(f >= 0 && b >= 0, where, "needs one forward and one backward");
       TORCH_CHECK(f < b, where, "backward before forward");
-      const int ra = at(ActionType::RecvActivation, mb), sa = at(ActionType::SendActivation, mb);
-      const int rg = at(ActionType::RecvGrad, mb), sg = at(ActionType::SendGrad, mb);
-      const bool first = r == 0, last = r == S - 1;
-      TORCH_CHECK(first ? ra < 0 : (ra >= 0 && ra < f), where,
-                  first ? "the first stage receives no activation" : "must receive its activation before the forward");
-      TORCH_CHECK(last ? sa < 0 : sa > f, where,
-                  last ? "the last stage sends no activation" : "must send its activation after the forward");
-      TORCH_CHECK(last ? rg < 0 : (rg >= 0 && rg < b), where,
-                  last ? "the last stage receives no gradient" : "must receive its gradient before the backward");
-      TORCH_CHECK(first ? sg < 0 : sg > b, where,
-                  first ? "the first stage sends no gradient" : "must send its gradient after the backward");
+      const int ra = at(ActionType::RecvActivation, s, mb), sa = at(ActionType::SendActivation, s, mb);
+      const int rg = at(ActionType::RecvGrad, s, mb), sg = at(ActionType::SendGrad, s, mb);
+      TORCH_CHECK(!msg_in ? ra < 0 : (ra >= 0 && ra < f), where,
+                  first ? "the first stage receives no activation"
+                  : msg_in ? "must receive its activation before the forward"
+                           : "receives no activation from a stage on its own rank");
+      TORCH_CHECK(!msg_out ? sa < 0 : sa > f, where,
+                  last ? "the last stage sends no activation"
+                  : msg_out ? "must send its activation after the forward"
+                            : "sends no activation to a stage on its own rank");
+      TORCH_CHECK(!msg_out ? rg < 0 : (rg >= 0 && rg < b), where,
+                  last ? "the last stage receives no gradient"
+                  : msg_out ? "must receive its gradient before the backward"
+                            : "receives no gradient from a stage on its own rank");
+      TORCH_CHECK(!msg_in ? sg < 0 : sg > b, where,
+                  first ? "the first stage sends no gradient"
+                  : msg_in ? "must send its gradient after the backward"
+                           : "sends no gradient to a stage on its own rank");
+      // A neighbour on the same rank: its forward comes first, its backward after.
+      if (!first && !msg_in)
+        TORCH_CHECK(at(ActionType::Forward, s - 1, mb) < f, where, "runs its forward before stage ", s - 1,
+                    "'s on the same rank");
+      if (!last && !msg_out)
+        TORCH_CHECK(at(ActionType::Backward, s + 1, mb) < b, where, "runs its backward before stage ", s + 1,
+                    "'s on the same rank");
     }
   }
 }
@@ -193,56 +345,66 @@ double SimResult::bubble() const {
 
 namespace {
 
-// The message a send or recv action moves: (kind, micro-batch), kind 0 = activation, 1 = gradient.
-std::pair<int, int> message_of(const Action& a) {
+// The message a send or recv action moves: (kind, boundary, micro-batch); kind 0 = activation,
+// 1 = gradient; boundary b sits between stages b and b + 1.
+using MessageId = std::tuple<int, int, int>;
+MessageId message_of(const Action& a) {
   const bool act = a.type == ActionType::SendActivation || a.type == ActionType::RecvActivation;
-  return {act ? 0 : 1, a.micro_batch};
+  const int boundary = std::min(a.stage, peer_stage(a));
+  return {act ? 0 : 1, boundary, a.micro_batch};
 }
 
 struct InFlight {
-  std::pair<int, int> msg;
+  MessageId msg;
   double ready_s;  // eager: when the receiver may have it; queue: when the send thread may start it
 };
 
 }  // namespace
 
 SimResult simulate_schedule(const std::vector<RankSchedule>& schedule, const SimCosts& costs, SendMode mode) {
-  const int S = static_cast<int>(schedule.size());
-  TORCH_CHECK(static_cast<int>(costs.forward_s.size()) == S && static_cast<int>(costs.backward_s.size()) == S,
+  const int R = static_cast<int>(schedule.size());
+  int stages = 0;
+  for (const auto& l : schedule)
+    for (const Action& a : l) stages = std::max(stages, a.stage + 1);
+  TORCH_CHECK(static_cast<int>(costs.forward_s.size()) >= stages && static_cast<int>(costs.backward_s.size()) >= stages,
               "simulate_schedule: costs for ", costs.forward_s.size(), " / ", costs.backward_s.size(),
-              " stages (forward / backward), schedule has ", S);
+              " stages (forward / backward), schedule has ", stages);
   SimResult res;
-  res.compute_s.assign(S, 0.0);
-  res.finish_s.assign(S, 0.0);
-  res.spans.assign(S, {});
-  std::vector<size_t> pc(S, 0);
-  std::vector<double> t(S, 0.0);
-  // Eager: messages in flight per directed link (src, dst). SendQueue: per rank, its pending sends
-  // (dst, message, enqueue time) and when its send thread is next free.
+  res.compute_s.assign(R, 0.0);
+  res.finish_s.assign(R, 0.0);
+  res.spans.assign(R, {});
+  std::vector<size_t> pc(R, 0);
+  std::vector<double> t(R, 0.0);
+  // Eager: messages in flight per directed rank pair (src, dst). SendQueue: per rank, its pending
+  // sends (dst, message, enqueue time) and when its send thread is next free.
   std::map<std::pair<int, int>, std::deque<InFlight>> wire;
-  std::vector<std::deque<std::tuple<int, std::pair<int, int>, double>>> queue(S);
-  std::vector<double> queue_free(S, 0.0);
+  std::vector<std::deque<std::tuple<int, MessageId, double>>> queue(R);
+  std::vector<double> queue_free(R, 0.0);
 
   auto cost_of = [&](const Action& a) {
     const bool act = a.type == ActionType::SendActivation || a.type == ActionType::RecvActivation;
     return act ? costs.activation_s : costs.grad_s;
   };
-  auto mismatch = [&](int r, const Action& a, std::pair<int, int> got) {
-    TORCH_CHECK(false, "simulate_schedule: rank ", r, " at ", action_token(a), " would receive ",
-                got.first == 0 ? "activation " : "gradient ", got.second, " from stage ", peer_stage(a),
-                ": the two ends of the link order their messages differently");
+  auto mismatch = [&](int r, const Action& a, MessageId got) {
+    TORCH_CHECK(false, "simulate_schedule: rank ", r, " at ", action_token(a, true), " would receive ",
+                std::get<0>(got) == 0 ? "activation " : "gradient ", std::get<2>(got), " of boundary ",
+                std::get<1>(got), " from rank ", a.peer, ": the two ends of the link order their messages differently");
+  };
+  auto check_peer = [&](int r, const Action& a) {
+    TORCH_CHECK(a.peer >= 0 && a.peer < R && a.peer != r, "simulate_schedule: rank ", r, " at ", action_token(a, true),
+                " names rank ", a.peer, " as its peer (", R, " ranks): lower() the schedule first");
   };
 
   bool progress = true;
   while (progress) {
     progress = false;
-    for (int r = 0; r < S; ++r) {
+    for (int r = 0; r < R; ++r) {
       // The send thread (SendQueue): its head completes when the peer's main list is at the recv.
       while (mode == SendMode::SendQueue && !queue[r].empty()) {
         auto [dst, msg, enq] = queue[r].front();
         if (pc[dst] >= schedule[dst].size()) break;
         const Action& p = schedule[dst][pc[dst]];
-        if (!is_recv(p.type) || peer_stage(p) != r) break;
+        if (!is_recv(p.type) || p.peer != r) break;
         if (message_of(p) != msg) mismatch(dst, p, msg);
         const double done = std::max({enq, queue_free[r], t[dst]}) + cost_of(p);
         queue_free[r] = done;
@@ -254,12 +416,13 @@ SimResult simulate_schedule(const std::vector<RankSchedule>& schedule, const Sim
       while (pc[r] < schedule[r].size()) {
         const Action& a = schedule[r][pc[r]];
         if (is_compute(a.type)) {
-          const double d = a.type == ActionType::Forward ? costs.forward_s[r] : costs.backward_s[r];
+          const double d = a.type == ActionType::Forward ? costs.forward_s[a.stage] : costs.backward_s[a.stage];
           res.spans[r].push_back({a, t[r], t[r] + d});
           t[r] += d;
           res.compute_s[r] += d;
         } else if (is_send(a.type)) {
-          const int dst = peer_stage(a);
+          check_peer(r, a);
+          const int dst = a.peer;
           if (mode == SendMode::Eager) {
             wire[{r, dst}].push_back({message_of(a), t[r] + cost_of(a)});
           } else if (mode == SendMode::SendQueue) {
@@ -267,16 +430,16 @@ SimResult simulate_schedule(const std::vector<RankSchedule>& schedule, const Sim
           } else {  // Rendezvous: both ends must be at the message.
             if (pc[dst] >= schedule[dst].size()) break;
             const Action& p = schedule[dst][pc[dst]];
-            if (!is_recv(p.type) || peer_stage(p) != r) break;
+            if (!is_recv(p.type) || p.peer != r) break;
             if (message_of(p) != message_of(a)) mismatch(dst, p, message_of(a));
             const double done = std::max(t[r], t[dst]) + cost_of(a);
             t[r] = t[dst] = done;
             ++pc[dst];
           }
         } else {  // recv
-          const int src = peer_stage(a);
+          check_peer(r, a);
           if (mode != SendMode::Eager) break;  // completed by the sender's side above
-          auto& q = wire[{src, r}];
+          auto& q = wire[{a.peer, r}];
           if (q.empty()) break;
           if (q.front().msg != message_of(a)) mismatch(r, a, q.front().msg);
           t[r] = std::max(t[r], q.front().ready_s);
@@ -288,8 +451,8 @@ SimResult simulate_schedule(const std::vector<RankSchedule>& schedule, const Sim
     }
   }
   std::ostringstream stuck;
-  for (int r = 0; r < S; ++r) {
-    if (pc[r] < schedule[r].size()) stuck << " rank " << r << " at " << action_token(schedule[r][pc[r]]) << ";";
+  for (int r = 0; r < R; ++r) {
+    if (pc[r] < schedule[r].size()) stuck << " rank " << r << " at " << action_token(schedule[r][pc[r]], true) << ";";
     if (!queue[r].empty()) stuck << " rank " << r << "'s send thread holds " << queue[r].size() << " sends;";
   }
   TORCH_CHECK(stuck.str().empty(), "simulate_schedule: deadlock under ",
@@ -297,30 +460,33 @@ SimResult simulate_schedule(const std::vector<RankSchedule>& schedule, const Sim
               : mode == SendMode::SendQueue ? "send-queue"
                                             : "eager",
               " sends:", stuck.str());
-  for (int r = 0; r < S; ++r) {
+  for (int r = 0; r < R; ++r) {
     res.finish_s[r] = t[r];
     res.step_s = std::max(res.step_s, t[r]);
   }
   return res;
 }
 
-double ideal_step_time(int stages, int micro_batches, double forward_s, double backward_s) {
-  check_sizes(stages, micro_batches);
-  return (micro_batches + stages - 1) * (forward_s + backward_s);
+double ideal_step_time(int ranks, int micro_batches, double forward_s, double backward_s, int virtual_stages) {
+  check_sizes(StageLayout{ranks, virtual_stages}, micro_batches);
+  return (micro_batches * virtual_stages + ranks - 1) * (forward_s + backward_s);
 }
 
 std::string format_timeline(const SimResult& result, double slot_s) {
   TORCH_CHECK(slot_s > 0.0, "format_timeline: slot_s must be > 0, got ", slot_s);
   const long slots = std::lround(std::ceil(result.step_s / slot_s - 1e-9));
+  bool with_stage = false;
+  for (const auto& spans : result.spans)
+    for (const auto& sp : spans) with_stage = with_stage || sp.action.stage != spans.front().action.stage;
   size_t width = 2;
   for (const auto& spans : result.spans)
-    for (const auto& sp : spans) width = std::max(width, action_token(sp.action).size());
+    for (const auto& sp : spans) width = std::max(width, action_token(sp.action, with_stage).size());
   std::ostringstream os;
   for (size_t r = 0; r < result.spans.size(); ++r) {
     std::vector<std::string> cells(slots, std::string(width, '.'));
     for (const auto& sp : result.spans[r]) {
       const long a = std::lround(sp.start_s / slot_s), b = std::lround(sp.end_s / slot_s);
-      std::string tok = action_token(sp.action);
+      std::string tok = action_token(sp.action, with_stage);
       tok.resize(width, ' ');
       for (long k = a; k < b && k < slots; ++k) cells[k] = tok;
     }

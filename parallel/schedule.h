@@ -48,18 +48,22 @@ namespace tl {
 
 enum class ActionType { Forward, Backward, SendActivation, RecvActivation, SendGrad, RecvGrad };
 
-/// One step of one rank's list. `stage` is the stage that executes it (== the rank); the peer of a
-/// message is stage + 1 (SendActivation, RecvGrad) or stage - 1 (RecvActivation, SendGrad).
+/// One step of one rank's list. `stage` is the stage the action belongs to (a rank may hold
+/// several: StageLayout); the stage on the other end of a message is stage + 1 (SendActivation,
+/// RecvGrad) or stage - 1 (RecvActivation, SendGrad), and `peer` is that stage's rank.
 struct Action {
   ActionType type;
   int stage;
   int micro_batch;
-  /// Optimus-CC epilogue-only: false for backward sends off the critical path (SendGrad only).
+  /// Optimus-CC epilogue-only: false for backward sends off the critical path (SendGrad only;
+  /// set by lower(), Note [epilogue-only backward compression]).
   bool compress_backward = true;
+  /// Messages: the rank on the other end (set by lower()); -1 for compute actions.
+  int peer = -1;
 
   bool operator==(const Action& o) const {
     return type == o.type && stage == o.stage && micro_batch == o.micro_batch &&
-           compress_backward == o.compress_backward;
+           compress_backward == o.compress_backward && peer == o.peer;
   }
   bool operator!=(const Action& o) const { return !(*this == o); }
 };
@@ -71,25 +75,77 @@ bool is_recv(ActionType t);
 /// The stage on the other end of a message action; -1 for compute.
 int peer_stage(const Action& a);
 
+/// Where the stages of a pipeline live (Megatron's layout): `ranks` pipeline ranks, each holding
+/// `virtual_stages` stages, stage s on rank s % ranks. With one stage per rank, stage = rank; with
+/// v > 1 (interleaved 1F1B) rank r holds the non-adjacent stages r, r + P, r + 2P, ...
+struct StageLayout {
+  int ranks = 1;
+  int virtual_stages = 1;
+
+  int stages() const { return ranks * virtual_stages; }
+  int rank_of(int stage) const { return stage % ranks; }
+  /// The stages of `rank`, in model order (its chunks 0..v-1).
+  std::vector<int> stages_of(int rank) const;
+  /// `stages` stages over stages / virtual_stages ranks; an error names both numbers when
+  /// virtual_stages does not divide stages.
+  static StageLayout of(int stages, int virtual_stages = 1);
+};
+
+// ---- compute schedules and their lowering ---------------------------------------------------
+//
+// A schedule is built in two passes, as torch.distributed.pipelining builds its own:
+//   1. the *compute* schedule: per rank, the order of its Forward and Backward actions;
+//   2. lower(): inserts the messages and decides what each send does.
+//
+// Note [lowering]. A message crosses between ranks wherever a stage's neighbour lives on another
+// rank (on the same rank the payload is handed over in memory: no action). lower() places, for
+// each compute action in a rank's list, the receives of its inputs right before it and the sends
+// of its outputs right after it, with one exception that keeps the blocking-send rule 1 below:
+// when a compute action sends a gradient to rank p and the rank's next compute action needs an
+// activation from p, that receive moves before the gradient send (on every link the activation
+// of a steady step goes first, then the gradient). The flags of Note [epilogue-only] are decided
+// here too, from the list: a gradient send is off the critical path when its rank still has a
+// forward to run after it (the receiver then has forward work to overlap it with).
+
+/// Compute-only lists (no messages) of the named schedule: "gpipe", "1f1b" (one stage per rank)
+/// or "interleaved" (Megatron's interleaved 1F1B over layout.virtual_stages stages per rank;
+/// micro_batches must be a multiple of layout.ranks when v > 1). Errors name what is accepted.
+std::vector<RankSchedule> compute_schedule(const std::string& name, const StageLayout& layout, int micro_batches);
+/// Inserts sends and receives and the epilogue-only flags (Note [lowering]).
+std::vector<RankSchedule> lower(const std::vector<RankSchedule>& compute, const StageLayout& layout);
+/// compute_schedule + lower.
+std::vector<RankSchedule> make_schedule(const std::string& name, const StageLayout& layout, int micro_batches);
+/// One stage per rank: make_schedule(name, StageLayout::of(stages), micro_batches).
+std::vector<RankSchedule> make_schedule(const std::string& name, int stages, int micro_batches);
 /// GPipe: every forward (micro-batch 0..M-1), then every backward (0..M-1).
 std::vector<RankSchedule> gpipe_schedule(int stages, int micro_batches);
 /// 1F1B: stage s runs min(S - s - 1, M) warm-up forwards, then alternates one forward and one
 /// backward, then the remaining backwards (cool-down). Messages placed per Note [blocking
 /// send/recv and the order of messages on a link]; epilogue-only flags per Note [epilogue-only].
 std::vector<RankSchedule> one_f_one_b_schedule(int stages, int micro_batches);
-/// By name: "gpipe" or "1f1b". Error names the unknown name and the accepted ones.
-std::vector<RankSchedule> make_schedule(const std::string& name, int stages, int micro_batches);
+/// Interleaved 1F1B (Megatron's virtual pipeline): rank r runs its forwards in rounds of P
+/// micro-batches, chunk 0 then chunk 1 ... (backwards with the chunks reversed), after
+/// 2 (P - r - 1) + (v - 1) P warm-up forwards.
+std::vector<RankSchedule> interleaved_schedule(int ranks, int virtual_stages, int micro_batches);
+/// Forward-only lists of one micro-batch (evaluation), lowered.
+std::vector<RankSchedule> forward_only_schedule(const StageLayout& layout);
+/// The schedules make_schedule knows, for messages: "gpipe, 1f1b, interleaved".
+const char* known_schedules();
 
-/// Structural checks of a hand-made or generated schedule: list r holds only stage r's actions;
-/// every micro-batch is forwarded and backwarded once; a stage receives its input before the
-/// forward and sends it after; gradients likewise. Errors name the rank, the action and the rule.
+/// Structural checks of a hand-made or generated schedule: list r holds only the stages of rank
+/// r; every micro-batch is forwarded and backwarded once on every stage; a stage receives its
+/// input before the forward and sends it after; gradients likewise; messages name the right
+/// peer rank. Errors name the rank, the action and the rule. (`layout` defaults to one stage
+/// per rank.)
 void validate_schedule(const std::vector<RankSchedule>& schedule, int micro_batches);
+void validate_schedule(const std::vector<RankSchedule>& schedule, int micro_batches, const StageLayout& layout);
 
 /// "F3", "B0", "RA3" (recv activation), "SA3", "RG0", "SG0"; a SendGrad with
-/// compress_backward = false prints as "SG0~".
-std::string action_token(const Action& a);
+/// compress_backward = false prints as "SG0~". With `with_stage` the stage follows: "F3s5".
+std::string action_token(const Action& a, bool with_stage = false);
 /// One row per rank: "rank 0: F0 F1 F2 F3 B0 ...". With `with_comm` false only compute actions are
-/// listed (the classic picture); with true every action.
+/// listed (the classic picture); with true every action. Stages are named when a rank holds
+/// several.
 std::string format_schedule(const std::vector<RankSchedule>& schedule, bool with_comm = false);
 
 // ---- timing: an event simulation of the lists ---------------------------------------------------
@@ -101,8 +157,8 @@ enum class SendMode {
   SendQueue,   // sends go to a per-rank FIFO thread, each a rendezvous; compute never blocks on one
 };
 
-/// Durations in seconds (any unit works if used consistently). Per stage: forward and backward of
-/// one micro-batch. Message costs are per message (0 = free links).
+/// Durations in seconds (any unit works if used consistently). Per stage (indexed by stage, not
+/// rank): forward and backward of one micro-batch. Message costs are per message (0 = free links).
 struct SimCosts {
   std::vector<double> forward_s;
   std::vector<double> backward_s;
@@ -133,9 +189,11 @@ struct SimResult {
 SimResult simulate_schedule(const std::vector<RankSchedule>& schedule, const SimCosts& costs,
                             SendMode mode = SendMode::Eager);
 
-/// The theoretical step time of GPipe or 1F1B with uniform stages and free links:
-/// (M + S - 1) * (tf + tb), i.e. M micro-batches plus the S - 1 slots of the bubble.
-double ideal_step_time(int stages, int micro_batches, double forward_s, double backward_s);
+/// The textbook step time with uniform stages and free links: (M v + P - 1) (tf + tb) for P
+/// pipeline ranks holding v stages each (tf, tb: one stage's forward and backward of one
+/// micro-batch), i.e. M v slots of work per rank plus the P - 1 slots of the bubble. GPipe and
+/// 1F1B: v = 1; interleaved 1F1B shrinks the bubble v times relative to the work.
+double ideal_step_time(int ranks, int micro_batches, double forward_s, double backward_s, int virtual_stages = 1);
 
 /// The simulated timeline as text, one row per rank, one column per `slot_s` of time: forward
 /// micro-batch 3 prints "F3" in each slot it occupies, idle slots print "..". For docs and logs.

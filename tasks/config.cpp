@@ -304,11 +304,22 @@ const std::vector<Key>& schema() {
     add("train.eval_batch_size", "500", "integer >= 1", "batch size of the test-set evaluations",
         [](Config& c, const std::string& v) { c.train.eval_batch_size = parse_int(v, 1, 1 << 24, "an integer >= 1"); });
     // [pipeline], [dist]
-    add("pipeline.schedule", "1f1b", "1f1b, gpipe",
-        "order of the micro-batches' forwards and backwards on each stage (docs/PIPELINE.md)",
-        [](Config& c, const std::string& v) { c.pipeline.schedule = parse_choice(v, {"1f1b", "gpipe"}); });
+    add("pipeline.schedule", "1f1b", "1f1b, gpipe, interleaved",
+        "order of the micro-batches' forwards and backwards on each stage; interleaved: Megatron's interleaved 1F1B "
+        "over pipeline.virtual_stages stages per rank (docs/PIPELINE.md)",
+        [](Config& c, const std::string& v) {
+          c.pipeline.schedule = parse_choice(v, {"1f1b", "gpipe", "interleaved"});
+        });
+    add("pipeline.virtual_stages", "1", "integer >= 1",
+        "stages per pipeline rank (Megatron's virtual pipeline): rank r holds stages r, r + P, r + 2P, ... of the "
+        "model's stages, P = stages / virtual_stages; > 1 needs pipeline.schedule = interleaved and train.micro_batches "
+        "a multiple of P",
+        [](Config& c, const std::string& v) {
+          c.pipeline.virtual_stages = parse_int(v, 1, 64, "an integer in [1, 64]");
+        });
     add("pipeline.nproc", "1", "integer >= 1",
-        "1: every stage in this process; N > 1: one process per stage (N = the number of stages), started by "
+        "1: every stage in this process; N > 1: one process per pipeline rank (N = the number of stages / "
+        "pipeline.virtual_stages), started by "
         "`tapeline train` (= --nproc N; under torchrun WORLD_SIZE decides, and this must be 1 or agree)",
         [](Config& c, const std::string& v) { c.pipeline.nproc = parse_int(v, 1, 1024, "an integer in [1, 1024]"); });
     add("dist.timeout_s", "60", "number > 0",
@@ -518,6 +529,10 @@ Config Config::load(const std::string& ini_path, const std::vector<std::pair<std
   if (!c.data.mean.empty() && c.data.mean.size() != c.data.std.size())
     throw std::invalid_argument("data.mean has " + std::to_string(c.data.mean.size()) + " values but data.std has " +
                                 std::to_string(c.data.std.size()));
+  if ((c.pipeline.virtual_stages > 1) != (c.pipeline.schedule == "interleaved") && c.pipeline.virtual_stages > 1)
+    throw std::invalid_argument("pipeline.virtual_stages = " + std::to_string(c.pipeline.virtual_stages) +
+                                " needs pipeline.schedule = interleaved (" + c.pipeline.schedule +
+                                " runs one stage per rank)");
   if (c.train.min_lr > c.train.lr)
     throw std::invalid_argument("train.min_lr = " + std::to_string(c.train.min_lr) +
                                 " exceeds train.lr = " + std::to_string(c.train.lr));

@@ -89,8 +89,9 @@ struct BoundarySettings {
 };
 
 struct PipelineSection {
-  std::string schedule = "1f1b";  // 1f1b | gpipe
-  int64_t nproc = 1;              // > 1: one process per stage (tapeline train --nproc, or torchrun)
+  std::string schedule = "1f1b";  // 1f1b | gpipe | interleaved
+  int64_t virtual_stages = 1;     // stages per pipeline rank (interleaved)
+  int64_t nproc = 1;              // > 1: one process per pipeline rank (tapeline train --nproc, or torchrun)
 };
 
 struct DistSection {

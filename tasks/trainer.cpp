@@ -193,23 +193,37 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
     TORCH_CHECK(false, "model.cuts: ", e.what_without_backtrace());
   }
   pipeline_->set_schedule(config_.pipeline.schedule);
+  try {
+    pipeline_->set_virtual_stages(static_cast<int>(config_.pipeline.virtual_stages));
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "pipeline.virtual_stages = ", config_.pipeline.virtual_stages, " does not divide the ",
+                pipeline_->num_stages(), " stages (", cuts.size(), " cuts, model.cuts)");
+  }
   pipeline_->set_links(links);
+  // Links shared by the boundaries between two ranks (interleaved) must agree: checked now.
+  link_specs_by_rank_pair(StageLayout::of(static_cast<int>(pipeline_->num_stages()), pipeline_->virtual_stages()),
+                          links);
   pipeline_->to(device_);
   apply_codec_constraints(*pipeline_);  // subspace codecs project the GPT-2 weights they need
 
   // 1b. Multi-process: meet the other ranks (one per stage) before the data is read, so a
   //     mismatch or a missing rank is reported early. Links are emulated at the receiver.
   if (env) {
-    TORCH_CHECK(static_cast<size_t>(env->world_size) == pipeline_->num_stages(), env->world_size,
-                " ranks (WORLD_SIZE) but the model has ", pipeline_->num_stages(), " stages (",
-                pipeline_->boundaries().size(), " cuts, model.cuts): start one rank per stage");
+    const int64_t ranks = static_cast<int64_t>(pipeline_->num_stages()) / config_.pipeline.virtual_stages;
+    TORCH_CHECK(env->world_size == ranks, env->world_size, " ranks (WORLD_SIZE) but the model has ",
+                pipeline_->num_stages(), " stages (", pipeline_->boundaries().size(), " cuts, model.cuts)",
+                config_.pipeline.virtual_stages > 1
+                    ? " over " + std::to_string(config_.pipeline.virtual_stages) + " virtual stages per rank"
+                    : std::string(),
+                ": start ", ranks, " rank", ranks == 1 ? "" : "s");
     dist::TransportOptions o;
     o.backend = device_.is_cuda() ? "nccl" : "gloo";
     o.timeout_s = config_.dist.timeout_s;
     o.comm_thread = true;  // sends overlap compute
     const int r = env->rank;
-    if (r > 0) o.link_from[r - 1] = links[static_cast<size_t>(r - 1)];          // activations in
-    if (r + 1 < env->world_size) o.link_from[r + 1] = links[static_cast<size_t>(r)];  // gradients in
+    const StageLayout layout = StageLayout::of(static_cast<int>(pipeline_->num_stages()), pipeline_->virtual_stages());
+    for (const auto& [pair, spec] : link_specs_by_rank_pair(layout, links))
+      if (pair.second == r) o.link_from[pair.first] = spec;  // messages into this rank
     transport_ = dist::Transport::connect(*env, o);
   }
 
@@ -268,30 +282,22 @@ std::string Experiment::describe() const {
 }
 
 Experiment::Evaluation Experiment::evaluate(bool compression) {
-  pipeline_->eval();
-  if (dist_) {
-    at::Tensor tally;
-    const auto tally_fn = [this](const Variable& out, const Batch& batch) { return task_->loss(out, batch).tally; };
-    for (int64_t b = 0; b < task_->eval_batches(); ++b) {
-      at::Tensor t = dist_->evaluate_batch(task_->eval_batch(b).to(device_), compression, tally_fn, b);
-      if (t.defined()) tally = tally.defined() ? tally + t : t;
-    }
-    pipeline_->train();
-    const Tally t = dist_->share_tally(tally, std::string("evaluation with compression ") + (compression ? "on" : "off"));
-    if (t.units <= 0) return {};
-    return {t.loss(), task_->metric_value(t)};
-  }
+  // One forward-only pass per test batch through every stage, by the one interpreter (in this
+  // process, or this rank's stages); the tally is the last stage's.
+  const auto loss_fn = [this](const Variable& out, const Batch& mb) { return task_->loss(out, mb); };
   at::Tensor tally;
   for (int64_t b = 0; b < task_->eval_batches(); ++b) {
-    Batch batch = task_->eval_batch(b).to(device_);
-    NoGradGuard no_grad;
-    Variable out(pipeline_->predict(batch.input, compression, batch.side));
-    at::Tensor t = task_->loss(out, batch).tally;
-    tally = tally.defined() ? tally + t : t;
+    const Batch batch = task_->eval_batch(b).to(device_);
+    at::Tensor t = dist_ ? dist_->evaluate_batch(batch, compression, loss_fn, b)
+                         : pipeline_->evaluate_batch(batch, compression, loss_fn);
+    if (t.defined()) tally = tally.defined() ? tally + t : t;
   }
-  pipeline_->train();
-  if (!tally.defined()) return {};
-  const Tally t = Tally::from(tally);  // one sync per evaluation
+  Tally t;
+  if (dist_)
+    t = dist_->share_tally(tally, std::string("evaluation with compression ") + (compression ? "on" : "off"));
+  else if (tally.defined())
+    t = Tally::from(tally);  // one sync per evaluation
+  if (t.units <= 0) return {};
   return {t.loss(), task_->metric_value(t)};
 }
 

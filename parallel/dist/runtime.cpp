@@ -8,17 +8,12 @@
 
 #include "autograd/autograd.h"
 #include "layers/optim/grad_utils.h"
+#include "parallel/dist/c10d_channel.h"
+#include "parallel/interpreter.h"
 
 namespace tl::dist {
 
 namespace {
-
-// Message tags: (step, kind, micro-batch), so a message of another step or kind is caught by the
-// receiver's tag check (the two ranks' schedules disagree) instead of being decoded.
-enum TagKind : int64_t { kActivation = 1, kGradient = 2, kEvalActivation = 3 };
-int64_t tag(int64_t step, TagKind kind, int64_t micro_batch) {
-  return ((step & ((int64_t(1) << 36) - 1)) << 24) | (int64_t(kind) << 20) | (micro_batch & 0xFFFFF);
-}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -113,19 +108,23 @@ const at::TensorImpl* impl_of(const Variable& v) { return v.data().unsafeGetTens
 
 DistExecutor::DistExecutor(Pipeline& pipeline, Transport& transport)
     : pipeline_(pipeline), transport_(transport), rank_(transport.rank()), world_(transport.world_size()) {
-  TORCH_CHECK(static_cast<size_t>(world_) == pipeline.num_stages(), "multi-process pipeline: ", world_,
-              " ranks (WORLD_SIZE) but the model has ", pipeline.num_stages(), " stage",
-              pipeline.num_stages() == 1 ? "" : "s", " (", pipeline.boundaries().size(),
-              " cuts, model.cuts): run one rank per stage");
-  // Which stage holds each parameter and buffer, by identity (stages are views of the model).
-  std::map<const at::TensorImpl*, std::set<int>> stages_of;
+  const int stages = static_cast<int>(pipeline.num_stages()), v = pipeline.virtual_stages();
+  TORCH_CHECK(world_ * v == stages, "multi-process pipeline: ", world_, " ranks (WORLD_SIZE) but the model has ", stages,
+              " stage", stages == 1 ? "" : "s", " (", pipeline.boundaries().size(), " cuts, model.cuts)",
+              v > 1 ? " in " + std::to_string(v) + " virtual stages per rank" : std::string(), ": run ", stages / v,
+              " ranks");
+  layout_ = StageLayout::of(stages, v);
+  for (int r = 0; r < world_; ++r) ranks_.push_back(r);
+  // Which stages hold each parameter and buffer, by identity (stages are views of the model).
+  std::map<const at::TensorImpl*, std::set<int>> ranks_of;
   for (size_t s = 0; s < pipeline.num_stages(); ++s) {
-    for (const auto& [n, v] : pipeline.stage(s)->named_parameters()) stages_of[impl_of(v)].insert(static_cast<int>(s));
-    for (const auto& [n, v] : pipeline.stage(s)->named_buffers()) stages_of[impl_of(v)].insert(static_cast<int>(s));
+    const int r = layout_.rank_of(static_cast<int>(s));
+    for (const auto& [n, p] : pipeline.stage(s)->named_parameters()) ranks_of[impl_of(p)].insert(r);
+    for (const auto& [n, b] : pipeline.stage(s)->named_buffers()) ranks_of[impl_of(b)].insert(r);
   }
   auto note = [&](const std::string& name, const Variable& v, bool parameter) {
-    auto it = stages_of.find(impl_of(v));
-    if (it == stages_of.end()) return;  // a boundary's (codec state, learned codec weights)
+    auto it = ranks_of.find(impl_of(v));
+    if (it == ranks_of.end()) return;  // a boundary's (codec state, learned codec weights)
     owner_[name] = *it->second.begin();
     if (parameter && it->second.size() > 1) tied_.push_back(name), held_[name] = it->second;
   };
@@ -139,87 +138,33 @@ StepResult DistExecutor::train_step(const Batch& batch, int64_t micro_batches, c
                                     const Pipeline::LossFn& loss_fn, int64_t epoch, int64_t step, StepTiming* timing) {
   const auto t_step = std::chrono::steady_clock::now();
   const MicroBatches split = split_micro_batches(batch, micro_batches, epoch);
-  const int m = split.size();
-  const RankSchedule list = make_schedule(schedule_name, world_, m).at(static_cast<size_t>(rank_));
-  const at::Device device = batch.input.device();
-  StageRuntime rt(pipeline_, stage(), loss_fn);
-  std::map<int, std::optional<Payload>> to_send;  // computed, not sent yet: activations or gradients
-  std::map<int, Payload> got_act, got_grad;
-  double compute = 0, comm = 0;
   const std::string at_step = where(epoch, step);
-
-  for (size_t i = 0; i < list.size(); ++i) {
-    const Action& a = list[i];
-    const int mb = a.micro_batch;
-    switch (a.type) {
-      case ActionType::Forward: {
-        const auto t0 = std::chrono::steady_clock::now();
-        const Payload* in = nullptr;
-        if (rank_ > 0) in = &got_act.at(mb);
-        std::optional<Payload> out = rt.forward(mb, split.batches[mb], in, split.contexts[mb]);
-        got_act.erase(mb);
-        if (!last()) to_send[mb] = std::move(out);
-        compute += seconds_since(t0);
-        break;
-      }
-      case ActionType::Backward: {
-        if (rank_ > 0) apply_epilogue_flag(pipeline_, list, i, mb);
-        const auto t0 = std::chrono::steady_clock::now();
-        auto got = got_grad.find(mb);
-        std::optional<Payload> out = rt.backward(mb, got != got_grad.end() ? &got->second : nullptr);
-        if (got != got_grad.end()) got_grad.erase(got);
-        if (rank_ > 0) to_send[mb] = std::move(out);
-        compute += seconds_since(t0);
-        break;
-      }
-      case ActionType::SendActivation:
-      case ActionType::SendGrad: {
-        const bool act = a.type == ActionType::SendActivation;
-        auto it = to_send.find(mb);
-        TORCH_CHECK(it != to_send.end(), "rank ", rank_, ": the schedule sends micro-batch ", mb, " before computing it");
-        // nullopt: backward mode none; the receiver knows and does not wait for it.
-        if (it->second)
-          transport_.send_payload(act ? rank_ + 1 : rank_ - 1, *it->second, tag(step, act ? kActivation : kGradient, mb),
-                                  at_step + ", boundary " + std::to_string(act ? rank_ + 1 : rank_) +
-                                      (act ? " forward" : " backward") + ", micro-batch " + std::to_string(mb));
-        to_send.erase(it);
-        break;
-      }
-      case ActionType::RecvActivation:
-      case ActionType::RecvGrad: {
-        const bool act = a.type == ActionType::RecvActivation;
-        if (!act && !pipeline_.boundary(stage())->sends_gradient()) break;
-        Message info;
-        Payload p = transport_.recv_payload(
-            act ? rank_ - 1 : rank_ + 1, tag(step, act ? kActivation : kGradient, mb),
-            at_step + ", boundary " + std::to_string(act ? rank_ : rank_ + 1) + (act ? " forward" : " backward") +
-                ", micro-batch " + std::to_string(mb),
-            device, &info);
-        comm += info.wait_s;
-        (act ? got_act : got_grad).emplace(mb, std::move(p));
-        break;
-      }
-    }
-  }
-  if (rank_ > 0) pipeline_.boundary(stage() - 1)->set_backward_compression_enabled(true);
+  std::vector<bool> measured;
+  for (const auto& b : pipeline_.boundaries()) measured.push_back(b->measures_error());
+  C10dChannel channel(transport_, ranks_, step, C10dChannel::Phase::Train, measured, at_step, batch.input.device());
+  RankInterpreter interpreter(pipeline_, layout_, rank_,
+                              make_schedule(schedule_name, layout_, split.size()).at(static_cast<size_t>(rank_)), split,
+                              loss_fn, channel, RankInterpreter::Mode::Train);
+  interpreter.run();  // a process waits for its messages: it returns when the list is done
   const double step_s = seconds_since(t_step);
 
-  StepResult r;
-  TORCH_CHECK(rt.units() > 0, "train_step: the batch has no loss units (every target ignored)");
-  const Tally t = share_tally(rt.tally(), at_step + ", the step's loss");
-  r.units = rt.units();
   // As Pipeline::train_step: the gradient of the mean loss over the batch's units, tied
   // parameters' two parts summed first.
+  const Tally t = share_tally(interpreter.tally(), at_step + ", the step's loss");
+  const double units = interpreter.units();
+  TORCH_CHECK(units > 0, "train_step: the batch has no loss units (every target ignored)");
   reduce_tied_grads(step);
-  scale_grads(pipeline_.parameters(), 1.0 / r.units);
-  r.loss = t.loss_sum / r.units;
+  scale_grads(pipeline_.parameters(), 1.0 / units);
+  StepResult r;
+  r.units = units;
+  r.loss = t.loss_sum / units;
   r.correct = t.correct;
   r.rows = batch.rows();
-  r.micro_batches = m;
+  r.micro_batches = split.size();
   if (timing) {
     timing->step_s = step_s;
-    timing->compute_s = {compute};
-    timing->comm_s = {comm};
+    timing->compute_s = {interpreter.compute_s()};
+    timing->comm_s = {interpreter.comm_s()};
   }
   return r;
 }
@@ -292,48 +237,18 @@ double DistExecutor::clip_grad_norm(const std::vector<Variable>& params, double 
 
 // ---- evaluation -----------------------------------------------------------------------------------
 
-at::Tensor DistExecutor::evaluate_batch(const Batch& batch, bool compression,
-                                        const std::function<at::Tensor(const Variable&, const Batch&)>& tally_fn,
+at::Tensor DistExecutor::evaluate_batch(const Batch& batch, bool compression, const Pipeline::LossFn& loss_fn,
                                         int64_t index) {
   NoGradGuard no_grad;
-  const std::string ctx_text = "evaluation batch " + std::to_string(index + 1);
-  CodecContext ctx;
-  ctx.token_ids = batch.side.token_ids;
-  // The inference toggle of the adjacent boundaries, restored afterwards (as Pipeline::predict).
-  std::vector<std::pair<BoundaryPtr, bool>> saved;
-  if (rank_ > 0) saved.emplace_back(pipeline_.boundary(stage() - 1), false);
-  if (!last()) saved.emplace_back(pipeline_.boundary(stage()), false);
-  for (auto& [b, was] : saved) was = b->active_at_inference(), b->set_active_at_inference(compression);
-  auto restore = [&] {
-    for (auto& [b, was] : saved) b->set_active_at_inference(was);
-  };
-  try {
-    Variable x;
-    if (rank_ == 0) {
-      x = Variable(batch.input);
-    } else {
-      const BoundaryPtr& b = pipeline_.boundary(stage() - 1);
-      Payload p = transport_.recv_payload(rank_ - 1, tag(index, kEvalActivation, 0),
-                                          ctx_text + ", boundary " + std::to_string(rank_) + " forward",
-                                          batch.input.device());
-      x = b->receiver_transform(Variable(b->receive_forward(p, ctx)), ctx);
-    }
-    Variable h = std::static_pointer_cast<Stage>(pipeline_.stage(stage()))->forward(x, batch.side);
-    at::Tensor out;
-    if (last()) {
-      out = tally_fn(h, batch);
-    } else {
-      const BoundaryPtr& b = pipeline_.boundary(stage());
-      Variable z = b->sender_transform(h, ctx);
-      transport_.send_payload(rank_ + 1, b->send_forward(z.data(), ctx), tag(index, kEvalActivation, 0),
-                              ctx_text + ", boundary " + std::to_string(rank_ + 1) + " forward");
-    }
-    restore();
-    return out;
-  } catch (...) {
-    restore();
-    throw;
-  }
+  ScopedInference inference(pipeline_, compression);
+  const MicroBatches one = evaluation_batch(batch);
+  C10dChannel channel(transport_, ranks_, index, C10dChannel::Phase::Evaluate,
+                      std::vector<bool>(pipeline_.boundaries().size(), false),
+                      "evaluation batch " + std::to_string(index + 1), batch.input.device());
+  RankInterpreter interpreter(pipeline_, layout_, rank_, forward_only_schedule(layout_).at(static_cast<size_t>(rank_)),
+                              one, loss_fn, channel, RankInterpreter::Mode::Evaluate);
+  interpreter.run();
+  return interpreter.tally();
 }
 
 Tally DistExecutor::share_tally(const at::Tensor& tally, const std::string& context) {

@@ -1,7 +1,8 @@
 #pragma once
-// DistExecutor: this rank's stage of a multi-process pipeline (one process per stage, stage =
-// rank), driving the same StageRuntime as the in-process LocalExecutor (parallel/executor.h) with
-// messages on a Transport (transport.h) instead of in-memory queues.
+// DistExecutor: this rank's stages of a multi-process pipeline (one process per pipeline rank,
+// holding stage = rank, or with pipeline.virtual_stages = v the stages rank, rank + P, ...), running
+// the one schedule interpreter (parallel/interpreter.h) that the in-process LocalExecutor runs,
+// over a C10dChannel (c10d_channel.h) instead of in-memory queues.
 //
 // Every rank builds the same Pipeline from the same config and seed (so every rank holds every
 // stage's parameters) and runs only its own stage: its optimizer sees gradients only for that
@@ -50,14 +51,16 @@ namespace tl::dist {
 
 class DistExecutor {
  public:
-  /// Stage = transport.rank(). Error when the world size is not the number of stages.
+  /// Pipeline rank = transport.rank(). Error when the world size is not the number of stages
+  /// over the pipeline's virtual stages per rank.
   DistExecutor(Pipeline& pipeline, Transport& transport);
 
   int rank() const { return rank_; }
-  size_t stage() const { return static_cast<size_t>(rank_); }
+  /// Whether this rank holds the last stage.
   bool last() const { return rank_ + 1 == world_; }
+  const StageLayout& layout() const { return layout_; }
 
-  /// This rank's share of one training step under `schedule` (gpipe, 1f1b): every rank passes
+  /// This rank's share of one training step under `schedule` (gpipe, 1f1b, interleaved): every rank passes
   /// the same batch. Returns the step's result (from the last stage, on every rank). `step` is
   /// the global step, used in message tags and error messages. Gradients (of the mean loss over
   /// the batch's units, tied parameters summed between their ranks) accumulate into this stage's
@@ -71,10 +74,9 @@ class DistExecutor {
   double clip_grad_norm(const std::vector<Variable>& params, double max_norm, int64_t step);
 
   /// Forward-only pass of evaluation batch `index` with the boundaries' forward codecs on
-  /// (`compression`) or bypassed; the pipeline must be in eval mode. Returns the task's tally
-  /// (tally_fn of the last stage's output) on the last rank, undefined elsewhere.
-  at::Tensor evaluate_batch(const Batch& batch, bool compression,
-                            const std::function<at::Tensor(const Variable&, const Batch&)>& tally_fn, int64_t index);
+  /// (`compression`) or bypassed (ScopedInference). Returns the task's tally (loss_fn's, of the
+  /// last stage's output) on the last rank, undefined elsewhere.
+  at::Tensor evaluate_batch(const Batch& batch, bool compression, const Pipeline::LossFn& loss_fn, int64_t index);
   /// The last rank's tally on every rank (`tally` ignored elsewhere; undefined: nothing tallied).
   Tally share_tally(const at::Tensor& tally, const std::string& context);
 
@@ -107,9 +109,11 @@ class DistExecutor {
   Pipeline& pipeline_;
   Transport& transport_;
   int rank_, world_;
-  std::map<std::string, int> owner_;          // pipeline parameter/buffer name -> first stage holding it
-  std::vector<std::string> tied_;             // parameters held by several stages, by name
-  std::map<std::string, std::set<int>> held_;  // tied parameter -> stages holding it
+  StageLayout layout_;
+  std::vector<int> ranks_;                     // transport rank of each pipeline rank
+  std::map<std::string, int> owner_;           // pipeline parameter/buffer name -> first rank holding it
+  std::vector<std::string> tied_;              // parameters held by several ranks, by name
+  std::map<std::string, std::set<int>> held_;  // tied parameter -> ranks holding it
   TensorMap reference_;                        // codec state when the ranks were last identical
 };
 

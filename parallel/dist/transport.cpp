@@ -382,7 +382,7 @@ struct Transport::Impl {
     const double t_body = now_s();
     ++recv_seq[src];
     m.transfer_s = n > 0 ? t_body - t_header : 0.0;
-    if (links[src] && m.tag >= 0) {  // pipeline messages only, not gather_bytes
+    if (links[src] && m.tag >= 0 && !(m.tag & kTagNoLink)) {  // pipeline messages only, not gather_bytes
       // Note [link emulation at the receiver].
       const bool same_clock = !peers[src].boot_id.empty() && peers[src].boot_id == boot_id;
       m.link_s = wait_for_delivery(*links[src], clock, same_clock ? m.sent_s : t_header, n);

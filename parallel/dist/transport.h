@@ -79,6 +79,9 @@ constexpr int64_t kCheckSalt = 0x5A5A5A5A5A5A5A5ALL;
 constexpr int64_t kHeaderWords = 6;
 constexpr int64_t kHeaderBytes = kHeaderWords * 8;
 constexpr int64_t kInlineMax = 128 << 10;  // bodies up to this size travel in the frame (Gloo)
+/// A tag with this bit set is not delayed by the emulated link (side messages that exist only
+/// for statistics: Note [reference tensors] in parallel/channel.h).
+constexpr int64_t kTagNoLink = int64_t(1) << 61;
 enum Word { kWordMagic = 0, kWordSeq, kWordTag, kWordBytes, kWordStamp, kWordCheck };
 /// The check word of a header whose first five words are set.
 inline int64_t check_word(const int64_t* h) {

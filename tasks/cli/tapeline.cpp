@@ -37,7 +37,7 @@ usage:
   tapeline train --config FILE --out DIR [options] [--section.key=value ...]
   tapeline eval --run DIR [--compression on|off|both] [--section.key=value ...]
   tapeline compare RUN_DIR... [--plot OUT_DIR]
-  tapeline schedule [--schedule 1f1b|gpipe] [--stages S] [--micro-batches M] [--comm]
+  tapeline schedule [--schedule 1f1b|gpipe|interleaved] [--stages S] [--virtual-stages V] [--micro-batches M] [--comm]
   tapeline help [train|eval|compare|schedule]
 
 commands:
@@ -318,8 +318,10 @@ int cmd_compare(const std::vector<std::string>& argv) {
 int cmd_schedule(const std::vector<std::string>& argv) {
   po::options_description d("schedule options");
   d.add_options()("help,h", "show this help")("schedule", po::value<std::string>()->default_value("1f1b"),
-                                              "1f1b or gpipe (pipeline.schedule)")(
-      "stages", po::value<int>()->default_value(4), "number of stages (ranks)")(
+                                              "1f1b, gpipe or interleaved (pipeline.schedule)")(
+      "stages", po::value<int>()->default_value(4), "number of stages")(
+      "virtual-stages", po::value<int>()->default_value(1),
+      "stages per rank (pipeline.virtual_stages; > 1 with --schedule interleaved)")(
       "micro-batches", po::value<int>()->default_value(8), "micro-batches per step (train.micro_batches)")(
       "comm", "list the sends and receives too");
   po::variables_map vm = parse(argv, d);
@@ -327,11 +329,11 @@ int cmd_schedule(const std::vector<std::string>& argv) {
     std::cout << "usage: tapeline schedule [options]\n\n" << d;
     return 0;
   }
-  const int stages = vm["stages"].as<int>(), m = vm["micro-batches"].as<int>();
-  if (stages < 1 || m < 1) throw UsageError("--stages and --micro-batches must be >= 1");
+  const int stages = vm["stages"].as<int>(), m = vm["micro-batches"].as<int>(), v = vm["virtual-stages"].as<int>();
+  if (stages < 1 || m < 1 || v < 1) throw UsageError("--stages, --virtual-stages and --micro-batches must be >= 1");
   std::vector<RankSchedule> lists;
   try {
-    lists = make_schedule(vm["schedule"].as<std::string>(), stages, m);
+    lists = make_schedule(vm["schedule"].as<std::string>(), StageLayout::of(stages, v), m);
   } catch (const c10::Error& e) {
     throw UsageError(e.what_without_backtrace());
   }

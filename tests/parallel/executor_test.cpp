@@ -113,6 +113,66 @@ TEST(Executor, EpilogueOnlyCompressesTheCriticalPathSendsOnly) {
   for (const auto& b : bs) EXPECT_TRUE(b->backward_compression_enabled()) << "restored after the step";
 }
 
+// Interleaved 1F1B (2 ranks x 2 virtual stages) runs each boundary's messages and each stage's
+// backwards in micro-batch order, as 1F1B does: the same training, bit for bit, and the same
+// statistics.
+TEST(Executor, InterleavedTrainsBitForBitLikeOneFOneB) {
+  auto a = stateful_pipeline(6), b = stateful_pipeline(6);
+  a->set_schedule("1f1b");
+  b->set_schedule("interleaved");
+  b->set_virtual_stages(2);
+  SGD opt_a(a->parameters(), GroupOptions().set_lr(0.05).set_momentum(0.9));
+  SGD opt_b(b->parameters(), GroupOptions().set_lr(0.05).set_momentum(0.9));
+  for (int step = 0; step < 3; ++step) {
+    Batch batch = batch_of(16, 20 + step);
+    opt_a.zero_grad();
+    opt_b.zero_grad();
+    EXPECT_EQ(a->train_step(batch, 4, ce, 0).loss, b->train_step(batch, 4, ce, 0).loss) << "step " << step;
+    opt_a.step();
+    opt_b.step();
+  }
+  auto sa = a->state_dict(), sb = b->state_dict();
+  for (const auto& [name, t] : sa) EXPECT_TRUE(t.equal(sb.at(name))) << name << " differs between 1F1B and interleaved";
+  const BoundaryStats x = a->total_stats(), y = b->total_stats();
+  EXPECT_EQ(x.forward.bytes, y.forward.bytes);
+  EXPECT_EQ(x.forward.measured, y.forward.measured);
+  EXPECT_GT(y.forward.measured, 0);
+  EXPECT_EQ(x.forward.rel_error_mean, y.forward.rel_error_mean);
+  EXPECT_EQ(x.backward.rel_error_mean, y.backward.rel_error_mean);
+  EXPECT_EQ(b->last_timing().compute_s.size(), 2u) << "one clock per pipeline rank";
+  // Interleaving needs micro-batches in multiples of the ranks.
+  EXPECT_THROW(b->train_step(batch_of(16, 1), 3, ce, 0), c10::Error);
+  EXPECT_THROW(b->set_virtual_stages(3), c10::Error) << "3 does not divide 4 stages";
+}
+
+// Evaluation runs the forward-only lists through the same interpreter: the tally equals the
+// whole-model forward's (predict), with compression on and off, and the boundaries' switches
+// come back as they were.
+TEST(Executor, EvaluationThroughTheInterpreterMatchesPredict) {
+  auto pipe = stateful_pipeline(7);
+  pipe->boundary(1)->set_active_at_inference(false);
+  const Batch batch = batch_of(12, 9);
+  for (int v : {1, 2}) {
+    if (v == 2) pipe->set_schedule("interleaved");
+    pipe->set_virtual_stages(v);
+    for (bool on : {true, false}) {
+      const at::Tensor tally = pipe->evaluate_batch(batch, on, ce);
+      pipe->eval();
+      at::Tensor expected;
+      {
+        NoGradGuard no_grad;
+        expected = ce(Variable(pipe->predict(batch.input, on)), batch).tally;
+      }
+      pipe->train();
+      EXPECT_TRUE(tally.equal(expected)) << "v " << v << " compression " << on << ": " << tally << " vs " << expected;
+    }
+  }
+  EXPECT_TRUE(pipe->is_training());
+  EXPECT_FALSE(pipe->boundary(1)->active_at_inference());
+  EXPECT_TRUE(pipe->boundary(0)->active_at_inference());
+  EXPECT_EQ(pipe->total_stats().forward.measured, 0) << "evaluation measures nothing";
+}
+
 TEST(Executor, StageRuntimeFreesEachMicroBatchAfterItsBackward) {
   auto pipe = Pipeline::build(small_resnet(3), {"layer1"}, {BoundarySpec{}});
   StageRuntime first(*pipe, 0, ce), last(*pipe, 1, ce);

@@ -82,6 +82,24 @@ std::string metrics_without_times(const fs::path& run_dir) {
   return out;
 }
 
+// metrics.jsonl without what measures time: every per-step and per-epoch record with its
+// per-boundary statistics (bytes, relative error, density), one line each.
+std::string jsonl_without_times(const fs::path& run_dir) {
+  std::ifstream f(run_dir / "metrics.jsonl");
+  std::string line, out;
+  while (std::getline(f, line)) {
+    if (line.empty()) continue;
+    nlohmann::json j = nlohmann::json::parse(line);
+    for (const char* k : {"wall_s", "train_time_s", "compute_s", "comm_s", "bubble"}) j.erase(k);
+    for (auto it = j.begin(); it != j.end();) {  // throughput: img_per_s, tokens_per_s, ...
+      const std::string& k = it.key();
+      it = k.size() > 6 && k.compare(k.size() - 6, 6, "_per_s") == 0 ? j.erase(it) : std::next(it);
+    }
+    out += j.dump() + "\n";
+  }
+  return out;
+}
+
 // The same config and seed: in process on the GPipe and the 1F1B schedule, and in 4 processes
 // (Gloo) on 1F1B started by `tapeline train --nproc 4` and by torchrun, end with identical metrics, and the 4-process run's checkpoint (assembled by
 // rank 0) evaluates exactly as the in-process one.
@@ -101,6 +119,19 @@ TEST(MultiProcessTrain, FourProcessesComputeTheSameNumbersAsOne) {
   ASSERT_NE(std::count(reference.begin(), reference.end(), '\n'), 0);
   EXPECT_EQ(metrics_without_times(dir.path() / "gpipe"), reference);
   EXPECT_EQ(metrics_without_times(dir.path() / "mp"), reference);
+  // Every statistic of metrics.jsonl too: each boundary's relative error and density are measured
+  // by the receiving rank from the sender's reference tensor (Note [reference tensors]).
+  const std::string reference_jsonl = jsonl_without_times(dir.path() / "1f1b");
+  ASSERT_NE(reference_jsonl.find("\"forward_density\""), std::string::npos) << reference_jsonl;
+  EXPECT_EQ(reference_jsonl.find("\"forward_density\":1.0"), std::string::npos) << "TopK 20% is measured" << reference_jsonl;
+  EXPECT_EQ(jsonl_without_times(dir.path() / "mp"), reference_jsonl);
+  // Interleaved 1F1B in 2 processes, each holding 2 of the 4 stages (rank 0: stages 0 and 2).
+  auto [s4, o4] = run(common + (dir.path() / "interleaved").string() +
+                          " --nproc 2 --pipeline.schedule=interleaved --pipeline.virtual_stages=2",
+                      mp::temp_log("interleaved"));
+  ASSERT_EQ(s4, 0) << o4;
+  EXPECT_EQ(metrics_without_times(dir.path() / "interleaved"), reference);
+  EXPECT_EQ(jsonl_without_times(dir.path() / "interleaved"), reference_jsonl);
   // Only rank 0 wrote the run; its summary says how it ran.
   EXPECT_TRUE(fs::exists(dir.path() / "mp" / "checkpoint.safetensors"));
   // Under torchrun (its agent hosts the store: TORCHELASTIC_USE_AGENT_STORE), through

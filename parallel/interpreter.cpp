@@ -1,0 +1,154 @@
+#include "parallel/interpreter.h"
+
+#include <chrono>
+
+#include "autograd/autograd.h"
+
+namespace tl {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+RankInterpreter::RankInterpreter(Pipeline& pipeline, const StageLayout& layout, int rank, RankSchedule list,
+                                 const MicroBatches& mbs, const Pipeline::LossFn& loss_fn, Channel& channel,
+                                 Mode mode)
+    : pipeline_(pipeline), layout_(layout), rank_(rank), list_(std::move(list)), mbs_(mbs), channel_(channel),
+      mode_(mode) {
+  TORCH_CHECK(static_cast<size_t>(layout.stages()) == pipeline.num_stages(), "pipeline: a layout of ",
+              layout.stages(), " stages for a ", pipeline.num_stages(), "-stage pipeline");
+  TORCH_CHECK(rank >= 0 && rank < layout.ranks, "pipeline: rank ", rank, " of ", layout.ranks, " pipeline ranks");
+  for (int s : layout.stages_of(rank)) stages_[s] = std::make_unique<StageRuntime>(pipeline, s, loss_fn);
+  for (const Action& a : list_)
+    if (a.type == ActionType::SendGrad) compress_backward_[{a.stage, a.micro_batch}] = a.compress_backward;
+}
+
+RankInterpreter::~RankInterpreter() = default;
+
+bool RankInterpreter::holds_last_stage() const { return stages_.count(layout_.stages() - 1) > 0; }
+
+at::Tensor RankInterpreter::tally() const {
+  return holds_last_stage() ? stages_.at(layout_.stages() - 1)->tally() : at::Tensor();
+}
+
+double RankInterpreter::units() const { return stages_.begin()->second->units(); }
+
+MessageKey RankInterpreter::key_of(const Action& a) const {
+  const bool act = a.type == ActionType::SendActivation || a.type == ActionType::RecvActivation;
+  return MessageKey{act, std::min(a.stage, peer_stage(a)), a.micro_batch};
+}
+
+bool RankInterpreter::run() {
+  while (next_ < list_.size()) {
+    const Action& a = list_[next_];
+    switch (a.type) {
+      case ActionType::Forward:
+        forward(a);
+        break;
+      case ActionType::Backward:
+        backward(a);
+        break;
+      case ActionType::SendActivation:
+      case ActionType::SendGrad:
+        send(a);
+        break;
+      case ActionType::RecvActivation:
+      case ActionType::RecvGrad:
+        if (!recv(a)) return false;  // not sent yet: another rank's turn
+        break;
+    }
+    ++next_;
+  }
+  return true;
+}
+
+void RankInterpreter::forward(const Action& a) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int s = a.stage, mb = a.micro_batch;
+  TORCH_CHECK(mb >= 0 && mb < mbs_.size(), "pipeline: rank ", rank_, " forward of micro-batch ", mb, " of ",
+              mbs_.size());
+  StageMessage in;
+  if (s > 0) {
+    auto it = inbox_.find({true, s - 1, mb});
+    TORCH_CHECK(it != inbox_.end(), "pipeline: rank ", rank_, ": stage ", s, " has no activation of micro-batch ",
+                mb, " from stage ", s - 1, " (the schedule runs the forward before its input arrives)");
+    in = std::move(it->second);
+    inbox_.erase(it);
+  }
+  std::optional<StageMessage> out =
+      stages_.at(s)->forward(mb, mbs_.batches[mb], s > 0 ? &in : nullptr, mbs_.contexts[mb], mode_ == Mode::Train);
+  if (out) {
+    const MessageKey key{true, s, mb};
+    (stages_.count(s + 1) ? inbox_ : outbox_)[key] = std::move(*out);  // a stage of this rank takes it at once
+  }
+  const double dt = seconds_since(t0);
+  clock_s_ += dt, compute_s_ += dt;
+}
+
+void RankInterpreter::backward(const Action& a) {
+  TORCH_CHECK(mode_ == Mode::Train, "pipeline: rank ", rank_, ": a backward action in an evaluation list");
+  const int s = a.stage, mb = a.micro_batch;
+  // Optimus-CC epilogue-only: the flag the lowering gave this send (a stage of this rank: none).
+  BoundaryPtr before = s > 0 ? pipeline_.boundary(static_cast<size_t>(s - 1)) : nullptr;
+  if (before && before->epilogue_only()) {
+    auto flag = compress_backward_.find({s, mb});
+    before->set_backward_compression_enabled(flag == compress_backward_.end() || flag->second);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::optional<StageMessage> in;
+  auto it = inbox_.find({false, s, mb});
+  if (it != inbox_.end()) in = std::move(it->second), inbox_.erase(it);
+  std::optional<StageMessage> out = stages_.at(s)->backward(mb, in ? &*in : nullptr);
+  if (before) before->set_backward_compression_enabled(true);
+  if (out) (stages_.count(s - 1) ? inbox_ : outbox_)[MessageKey{false, s - 1, mb}] = std::move(*out);
+  const double dt = seconds_since(t0);
+  clock_s_ += dt, compute_s_ += dt;
+}
+
+void RankInterpreter::send(const Action& a) {
+  const MessageKey key = key_of(a);
+  auto it = outbox_.find(key);
+  if (it == outbox_.end()) {
+    // Backward mode none: nothing to send, and the receiver does not wait for it.
+    TORCH_CHECK(!key.activation && !pipeline_.boundary(static_cast<size_t>(key.boundary))->sends_gradient(),
+                "pipeline: rank ", rank_, " sends ", key.describe(), " before computing it");
+    return;
+  }
+  channel_.send(rank_, a.peer, key, std::move(it->second), clock_s_);
+  outbox_.erase(it);
+}
+
+bool RankInterpreter::recv(const Action& a) {
+  const MessageKey key = key_of(a);
+  if (!key.activation && !pipeline_.boundary(static_cast<size_t>(key.boundary))->sends_gradient()) return true;
+  std::optional<Delivered> d = channel_.recv(a.peer, rank_, key, clock_s_);
+  if (!d) return false;
+  if (d->ready_s > clock_s_) comm_s_ += d->ready_s - clock_s_, clock_s_ = d->ready_s;
+  inbox_[key] = std::move(d->message);
+  return true;
+}
+
+// ---- ScopedInference ----------------------------------------------------------------------------
+
+ScopedInference::ScopedInference(Pipeline& pipeline, bool compression)
+    : pipeline_(pipeline), was_training_(pipeline.is_training()) {
+  pipeline_.eval();
+  for (const auto& b : pipeline_.boundaries()) {
+    active_.push_back(b->active_at_inference());
+    measure_.push_back(b->measures_error());
+    b->set_active_at_inference(compression);
+    b->set_measure_error(false);
+  }
+}
+
+ScopedInference::~ScopedInference() {
+  for (size_t i = 0; i < pipeline_.boundaries().size(); ++i) {
+    pipeline_.boundary(i)->set_active_at_inference(active_[i]);
+    pipeline_.boundary(i)->set_measure_error(measure_[i]);
+  }
+  if (was_training_) pipeline_.train();
+}
+
+}  // namespace tl

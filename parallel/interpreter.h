@@ -1,0 +1,101 @@
+#pragma once
+// RankInterpreter: the one interpreter of a pipeline rank's lowered action list
+// (parallel/schedule.h), over a Channel (parallel/channel.h). The in-process executor runs one per
+// rank over a LocalChannel and lets them take turns; the multi-process runtime runs its own rank's
+// over a C10dChannel. Everything a step does with an action list happens here, once:
+//
+//   Forward(s, mb)   the stage's StageRuntime on micro-batch mb, its input taken from the inbox
+//                    (a received message, or the payload a stage of this rank handed over);
+//                    its output goes to the outbox (a Send follows) or straight to the inbox of
+//                    the next stage when that stage lives on this rank (no message);
+//   Backward(s, mb)  likewise with gradients; before it, Optimus-CC's epilogue-only switch of the
+//                    boundary before s is set from the lowered list's flag for this send;
+//   Send / Recv      hand a message to the channel / take one from it (a receive of a gradient
+//                    that the boundary does not send, backward mode none, is skipped on both
+//                    sides, as is a send of nothing).
+//
+// A rank's clock: the sum of its measured compute times and of its waits for messages (the
+// channel says when a message is ready on the receiver's clock: a virtual delivery time in
+// process, the real end of a blocking receive across processes). compute_s and comm_s split it.
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "parallel/channel.h"
+#include "parallel/executor.h"
+#include "parallel/schedule.h"
+
+namespace tl {
+
+class RankInterpreter {
+ public:
+  /// Training runs forward and backward actions (lists of make_schedule); evaluation runs the
+  /// forward-only list (forward_only_schedule) with nothing kept for a backward: the caller holds
+  /// a NoGradGuard and the boundaries' inference switches (ScopedInference).
+  enum class Mode { Train, Evaluate };
+
+  /// `rank`: this pipeline rank of `layout`; `list`: its lowered actions; `mbs`: the step's
+  /// micro-batches (indexed by the actions' micro_batch). References must outlive the interpreter.
+  RankInterpreter(Pipeline& pipeline, const StageLayout& layout, int rank, RankSchedule list,
+                  const MicroBatches& mbs, const Pipeline::LossFn& loss_fn, Channel& channel, Mode mode);
+  ~RankInterpreter();
+
+  /// Runs actions until the list is done (true) or a receive finds its message not sent yet
+  /// (false: call again after the other ranks ran; only an in-process channel does that).
+  bool run();
+  bool done() const { return next_ >= list_.size(); }
+  /// Actions run so far.
+  size_t position() const { return next_; }
+
+  int rank() const { return rank_; }
+  /// Whether this rank holds the last stage (its tally is the step's).
+  bool holds_last_stage() const;
+  /// The last stage's tally (kTallySize; undefined on other ranks or before any forward).
+  at::Tensor tally() const;
+  /// Loss units seen by the rank's first stage (every stage sees all of the step's).
+  double units() const;
+  /// Seconds on this rank's clock: all, computing, waiting for messages.
+  double clock_s() const { return clock_s_; }
+  double compute_s() const { return compute_s_; }
+  double comm_s() const { return comm_s_; }
+
+ private:
+  void forward(const Action& a);
+  void backward(const Action& a);
+  void send(const Action& a);
+  bool recv(const Action& a);
+  MessageKey key_of(const Action& a) const;
+
+  Pipeline& pipeline_;
+  StageLayout layout_;
+  int rank_;
+  RankSchedule list_;
+  const MicroBatches& mbs_;
+  Channel& channel_;
+  Mode mode_;
+  std::map<int, std::unique_ptr<StageRuntime>> stages_;  // this rank's stages
+  std::map<MessageKey, StageMessage> inbox_, outbox_;
+  // Note [epilogue-only]: per (stage, micro-batch), whether the gradient it sends is compressed.
+  std::map<std::pair<int, int>, bool> compress_backward_;
+  size_t next_ = 0;
+  double clock_s_ = 0, compute_s_ = 0, comm_s_ = 0;
+};
+
+/// The inference toggle for a forward-only pass: the pipeline in eval mode, every boundary's
+/// forward codec on (`compression`) or bypassed, no error measured; all restored on scope exit.
+class ScopedInference {
+ public:
+  ScopedInference(Pipeline& pipeline, bool compression);
+  ~ScopedInference();
+  ScopedInference(const ScopedInference&) = delete;
+  ScopedInference& operator=(const ScopedInference&) = delete;
+
+ private:
+  Pipeline& pipeline_;
+  bool was_training_;
+  std::vector<bool> active_, measure_;
+};
+
+}  // namespace tl
