@@ -28,6 +28,10 @@
 //   compute_s   sum_i c_i (stage_compute_s: each c_i); overhead = wall_s / compute_s - 1 (the
 //               executor's bookkeeping, payloads)
 //   unsplit_s   the same batch through the unsplit model in one pass (reference for wall_s)
+// With 4 stages, also interleaved 1F1B on 2 ranks holding 2 stages each (pipeline.virtual_stages =
+// 2): timeline_s, and ideal_s = C + (P - 1) C / (M v) with C the busier rank's compute (the
+// textbook interleaved step: v times less bubble than 1F1B on P ranks), efficiency, and the
+// bubble against 1F1B's on the same 4 stages.
 // Then 1F1B on links of 80 Mbit/s (no latency) at every cut: the timeline step uncompressed and
 // with TopK 10% and 4-bit quantisation at the cuts (speedup = uncompressed / compressed). And the
 // 2-stage splits in process (the references of the 2-process runs; no unsplit pass).
@@ -259,13 +263,38 @@ void schedules(const Workload& w, int stages, const Options& o, std::map<std::st
   gpipe->set_schedule("gpipe");
   one_f->set_schedule("1f1b");
   ModulePtr unsplit = w.make();
-  std::vector<Sample> g, f;
+  // Interleaved: 2 ranks x 2 virtual stages (4-stage splits, M a multiple of 2).
+  const bool with_interleaved = stages == 4 && o.m % 2 == 0;
+  auto inter = build(w, stages, "identity", "identity");
+  inter->set_schedule("interleaved");
+  if (with_interleaved) inter->set_virtual_stages(2);
+  std::vector<Sample> g, f, iv;
   std::vector<double> u;
   for (int r = -1; r < o.rounds; ++r) {  // round -1: warm-up
     Sample a = step(*gpipe, w, o.m), b = step(*one_f, w, o.m);
+    Sample i = with_interleaved ? step(*inter, w, o.m) : Sample{};
     const double c = with_unsplit ? unsplit_step(*unsplit, w) : 0.0;
     if (r < 0) continue;
-    g.push_back(a), f.push_back(b), u.push_back(c);
+    g.push_back(a), f.push_back(b), iv.push_back(i), u.push_back(c);
+  }
+  if (with_interleaved) {
+    const int P = 2, v = 2;
+    std::vector<double> tl, ideal, eff, bubble, one_f_bubble;
+    for (size_t k = 0; k < iv.size(); ++k) {
+      const Sample& s = iv[k];
+      const double busiest = s.bound, slot = busiest / static_cast<double>(o.m * v);
+      const double textbook = busiest + (P - 1) * slot;
+      tl.push_back(s.timeline), ideal.push_back(textbook), eff.push_back(textbook / s.timeline);
+      bubble.push_back(1.0 - s.compute / (P * s.timeline));
+      one_f_bubble.push_back(1.0 - f[k].compute / (stages * f[k].timeline));
+    }
+    std::printf(
+        "{\"bench\":\"pipeline\",\"model\":\"%s\",\"schedule\":\"interleaved\",\"stages\":%d,\"ranks\":%d,"
+        "\"virtual_stages\":%d,\"micro_batches\":%lld,\"threads\":%d,\"timeline_s\":%.5f,\"ideal_s\":%.5f,"
+        "\"efficiency\":%.3f,\"bubble\":%.3f,\"bubble_1f1b_4_ranks\":%.3f}\n",
+        w.name.c_str(), stages, P, v, static_cast<long long>(o.m), at::get_num_threads(), median(tl), median(ideal),
+        median(eff), median(bubble), median(one_f_bubble));
+    std::fflush(stdout);
   }
   for (const auto& [name, v] : {std::make_pair("gpipe", &g), std::make_pair("1f1b", &f)}) {
     std::vector<double> tl, ideal, bound, eff, wall, compute;

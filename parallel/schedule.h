@@ -33,12 +33,22 @@
 // *before* sending activation f would also satisfy rule 1 but delays every activation by a round
 // trip on the link: on a 100 ms link that is 200 ms per micro-batch.)
 //
+// Note [interleaving needs the send thread]. With several stages per rank (interleaved 1F1B) the
+// messages go round the ring (the last rank's stage sends to rank 0's next stage), and rule 1
+// cannot hold with purely blocking sends: with P = 2 ranks, rank 1 sends stage 1's activation to
+// rank 0 (stage 2) while rank 0 sends the next micro-batch to rank 1 (stage 1), each waiting for
+// the other's receive. With sends queued on a communication thread (SendMode::SendQueue), which
+// is how the multi-process runtime sends, every interleaved list runs; tests/parallel/
+// schedule_test.cpp checks up to 4 ranks x 3 virtual stages x 16 micro-batches. (Megatron batches
+// the two transfers into one P2P call for the same reason.)
+//
 // Note [epilogue-only backward compression (Optimus-CC)]. Optimus-CC compresses only the
 // gradient sends on the critical path of 1F1B: those of the cool-down phase (the receiver is
 // waiting for them, nothing overlaps them) and the last send of the steady state (it opens the
 // cool-down of the stage before). Steady-state sends before that overlap the receiver's forward
-// work and go uncompressed. one_f_one_b_schedule marks them `compress_backward = false`; every
-// other SendGrad (all of GPipe's: its backward phase is one long drain) keeps the default `true`.
+// work and go uncompressed. lower() marks a gradient send `compress_backward = false` when its rank
+// still has a forward to run after it (for 1F1B: every steady-state send but the last); every
+// other SendGrad (all of GPipe's: its backward phase is one long drain) keeps `true`.
 // The flag only matters when a boundary is configured epilogue-only; otherwise executors ignore it.
 
 #include <string>

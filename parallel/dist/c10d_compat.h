@@ -1,5 +1,5 @@
 #pragma once
-// The one file that knows which libtorch tapeline is built against (DESIGN.md: build against
+// The one file that knows which libtorch tapeline is built against (docs/ARCHITECTURE.md: build against
 // Debian's libtorch-dev 1.13 on CPU and PyTorch 2.x with CUDA).
 //
 // Note [c10d across libtorch versions].

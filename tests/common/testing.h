@@ -1,5 +1,5 @@
 #pragma once
-// Test helpers: the three tiers of DESIGN.md.
+// Test helpers: the three tiers of docs/ARCHITECTURE.md.
 //  - gradcheck: full-Jacobian finite differences in float64 against the engine's backward.
 //  - oracle: the same computation through libtorch's own autograd (torch::autograd::grad on the
 //    same ATen ops), outputs and every input gradient compared with labelled max-diffs.
