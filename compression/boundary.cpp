@@ -6,7 +6,6 @@
 
 #include "autograd/function.h"
 #include "compression/spec.h"
-#include "compression/stateful/error_feedback.h"
 
 namespace tl {
 
@@ -206,8 +205,7 @@ at::Tensor Boundary::pass_uncompressed(const at::Tensor& g, const CodecContext& 
                                        int64_t raw_bytes) {
   at::Tensor out = g;
   // An error-feedback backward codec delivers its pending residual with the lossless message.
-  if (mode_ == BackwardMode::Independent)
-    if (auto* ef = dynamic_cast<ErrorFeedback*>(bwd_.get())) out = ef->flush(g, ctx);
+  if (mode_ == BackwardMode::Independent) out = bwd_->deliver_residual(g, ctx);
   acc.add_bytes(identity_payload_bytes(out), raw_bytes);
   return out;
 }

@@ -61,6 +61,15 @@ class Compressor : public Module {
   /// Hook for schedules: called after every optimizer step (subspace weight projection).
   virtual void after_optimizer_step() {}
 
+  /// Whether decode() changes receiver state (EF21's A, AQ-SGD's cache). A wrapper that decodes
+  /// its own payload on the sender side (error feedback) must not wrap such a codec, or the
+  /// receiver copy would be updated twice in a single-process run.
+  virtual bool decode_has_state() const { return false; }
+  /// A message that goes uncompressed instead of through this codec (Optimus-CC's epilogue-only
+  /// sends off the critical path): what to send for `x`. An error-feedback codec adds its pending
+  /// residual and clears it; every other codec sends `x`.
+  virtual at::Tensor deliver_residual(const at::Tensor& x, const CodecContext& ctx) { return x; }
+
   /// Whether this codec needs the model's cooperation (below) to work as intended.
   virtual bool constrains_model() const { return false; }
   /// Codecs that constrain the model they sit in (Protocol Models' subspace): the frozen (V, d)

@@ -206,7 +206,7 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
   pipeline_->to(device_);
   apply_codec_constraints(*pipeline_);  // subspace codecs project the GPT-2 weights they need
 
-  // 1b. Multi-process: meet the other ranks (one per stage) before the data is read, so a
+  // 1b. Multi-process: meet the other ranks (one per pipeline rank) before the data is read, so a
   //     mismatch or a missing rank is reported early. Links are emulated at the receiver.
   if (env) {
     const int64_t ranks = static_cast<int64_t>(pipeline_->num_stages()) / config_.pipeline.virtual_stages;
@@ -476,7 +476,13 @@ RunSummary run_training(const TrainRequest& req) {
     write_file(jsonl, "");
   }
   write_file((fs::path(out) / "config.ini").string(), cfg.to_ini());
-  progress.line(ex.describe() + (ex.distributed() ? "\n" + std::to_string(ex.world_size()) + " processes, one per stage (rank 0 writes the run)" : std::string()));
+  std::string placement;
+  if (ex.distributed()) {
+    const int v = ex.pipeline().virtual_stages();
+    placement = "\n" + std::to_string(ex.world_size()) + " processes, " +
+                (v > 1 ? std::to_string(v) + " stages each" : std::string("one per stage")) + " (rank 0 writes the run)";
+  }
+  progress.line(ex.describe() + placement);
 
   RunSummary summary;
   summary.name = fs::path(out).filename().string();

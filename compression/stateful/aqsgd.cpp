@@ -22,7 +22,7 @@ const char* dtype_word(at::ScalarType t) { return t == at::kHalf ? "fp16" : t ==
 
 AqSgd::AqSgd(CompressorPtr inner, Options opt) : WrappingCompressor("AqSgd", std::move(inner)), opt_(std::move(opt)) {
   TORCH_CHECK(opt_.warmup_epochs >= 0, "aqsgd: warmup must be >= 0 epochs, got ", opt_.warmup_epochs);
-  TORCH_CHECK(!stateful::decode_has_state(*inner_), "aqsgd: the inner codec '", inner_->spec(),
+  TORCH_CHECK(!inner_->decode_has_state(), "aqsgd: the inner codec '", inner_->spec(),
               "' keeps receiver state in decode(); aqsgd decodes its own payload on the sender. Use a stateless "
               "inner codec (quant, topk, ...)");
   sender_ = std::make_unique<stateful::SampleCache>(*this, "cache_sender", side(opt_.cache, ".sender"), "aqsgd");

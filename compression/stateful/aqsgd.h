@@ -32,6 +32,7 @@ class AqSgd : public stateful::WrappingCompressor {
   std::string spec() const override;
   Payload encode(const at::Tensor& x, const CodecContext& ctx) override;
   at::Tensor decode(const Payload& p, const CodecContext& ctx) override;
+  bool decode_has_state() const override { return true; }  // the receiver's cache
   /// Backward mode `shared`: on the support of a delta payload; after a raw forward payload the
   /// gradient goes raw too (both ends know which one was sent).
   Payload encode_shared(const at::Tensor& g, const Payload& fwd, const CodecContext& ctx) override;

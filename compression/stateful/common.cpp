@@ -8,8 +8,6 @@
 #include <cerrno>
 #include <cstring>
 
-#include "compression/stateful/aqsgd.h"
-#include "compression/stateful/error_feedback.h"
 
 namespace tl {
 namespace stateful {
@@ -19,12 +17,6 @@ CompressorPtr build_inner(SpecArgs& args, size_t pos, const std::string& key, co
   TORCH_CHECK(call, wrapper, ": missing the inner codec (argument ", pos + 1, " or ", key, "=...), e.g. ", wrapper,
               "(topk(0.1))");
   return build_compressor(*call);
-}
-
-bool decode_has_state(const Compressor& c) {
-  if (dynamic_cast<const EF21*>(&c) || dynamic_cast<const AqSgd*>(&c)) return true;
-  if (auto* w = dynamic_cast<const WrappingCompressor*>(&c)) return decode_has_state(*w->inner());
-  return false;
 }
 
 at::ScalarType accumulation_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }

@@ -24,11 +24,6 @@ namespace stateful {
 /// Builds the nested codec argument `key` (or positional `pos`) of a wrapper's spec.
 CompressorPtr build_inner(SpecArgs& args, size_t pos, const std::string& key, const std::string& wrapper);
 
-/// Whether decode() of `c` changes receiver state (EF21's A, AQ-SGD's cache). A wrapper that
-/// decodes its own payload on the sender side (error feedback) must not wrap such a codec, or the
-/// receiver copy would be updated twice in a single-process run.
-bool decode_has_state(const Compressor& c);
-
 /// Accumulation dtype for state kept next to a tensor of type `t`: at least float32 (float64
 /// stays float64, so gradient checks in double precision stay exact).
 at::ScalarType accumulation_type(at::ScalarType t);
@@ -52,6 +47,7 @@ class WrappingCompressor : public Compressor {
     return inner_->decode_shared(p, fwd, ctx);
   }
   void after_optimizer_step() override { inner_->after_optimizer_step(); }
+  bool decode_has_state() const override { return inner_->decode_has_state(); }
 
  protected:
   CompressorPtr inner_;

@@ -6,7 +6,7 @@ using stateful::accumulation_type;
 
 namespace {
 void check_inner_decode(const Compressor& inner, const std::string& who) {
-  TORCH_CHECK(!stateful::decode_has_state(inner), who, ": the inner codec '", inner.spec(),
+  TORCH_CHECK(!inner.decode_has_state(), who, ": the inner codec '", inner.spec(),
               "' keeps receiver state in decode(); ", who,
               " decodes its own payload on the sender to know what was sent, which would advance that state "
               "twice. Use a stateless inner codec (topk, quant, powersgd, ...)");

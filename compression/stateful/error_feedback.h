@@ -55,6 +55,7 @@ class ErrorFeedback : public stateful::WrappingCompressor {
 
   /// x + e with the residual cleared (the message is sent uncompressed and carries the error).
   at::Tensor flush(const at::Tensor& x, const CodecContext& ctx);
+  at::Tensor deliver_residual(const at::Tensor& x, const CodecContext& ctx) override { return flush(x, ctx); }
   /// The residual for messages of `x`'s shape (per boundary), or the rows of ctx.sample_ids
   /// (per sample), as (B, ...) of x's shape; zeros where nothing is pending.
   at::Tensor residual(const at::Tensor& x, const CodecContext& ctx);
@@ -77,6 +78,7 @@ class EF21 : public stateful::WrappingCompressor {
   std::string spec() const override;
   Payload encode(const at::Tensor& x, const CodecContext& ctx) override;
   at::Tensor decode(const Payload& p, const CodecContext& ctx) override;
+  bool decode_has_state() const override { return true; }  // the receiver's A
 
   /// The sender's and the receiver's estimate A (empty before the first message).
   const at::Tensor& sender_state() const { return sender_.value(); }

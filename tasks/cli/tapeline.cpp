@@ -83,7 +83,8 @@ po::options_description train_options() {
       "no-plot", "do not draw DIR/curves.png at the end (it needs python3-matplotlib; skipped with a note "
                  "when missing)")(
       "nproc", po::value<int>(),
-      "one process per stage: start N ranks of this program on this machine (N = the number of stages; "
+      "one process per pipeline rank: start N ranks of this program on this machine (N = the number of stages / "
+      "pipeline.virtual_stages; "
       "default pipeline.nproc). Under torchrun, torchrun starts them instead (docs/PIPELINE.md)");
   return d;
 }
