@@ -245,7 +245,11 @@ std::shared_ptr<Pipeline> build(const Workload& w, int stages, const std::string
   spec.forward = fwd;
   spec.backward = bwd;
   const std::vector<std::string>& cuts = w.cuts.at(stages);
-  return Pipeline::build(w.make(), cuts, std::vector<BoundarySpec>(cuts.size(), spec));
+  auto p = Pipeline::build(w.make(), cuts, std::vector<BoundarySpec>(cuts.size(), spec));
+  // A timing benchmark: no error statistics (across processes they would add a reference message
+  // per compressed message: Note [reference tensors] in parallel/channel.h).
+  p->set_measure_error(false);
+  return p;
 }
 
 double unsplit_step(Module& model, const Workload& w) {

@@ -156,6 +156,12 @@ const std::vector<Key>& schema() {
         [](Config& c, const std::string& v) {
           c.run.checkpoint_every = parse_int(v, 1, INT64_MAX, "an integer >= 1");
         });
+    add("run.measure_error", "true", "boolean",
+        "measure each compressed boundary's relative error and density in training (metrics.jsonl, curves.png). "
+        "With one process per rank every such message also carries the sender's uncompressed tensor to the "
+        "receiver (not counted in the bytes, not delayed by emulated links, but real traffic): turn it off when "
+        "a multi-process run measures time",
+        [](Config& c, const std::string& v) { c.run.measure_error = parse_bool(v); });
     // [task]
     add("task.name", "vision", "vision, text, lm",
         "what is learned: image classification, text classification (WordNet supersenses), or causal language "

@@ -25,6 +25,7 @@ struct RunSection {
   int64_t log_every = 20;         // steps between metrics.jsonl lines and plain progress lines
   std::string progress = "auto";  // auto | bar | plain | none
   int64_t checkpoint_every = 1;   // epochs between checkpoints (the last epoch always)
+  bool measure_error = true;      // boundary statistics (relative error, density) in training
 };
 
 struct TaskSection {

@@ -79,6 +79,7 @@ std::string fnv1a_hex(const std::string& text) {
 // or one per stage compute the same numbers, parallel/dist/runtime.h).
 bool outside_fingerprint(const std::string& key) {
   static const std::vector<std::string> keys = {"run.progress", "run.log_every", "run.checkpoint_every", "run.threads",
+                                                "run.measure_error",
                                                 "run.device",   "data.root",     "data.prefetch", "model.weights",
                                                 "pipeline.nproc", "dist.timeout_s"};
   return key.rfind("boundary.", 0) == 0 || std::find(keys.begin(), keys.end(), key) != keys.end();
@@ -200,6 +201,7 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
                 pipeline_->num_stages(), " stages (", cuts.size(), " cuts, model.cuts)");
   }
   pipeline_->set_links(links);
+  pipeline_->set_measure_error(config_.run.measure_error);
   // Links shared by the boundaries between two ranks (interleaved) must agree: checked now.
   link_specs_by_rank_pair(StageLayout::of(static_cast<int>(pipeline_->num_stages()), pipeline_->virtual_stages()),
                           links);
