@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "compression/spec.h"
+#include "parallel/dist/data_parallel.h"
 #include "tasks/data/dataset.h"
 
 namespace tl {
@@ -324,10 +325,40 @@ const std::vector<Key>& schema() {
           c.pipeline.virtual_stages = parse_int(v, 1, 64, "an integer in [1, 64]");
         });
     add("pipeline.nproc", "1", "integer >= 1",
-        "1: every stage in this process; N > 1: one process per pipeline rank (N = the number of stages / "
-        "pipeline.virtual_stages), started by "
+        "1: every stage in this process; N > 1: one process per pipeline rank and replica (N = the number of "
+        "stages / pipeline.virtual_stages x parallel.dp), started by "
         "`tapeline train` (= --nproc N; under torchrun WORLD_SIZE decides, and this must be 1 or agree)",
         [](Config& c, const std::string& v) { c.pipeline.nproc = parse_int(v, 1, 1024, "an integer in [1, 1024]"); });
+    // [parallel], [dp]
+    add("parallel.dp", "1", "integer >= 1",
+        "data parallelism: replicas of the whole pipeline, each running train.micro_batches / dp of every step's "
+        "micro-batches; the world is (stages / pipeline.virtual_stages) x dp processes (docs/GRID.md)",
+        [](Config& c, const std::string& v) { c.parallel.dp = parse_int(v, 1, 1024, "an integer in [1, 1024]"); });
+    add("dp.compression", "identity", "a compressor spec (docs/COMPRESSION.md) without receiver state",
+        "codec of the data-parallel gradient exchange, e.g. ef(powersgd(rank=4)) (Optimus-CC), quant(bits=8), "
+        "ef(topk(0.01)); each parameter of 2 or more dims is compressed as a (shape[0], rest) matrix",
+        [](Config& c, const std::string& v) {
+          c.dp.compression = parse_spec_string(v);
+          const std::string problem = dist::dp_codec_problem(v);
+          if (!problem.empty()) throw std::invalid_argument(problem);
+        });
+    add("dp.compress_stages", "all", "all, or comma-separated stage indices (0-based)",
+        "Optimus-CC's selective stage compression: only these stages' gradients go through dp.compression",
+        [](Config& c, const std::string& v) {
+          c.dp.compress_stages.clear();
+          if (v == "all") return;
+          for (const auto& item : split_list(v))
+            c.dp.compress_stages.push_back(parse_int(item, 0, 4096, "'all' or stage indices >= 0, e.g. 0,1"));
+        });
+    add("dp.bandwidth_mbps", "0", "number >= 0",
+        "link emulation between the replicas of a stage: bandwidth in Mbit/s, each direction (0: unlimited)",
+        [](Config& c, const std::string& v) {
+          c.dp.bandwidth_mbps = parse_double(v, 0.0, 1e9, "a number >= 0 (Mbit/s; 0: unlimited)");
+        });
+    add("dp.latency_ms", "0", "number >= 0", "link emulation between the replicas of a stage: one-way latency",
+        [](Config& c, const std::string& v) {
+          c.dp.latency_ms = parse_double(v, 0.0, 1e7, "a number >= 0 (milliseconds)");
+        });
     add("dist.timeout_s", "60", "number > 0",
         "multi-process: the longest wait for a peer; a dead peer is reported at once, a silent one after this "
         "long, naming its rank and the step",
@@ -539,6 +570,10 @@ Config Config::load(const std::string& ini_path, const std::vector<std::pair<std
     throw std::invalid_argument("pipeline.virtual_stages = " + std::to_string(c.pipeline.virtual_stages) +
                                 " needs pipeline.schedule = interleaved (" + c.pipeline.schedule +
                                 " runs one stage per rank)");
+  if (c.train.micro_batches % c.parallel.dp != 0)
+    throw std::invalid_argument("train.micro_batches = " + std::to_string(c.train.micro_batches) +
+                                " does not split evenly among parallel.dp = " + std::to_string(c.parallel.dp) +
+                                " replicas; expected a multiple of " + std::to_string(c.parallel.dp));
   if (c.train.min_lr > c.train.lr)
     throw std::invalid_argument("train.min_lr = " + std::to_string(c.train.min_lr) +
                                 " exceeds train.lr = " + std::to_string(c.train.lr));

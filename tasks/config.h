@@ -95,6 +95,17 @@ struct PipelineSection {
   int64_t nproc = 1;              // > 1: one process per pipeline rank (tapeline train --nproc, or torchrun)
 };
 
+struct ParallelSection {
+  int64_t dp = 1;  // data-parallel replicas of the pipeline (world = pipeline ranks x dp)
+};
+
+struct DpSection {
+  std::string compression = "identity";  // codec of the data-parallel gradients
+  std::vector<int64_t> compress_stages;  // stages (0-based) whose gradients are compressed; empty: all
+  double bandwidth_mbps = 0;             // link emulation between replicas: 0 = unlimited
+  double latency_ms = 0;
+};
+
 struct DistSection {
   double timeout_s = 60;  // a peer silent this long is an error naming it
 };
@@ -115,6 +126,8 @@ class Config {
   ModelSection model;
   TrainSection train;
   PipelineSection pipeline;
+  ParallelSection parallel;
+  DpSection dp;
   DistSection dist;
   BoundarySettings boundary;  // [boundary]: every cut
 

@@ -23,7 +23,9 @@ const std::vector<std::string> kCsvColumns = {
     "epoch",          "train_loss",    "train_metric",      "test_loss_compressed", "test_loss_uncompressed",
     "test_metric_compressed", "test_metric_uncompressed", "bytes_forward", "bytes_backward",
     "bytes_uncompressed",     "steps",         "lr",                "wall_s",   "train_time_s",
-    "compute_s",              "comm_s",        "bubble"};
+    "compute_s",              "comm_s",        "bubble",            "bytes_dp",             "bytes_dp_uncompressed"};
+// Columns added later: 0 when a file has none.
+bool optional_column(const std::string& name) { return name == "bytes_dp" || name == "bytes_dp_uncompressed"; }
 
 // The same fields in the same order, as (name, pointer-to-member) pairs for both readers.
 template <class F>
@@ -45,6 +47,8 @@ void for_each_field(EpochMetrics& m, F&& f) {
   f("compute_s", m.compute_s);
   f("comm_s", m.comm_s);
   f("bubble", m.bubble);
+  f("bytes_dp", m.bytes_dp);
+  f("bytes_dp_uncompressed", m.bytes_dp_uncompressed);
 }
 
 json to_json(const EpochMetrics& metrics) {
@@ -56,7 +60,9 @@ json to_json(const EpochMetrics& metrics) {
 
 EpochMetrics from_json(const json& j) {
   EpochMetrics m;
-  for_each_field(m, [&](const char* name, auto& v) { v = j.at(name).get<std::decay_t<decltype(v)>>(); });
+  for_each_field(m, [&](const char* name, auto& v) {
+    if (j.contains(name) || !optional_column(name)) v = j.at(name).get<std::decay_t<decltype(v)>>();
+  });
   return m;
 }
 
@@ -94,7 +100,7 @@ std::vector<EpochMetrics> read_metrics_csv(const std::string& path) {
   std::map<std::string, size_t> column;
   for (size_t i = 0; i < header.size(); ++i) column[header[i]] = i;
   for (const auto& name : kCsvColumns)
-    if (!column.count(name))
+    if (!column.count(name) && !optional_column(name))
       throw std::runtime_error(path + ": no column '" + name + "' in the header (not a metrics.csv of this version)");
   std::vector<EpochMetrics> rows;
   int64_t line_no = 1;
@@ -108,6 +114,7 @@ std::vector<EpochMetrics> read_metrics_csv(const std::string& path) {
     EpochMetrics m;
     try {
       for_each_field(m, [&](const char* name, auto& v) {
+        if (!column.count(name)) return;  // an optional column the file predates
         const std::string& cell = f[column.at(name)];
         if constexpr (std::is_same_v<std::decay_t<decltype(v)>, int64_t>)
           v = std::stoll(cell);

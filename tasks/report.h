@@ -28,6 +28,8 @@ struct EpochMetrics {
   int64_t bytes_forward = 0;              // sent forward by all boundaries during the epoch's training steps
   int64_t bytes_backward = 0;             // sent backward
   int64_t bytes_uncompressed = 0;         // what forward + backward would have sent uncompressed
+  int64_t bytes_dp = 0;                   // data-parallel gradient messages, all ranks (parallel.dp > 1)
+  int64_t bytes_dp_uncompressed = 0;      // what they would have been uncompressed
   int64_t steps = 0;                      // optimizer steps in the epoch
   double lr = 0.0;                        // at the end of the epoch
   double wall_s = 0.0;                    // cumulative wall time of the run at the end of the epoch
@@ -46,7 +48,8 @@ struct EpochMetrics {
 
 /// The header and rows of metrics.csv: epoch, train_loss, train_metric, test_loss_compressed,
 /// test_loss_uncompressed, test_metric_compressed, test_metric_uncompressed, bytes_forward,
-/// bytes_backward, bytes_uncompressed, steps, lr, wall_s, train_time_s, compute_s, comm_s, bubble.
+/// bytes_backward, bytes_uncompressed, steps, lr, wall_s, train_time_s, compute_s, comm_s, bubble,
+/// bytes_dp, bytes_dp_uncompressed (the last two optional when read: files written before them).
 std::string metrics_csv(const std::vector<EpochMetrics>& rows);
 /// Reads metrics.csv back by column name (other columns are ignored); a malformed file or a
 /// missing column is an error naming the file.

@@ -81,7 +81,8 @@ bool outside_fingerprint(const std::string& key) {
   static const std::vector<std::string> keys = {"run.progress", "run.log_every", "run.checkpoint_every", "run.threads",
                                                 "run.measure_error",
                                                 "run.device",   "data.root",     "data.prefetch", "model.weights",
-                                                "pipeline.nproc", "dist.timeout_s"};
+                                                "pipeline.nproc", "dist.timeout_s", "parallel.dp",
+                                                "dp.compression", "dp.compress_stages"};
   return key.rfind("boundary.", 0) == 0 || std::find(keys.begin(), keys.end(), key) != keys.end();
 }
 
@@ -104,7 +105,7 @@ Config baseline_config(const Config& config) {
   };
   std::vector<std::pair<std::string, std::string>> kv;
   for (const auto& [k, v] : config.resolved())
-    if (k.rfind("boundary.", 0) != 0 || is_link(k)) kv.emplace_back(k, v);
+    if ((k.rfind("boundary.", 0) != 0 && k.rfind("dp.compress", 0) != 0) || is_link(k)) kv.emplace_back(k, v);
   return Config::load("", kv);
 }
 
@@ -208,24 +209,27 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
   pipeline_->to(device_);
   apply_codec_constraints(*pipeline_);  // subspace codecs project the GPT-2 weights they need
 
-  // 1b. Multi-process: meet the other ranks (one per pipeline rank) before the data is read, so a
-  //     mismatch or a missing rank is reported early. Links are emulated at the receiver.
+  // 1b. Multi-process: meet the other ranks (a grid of pipeline ranks x replicas, parallel/grid.h)
+  //     before the data is read, so a mismatch or a missing rank is reported early. Links are
+  //     emulated at the receiver.
+  TORCH_CHECK(env || config_.parallel.dp == 1, "parallel.dp = ", config_.parallel.dp,
+              ": data parallelism runs one process per pipeline rank and replica; start ",
+              pipeline_->num_stages() / config_.pipeline.virtual_stages * config_.parallel.dp,
+              " ranks with `tapeline train --nproc N` or torchrun (docs/GRID.md)");
   if (env) {
-    const int64_t ranks = static_cast<int64_t>(pipeline_->num_stages()) / config_.pipeline.virtual_stages;
-    TORCH_CHECK(env->world_size == ranks, env->world_size, " ranks (WORLD_SIZE) but the model has ",
-                pipeline_->num_stages(), " stages (", pipeline_->boundaries().size(), " cuts, model.cuts)",
-                config_.pipeline.virtual_stages > 1
-                    ? " over " + std::to_string(config_.pipeline.virtual_stages) + " virtual stages per rank"
-                    : std::string(),
-                ": start ", ranks, " rank", ranks == 1 ? "" : "s");
+    const int pipeline_ranks = static_cast<int>(pipeline_->num_stages() / config_.pipeline.virtual_stages);
+    const Grid grid = Grid::of(env->world_size, pipeline_ranks, static_cast<int>(config_.parallel.dp));
     dist::TransportOptions o;
     o.backend = device_.is_cuda() ? "nccl" : "gloo";
     o.timeout_s = config_.dist.timeout_s;
     o.comm_thread = true;  // sends overlap compute
     const int r = env->rank;
     const StageLayout layout = StageLayout::of(static_cast<int>(pipeline_->num_stages()), pipeline_->virtual_stages());
-    for (const auto& [pair, spec] : link_specs_by_rank_pair(layout, links))
-      if (pair.second == r) o.link_from[pair.first] = spec;  // messages into this rank
+    const int replica = grid.replica(r);
+    for (const auto& [pair, spec] : link_specs_by_rank_pair(layout, links))  // pipeline ranks of this replica
+      if (grid.rank_of(pair.second, replica) == r) o.link_from[grid.rank_of(pair.first, replica)] = spec;
+    for (int peer : grid.data_group(grid.pipeline_rank(r)))  // the other replicas of this pipeline rank
+      if (peer != r) o.link_from[peer] = LinkSpec{config_.dp.bandwidth_mbps, config_.dp.latency_ms};
     transport_ = dist::Transport::connect(*env, o);
   }
 
@@ -249,14 +253,22 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
   optimizer_ = build_optimizer(config_.train, *pipeline_);
   scheduler_ = std::make_unique<LRScheduler>(*optimizer_, build_schedule(config_.train, steps_per_epoch()));
   if (transport_) {
-    dist_ = std::make_unique<dist::DistExecutor>(*pipeline_, *transport_);
+    dist::DataParallelOptions dp;
+    dp.replicas = static_cast<int>(config_.parallel.dp);
+    dp.compression = config_.dp.compression;
+    dp.compress_stages = config_.dp.compress_stages;
+    for (int64_t s : dp.compress_stages)
+      TORCH_CHECK(s < static_cast<int64_t>(pipeline_->num_stages()), "dp.compress_stages: stage ", s,
+                  " does not exist; the model has ", pipeline_->num_stages(), " stages (0 .. ",
+                  pipeline_->num_stages() - 1, ")");
+    dist_ = std::make_unique<dist::DistExecutor>(*pipeline_, *transport_, dp);
     dist_->synchronized(*optimizer_);
   }
 }
 
 Experiment::~Experiment() = default;
 
-int Experiment::rank() const { return dist_ ? dist_->rank() : 0; }
+int Experiment::rank() const { return transport_ ? transport_->rank() : 0; }
 int Experiment::world_size() const { return transport_ ? transport_->world_size() : 1; }
 
 void Experiment::save_checkpoint(const std::string& path, const CheckpointInfo& info) {
@@ -289,6 +301,7 @@ Experiment::Evaluation Experiment::evaluate(bool compression) {
   const auto loss_fn = [this](const Variable& out, const Batch& mb) { return task_->loss(out, mb); };
   at::Tensor tally;
   for (int64_t b = 0; b < task_->eval_batches(); ++b) {
+    if (dist_ && !dist_->evaluates(b)) continue;  // another replica's share
     const Batch batch = task_->eval_batch(b).to(device_);
     at::Tensor t = dist_ ? dist_->evaluate_batch(batch, compression, loss_fn, b)
                          : pipeline_->evaluate_batch(batch, compression, loss_fn);
@@ -374,6 +387,8 @@ EpochMetrics Experiment::train_epoch(int64_t epoch, const std::function<void(con
         m.compute_s += totals.compute_s[i] / n, m.comm_s += totals.comm_s[i] / n;
     }
     per_boundary = totals.boundaries;  // empty on ranks > 0
+    m.bytes_dp = totals.data_parallel.bytes;
+    m.bytes_dp_uncompressed = totals.data_parallel.raw_bytes;
   } else {
     for (const auto& b : pipeline_->boundaries()) per_boundary.push_back(b->stats());
   }
@@ -481,8 +496,13 @@ RunSummary run_training(const TrainRequest& req) {
   std::string placement;
   if (ex.distributed()) {
     const int v = ex.pipeline().virtual_stages();
+    const int64_t dp = cfg.parallel.dp;
     placement = "\n" + std::to_string(ex.world_size()) + " processes, " +
-                (v > 1 ? std::to_string(v) + " stages each" : std::string("one per stage")) + " (rank 0 writes the run)";
+                (v > 1 ? std::to_string(v) + " stages each" : std::string("one stage each")) +
+                (dp > 1 ? ", " + std::to_string(dp) + " replicas of the pipeline (data-parallel gradients: " +
+                              cfg.dp.compression + ")"
+                        : std::string()) +
+                " (rank 0 writes the run)";
   }
   progress.line(ex.describe() + placement);
 

@@ -24,6 +24,8 @@ class BatchNorm2d : public Module {
   const Variable& running_mean() const { return running_mean_; }
   const Variable& running_var() const { return running_var_; }
   const Variable& num_batches_tracked() const { return num_batches_tracked_; }
+  /// Weight of each batch's statistics in the running ones: r = (1 - momentum) r + momentum s.
+  double momentum() const { return momentum_; }
 
  private:
   int64_t num_features_;

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "autograd/autograd.h"
+#include "layers/nn/norm.h"
 #include "layers/optim/grad_utils.h"
 #include "parallel/dist/c10d_channel.h"
 #include "parallel/interpreter.h"
@@ -106,20 +107,23 @@ const at::TensorImpl* impl_of(const Variable& v) { return v.data().unsafeGetTens
 
 }  // namespace
 
-DistExecutor::DistExecutor(Pipeline& pipeline, Transport& transport)
-    : pipeline_(pipeline), transport_(transport), rank_(transport.rank()), world_(transport.world_size()) {
+DistExecutor::DistExecutor(Pipeline& pipeline, Transport& transport, const DataParallelOptions& dp)
+    : pipeline_(pipeline), transport_(transport) {
   const int stages = static_cast<int>(pipeline.num_stages()), v = pipeline.virtual_stages();
-  TORCH_CHECK(world_ * v == stages, "multi-process pipeline: ", world_, " ranks (WORLD_SIZE) but the model has ", stages,
-              " stage", stages == 1 ? "" : "s", " (", pipeline.boundaries().size(), " cuts, model.cuts)",
-              v > 1 ? " in " + std::to_string(v) + " virtual stages per rank" : std::string(), ": run ", stages / v,
-              " ranks");
+  TORCH_CHECK(stages % v == 0, "multi-process pipeline: ", v, " virtual stages per rank do not divide the model's ",
+              stages, " stages");
+  grid_ = Grid::of(transport.world_size(), stages / v, dp.replicas);
+  rank_ = grid_.pipeline_rank(transport.rank());
+  replica_ = grid_.replica(transport.rank());
   layout_ = StageLayout::of(stages, v);
-  for (int r = 0; r < world_; ++r) ranks_.push_back(r);
+  if (!pipeline.parameters().empty()) device_ = pipeline.parameters().front().device();
+  ranks_ = grid_.pipeline_group(replica_);
   // Which stages hold each parameter and buffer, by identity (stages are views of the model).
-  std::map<const at::TensorImpl*, std::set<int>> ranks_of;
+  std::map<const at::TensorImpl*, std::set<int>> ranks_of, stages_of;
   for (size_t s = 0; s < pipeline.num_stages(); ++s) {
     const int r = layout_.rank_of(static_cast<int>(s));
-    for (const auto& [n, p] : pipeline.stage(s)->named_parameters()) ranks_of[impl_of(p)].insert(r);
+    for (const auto& [n, p] : pipeline.stage(s)->named_parameters())
+      ranks_of[impl_of(p)].insert(r), stages_of[impl_of(p)].insert(static_cast<int>(s));
     for (const auto& [n, b] : pipeline.stage(s)->named_buffers()) ranks_of[impl_of(b)].insert(r);
   }
   auto note = [&](const std::string& name, const Variable& v, bool parameter) {
@@ -130,6 +134,40 @@ DistExecutor::DistExecutor(Pipeline& pipeline, Transport& transport)
   };
   for (const auto& [n, v] : pipeline.named_parameters()) note(n, v, true);
   for (const auto& [n, v] : pipeline.named_buffers()) note(n, v, false);
+
+  if (grid_.data > 1) {
+    // This rank's stages' parameters (tied ones are summed over the world instead) and the
+    // learned codec weights of the boundaries (held by no stage; those of other ranks' boundaries
+    // have no gradient here and cost a few bytes), and its stages' buffers.
+    std::vector<std::pair<std::string, Variable>> params, buffers;
+    std::vector<bool> compressed;
+    for (const auto& [n, p] : pipeline.named_parameters()) {
+      auto it = ranks_of.find(impl_of(p));
+      if (it != ranks_of.end() && (!it->second.count(rank_) || held_.count(n))) continue;
+      params.emplace_back(n, p);
+      compressed.push_back(it != ranks_of.end() && dp.compresses(*stages_of.at(impl_of(p)).begin()));
+    }
+    // Running averages and their decay (Note [running statistics across replicas]).
+    std::map<const at::TensorImpl*, double> decay_of;
+    for (size_t s = 0; s < pipeline.num_stages(); ++s)
+      for (const auto& [n, m] : pipeline.stage(s)->named_modules())
+        if (const auto* bn = dynamic_cast<const BatchNorm2d*>(m.get()))
+          for (const Variable* b : {&bn->running_mean(), &bn->running_var()})
+            if (b->defined()) decay_of[impl_of(*b)] = 1.0 - bn->momentum();
+    std::vector<double> decay;
+    for (const auto& [n, b] : pipeline.named_buffers()) {
+      auto it = ranks_of.find(impl_of(b));
+      if (it == ranks_of.end() || !it->second.count(rank_)) continue;
+      buffers.emplace_back(n, b);
+      auto d = decay_of.find(impl_of(b));
+      decay.push_back(d == decay_of.end() ? 0.0 : d->second);
+    }
+    dp_ = std::make_unique<DataParallelSync>(transport_, grid_.data_group(rank_), replica_, std::move(params),
+                                             compressed, std::move(buffers), std::move(decay), dp.compression);
+  } else {
+    const std::string problem = dp_codec_problem(dp.compression);
+    TORCH_CHECK(problem.empty(), "dp.compression = ", dp.compression, ": ", problem);
+  }
 }
 
 // ---- training -------------------------------------------------------------------------------------
@@ -137,8 +175,20 @@ DistExecutor::DistExecutor(Pipeline& pipeline, Transport& transport)
 StepResult DistExecutor::train_step(const Batch& batch, int64_t micro_batches, const std::string& schedule_name,
                                     const Pipeline::LossFn& loss_fn, int64_t epoch, int64_t step, StepTiming* timing) {
   const auto t_step = std::chrono::steady_clock::now();
-  const MicroBatches split = split_micro_batches(batch, micro_batches, epoch);
+  const MicroBatches all = split_micro_batches(batch, micro_batches, epoch);
   const std::string at_step = where(epoch, step);
+  // Note [data parallelism]: this replica's share of the micro-batches.
+  const int D = grid_.data;
+  TORCH_CHECK(all.size() % D == 0, "parallel.dp = ", D, ": the step's ", all.size(),
+              " micro-batches (train.micro_batches) do not split evenly among the replicas; use a multiple of ", D);
+  MicroBatches split;
+  const int share = all.size() / D;
+  for (int i = replica_ * share; i < (replica_ + 1) * share; ++i) {
+    split.batches.push_back(all.batches[static_cast<size_t>(i)]);
+    split.contexts.push_back(all.contexts[static_cast<size_t>(i)]);
+  }
+  std::vector<at::Tensor> buffers_before;
+  if (dp_ && dp_->has_buffers()) buffers_before = dp_->snapshot_buffers();
   std::vector<bool> measured;
   for (const auto& b : pipeline_.boundaries()) measured.push_back(b->measures_error());
   C10dChannel channel(transport_, ranks_, step, C10dChannel::Phase::Train, measured, at_step, batch.input.device());
@@ -146,15 +196,20 @@ StepResult DistExecutor::train_step(const Batch& batch, int64_t micro_batches, c
                               make_schedule(schedule_name, layout_, split.size()).at(static_cast<size_t>(rank_)), split,
                               loss_fn, channel, RankInterpreter::Mode::Train);
   interpreter.run();  // a process waits for its messages: it returns when the list is done
-  const double step_s = seconds_since(t_step);
 
-  // As Pipeline::train_step: the gradient of the mean loss over the batch's units, tied
-  // parameters' two parts summed first.
-  const Tally t = share_tally(interpreter.tally(), at_step + ", the step's loss");
-  const double units = interpreter.units();
+  // As Pipeline::train_step: the gradient of the mean loss over the batch's units (of every
+  // replica), tied parameters' parts summed first; then the replicas' sum.
+  const auto t_sync = std::chrono::steady_clock::now();
+  const auto [t, units] = sum_tallies(interpreter.tally(), interpreter.units(), at_step + ", the step's loss");
   TORCH_CHECK(units > 0, "train_step: the batch has no loss units (every target ignored)");
   reduce_tied_grads(step);
   scale_grads(pipeline_.parameters(), 1.0 / units);
+  if (dp_) {
+    dp_->reduce_gradients(step, at_step);
+    if (dp_->has_buffers()) dp_->sync_buffers(step, at_step, buffers_before, share);
+  }
+  const double sync_s = seconds_since(t_sync);
+  const double step_s = seconds_since(t_step);
   StepResult r;
   r.units = units;
   r.loss = t.loss_sum / units;
@@ -164,7 +219,7 @@ StepResult DistExecutor::train_step(const Batch& batch, int64_t micro_batches, c
   if (timing) {
     timing->step_s = step_s;
     timing->compute_s = {interpreter.compute_s()};
-    timing->comm_s = {interpreter.comm_s()};
+    timing->comm_s = {interpreter.comm_s() + (dp_ ? sync_s : 0.0)};
   }
   return r;
 }
@@ -210,7 +265,8 @@ double DistExecutor::clip_grad_norm(const std::vector<Variable>& params, double 
     at::Tensor g = params[static_cast<size_t>(i)].grad();
     if (!g.defined()) continue;
     grads.push_back(g);
-    if (counted_elsewhere.count(impl_of(params[static_cast<size_t>(i)]))) continue;
+    // Replicas hold equal gradients after the data-parallel sum: replica 0's count.
+    if (replica_ != 0 || counted_elsewhere.count(impl_of(params[static_cast<size_t>(i)]))) continue;
     mine.push_back(g.norm(2.0).to(at::kFloat).reshape({1}));
     index.push_back(i);
   }
@@ -252,49 +308,94 @@ at::Tensor DistExecutor::evaluate_batch(const Batch& batch, bool compression, co
 }
 
 Tally DistExecutor::share_tally(const at::Tensor& tally, const std::string& context) {
-  std::string bytes;
+  return sum_tallies(tally, 0.0, context).first;
+}
+
+std::pair<Tally, double> DistExecutor::sum_tallies(const at::Tensor& tally, double first_units,
+                                                   const std::string& context) {
+  // One all-reduce over the world: the last pipeline rank of each replica adds its tally, pipeline
+  // rank 0 of each replica its first stage's units, every other rank zeros (with one replica the
+  // sums are the contributions exactly).
+  at::Tensor slots = at::zeros({4}, at::kDouble);
+  double* w = slots.data_ptr<double>();
   if (last() && tally.defined()) {
     const Tally t = Tally::from(tally);
-    for (double v : {t.loss_sum, t.units, t.correct}) put(bytes, v);
+    w[0] = t.loss_sum, w[1] = t.units, w[2] = t.correct;
   }
-  const std::string got = transport_.broadcast_bytes(bytes, world_ - 1, context);
+  if (rank_ == 0) w[3] = first_units;
+  at::Tensor on_device = slots.to(device_);
+  transport_.all_reduce_sum(on_device, context);
+  slots = on_device.to(at::kCPU);
+  const double* r = slots.data_ptr<double>();
   Tally t;
-  if (got.empty()) return t;
-  const std::string what = context;
-  Reader r{got, 0, what};
-  t.loss_sum = r.get<double>(), t.units = r.get<double>(), t.correct = r.get<double>();
-  return t;
+  t.loss_sum = r[0], t.units = r[1], t.correct = r[2];
+  return {t, r[3]};
 }
 
 DistExecutor::EpochTotals DistExecutor::gather_epoch(double train_time_s, double compute_s, double comm_s,
                                                      int64_t epoch) {
   std::string mine;
   for (double v : {train_time_s, compute_s, comm_s}) put(mine, v);
+  const DataParallelStats dp = dp_ ? dp_->stats() : DataParallelStats{};
+  for (int64_t v : {dp.messages, dp.bytes, dp.raw_bytes}) put(mine, v);
+  put(mine, stages_hash());
   for (const auto& b : pipeline_.boundaries()) {
     const BoundaryStats s = b->stats();
     put_stats(mine, s.forward);
     put_stats(mine, s.backward);
   }
+  if (dp_) dp_->reset_stats();
   const std::string what = "end of epoch " + std::to_string(epoch + 1) + ", gathering statistics";
   const std::vector<std::string> all = transport_.gather_bytes(mine, 0, what);
   EpochTotals out;
-  if (rank_ != 0) return out;
-  std::vector<std::vector<BoundaryStats>> per_boundary(pipeline_.boundaries().size());
-  for (const std::string& bytes : all) {
-    Reader r{bytes, 0, what};
-    out.train_time_s.push_back(r.get<double>());
-    out.compute_s.push_back(r.get<double>());
-    out.comm_s.push_back(r.get<double>());
-    for (auto& b : per_boundary) {
-      BoundaryStats s;
-      s.forward = get_stats(r);
-      s.backward = get_stats(r);
-      b.push_back(s);
+  std::string verdict;  // rank 0: empty, or why the replicas disagree
+  if (transport_.rank() == 0) {
+    std::vector<std::vector<BoundaryStats>> per_boundary(pipeline_.boundaries().size());
+    std::vector<uint64_t> hashes;
+    for (const std::string& bytes : all) {
+      Reader r{bytes, 0, what};
+      out.train_time_s.push_back(r.get<double>());
+      out.compute_s.push_back(r.get<double>());
+      out.comm_s.push_back(r.get<double>());
+      out.data_parallel.messages += r.get<int64_t>();
+      out.data_parallel.bytes += r.get<int64_t>();
+      out.data_parallel.raw_bytes += r.get<int64_t>();
+      hashes.push_back(r.get<uint64_t>());
+      for (auto& b : per_boundary) {
+        BoundaryStats s;
+        s.forward = get_stats(r);
+        s.backward = get_stats(r);
+        b.push_back(s);
+      }
     }
+    // Each direction is counted by its sender only, so the sum over ranks is the boundary's.
+    for (const auto& b : per_boundary) out.boundaries.push_back(sum_boundary_stats(b));
+    for (int p = 0; p < grid_.pipeline && verdict.empty(); ++p)
+      for (int d = 1; d < grid_.data && verdict.empty(); ++d)
+        if (hashes.at(static_cast<size_t>(grid_.rank_of(p, d))) != hashes.at(static_cast<size_t>(grid_.rank_of(p, 0))))
+          verdict = "the replicas disagree at the end of epoch " + std::to_string(epoch + 1) + ": pipeline rank " +
+                    std::to_string(p) + " of replica " + std::to_string(d) + " (rank " +
+                    std::to_string(grid_.rank_of(p, d)) + ") holds other parameters or buffers than replica 0's (rank " +
+                    std::to_string(grid_.rank_of(p, 0)) + ")";
   }
-  // Each direction is counted by its sender only, so the sum over ranks is the boundary's.
-  for (const auto& b : per_boundary) out.boundaries.push_back(sum_boundary_stats(b));
+  if (grid_.data > 1) verdict = transport_.broadcast_bytes(verdict, 0, what + ", checking the replicas agree");
+  TORCH_CHECK(verdict.empty(), verdict);
   return out;
+}
+
+uint64_t DistExecutor::stages_hash() const {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const at::Tensor& t0) {
+    const at::Tensor t = t0.detach().to(at::kCPU).contiguous();
+    const auto* p = static_cast<const unsigned char*>(t.data_ptr());
+    for (size_t i = 0, n = t.numel() * t.element_size(); i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  };
+  for (size_t s = 0; s < pipeline_.num_stages(); ++s) {
+    if (layout_.rank_of(static_cast<int>(s)) != rank_) continue;
+    for (const auto& [n, p] : pipeline_.stage(s)->named_parameters()) mix(p.data());
+    for (const auto& [n, b] : pipeline_.stage(s)->named_buffers()) mix(b.data());
+  }
+  return h;
 }
 
 // ---- checkpoints ----------------------------------------------------------------------------------
@@ -322,6 +423,7 @@ void DistExecutor::synchronized(const Optimizer& optimizer) {
 
 TensorMap DistExecutor::part_for_checkpoint(const TensorMap& all) const {
   TensorMap part;
+  if (replica_ != 0) return part;  // replica 0's (Note [data parallelism])
   for (const auto& [k, t] : all) {
     if (k.rfind("optim.groups.", 0) == 0 || k.rfind("sched.", 0) == 0 || k.rfind("rng.", 0) == 0) continue;
     const int owner = structural_owner(k);
@@ -338,10 +440,10 @@ TensorMap DistExecutor::part_for_checkpoint(const TensorMap& all) const {
 void DistExecutor::save_checkpoint(const std::string& path, const CheckpointContents& mine) {
   const std::string what = "checkpoint " + path;
   const std::vector<std::string> parts = transport_.gather_bytes(pack(part_for_checkpoint(mine.tensors)), 0, what);
-  if (rank_ == 0) {
+  if (transport_.rank() == 0) {
     CheckpointContents merged = mine;  // entries nobody changed, counters, rank 0's RNG state
     std::map<std::string, int> changed_by;
-    for (int r = 0; r < world_; ++r) {
+    for (int r = 0; r < grid_.world(); ++r) {
       for (auto& [k, t] : unpack(parts[static_cast<size_t>(r)], what)) {
         if (structural_owner(k) < 0) {
           auto prev = changed_by.find(k);

@@ -2,7 +2,24 @@
 // DistExecutor: this rank's stages of a multi-process pipeline (one process per pipeline rank,
 // holding stage = rank, or with pipeline.virtual_stages = v the stages rank, rank + P, ...), running
 // the one schedule interpreter (parallel/interpreter.h) that the in-process LocalExecutor runs,
-// over a C10dChannel (c10d_channel.h) instead of in-memory queues.
+// over a C10dChannel (c10d_channel.h) instead of in-memory queues. With parallel.dp = D the world
+// is a grid of D replicas of the P-rank pipeline (parallel/grid.h, Note [rank layout]).
+//
+// Note [data parallelism]. Replica d runs micro-batches [d M / D, (d + 1) M / D) of every step's M
+// (the global batch and the learning dynamics do not change with D). The step's tally and loss
+// units are summed over the replicas, so every replica scales its gradients by the same 1 / units;
+// tied parameters are then summed over every rank holding them (all replicas), and each stage's
+// other gradients over its data-parallel group (DataParallelSync, data_parallel.h: uncompressed or
+// through dp.compression), so all replicas step identically. BatchNorm's running statistics
+// become the replicas' mean (one process would have updated them micro-batch after micro-batch:
+// the evaluation of a D-replica run with BatchNorm is close to, not equal to, one process's; the
+// training numbers are unaffected, as training normalises by the micro-batch's own statistics).
+// Evaluation batches are shared out among the replicas (batch i to replica i % D) and the tallies
+// summed. The metrics and the checkpoint are replica 0's, after every epoch checks that the
+// replicas' stages are bitwise equal (an error naming the pipeline rank and the replica if not).
+// Each replica keeps its own boundary codec state (EF residuals, ...) and its own data-parallel
+// codec state; a checkpoint holds replica 0's, so a resumed D > 1 run with stateful codecs
+// continues from replica 0's state on every replica (docs/PIPELINE.md).
 //
 // Every rank builds the same Pipeline from the same config and seed (so every rank holds every
 // stage's parameters) and runs only its own stage: its optimizer sees gradients only for that
@@ -44,27 +61,37 @@
 #include <vector>
 
 #include "layers/io/checkpoint.h"
+#include "parallel/dist/data_parallel.h"
 #include "parallel/dist/transport.h"
 #include "parallel/executor.h"
+#include "parallel/grid.h"
 
 namespace tl::dist {
 
 class DistExecutor {
  public:
-  /// Pipeline rank = transport.rank(). Error when the world size is not the number of stages
-  /// over the pipeline's virtual stages per rank.
-  DistExecutor(Pipeline& pipeline, Transport& transport);
+  /// Pipeline rank and replica from transport.rank() (Note [rank layout]). Error when the world
+  /// size is not (stages / virtual stages) x dp.replicas, or dp.compression cannot compress
+  /// gradients.
+  DistExecutor(Pipeline& pipeline, Transport& transport, const DataParallelOptions& dp = {});
 
+  /// Pipeline rank (0 .. P - 1) and replica (0 .. D - 1) of this process.
   int rank() const { return rank_; }
+  int replica() const { return replica_; }
+  const Grid& grid() const { return grid_; }
   /// Whether this rank holds the last stage.
-  bool last() const { return rank_ + 1 == world_; }
+  bool last() const { return rank_ + 1 == grid_.pipeline; }
   const StageLayout& layout() const { return layout_; }
+  /// Whether this replica evaluates evaluation batch `index` (Note [data parallelism]).
+  bool evaluates(int64_t index) const { return index % grid_.data == replica_; }
 
   /// This rank's share of one training step under `schedule` (gpipe, 1f1b, interleaved): every rank passes
-  /// the same batch. Returns the step's result (from the last stage, on every rank). `step` is
-  /// the global step, used in message tags and error messages. Gradients (of the mean loss over
-  /// the batch's units, tied parameters summed between their ranks) accumulate into this stage's
-  /// parameters. timing: this rank's step (compute_s and comm_s have one entry).
+  /// the same (global) batch; this replica runs its share of the micro-batches. Returns the step's
+  /// result (over every replica, on every rank). `step` is the global step, used in message tags
+  /// and error messages. Gradients (of the mean loss over the batch's units, tied parameters summed
+  /// between their ranks, the rest over the replicas) accumulate into this stage's parameters.
+  /// timing: this rank's step (compute_s and comm_s have one entry; the data-parallel exchange
+  /// counts as comm).
   StepResult train_step(const Batch& batch, int64_t micro_batches, const std::string& schedule,
                         const Pipeline::LossFn& loss_fn, int64_t epoch, int64_t step, StepTiming* timing = nullptr);
 
@@ -77,15 +104,19 @@ class DistExecutor {
   /// (`compression`) or bypassed (ScopedInference). Returns the task's tally (loss_fn's, of the
   /// last stage's output) on the last rank, undefined elsewhere.
   at::Tensor evaluate_batch(const Batch& batch, bool compression, const Pipeline::LossFn& loss_fn, int64_t index);
-  /// The last rank's tally on every rank (`tally` ignored elsewhere; undefined: nothing tallied).
+  /// The sum of the last pipeline rank's tallies over the replicas, on every rank (`tally` ignored
+  /// elsewhere; undefined: nothing tallied).
   Tally share_tally(const at::Tensor& tally, const std::string& context);
 
   /// Per-epoch gather to rank 0: each boundary's statistics (forward bytes are counted on the
   /// sending rank, gradient bytes on the next) and each rank's (train time, compute, comm)
   /// seconds. On other ranks the result is empty.
+  /// Also checks that the replicas of every pipeline rank hold bitwise equal stages (every rank
+  /// throws if not, naming the pipeline rank and the replicas).
   struct EpochTotals {
     std::vector<BoundaryStats> boundaries;
     std::vector<double> train_time_s, compute_s, comm_s;  // per rank
+    DataParallelStats data_parallel;                      // summed over the ranks
   };
   EpochTotals gather_epoch(double train_time_s, double compute_s, double comm_s, int64_t epoch);
 
@@ -106,11 +137,19 @@ class DistExecutor {
   // -1: not a model/optimizer entry owned by structure; else the owning rank.
   int structural_owner(const std::string& key) const;
 
+  // share_tally, plus the sum of pipeline rank 0's `first_units` over the replicas.
+  std::pair<Tally, double> sum_tallies(const at::Tensor& tally, double first_units, const std::string& context);
+  // FNV-1a of this rank's stages' parameters and buffers (replica agreement).
+  uint64_t stages_hash() const;
+
   Pipeline& pipeline_;
   Transport& transport_;
-  int rank_, world_;
+  Grid grid_;
+  int rank_ = 0, replica_ = 0;  // pipeline rank, replica
+  at::Device device_ = at::kCPU;  // of the parameters (NCCL reduces device tensors)
   StageLayout layout_;
-  std::vector<int> ranks_;                     // transport rank of each pipeline rank
+  std::unique_ptr<DataParallelSync> dp_;       // D > 1
+  std::vector<int> ranks_;                     // transport rank of each pipeline rank of this replica
   std::map<std::string, int> owner_;           // pipeline parameter/buffer name -> first rank holding it
   std::vector<std::string> tied_;              // parameters held by several ranks, by name
   std::map<std::string, std::set<int>> held_;  // tied parameter -> ranks holding it

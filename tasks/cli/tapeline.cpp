@@ -189,7 +189,10 @@ int cmd_train(const std::vector<std::string>& argv) {
       const unsigned cores = std::thread::hardware_concurrency();
       launch.env.emplace_back("OPENBLAS_NUM_THREADS", std::to_string(std::max(1, static_cast<int>(cores) / nproc)));
     }
-    if (!req.quiet) std::cerr << "starting " << nproc << " ranks, one per stage (output prefixed [rank r])\n";
+    if (!req.quiet) std::cerr << "starting " << nproc << " ranks"
+                << (req.config.parallel.dp > 1 ? ", " + std::to_string(req.config.parallel.dp) + " replicas of the pipeline"
+                                               : std::string(", one per pipeline rank"))
+                << " (output prefixed [rank r])\n";
     const dist::LaunchResult result = dist::launch_local(launch);
     if (!result.ok()) {
       std::cerr << "tapeline train: " << result.message << "\n";

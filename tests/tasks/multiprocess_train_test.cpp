@@ -4,7 +4,12 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <thread>
 #include <cstdlib>
 #include <iostream>
 #include <cstdio>
@@ -13,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "layers/io/safetensors.h"
 #include "parallel/dist/rendezvous.h"
 #include "parallel/dist/transport.h"
 #include "tasks/data/dataset.h"
@@ -158,14 +164,16 @@ TEST(MultiProcessTrain, FourProcessesComputeTheSameNumbersAsOne) {
 }
 
 // One of 4 ranks is killed (SIGKILL) in the middle of epoch 2: every other rank exits non-zero
-// within dist.timeout_s, the ranks next to it naming it and the step; resuming from the epoch-1
-// checkpoint with 4 processes ends with the metrics of an uninterrupted run.
-TEST(MultiProcessTrain, AKilledRankStopsTheOthersAndTheRunResumesExactly) {
-  REQUIRE_MULTIPROCESS();
+// within dist.timeout_s, the ranks that talk to it naming it and the step; resuming from the
+// epoch-1 checkpoint with 4 processes ends with the metrics of an uninterrupted run. `grid`: extra
+// arguments (the same for every run); `victim` and `peers`: the rank killed and those that must
+// name it (they exchange messages with it).
+void kill_and_resume(const std::string& grid, int victim, const std::vector<int>& peers) {
   testing::TempDir dir;
   const std::string cfg = write_config(dir.path(), 3);
   const fs::path reference = dir.path() / "reference", run_dir = dir.path() / "run";
-  auto [s0, o0] = run("train --config " + cfg + " --no-plot --quiet --out " + reference.string(), mp::temp_log("ref"));
+  auto [s0, o0] = run("train --config " + cfg + " --no-plot --quiet --nproc 4 " + grid + " --out " + reference.string(),
+                      mp::temp_log("ref"));
   ASSERT_EQ(s0, 0) << o0;
 
   // The ranks, started as torchrun would (rank 0 hosts the store). 5 ms link latency keeps a step
@@ -174,12 +182,14 @@ TEST(MultiProcessTrain, AKilledRankStopsTheOthersAndTheRunResumesExactly) {
   const int port = dist::find_free_port();
   mp::ProcessGroupGuard guard;
   std::vector<std::string> logs;
+  std::vector<std::string> args = {"train",     "--config", cfg,       "--out", run_dir.string(), "--no-plot",
+                                   "--quiet",   "--dist.timeout_s=" + std::to_string(timeout_s),
+                                   "--boundary.latency_ms=5"};
+  std::istringstream extra(grid);
+  for (std::string a; extra >> a;) args.push_back(a);
   for (int r = 0; r < 4; ++r) {
     logs.push_back(mp::temp_log("rank" + std::to_string(r)));
-    guard.pids.push_back(mp::spawn(tapeline_path().string(),
-                                   {"train", "--config", cfg, "--out", run_dir.string(), "--no-plot", "--quiet",
-                                    "--dist.timeout_s=" + std::to_string(timeout_s), "--boundary.latency_ms=5"},
-                                   mp::rank_env(r, 4, port), logs.back()));
+    guard.pids.push_back(mp::spawn(tapeline_path().string(), args, mp::rank_env(r, 4, port), logs.back()));
   }
   // Wait for step 11 (8 steps per epoch: epoch 2 has begun, its checkpoint is written).
   const int64_t steps_per_epoch = 512 / 64;
@@ -202,25 +212,193 @@ TEST(MultiProcessTrain, AKilledRankStopsTheOthersAndTheRunResumesExactly) {
   ASSERT_LT(killed_at, 2 * steps_per_epoch) << "the run got past epoch 2 before the kill";
   ASSERT_TRUE(fs::exists(run_dir / "checkpoint.safetensors"));
   const auto t_kill = std::chrono::steady_clock::now();
-  ::kill(guard.pids[2], SIGKILL);
-  for (int r : {0, 1, 3}) {
+  ::kill(guard.pids[static_cast<size_t>(victim)], SIGKILL);
+  const std::string dead = "rank " + std::to_string(victim);
+  for (int r = 0; r < 4; ++r) {
+    if (r == victim) continue;
     const int status = mp::wait_or_kill(guard.pids[static_cast<size_t>(r)], timeout_s + 10);
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_kill).count();
     const std::string log = mp::read_file(logs[static_cast<size_t>(r)]);
-    ASSERT_GE(status, 0) << "rank " << r << " hung after rank 2 died:\n" << log;
+    ASSERT_GE(status, 0) << "rank " << r << " hung after " << dead << " died:\n" << log;
     EXPECT_NE(mp::exit_code(status), 0) << "rank " << r << ":\n" << log;
     EXPECT_LE(took, timeout_s) << "rank " << r;
-    if (r == 1 || r == 3) {  // the neighbours name the dead rank and where the run was
-      EXPECT_NE(log.find("rank 2"), std::string::npos) << log;
+    if (std::find(peers.begin(), peers.end(), r) != peers.end()) {  // name the dead rank and where the run was
+      EXPECT_NE(log.find(dead), std::string::npos) << log;
       EXPECT_NE(log.find("step"), std::string::npos) << log;
     }
   }
   int st = 0;
-  ::waitpid(guard.pids[2], &st, 0);
+  ::waitpid(guard.pids[static_cast<size_t>(victim)], &st, 0);
 
-  auto [s1, o1] = run("train --resume " + run_dir.string() + " --nproc 4 --no-plot --quiet", mp::temp_log("resume"));
+  auto [s1, o1] = run("train --resume " + run_dir.string() + " --nproc 4 " + grid + " --no-plot --quiet",
+                      mp::temp_log("resume"));
   ASSERT_EQ(s1, 0) << o1;
   EXPECT_EQ(metrics_without_times(run_dir), metrics_without_times(reference));
+}
+
+TEST(MultiProcessTrain, AKilledRankStopsTheOthersAndTheRunResumesExactly) {
+  REQUIRE_MULTIPROCESS();
+  kill_and_resume("", 2, {1, 3});  // the pipeline neighbours of stage 2
+}
+
+// In a 2 x 2 grid (2 stages, 2 replicas: rank = stage x 2 + replica), rank 3 holds stage 1 of
+// replica 1: its pipeline peer (rank 1) and its data-parallel peer (rank 2) name it.
+TEST(MultiProcessTrain, AKilledRankStopsATwoByTwoGridAndTheRunResumesExactly) {
+  REQUIRE_MULTIPROCESS();
+  // Identity boundaries: each replica keeps its own boundary codec state, and a checkpoint holds
+  // replica 0's (Note [data parallelism] in parallel/dist/runtime.h), so only stateless
+  // boundaries resume exactly in a grid.
+  kill_and_resume("--parallel.dp=2 --model.cuts=layer2 --boundary.forward=identity --boundary.backward=identity", 3,
+                  {1, 2});
+}
+
+// metrics.csv as numbers by column, without the columns that measure time.
+std::map<std::string, std::vector<double>> metrics_by_column(const fs::path& run_dir) {
+  std::ifstream f(run_dir / "metrics.csv");
+  std::string line;
+  std::vector<std::string> header;
+  std::map<std::string, std::vector<double>> out;
+  while (std::getline(f, line)) {
+    std::vector<std::string> cells;
+    std::stringstream ss(line);
+    for (std::string c; std::getline(ss, c, ',');) cells.push_back(c);
+    if (header.empty()) {
+      header = cells;
+      continue;
+    }
+    for (size_t i = 0; i < cells.size() && i < header.size(); ++i)
+      if (header[i] != "wall_s" && header[i] != "train_time_s" && header[i] != "compute_s" && header[i] != "comm_s" &&
+          header[i] != "bubble")
+        out[header[i]].push_back(std::stod(cells[i]));
+  }
+  return out;
+}
+
+// Largest ||a - b|| / ||a|| over the model's tensors of two checkpoints (parameters and buffers).
+double worst_relative_difference(const fs::path& a_run, const fs::path& b_run, std::string* worst_name) {
+  *worst_name = "none";
+  const TensorMap a = load_safetensors((a_run / "checkpoint.safetensors").string());
+  const TensorMap b = load_safetensors((b_run / "checkpoint.safetensors").string());
+  double worst = 0;
+  for (const auto& [name, t] : a) {
+    if (name.rfind("model.", 0) != 0) continue;
+    EXPECT_TRUE(b.count(name)) << name;
+    if (!b.count(name)) continue;
+    const at::Tensor x = t.to(at::kDouble), y = b.at(name).to(at::kDouble);
+    const double norm = x.norm().item<double>();
+    const double d = (x - y).norm().item<double>() / (norm > 0 ? norm : 1.0);
+    if (d > worst) worst = d, *worst_name = name;
+  }
+  return worst;
+}
+
+// Identity codecs, 20 steps: a grid of pipeline ranks x replicas ends with the metrics and the
+// parameters of one process running the same stages on the same global batch. (P, D) = (4, 1),
+// where nothing is summed in another order, is bitwise: FourProcessesComputeTheSameNumbersAsOne.
+// With replicas, the gradients are summed in another order than one process accumulates its
+// micro-batches ((g0 + g1) + (g2 + g3) against ((g0 + g1) + g2) + g3), so the runs agree to
+// rounding, and training amplifies rounding: after 20 steps the same one-process run on 2 threads
+// instead of 1 (another order of ATen's reductions) differs from it by up to ~3e-5 relative
+// (GPT-2, AdamW: a qkv bias) or ~3e-3 (ResNet-8 at lr 0.05: a BatchNorm bias of norm 0.006). Each
+// case therefore measures that floor and requires every parameter and buffer within
+// max(1e-5, 2 x floor) relative; the metrics within 1e-5. A lost or doubled replica's gradient
+// differs by far more. With P x D = 1 x 4 the sums run in one process's order: within 1e-5, where
+// only BatchNorm's merged running statistics differ (Note [running statistics across replicas]).
+// Interleaved 1F1B in processes is bitwise in FourProcessesComputeTheSameNumbersAsOne.
+TEST(MultiProcessTrain, GridsOfReplicasComputeTheNumbersOfOneProcess) {
+  REQUIRE_MULTIPROCESS();
+  testing::TempDir dir;
+  const fs::path cfg = dir.path() / "grid.ini";
+  {
+    std::ofstream f(cfg);
+    f << "[run]\nseed = 5\nthreads = 1\n"
+      << "[data]\ndataset = fashion-mnist\ntrain_limit = 640\ntest_limit = 256\n"
+      << "[model]\narch = resnet8\nwidth = 0.5\n"
+      << "[train]\nepochs = 2\nbatch_size = 64\nmicro_batches = 4\nlr = 0.05\nmomentum = 0.9\n"
+      << "weight_decay = 0.0005\ngrad_clip = 2.0\n";
+  }
+  struct Case {
+    std::string name, config, grid;
+    int64_t replicas, steps;
+    bool one_process_order;  // the replicas' sum runs in one process's order (one micro-batch each)
+  };
+  const std::string vision = "--config " + cfg.string() + " --model.cuts=";
+  std::vector<Case> cases = {
+      {"ResNet-8 2x2", vision + "layer2", "--parallel.dp=2", 2, 20, false},
+      {"ResNet-8 1x4", vision + "none", "--parallel.dp=4", 4, 20, true},
+  };
+  // GPT-2: the tied embedding (stages 0 and 1) is summed over all four ranks.
+  if (fs::exists("/usr/share/wordnet/data.noun"))
+    cases.push_back({"GPT-2 2x2, tied embedding", "--config " + (kRoot / "configs" / "lm" / "baseline.ini").string() +
+                                                      " --model.cuts=h.0 --data.train_limit=640 --data.test_limit=64 "
+                                                      "--run.threads=1 --train.micro_batches=4",
+                     "--parallel.dp=2", 2, 20, false});
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    SCOPED_TRACE(c.name);
+    const std::string common = "train " + c.config + " --no-plot --quiet --out ";
+    const fs::path one = dir.path() / ("one" + std::to_string(i)), two = dir.path() / ("threads" + std::to_string(i)),
+                   grid = dir.path() / ("grid" + std::to_string(i));
+    auto [s1, o1] = run(common + one.string(), mp::temp_log("one"));
+    ASSERT_EQ(s1, 0) << o1;
+    if (!c.one_process_order) {
+      auto [s2, o2] = run(common + two.string() + " --run.threads=2", mp::temp_log("threads"));
+      ASSERT_EQ(s2, 0) << o2;
+    }
+    auto [s3, o3] = run(common + grid.string() + " --nproc 4 " + c.grid, mp::temp_log("grid"));
+    ASSERT_EQ(s3, 0) << o3;
+    auto a = metrics_by_column(one), b = metrics_by_column(grid);
+    ASSERT_FALSE(a["epoch"].empty());
+    EXPECT_EQ(b["steps"], a["steps"]);
+    EXPECT_EQ(b["bytes_forward"], a["bytes_forward"]);  // every micro-batch crosses every cut once
+    EXPECT_EQ(b["bytes_backward"], a["bytes_backward"]);
+    for (const auto& [column, values] : a) {
+      if (column.rfind("bytes", 0) == 0) continue;
+      for (size_t e = 0; e < values.size(); ++e)
+        EXPECT_NEAR(b[column].at(e), values[e], 1e-5 * std::max(1.0, std::abs(values[e])))
+            << column << " epoch " << e + 1;
+    }
+    // Data-parallel bytes: each replica sends every untied gradient to every other replica per
+    // step, raw float32, plus the payloads' headers.
+    EXPECT_EQ(a["bytes_dp"].at(0), 0.0);
+    EXPECT_GT(b["bytes_dp"].at(0), b["bytes_dp_uncompressed"].at(0));
+    double dp_raw = 0;
+    for (double v : b["bytes_dp_uncompressed"]) dp_raw += v;
+    EXPECT_GT(dp_raw, 0.0);
+    EXPECT_EQ(std::fmod(dp_raw, static_cast<double>(4 * c.replicas * (c.replicas - 1) * c.steps)), 0.0)
+        << "not whole float32 gradients, D (D - 1) times per step";
+    std::string name, floor_name = "-";
+    const double floor = c.one_process_order ? 0.0 : worst_relative_difference(one, two, &floor_name);
+    const double worst = worst_relative_difference(one, grid, &name);
+    std::cout << "[ NOTE ] " << c.name << ": worst relative difference after " << c.steps << " steps " << worst << " ("
+              << name << "); one process on 2 threads instead of 1: " << floor << " (" << floor_name << ")\n";
+    EXPECT_LE(worst, std::max(1e-5, 2 * floor)) << name;
+  }
+}
+
+// Compressed data parallelism (PowerSGD with error feedback, Optimus-CC) sends a fraction of the
+// raw gradient bytes, keeps the replicas identical (checked by the runtime every epoch) and
+// trains; compressing only stage 0 (dp.compress_stages) sends more than compressing both.
+TEST(MultiProcessTrain, CompressedDataParallelSendsFewerBytesAndTrains) {
+  REQUIRE_MULTIPROCESS();
+  testing::TempDir dir;
+  const std::string cfg = write_config(dir.path(), 2);
+  const std::string common = "train --config " + cfg +
+                             " --no-plot --quiet --nproc 4 --parallel.dp=2 --model.cuts=layer2 "
+                             "--dp.compression=ef(powersgd(rank=2)) --out ";
+  auto [s1, o1] = run(common + (dir.path() / "all").string(), mp::temp_log("dp-all"));
+  ASSERT_EQ(s1, 0) << o1;
+  auto [s2, o2] = run(common + (dir.path() / "first").string() + " --dp.compress_stages=0", mp::temp_log("dp-first"));
+  ASSERT_EQ(s2, 0) << o2;
+  auto all = metrics_by_column(dir.path() / "all"), first = metrics_by_column(dir.path() / "first");
+  for (size_t e = 0; e < 2; ++e) {
+    EXPECT_LT(all["bytes_dp"][e], all["bytes_dp_uncompressed"][e] / 3);
+    EXPECT_GT(first["bytes_dp"][e], all["bytes_dp"][e]);
+    EXPECT_LT(first["bytes_dp"][e], first["bytes_dp_uncompressed"][e]);
+    EXPECT_EQ(first["bytes_dp_uncompressed"][e], all["bytes_dp_uncompressed"][e]);
+  }
+  EXPECT_LT(all["train_loss"][1], all["train_loss"][0]);
+  EXPECT_GT(all["test_metric_compressed"][1], 0.2);  // 10 classes: chance is 0.1
 }
 
 // GPT-2 ties its input embedding (stage 0) to its output layer (the last stage): each of the two

@@ -1,0 +1,216 @@
+#include "parallel/dist/data_parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "autograd/autograd.h"
+#include "compression/spec.h"
+
+namespace tl::dist {
+
+namespace {
+
+// Message tags: step: 30 bits | kind: 4 bits (C10dChannel uses 1-3 and 9-11).
+constexpr int64_t kKindGradients = 4, kKindBuffers = 5;
+int64_t tag(int64_t step, int64_t kind) { return ((step & ((int64_t(1) << 30) - 1)) << 30) | (kind << 26); }
+
+const CompressorPtr& identity() {
+  static const CompressorPtr codec = parse_compressor("identity");
+  return codec;
+}
+
+// The matrix a parameter's gradient is compressed as: (shape[0], the rest).
+at::Tensor as_matrix(const at::Tensor& g) { return g.reshape({g.size(0), -1}); }
+
+// Several payloads as one message: count, each one's length, then their bytes back to back.
+at::Tensor pack(const std::vector<Payload>& payloads) {
+  std::vector<std::vector<uint8_t>> parts;
+  int64_t total = 8 * static_cast<int64_t>(1 + payloads.size());
+  for (const Payload& p : payloads) parts.push_back(p.serialize()), total += static_cast<int64_t>(parts.back().size());
+  at::Tensor out = at::empty({total}, at::kByte);
+  uint8_t* w = out.data_ptr<uint8_t>();
+  const int64_t count = static_cast<int64_t>(parts.size());
+  std::memcpy(w, &count, 8), w += 8;
+  for (const auto& part : parts) {
+    const int64_t n = static_cast<int64_t>(part.size());
+    std::memcpy(w, &n, 8), w += 8;
+  }
+  for (const auto& part : parts) std::memcpy(w, part.data(), part.size()), w += part.size();
+  return out;
+}
+
+std::vector<Payload> unpack(const at::Tensor& bytes, size_t expected, at::Device device, const std::string& from) {
+  const uint8_t* r = bytes.numel() ? bytes.data_ptr<uint8_t>() : nullptr;
+  const size_t size = static_cast<size_t>(bytes.numel());
+  auto fail = [&](const std::string& what) { TORCH_CHECK(false, from, ": ", what, " (garbled data-parallel message)"); };
+  if (size < 8) fail("a message of " + std::to_string(size) + " bytes");
+  int64_t count;
+  std::memcpy(&count, r, 8);
+  if (count != static_cast<int64_t>(expected))
+    fail(std::to_string(count) + " gradients where this rank has " + std::to_string(expected));
+  if (size < 8 * (1 + expected)) fail("a message of " + std::to_string(size) + " bytes");
+  std::vector<int64_t> lengths(expected);
+  std::memcpy(lengths.data(), r + 8, 8 * expected);
+  size_t at = 8 * (1 + expected);
+  std::vector<Payload> out;
+  for (int64_t n : lengths) {
+    if (n < 0 || at + static_cast<size_t>(n) > size) fail("a gradient runs past the message's end");
+    out.push_back(Payload::deserialize(r + at, static_cast<size_t>(n), device));
+    at += static_cast<size_t>(n);
+  }
+  if (at != size) fail(std::to_string(size - at) + " bytes after the last gradient");
+  return out;
+}
+
+}  // namespace
+
+std::string dp_codec_problem(const std::string& spec) {
+  CompressorPtr c;
+  try {
+    c = parse_compressor(spec);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  const std::string accepted =
+      "accepted: stateless codecs and ef(...) of them, e.g. powersgd(rank=4), ef(powersgd(rank=4)), quant(bits=8), "
+      "ef(topk(0.01))";
+  if (c->decode_has_state())
+    return "its decoder keeps state per sender (ef21, aqsgd), which an all-gather of D replicas' payloads would need "
+           "D copies of; " + accepted;
+  if (c->has_transform() || c->constrains_model())
+    return "learned or projecting codecs (ae, subspace) apply to activations, not to gradients; " + accepted;
+  return {};
+}
+
+bool DataParallelOptions::compresses(int64_t stage) const {
+  return compression != "identity" &&
+         (compress_stages.empty() ||
+          std::find(compress_stages.begin(), compress_stages.end(), stage) != compress_stages.end());
+}
+
+DataParallelSync::DataParallelSync(Transport& transport, std::vector<int> group, int replica,
+                                   std::vector<std::pair<std::string, Variable>> params,
+                                   const std::vector<bool>& compressed,
+                                   std::vector<std::pair<std::string, Variable>> buffers, std::vector<double> decay,
+                                   const std::string& spec)
+    : transport_(transport), group_(std::move(group)), replica_(replica), params_(std::move(params)),
+      buffers_(std::move(buffers)), decay_(std::move(decay)) {
+  TORCH_CHECK(decay_.size() == buffers_.size(), "DataParallelSync: ", decay_.size(), " decays for ", buffers_.size(),
+              " buffers");
+  const std::string problem = dp_codec_problem(spec);
+  TORCH_CHECK(problem.empty(), "dp.compression = ", spec, ": ", problem);
+  TORCH_CHECK(compressed.size() == params_.size(), "DataParallelSync: ", compressed.size(), " flags for ",
+              params_.size(), " parameters");
+  for (size_t i = 0; i < params_.size(); ++i)
+    codecs_.push_back(compressed[i] && params_[i].second.dim() >= 2 ? parse_compressor(spec) : identity());
+}
+
+std::vector<std::vector<Payload>> DataParallelSync::all_gather(const std::vector<Payload>& mine, int64_t message_tag,
+                                                               const std::string& context, at::Device device,
+                                                               int64_t raw_bytes) {
+  const int D = static_cast<int>(group_.size());
+  const size_t count = mine.size();
+  const at::Tensor message = pack(mine);
+  for (int e = 0; e < D; ++e) {
+    if (e == replica_) continue;
+    transport_.send(group_[static_cast<size_t>(e)], message, message_tag, context + " to replica " + std::to_string(e));
+    if (raw_bytes >= 0) ++stats_.messages, stats_.bytes += message.numel(), stats_.raw_bytes += raw_bytes;
+  }
+  std::vector<std::vector<Payload>> all(static_cast<size_t>(D));
+  for (int e = 0; e < D; ++e) {
+    if (e == replica_) {  // decoded from the same bytes as the others decode it, on the same path
+      all[static_cast<size_t>(e)] = unpack(message, count, device, context);
+      continue;
+    }
+    const int from_rank = group_[static_cast<size_t>(e)];
+    const std::string from =
+        context + ", from replica " + std::to_string(e) + " (rank " + std::to_string(from_rank) + ")";
+    all[static_cast<size_t>(e)] = unpack(transport_.recv(from_rank, message_tag, from).body, count, device, from);
+  }
+  return all;
+}
+
+void DataParallelSync::reduce_gradients(int64_t step, const std::string& where) {
+  const int D = static_cast<int>(group_.size());
+  if (D == 1 || params_.empty()) return;
+  NoGradGuard no_grad;
+  CodecContext ctx;
+  std::vector<Payload> mine;
+  int64_t raw = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Variable& p = params_[i].second;
+    const at::Tensor& g = p.grad();
+    if (!g.defined()) {  // none here, none on the other replicas: an empty placeholder
+      mine.push_back(identity()->encode(at::empty({0}, p.options()), ctx));
+      continue;
+    }
+    mine.push_back(codecs_[i]->encode(p.dim() >= 2 ? as_matrix(g) : g, ctx));
+    raw += g.numel() * g.element_size();
+  }
+  const auto all = all_gather(mine, tag(step, kKindGradients),
+                              where + ", data-parallel gradients of replica " + std::to_string(replica_),
+                              params_.front().second.device(), raw);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Variable p = params_[i].second;
+    const bool here = p.grad().defined();
+    at::Tensor sum;
+    for (int e = 0; e < D; ++e) {
+      const Payload& payload = all[static_cast<size_t>(e)][i];
+      TORCH_CHECK((payload.numel() > 0 || p.numel() == 0) == here, where, ": '", params_[i].first, "' has ",
+                  here ? "a gradient" : "no gradient", " on replica ", replica_, " but ", here ? "none" : "one",
+                  " on replica ", e, " (the replicas ran different stages)");
+      if (!here) break;
+      at::Tensor d = codecs_[i]->decode(payload, ctx);
+      TORCH_CHECK(d.numel() == p.numel(), where, ": replica ", e, " sent a gradient of ", d.numel(),
+                  " values for '", params_[i].first, "' (", p.numel(), " here)");
+      d = d.reshape(p.sizes()).to(p.data().scalar_type());
+      sum = sum.defined() ? sum.add_(d) : d.clone();
+    }
+    if (here) p.set_grad(sum);
+  }
+}
+
+std::vector<at::Tensor> DataParallelSync::snapshot_buffers() const {
+  std::vector<at::Tensor> out;
+  for (const auto& [n, b] : buffers_) out.push_back(b.data().clone());
+  return out;
+}
+
+void DataParallelSync::sync_buffers(int64_t step, const std::string& where, const std::vector<at::Tensor>& since,
+                                    int64_t k) {
+  const int D = static_cast<int>(group_.size());
+  if (D == 1 || buffers_.empty()) return;
+  NoGradGuard no_grad;
+  std::vector<Payload> mine;
+  for (const auto& [n, b] : buffers_)  // integer counters travel as float64 (exact below 2^53)
+    mine.push_back(identity()->encode(at::isFloatingType(b.scalar_type()) ? b.data() : b.data().to(at::kDouble), {}));
+  const auto all = all_gather(mine, tag(step, kKindBuffers),
+                              where + ", data-parallel buffers of replica " + std::to_string(replica_),
+                              buffers_.front().second.device(), -1);
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    at::Tensor b = buffers_[i].second.data();
+    const bool floating = at::isFloatingType(b.scalar_type());
+    const double a = decay_[i];
+    const at::Tensor& r0 = since.at(i);
+    at::Tensor sum;
+    for (int e = 0; e < D; ++e) {
+      at::Tensor v = identity()->decode(all[static_cast<size_t>(e)][i], {}).to(b.scalar_type());
+      TORCH_CHECK(v.sizes().equals(b.sizes()), where, ": replica ", e, " sent buffer '", buffers_[i].first,
+                  "' of shape ", v.sizes(), " (", b.sizes(), " here)");
+      if (!floating)
+        v = v - r0;  // the replica's increment
+      else if (a > 0)
+        v = (v - r0 * std::pow(a, k)) * std::pow(a, (D - 1 - e) * k);  // c_e, aged by the replicas after e
+      sum = sum.defined() ? sum.add_(v) : v.clone();
+    }
+    if (!floating)
+      b.copy_(r0 + sum);
+    else if (a > 0)
+      b.copy_(r0 * std::pow(a, D * k) + sum);
+    else
+      b.copy_(sum.div_(static_cast<double>(D)));
+  }
+}
+
+}  // namespace tl::dist

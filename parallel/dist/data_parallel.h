@@ -1,0 +1,104 @@
+#pragma once
+// DataParallelSync: one pipeline rank's data-parallel group (the D ranks that hold the same stages
+// in D replicas, parallel/grid.h), summing the stages' gradients after every backward, optionally
+// compressed with the same codecs and payloads as the boundaries (config dp.compression), and
+// keeping the replicas' buffers (BatchNorm running statistics) equal.
+//
+// Note [all-reduce by all-gather of payloads]. Compressed payloads cannot be summed on the wire (a
+// TopK payload plus another is not a TopK payload; PowerSGD's factors of two matrices do not add),
+// so each replica encodes its own gradient, sends the payload to every other replica of its group,
+// decodes all D payloads (its own too) and sums them in replica order 0, 1, ..., D-1. Every replica
+// forms the same sum of the same decoded tensors in the same order, so the replicas stay identical
+// bit for bit, whatever the codec. Uncompressed (identity) the decoded tensor is the gradient
+// itself. On the wire: (D - 1) payloads out of each rank per step, counted exactly (stats()); a ring
+// all-reduce of raw floats sends 2 (D - 1) / D of the gradient's bytes out of each rank, so for
+// D = 2 both send one gradient's bytes.
+//
+// What is compressed: each parameter's gradient is viewed as a matrix (shape[0], the rest), as
+// PowerSGD compresses a layer's gradient (a convolution's (out, in * kh * kw)); parameters of
+// fewer than 2 dims (biases, norms' scales) go uncompressed, as in Vogels et al. Each parameter
+// has its own codec instance: an ef(...) residual or a PowerSGD warm start is per parameter and
+// per replica. Codecs whose decoder keeps state per sender (ef21, aqsgd), or that transform or
+// constrain the model (ae, subspace), are rejected (dp_codec_problem()).
+//
+// Tied parameters (GPT-2's wte on the first and the last stage) are not summed here: the runtime
+// sums them over every rank that holds them, all replicas at once (Optimus-CC's fused embedding
+// synchronisation), before this runs.
+
+#include <string>
+#include <vector>
+
+#include "compression/compressor.h"
+#include "parallel/dist/transport.h"
+
+namespace tl::dist {
+
+/// Why `spec` cannot compress data-parallel gradients (empty: it can).
+std::string dp_codec_problem(const std::string& spec);
+
+/// Config [parallel] dp and [dp]: data parallelism across pipeline replicas.
+struct DataParallelOptions {
+  int replicas = 1;                     // parallel.dp: D
+  std::string compression = "identity";  // dp.compression: codec of the gradients
+  std::vector<int64_t> compress_stages;  // dp.compress_stages: stages whose gradients are compressed (empty: all)
+  bool compresses(int64_t stage) const;
+};
+
+/// Bytes of data-parallel messages sent by this rank.
+struct DataParallelStats {
+  int64_t messages = 0;
+  int64_t bytes = 0;      // payload bytes sent (header and body, Payload::nbytes)
+  int64_t raw_bytes = 0;  // what the same messages would have been uncompressed
+};
+
+class DataParallelSync {
+ public:
+  /// `group`: transport ranks of the group by replica; `replica`: this rank's index in it.
+  /// `params` / `buffers`: this rank's stages' (tied parameters left out), in the same order on
+  /// every replica; `compressed[i]`: whether params[i]'s gradient goes through `spec` (a
+  /// parameter of fewer than 2 dims never does); `decay[i]`: for a floating-point buffer that is
+  /// a running average updated once per micro-batch as r = decay r + (1 - decay) s (BatchNorm's,
+  /// decay = 1 - momentum), else 0 (Note [running statistics across replicas]).
+  DataParallelSync(Transport& transport, std::vector<int> group, int replica,
+                   std::vector<std::pair<std::string, Variable>> params, const std::vector<bool>& compressed,
+                   std::vector<std::pair<std::string, Variable>> buffers, std::vector<double> decay,
+                   const std::string& spec);
+
+  /// Replaces every parameter's gradient by the sum over the replicas (Note [all-reduce by
+  /// all-gather of payloads]). A parameter without gradient here has none on any replica (the
+  /// replicas run the same stages) and keeps none. `step` tags the messages and names the step in
+  /// errors.
+  void reduce_gradients(int64_t step, const std::string& where);
+  /// Note [running statistics across replicas]. After replica e ran its k micro-batches of the
+  /// step, from the running average r0 of the step's start (`since`), it holds
+  /// r_e = a^k r0 + c_e (a = decay). One process running all D k micro-batches in replica order
+  /// would hold a^(D k) r0 + sum_e a^((D - 1 - e) k) c_e: every replica forms that, in replica
+  /// order, so the running statistics are one process's to rounding. Integer buffers (BatchNorm's
+  /// batch counter) become r0 plus every replica's increment; other floating-point buffers the
+  /// replicas' mean.
+  void sync_buffers(int64_t step, const std::string& where, const std::vector<at::Tensor>& since, int64_t k);
+  /// Copies of the buffers now (for sync_buffers' `since`).
+  std::vector<at::Tensor> snapshot_buffers() const;
+  bool has_buffers() const { return !buffers_.empty(); }
+
+  const DataParallelStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+  /// The per-parameter codecs (state, for tests).
+  const std::vector<CompressorPtr>& codecs() const { return codecs_; }
+
+ private:
+  // Sends this replica's payloads as one message to every other replica of the group and returns
+  // every replica's, by replica. raw_bytes >= 0: counted in stats() as that many raw bytes each.
+  std::vector<std::vector<Payload>> all_gather(const std::vector<Payload>& mine, int64_t tag, const std::string& context,
+                                               at::Device device, int64_t raw_bytes);
+
+  Transport& transport_;
+  std::vector<int> group_;
+  int replica_;
+  std::vector<std::pair<std::string, Variable>> params_, buffers_;
+  std::vector<double> decay_;  // per buffer
+  std::vector<CompressorPtr> codecs_;  // per parameter
+  DataParallelStats stats_;
+};
+
+}  // namespace tl::dist
