@@ -41,19 +41,8 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    if (k == "--repeats")
-      a.repeats = std::atoi(argv[i + 1]);
-    else if (k == "--max-mib")
-      a.max_mib = std::atoi(argv[i + 1]);
-    else if (k == "--timeout")
-      a.timeout_s = std::atof(argv[i + 1]);
-    else {
-      std::fprintf(stderr, "bench_transport: unknown option '%s'; known: --repeats, --max-mib, --timeout\n", k.c_str());
-      std::exit(2);
-    }
-  }
+  tl::bench::parse_options("bench_transport", argc, argv,
+                           {{"--repeats", &a.repeats}, {"--max-mib", &a.max_mib}, {"--timeout", nullptr, &a.timeout_s}});
   return a;
 }
 
@@ -147,22 +136,6 @@ int run_rank(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    const Args args = parse(argc, argv);
-    if (DistEnv::launched()) return run_rank(args);
-    if (!Transport::available("gloo")) {
-      std::printf("{\"bench\":\"transport\",\"skipped\":\"built without c10d Gloo (libgloo-dev)\"}\n");
-      return 0;
-    }
-    LaunchOptions lo;
-    lo.nproc = 2;
-    lo.args.assign(argv + 1, argv + argc);
-    lo.on_line = tl::bench::print_rank_line;
-    const LaunchResult r = launch_local(lo);
-    if (!r.ok()) std::fprintf(stderr, "bench_transport: %s\n", r.message.c_str());
-    return r.exit_code;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_transport: %s\n", e.what());
-    return 1;
-  }
+  const Args args = parse(argc, argv);
+  return tl::bench::run_as_ranks("transport", 2, argc, argv, [&] { return run_rank(args); });
 }

@@ -2,8 +2,13 @@
 // Small helpers the benchmarks share.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
+
+#include "parallel/dist/launch.h"
+#include "parallel/dist/rendezvous.h"
+#include "parallel/dist/transport.h"
 
 namespace tl::bench {
 
@@ -15,6 +20,31 @@ inline double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/// A command-line option "--name value" of a benchmark, stored in an int or a double.
+struct Option {
+  std::string name;
+  int* as_int = nullptr;
+  double* as_double = nullptr;
+};
+
+/// Parses "--name value" pairs into `options`; an unknown option or a missing value exits with
+/// status 2, naming `bench` and the known options.
+inline void parse_options(const char* bench, int argc, char** argv, const std::vector<Option>& options) {
+  for (int i = 1; i < argc; i += 2) {
+    const std::string k = argv[i];
+    auto it = std::find_if(options.begin(), options.end(), [&](const Option& o) { return o.name == k; });
+    if (it == options.end() || i + 1 >= argc) {
+      std::string known;
+      for (const auto& o : options) known += (known.empty() ? "" : ", ") + o.name;
+      std::fprintf(stderr, "%s: %s '%s'; known: %s (each followed by a value)\n", bench,
+                   it == options.end() ? "unknown option" : "no value for", k.c_str(), known.c_str());
+      std::exit(2);
+    }
+    if (it->as_int) *it->as_int = std::atoi(argv[i + 1]);
+    if (it->as_double) *it->as_double = std::atof(argv[i + 1]);
+  }
+}
+
 /// LaunchOptions::on_line of a benchmark that launches ranks of itself: rank 0's stdout (its JSON
 /// lines) as is, anything else prefixed with the rank, on stderr.
 inline void print_rank_line(int rank, bool is_stderr, const std::string& line) {
@@ -23,6 +53,30 @@ inline void print_rank_line(int rank, bool is_stderr, const std::string& line) {
   else
     std::fprintf(stderr, "[rank %d] %s\n", rank, line.c_str());
   std::fflush(stdout);
+}
+
+/// main() of a benchmark that runs as `nproc` ranks of itself over Gloo: under a launcher this
+/// process is one rank (`rank_main`); otherwise it starts the ranks (parallel/dist/launch.h), or
+/// prints a skip line for `bench` where the build has no Gloo. Errors exit non-zero, naming `bench`.
+template <class RankMain>
+int run_as_ranks(const char* bench, int nproc, int argc, char** argv, RankMain&& rank_main) {
+  try {
+    if (dist::DistEnv::launched()) return rank_main();
+    if (!dist::Transport::available("gloo")) {
+      std::printf("{\"bench\":\"%s\",\"skipped\":\"built without c10d Gloo (libgloo-dev)\"}\n", bench);
+      return 0;
+    }
+    dist::LaunchOptions lo;
+    lo.nproc = nproc;
+    lo.args.assign(argv + 1, argv + argc);
+    lo.on_line = print_rank_line;
+    const dist::LaunchResult r = dist::launch_local(lo);
+    if (!r.ok()) std::fprintf(stderr, "%s: %s\n", bench, r.message.c_str());
+    return r.exit_code;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", bench, e.what());
+    return 1;
+  }
 }
 
 }  // namespace tl::bench

@@ -218,6 +218,32 @@ std::vector<uint8_t> Payload::serialize() const {
   return out;
 }
 
+void Payload::serialize_into(uint8_t* out) const {
+  const std::vector<uint8_t> header = header_of(*this);
+  std::memcpy(out, header.data(), header.size());
+  const size_t body = body_bytes();
+  if (body > 0) {
+    TORCH_CHECK(this->body.scalar_type() == at::kByte && this->body.dim() == 1, "payload body must be 1-D uint8");
+    at::Tensor host = this->body.contiguous().cpu();
+    std::memcpy(out + header.size(), host.data_ptr<uint8_t>(), body);
+  }
+}
+
+Payload Payload::deserialize_view(const at::Tensor& buffer, size_t offset, size_t size) {
+  TORCH_CHECK(buffer.scalar_type() == at::kByte && buffer.dim() == 1 && buffer.is_contiguous() && buffer.is_cpu(),
+              "payload: deserialize_view needs a contiguous 1-D uint8 CPU buffer");
+  TORCH_CHECK(offset + size <= static_cast<size_t>(buffer.numel()), "payload: bytes [", offset, ", ", offset + size,
+              ") lie outside a buffer of ", buffer.numel());
+  const uint8_t* data = buffer.data_ptr<uint8_t>() + offset;
+  size_t header = 0, body = 0;
+  Payload p = parse_header(data, size, "payload", header, body);
+  TORCH_CHECK(size - header == body, "payload: body length mismatch: the header announces ", body,
+              " body bytes, the buffer holds ", size - header, " after the ", header, "-byte header");
+  p.body = buffer.narrow(0, static_cast<int64_t>(offset + header), static_cast<int64_t>(body));
+  p.from_wire = true;
+  return p;
+}
+
 Payload Payload::deserialize(const uint8_t* data, size_t size, at::Device device) {
   TORCH_CHECK(data != nullptr || size == 0, "payload: null buffer");
   size_t header = 0, body = 0;

@@ -43,9 +43,14 @@ struct Payload {
 
   /// Header and body as host bytes (what a transport sends).
   std::vector<uint8_t> serialize() const;
+  /// The same nbytes() bytes written to `out`, without an intermediate buffer.
+  void serialize_into(uint8_t* out) const;
   /// Validates everything before use: a truncated or corrupt buffer is an error that says what
   /// was wrong. The body is placed on `device` (non-CPU: host_body keeps the host copy).
   static Payload deserialize(const uint8_t* data, size_t size, at::Device device = at::kCPU);
+  /// As deserialize() for bytes [offset, offset + size) of `buffer` (1-D uint8 on the CPU), with
+  /// the body a view of them, not a copy: `buffer` must not change while the payload is used.
+  static Payload deserialize_view(const at::Tensor& buffer, size_t offset, size_t size);
 };
 
 /// Stable small ids for codec names (hash-free: a fixed table in payload.cpp). Unknown name: error.

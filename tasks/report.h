@@ -71,6 +71,7 @@ struct RunSummary {
   double time_to_target_s = -1;    // train_time_s when the test metric (compression on) first reached it; -1: not
   double wall_to_target_s = -1;    // the same in wall time
   EpochMetrics last;
+  std::vector<int64_t> peak_rss_bytes;  // peak resident memory of each rank (one entry in process)
   double bytes_per_step() const;  // (forward + backward) / steps of the last epoch
   double uncompressed_bytes_per_step() const;
 };

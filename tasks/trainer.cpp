@@ -388,9 +388,11 @@ EpochMetrics Experiment::train_epoch(int64_t epoch, const std::function<void(con
     }
     per_boundary = totals.boundaries;  // empty on ranks > 0
     m.bytes_dp = totals.data_parallel.bytes;
+    if (!totals.peak_rss_bytes.empty()) peak_rss_bytes_ = totals.peak_rss_bytes;
     m.bytes_dp_uncompressed = totals.data_parallel.raw_bytes;
   } else {
     for (const auto& b : pipeline_->boundaries()) per_boundary.push_back(b->stats());
+    peak_rss_bytes_ = {dist::peak_resident_bytes()};
   }
   const BoundaryStats stats = sum_boundary_stats(per_boundary);
   m.bubble = m.train_time_s > 0 ? std::max(0.0, 1.0 - m.compute_s / m.train_time_s) : 0.0;
@@ -599,6 +601,8 @@ RunSummary run_training(const TrainRequest& req) {
            {"bytes_forward", m.bytes_forward},
            {"bytes_backward", m.bytes_backward},
            {"bytes_uncompressed", m.bytes_uncompressed},
+           {"bytes_dp", m.bytes_dp},
+           {"bytes_dp_uncompressed", m.bytes_dp_uncompressed},
            {"forward_rel_error", m.forward_rel_error},
            {"backward_rel_error", m.backward_rel_error},
            {"forward_density", m.forward_density},
@@ -620,6 +624,7 @@ RunSummary run_training(const TrainRequest& req) {
     if (writer) append_line(jsonl, j.dump());
     write_file(csv, metrics_csv(history));
     summary.last = m;
+    summary.peak_rss_bytes = ex.peak_rss_bytes();
     write_file((fs::path(out) / "summary.json").string(), summary_json(summary));
     if ((m.epoch % cfg.run.checkpoint_every == 0) || m.epoch == cfg.train.epochs ||
         (req.stop_after_epochs > 0 && run_epochs >= req.stop_after_epochs)) {

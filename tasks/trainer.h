@@ -91,6 +91,8 @@ class Experiment {
   /// Whether this process is one rank of a multi-process pipeline, and which (0 otherwise).
   bool distributed() const { return dist_ != nullptr; }
   int rank() const;
+  /// Peak resident memory of every rank (rank 0; one entry in process), as of the last epoch.
+  const std::vector<int64_t>& peak_rss_bytes() const { return peak_rss_bytes_; }
   int world_size() const;
   /// Saves a checkpoint of the whole pipeline (multi-process: collective, written by rank 0 from
   /// every rank's state; Note [one checkpoint] in parallel/dist/runtime.h).
@@ -109,6 +111,7 @@ class Experiment {
   std::unique_ptr<LRScheduler> scheduler_;
   std::unique_ptr<dist::Transport> transport_;
   std::unique_ptr<dist::DistExecutor> dist_;
+  std::vector<int64_t> peak_rss_bytes_;
 };
 
 /// What `tapeline train` asks for.

@@ -25,22 +25,22 @@ at::Tensor as_matrix(const at::Tensor& g) { return g.reshape({g.size(0), -1}); }
 
 // Several payloads as one message: count, each one's length, then their bytes back to back.
 at::Tensor pack(const std::vector<Payload>& payloads) {
-  std::vector<std::vector<uint8_t>> parts;
   int64_t total = 8 * static_cast<int64_t>(1 + payloads.size());
-  for (const Payload& p : payloads) parts.push_back(p.serialize()), total += static_cast<int64_t>(parts.back().size());
+  for (const Payload& p : payloads) total += static_cast<int64_t>(p.nbytes());
   at::Tensor out = at::empty({total}, at::kByte);
   uint8_t* w = out.data_ptr<uint8_t>();
-  const int64_t count = static_cast<int64_t>(parts.size());
+  const int64_t count = static_cast<int64_t>(payloads.size());
   std::memcpy(w, &count, 8), w += 8;
-  for (const auto& part : parts) {
-    const int64_t n = static_cast<int64_t>(part.size());
+  for (const Payload& p : payloads) {
+    const int64_t n = static_cast<int64_t>(p.nbytes());
     std::memcpy(w, &n, 8), w += 8;
   }
-  for (const auto& part : parts) std::memcpy(w, part.data(), part.size()), w += part.size();
+  for (const Payload& p : payloads) p.serialize_into(w), w += p.nbytes();
   return out;
 }
 
-std::vector<Payload> unpack(const at::Tensor& bytes, size_t expected, at::Device device, const std::string& from) {
+// The payloads of a message, their bodies views of it (no copy).
+std::vector<Payload> unpack(const at::Tensor& bytes, size_t expected, const std::string& from) {
   const uint8_t* r = bytes.numel() ? bytes.data_ptr<uint8_t>() : nullptr;
   const size_t size = static_cast<size_t>(bytes.numel());
   auto fail = [&](const std::string& what) { TORCH_CHECK(false, from, ": ", what, " (garbled data-parallel message)"); };
@@ -48,18 +48,22 @@ std::vector<Payload> unpack(const at::Tensor& bytes, size_t expected, at::Device
   int64_t count;
   std::memcpy(&count, r, 8);
   if (count != static_cast<int64_t>(expected))
-    fail(std::to_string(count) + " gradients where this rank has " + std::to_string(expected));
+    fail(std::to_string(count) + " tensors where this rank has " + std::to_string(expected));
   if (size < 8 * (1 + expected)) fail("a message of " + std::to_string(size) + " bytes");
   std::vector<int64_t> lengths(expected);
   std::memcpy(lengths.data(), r + 8, 8 * expected);
   size_t at = 8 * (1 + expected);
   std::vector<Payload> out;
   for (int64_t n : lengths) {
-    if (n < 0 || at + static_cast<size_t>(n) > size) fail("a gradient runs past the message's end");
-    out.push_back(Payload::deserialize(r + at, static_cast<size_t>(n), device));
+    if (n < 0 || at + static_cast<size_t>(n) > size) fail("a tensor runs past the message's end");
+    try {
+      out.push_back(Payload::deserialize_view(bytes, at, static_cast<size_t>(n)));
+    } catch (const c10::Error& e) {
+      fail(e.what_without_backtrace());
+    }
     at += static_cast<size_t>(n);
   }
-  if (at != size) fail(std::to_string(size - at) + " bytes after the last gradient");
+  if (at != size) fail(std::to_string(size - at) + " bytes after the last tensor");
   return out;
 }
 
@@ -119,14 +123,16 @@ std::vector<std::vector<Payload>> DataParallelSync::all_gather(const std::vector
   }
   std::vector<std::vector<Payload>> all(static_cast<size_t>(D));
   for (int e = 0; e < D; ++e) {
-    if (e == replica_) {  // decoded from the same bytes as the others decode it, on the same path
-      all[static_cast<size_t>(e)] = unpack(message, count, device, context);
+    if (e == replica_) {  // the same bytes the others decode (a payload's decode is a function of them)
+      all[static_cast<size_t>(e)] = mine;
       continue;
     }
     const int from_rank = group_[static_cast<size_t>(e)];
     const std::string from =
         context + ", from replica " + std::to_string(e) + " (rank " + std::to_string(from_rank) + ")";
-    all[static_cast<size_t>(e)] = unpack(transport_.recv(from_rank, message_tag, from).body, count, device, from);
+    all[static_cast<size_t>(e)] = unpack(transport_.recv(from_rank, message_tag, from).body, count, from);
+    if (!device.is_cpu())
+      for (Payload& p : all[static_cast<size_t>(e)]) p.host_body = p.body, p.body = p.body.to(device);
   }
   return all;
 }
@@ -165,7 +171,9 @@ void DataParallelSync::reduce_gradients(int64_t step, const std::string& where) 
       TORCH_CHECK(d.numel() == p.numel(), where, ": replica ", e, " sent a gradient of ", d.numel(),
                   " values for '", params_[i].first, "' (", p.numel(), " here)");
       d = d.reshape(p.sizes()).to(p.data().scalar_type());
-      sum = sum.defined() ? sum.add_(d) : d.clone();
+      // The first term is a decoded tensor of this sum's own (a fresh one, or a view of a payload
+      // body held only here), so the sum builds in it.
+      sum = sum.defined() ? sum.add_(d) : d.contiguous();
     }
     if (here) p.set_grad(sum);
   }

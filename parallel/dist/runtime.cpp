@@ -1,5 +1,7 @@
 #include "parallel/dist/runtime.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -104,6 +106,16 @@ bool same_tensor(const at::Tensor& a0, const at::Tensor& b0) {
 }
 
 const at::TensorImpl* impl_of(const Variable& v) { return v.data().unsafeGetTensorImpl(); }
+
+}  // namespace
+
+int64_t peak_resident_bytes() {
+  struct rusage u {};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;  // Linux: KiB
+}
+
+namespace {
 
 }  // namespace
 
@@ -339,6 +351,7 @@ DistExecutor::EpochTotals DistExecutor::gather_epoch(double train_time_s, double
   const DataParallelStats dp = dp_ ? dp_->stats() : DataParallelStats{};
   for (int64_t v : {dp.messages, dp.bytes, dp.raw_bytes}) put(mine, v);
   put(mine, stages_hash());
+  put(mine, peak_resident_bytes());
   for (const auto& b : pipeline_.boundaries()) {
     const BoundaryStats s = b->stats();
     put_stats(mine, s.forward);
@@ -361,6 +374,7 @@ DistExecutor::EpochTotals DistExecutor::gather_epoch(double train_time_s, double
       out.data_parallel.bytes += r.get<int64_t>();
       out.data_parallel.raw_bytes += r.get<int64_t>();
       hashes.push_back(r.get<uint64_t>());
+      out.peak_rss_bytes.push_back(r.get<int64_t>());
       for (auto& b : per_boundary) {
         BoundaryStats s;
         s.forward = get_stats(r);

@@ -68,6 +68,9 @@
 
 namespace tl::dist {
 
+/// This process's peak resident memory (getrusage's ru_maxrss), in bytes.
+int64_t peak_resident_bytes();
+
 class DistExecutor {
  public:
   /// Pipeline rank and replica from transport.rank() (Note [rank layout]). Error when the world
@@ -117,6 +120,7 @@ class DistExecutor {
     std::vector<BoundaryStats> boundaries;
     std::vector<double> train_time_s, compute_s, comm_s;  // per rank
     DataParallelStats data_parallel;                      // summed over the ranks
+    std::vector<int64_t> peak_rss_bytes;                  // per rank: peak resident memory so far
   };
   EpochTotals gather_epoch(double train_time_s, double compute_s, double comm_s, int64_t epoch);
 

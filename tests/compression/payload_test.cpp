@@ -2,6 +2,8 @@
 // buffers, bounds-checked body sections and nested payloads, and bit packing on both paths.
 #include "compression/payload.h"
 
+#include <cstring>
+
 #include "tests/common/testing.h"
 #include "tests/compression/codec_testing.h"
 
@@ -34,6 +36,24 @@ TEST(Payload, SizeFormulaAndRoundTrip) {
   EXPECT_EQ(q.params, p.params);
   EXPECT_TRUE(at::equal(q.body, p.body));
   EXPECT_EQ(q.serialize(), bytes);
+}
+
+// serialize_into writes serialize()'s bytes; deserialize_view reads a payload inside a larger
+// buffer with its body a view of it (no copy), and rejects ranges outside the buffer.
+TEST(Payload, SerializeIntoAndDeserializeView) {
+  const Payload p = sample_payload();
+  const std::vector<uint8_t> bytes = p.serialize();
+  at::Tensor buffer = at::zeros({static_cast<int64_t>(bytes.size() + 11)}, at::kByte);
+  p.serialize_into(buffer.data_ptr<uint8_t>() + 5);
+  EXPECT_EQ(std::memcmp(buffer.data_ptr<uint8_t>() + 5, bytes.data(), bytes.size()), 0);
+  const Payload q = Payload::deserialize_view(buffer, 5, bytes.size());
+  EXPECT_TRUE(q.from_wire);
+  EXPECT_EQ(q.shape, p.shape);
+  EXPECT_EQ(q.params, p.params);
+  EXPECT_TRUE(at::equal(q.body, p.body));
+  EXPECT_EQ(q.body.data_ptr<uint8_t>(), buffer.data_ptr<uint8_t>() + 5 + p.header_bytes());  // a view
+  EXPECT_ERROR_CONTAINS(Payload::deserialize_view(buffer, 12, bytes.size()), "outside a buffer");
+  EXPECT_ERROR_CONTAINS(Payload::deserialize_view(buffer, 5, bytes.size() - 1), "body length mismatch");
 }
 
 TEST(Payload, EmptyBodyAndScalar) {

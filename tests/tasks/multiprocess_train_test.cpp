@@ -138,8 +138,16 @@ TEST(MultiProcessTrain, FourProcessesComputeTheSameNumbersAsOne) {
   ASSERT_EQ(s4, 0) << o4;
   EXPECT_EQ(metrics_without_times(dir.path() / "interleaved"), reference);
   EXPECT_EQ(jsonl_without_times(dir.path() / "interleaved"), reference_jsonl);
-  // Only rank 0 wrote the run; its summary says how it ran.
+  // Only rank 0 wrote the run; its summary says how it ran, with every rank's peak memory.
   EXPECT_TRUE(fs::exists(dir.path() / "mp" / "checkpoint.safetensors"));
+  {
+    std::ifstream f(dir.path() / "mp" / "summary.json");
+    const auto rss = nlohmann::json::parse(f).at("peak_rss_bytes").get<std::vector<int64_t>>();
+    ASSERT_EQ(rss.size(), 4u);
+    for (int64_t b : rss) EXPECT_GT(b, int64_t(1) << 20);
+    std::ifstream g(dir.path() / "1f1b" / "summary.json");
+    EXPECT_EQ(nlohmann::json::parse(g).at("peak_rss_bytes").size(), 1u);
+  }
   // Under torchrun (its agent hosts the store: TORCHELASTIC_USE_AGENT_STORE), through
   // scripts/torchrun, which works around Debian's torchrun 1.13 on Python 3.11.
   if (std::system("/usr/bin/python3 -c 'import torch.distributed.run' >/dev/null 2>&1") == 0) {

@@ -1,0 +1,161 @@
+// bench_grid: the data-parallel gradient sum of a process grid (parallel/dist/data_parallel.h)
+// against raw c10d all-reduce of the same float32 bytes, between D local processes over Gloo.
+// Run without arguments: it launches its own D ranks (parallel/dist/launch.h).
+//
+// Per gradient size (a list of parameters of the shape a layer has, 256 KiB .. 16 MiB of float32 in
+// all): each rank fills its gradients, then K times either (raw) ProcessGroupGloo::allreduce of one
+// flat tensor of all the gradients, or (tapeline) DataParallelSync::reduce_gradients with identity
+// codecs: encode, one packed message to every other replica, decode and ordered sum. Raw and
+// tapeline alternate per repeat; ratio = raw time / tapeline time (>= 1: tapeline faster), the
+// median of the paired ratios and the best of each. A compressed row (ef(powersgd(rank=4))) gives
+// its time against the same raw all-reduce, and its bytes. JSON lines on stdout (rank 0):
+//   {"bench":"grid_dp","ranks":D,"bytes":...,"raw_ms":...,"tapeline_ms":...,"ratio_median":...,
+//    "target":0.9} and {"bench":"grid_dp_compressed",...,"speedup_median":...,"wire_bytes":...}
+// Options: --ranks D (default 2), --repeats R (default 5), --max-mib M (default 16), --timeout S.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "autograd/autograd.h"
+#include "bench/bench_util.h"
+#include "parallel/dist/c10d_compat.h"
+#include "parallel/dist/data_parallel.h"
+#include "parallel/dist/launch.h"
+#include "parallel/dist/rendezvous.h"
+#include "parallel/dist/transport.h"
+
+using namespace tl;
+using namespace tl::dist;
+
+namespace {
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+struct Args {
+  int ranks = 2;
+  int repeats = 5;
+  int max_mib = 16;
+  double timeout_s = 60;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  tl::bench::parse_options("bench_grid", argc, argv,
+                           {{"--ranks", &a.ranks}, {"--repeats", &a.repeats}, {"--max-mib", &a.max_mib},
+                            {"--timeout", nullptr, &a.timeout_s}});
+  if (a.ranks < 2 || a.repeats < 1) {
+    std::fprintf(stderr, "bench_grid: --ranks must be >= 2 and --repeats >= 1\n");
+    std::exit(2);
+  }
+  return a;
+}
+
+// Weight matrices (up to 256 x 1024) plus a bias each, about `bytes` of float32 in all.
+std::vector<std::pair<std::string, Variable>> make_params(int64_t bytes, int rank) {
+  std::vector<std::pair<std::string, Variable>> params;
+  const int64_t floats = bytes / 4, cols = 1024, rows_per = 256;
+  int64_t left = floats;
+  for (int i = 0; left > 0; ++i) {
+    const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(rows_per, left / (cols + 1)));
+    Variable w(at::zeros({rows, cols}), true), b(at::zeros({rows}), true);
+    w.set_grad(at::full({rows, cols}, 0.001 * (rank + 1)) + at::arange(rows * cols).reshape({rows, cols}) * 1e-7);
+    b.set_grad(at::full({rows}, 0.5 * (rank + 1)));
+    params.emplace_back("w" + std::to_string(i), w);
+    params.emplace_back("b" + std::to_string(i), b);
+    left -= rows * cols + rows;
+  }
+  return params;
+}
+
+int run_rank(const Args& args) {
+  const DistEnv env = DistEnv::from_env();
+  const int D = env.world_size, me = env.rank;
+  TransportOptions o;
+  o.timeout_s = args.timeout_s;
+  o.comm_thread = true;  // the runtime's setting: sends to every replica, then receives
+  auto transport = Transport::connect(env, o);
+  DistEnv env_raw = env;
+  env_raw.restart_count = 1001;  // its own key prefix on rank 0's store
+  env_raw.agent_store = true;
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(args.timeout_s * 1000));
+  auto raw = compat::make_gloo(
+      compat::make_prefix_store(env_raw.store_prefix(),
+                                compat::make_tcp_store(env.master_addr, env.master_port, false, D, timeout)),
+      me, D, timeout, env.master_addr);
+  std::vector<int> group;
+  for (int r = 0; r < D; ++r) group.push_back(r);
+
+  int64_t step = 0;
+  for (int64_t bytes = 256 << 10; bytes <= (int64_t(args.max_mib) << 20); bytes *= 4) {
+    const int k = static_cast<int>(std::max<int64_t>(3, std::min<int64_t>(20, (int64_t(64) << 20) / bytes)));
+    for (const std::string spec : {"identity", "ef(powersgd(rank=4))"}) {
+      auto params = make_params(bytes, me);
+      std::vector<at::Tensor> grads;
+      for (auto& [n, p] : params) grads.push_back(p.grad().clone());
+      std::vector<bool> compressed(params.size(), true);
+      DataParallelSync sync(*transport, group, me, params, compressed, {}, {}, spec);
+      int64_t numel = 0;
+      for (const auto& g : grads) numel += g.numel();
+      const int64_t actual_bytes = numel * 4;
+      at::Tensor flat = at::empty({numel});
+      std::vector<double> paired;
+      double best_raw = 1e30, best_tl = 1e30;
+      int64_t wire = 0;
+      for (int rep = 0; rep < args.repeats; ++rep) {
+        // raw: one flat all-reduce of every gradient (copied in, as a bucketing DDP does).
+        transport->barrier("raw start");
+        double t0 = now_s();
+        for (int i = 0; i < k; ++i) {
+          at::cat_out(flat, [&] {
+            std::vector<at::Tensor> v;
+            for (const auto& g : grads) v.push_back(g.reshape(-1));
+            return v;
+          }());
+          std::vector<at::Tensor> v{flat};
+          compat::wait(raw->allreduce(v), timeout);
+        }
+        const double raw_s = now_s() - t0;
+        // tapeline: the runtime's path.
+        transport->barrier("tapeline start");
+        sync.reset_stats();
+        t0 = now_s();
+        for (int i = 0; i < k; ++i) {
+          for (size_t j = 0; j < params.size(); ++j) params[j].second.set_grad(grads[j].clone());
+          sync.reduce_gradients(++step, "bench");
+        }
+        const double tl_s = now_s() - t0;
+        wire = sync.stats().bytes / k;
+        best_raw = std::min(best_raw, raw_s), best_tl = std::min(best_tl, tl_s);
+        paired.push_back(raw_s / tl_s);
+      }
+      if (me == 0) {
+        if (spec == "identity")
+          std::printf(
+              "{\"bench\":\"grid_dp\",\"backend\":\"gloo\",\"ranks\":%d,\"bytes\":%lld,\"parameters\":%zu,"
+              "\"reductions\":%d,\"raw_ms\":%.3f,\"tapeline_ms\":%.3f,\"ratio\":%.3f,\"ratio_median\":%.3f,"
+              "\"target\":0.9}\n",
+              D, (long long)actual_bytes, params.size(), k, 1e3 * best_raw / k, 1e3 * best_tl / k, best_raw / best_tl,
+              tl::bench::median(paired));
+        else
+          std::printf(
+              "{\"bench\":\"grid_dp_compressed\",\"codec\":\"%s\",\"ranks\":%d,\"bytes\":%lld,\"wire_bytes\":%lld,"
+              "\"raw_ms\":%.3f,\"tapeline_ms\":%.3f,\"speedup_median\":%.3f}\n",
+              spec.c_str(), D, (long long)actual_bytes, (long long)wire, 1e3 * best_raw / k, 1e3 * best_tl / k,
+              tl::bench::median(paired));
+        std::fflush(stdout);
+      }
+    }
+  }
+  transport->barrier("end");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse(argc, argv);
+  return tl::bench::run_as_ranks("grid_dp", args.ranks, argc, argv, [&] { return run_rank(args); });
+}
