@@ -72,7 +72,7 @@
 // oversubscription, not pipeline parallelism; the 2-process rows (2 stages x 2 processes on 2
 // cores) are the case that fits the cores, as long as nothing else runs on the machine.
 // Then 4 processes, 1F1B, 80 Mbit/s links emulated at the receivers (TransportOptions.link_from, as
-// tasks/trainer.cpp sets them: rank r receives activations from r - 1 over link r - 1 and
+// tasks/runner/trainer.cpp sets them: rank r receives activations from r - 1 over link r - 1 and
 // gradients from r + 1 over link r): wall step uncompressed, TopK 10% and 4-bit, speedup, the
 // in-process timeline's prediction for the same case (predicted_s, predicted_speedup;
 // vs_predicted = predicted_s / wall_s), per rank the time slept for emulated deliveries, and
@@ -661,7 +661,7 @@ int rank_worker(const Options& o) {
   const dist::DistEnv env = dist::DistEnv::from_env();
   dist::TransportOptions opts;
   opts.timeout_s = 300;
-  opts.comm_thread = true;  // as tasks/trainer.cpp: sends overlap compute
+  opts.comm_thread = true;  // as tasks/runner/trainer.cpp: sends overlap compute
   auto plain = dist::Transport::connect(env, opts);
   std::unique_ptr<dist::Transport> slow;
   const bool with_links = o.links && env.world_size == 4;

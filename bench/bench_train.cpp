@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  // As in the tapeline CLI (Note [allocator] in tasks/cli/tapeline.cpp): keep freed memory in the
+  // As in the tapeline CLI (Note [allocator] in tasks/runner/cli/tapeline.cpp): keep freed memory in the
   // heap so that per-step buffers do not start with page faults.
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);

@@ -99,7 +99,7 @@ TEST(Cli, ATrainRunEndsWithItsCurvesOrANote) {
   const std::string cfg = (kConfigs / "default.ini").string();
   const std::string tiny =
       " --data.train_limit=128 --data.test_limit=64 --train.epochs=1 --train.batch_size=64 --quiet";
-  // The CLI tries python3 on the PATH, then /usr/bin/python3 (tasks/compare.cpp), unless TAPELINE_PYTHON.
+  // The CLI tries python3 on the PATH, then /usr/bin/python3 (tasks/runner/compare.cpp), unless TAPELINE_PYTHON.
   if (std::getenv("TAPELINE_PYTHON")) GTEST_SKIP() << "TAPELINE_PYTHON is set: the interpreter is the user's choice";
   const bool matplotlib = std::system("python3 -c 'import matplotlib' >/dev/null 2>&1") == 0 ||
                           std::system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") == 0;

@@ -1,7 +1,7 @@
 // tapeline compare: run directories read by column and key name in both schemas (the first
 // vision one and the task-generic one), the table, what does not compare, and the plots drawn by
 // python/tapeline_plots.py (skipped with a note, never an error, when matplotlib is missing).
-#include "tasks/compare.h"
+#include "tasks/runner/compare.h"
 
 #include <cstdlib>
 #include <filesystem>

@@ -1,6 +1,6 @@
 // Run-directory files: metrics.csv and summary.json read back what was written, malformed files
 // are errors naming the file, atomic writes replace whole files, and the comparison table.
-#include "tasks/report.h"
+#include "tasks/runner/report.h"
 
 #include <filesystem>
 #include <fstream>

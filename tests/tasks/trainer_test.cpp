@@ -2,7 +2,7 @@
 // with a ResNet-8 and uncompressed boundaries), and a run interrupted after an epoch and resumed
 // must end with exactly the metrics of the uninterrupted run. Skipped with a message when the
 // dataset (Debian package dataset-fashion-mnist) is not installed.
-#include "tasks/trainer.h"
+#include "tasks/runner/trainer.h"
 
 #include "tasks/data/dataset.h"
 

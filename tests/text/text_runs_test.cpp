@@ -12,7 +12,7 @@
 #include "layers/models/pretrained.h"
 #include "tasks/lm.h"
 #include "tasks/text.h"
-#include "tasks/trainer.h"
+#include "tasks/runner/trainer.h"
 #include "tests/tasks/task_testing.h"
 
 namespace tl {

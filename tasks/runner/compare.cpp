@@ -1,4 +1,4 @@
-#include "tasks/compare.h"
+#include "tasks/runner/compare.h"
 
 #include <fcntl.h>
 #include <spawn.h>

@@ -1,4 +1,4 @@
-#include "tasks/report.h"
+#include "tasks/runner/report.h"
 
 #include <unistd.h>
 

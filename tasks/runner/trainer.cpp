@@ -1,4 +1,4 @@
-#include "tasks/trainer.h"
+#include "tasks/runner/trainer.h"
 
 #include <ATen/Parallel.h>
 

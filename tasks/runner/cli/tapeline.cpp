@@ -16,10 +16,10 @@
 #include "parallel/dist/launch.h"
 #include "parallel/dist/rendezvous.h"
 #include "parallel/schedule.h"
-#include "tasks/compare.h"
+#include "tasks/runner/compare.h"
 #include "tasks/config.h"
-#include "tasks/report.h"
-#include "tasks/trainer.h"
+#include "tasks/runner/report.h"
+#include "tasks/runner/trainer.h"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;

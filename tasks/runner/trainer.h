@@ -32,7 +32,7 @@
 #include "layers/optim/schedule.h"
 #include "parallel/pipeline.h"
 #include "tasks/config.h"
-#include "tasks/report.h"
+#include "tasks/runner/report.h"
 #include "tasks/task.h"
 
 namespace tl {
