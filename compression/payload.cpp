@@ -10,6 +10,7 @@
 
 #include "compression/codecs/common.h"
 #include "compression/codecs/quant_kernels.h"
+#include "compression/spec.h"
 
 namespace tl {
 
@@ -57,39 +58,14 @@ constexpr size_t kMaxDims = 16;
 constexpr size_t kMaxParams = 64;
 
 // ---- codec ids -------------------------------------------------------------------------------
-// Fixed ids: never renumber (payloads on disk and on other ranks use them). Stateful and learned
-// codecs are reserved here too so that their ids do not depend on registration order.
+// Wire ids by codec name and back. Each codec registers its own with its spec name, in one call
+// (register_compressor in compression/spec.h: codecs/register.cpp, stateful/register.cpp); a
+// lookup first makes sure tapeline's own codecs are registered.
 struct CodecTable {
   std::mutex mutex;
   std::map<std::string, uint16_t> by_name;
   std::map<uint16_t, std::string> by_id;
-  CodecTable() {
-    const std::pair<uint16_t, const char*> fixed[] = {
-        {1, "identity"},
-        {2, "fp16"},
-        {3, "bf16"},
-        {4, "topk"},
-        {5, "randk"},
-        {6, "threshold"},
-        {7, "quant"},
-        {8, "quantile"},
-        {9, "powersgd"},
-        {10, "compose"},
-        // stateful / learned (compression/ helpers of issue 4)
-        {32, "ef"},
-        {33, "ef21"},
-        {34, "aqsgd"},
-        {35, "lazy"},
-        {36, "ae"},
-        {37, "subspace"},
-    };
-    for (const auto& [id, name] : fixed) {
-      by_name[name] = id;
-      by_id[id] = name;
-    }
-  }
 };
-
 CodecTable& codec_table() {
   static CodecTable table;
   return table;
@@ -172,6 +148,7 @@ Payload parse_header(const uint8_t* data, size_t avail, const char* what, size_t
 
 // ---- codec ids ------------------------------------------------------------------------------------
 uint16_t codec_id(const std::string& name) {
+  ensure_builtin_codecs();  // before the lock: registering takes it
   auto& t = codec_table();
   std::lock_guard<std::mutex> lock(t.mutex);
   auto it = t.by_name.find(name);
@@ -182,6 +159,7 @@ uint16_t codec_id(const std::string& name) {
 }
 
 const std::string& codec_name(uint16_t id) {
+  ensure_builtin_codecs();
   auto& t = codec_table();
   std::lock_guard<std::mutex> lock(t.mutex);
   auto it = t.by_id.find(id);

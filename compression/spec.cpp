@@ -213,13 +213,6 @@ Registry& registry() {
   static Registry r;
   return r;
 }
-void ensure_builtin_codecs() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    register_basic_codecs();
-    register_stateful_codecs();
-  });
-}
 
 std::string known_list() {
   auto& r = registry();
@@ -355,12 +348,22 @@ void SpecArgs::done() const {
 }
 
 // ---- registry -------------------------------------------------------------------------------------------
-void register_compressor(const std::string& name, CompressorFactory factory, const std::string& help) {
+void ensure_builtin_codecs() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    register_basic_codecs();
+    register_stateful_codecs();
+  });
+}
+
+void register_compressor(const std::string& name, CompressorFactory factory, const std::string& help,
+                         uint16_t wire_id) {
   TORCH_CHECK(!name.empty() && name_start(name[0]) &&
                   std::all_of(name.begin(), name.end(), [](char c) { return name_char(c); }),
               "register_compressor: '", name,
               "' is not a valid name (a letter or '_', then letters, digits, '_', '-', '.')");
   TORCH_CHECK(factory, "register_compressor: no factory for '", name, "'");
+  if (wire_id != 0) register_codec_id(name, wire_id);
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   TORCH_CHECK(!r.entries.count(name), "register_compressor: '", name, "' is already registered");

@@ -69,8 +69,14 @@ class SpecArgs {
 
 using CompressorFactory = std::function<CompressorPtr(SpecArgs&)>;
 
-/// Registry of codec names. `help` is one line shown in the list of accepted names.
-void register_compressor(const std::string& name, CompressorFactory factory, const std::string& help);
+/// Registry of codec names: a codec registers its spec name and its payloads' wire id in one call.
+/// `help` is one line shown in the list of accepted names. `wire_id`: the fixed id its payloads
+/// carry (payload.h's codec_id; never renumber one: payloads on disk and on other ranks use it);
+/// 0 for a spec name whose payloads carry another codec's id (`cast` packs as fp16 or bf16).
+void register_compressor(const std::string& name, CompressorFactory factory, const std::string& help,
+                         uint16_t wire_id = 0);
+/// Registers tapeline's own codecs, once (every lookup of a name or a wire id calls it first).
+void ensure_builtin_codecs();
 /// Builds a compressor (a '|' pipeline becomes a composition). Unknown name: error listing the
 /// known ones.
 CompressorPtr parse_compressor(const std::string& text);

@@ -102,18 +102,21 @@ CompressorPtr make_subspace(SpecArgs& a) {
 }  // namespace
 
 void register_stateful_codecs() {
-  register_compressor("ef", make_ef, "ef(C, per=boundary|sample, capacity=N): error feedback x+=e; c=C(x); e=x-c");
+  register_compressor("ef", make_ef, "ef(C, per=boundary|sample, capacity=N): error feedback x+=e; c=C(x); e=x-c", 32);
   register_compressor("lazy", make_lazy,
-                      "lazy(C, carry=steps|microbatches): Optimus-CC lazy error propagation, one buffer per boundary");
-  register_compressor("ef21", make_ef21, "ef21(C): EF21, both ends keep A; send C(x - A); A += C(x - A)");
+                      "lazy(C, carry=steps|microbatches): Optimus-CC lazy error propagation, one buffer per boundary",
+                      35);
+  register_compressor("ef21", make_ef21, "ef21(C): EF21, both ends keep A; send C(x - A); A += C(x - A)", 33);
   register_compressor("aqsgd", make_aqsgd,
                       "aqsgd(C, warmup=1, capacity=N, cache=fp32|fp16|bf16, file=PATH): AQ-SGD per-sample delta "
-                      "compression");
+                      "compression",
+                      34);
   register_compressor("ae", make_ae,
-                      "ae(d_code, d=0, layout=auto|last|channel, wire=SPEC, seed=0): learned linear autoencoder");
+                      "ae(d_code, d=0, layout=auto|last|channel, wire=SPEC, seed=0): learned linear autoencoder", 36);
   register_compressor("subspace", make_subspace,
                       "subspace(k, d=0, vocab=0, seed=0, token_std=0.02, wire=SPEC): Protocol Models subspace "
-                      "projection");
+                      "projection",
+                      37);
 }
 
 }  // namespace tl
