@@ -185,7 +185,8 @@ DistExecutor::DistExecutor(Pipeline& pipeline, Transport& transport, const DataP
 // ---- training -------------------------------------------------------------------------------------
 
 StepResult DistExecutor::train_step(const Batch& batch, int64_t micro_batches, const std::string& schedule_name,
-                                    const Pipeline::LossFn& loss_fn, int64_t epoch, int64_t step, StepTiming* timing) {
+                                    const Pipeline::LossFn& loss_fn, int64_t epoch, int64_t step,
+                                    StepTiming* timing) try {
   const auto t_step = std::chrono::steady_clock::now();
   const MicroBatches all = split_micro_batches(batch, micro_batches, epoch);
   const std::string at_step = where(epoch, step);
@@ -234,6 +235,28 @@ StepResult DistExecutor::train_step(const Batch& batch, int64_t micro_batches, c
     timing->comm_s = {interpreter.comm_s() + (dp_ ? sync_s : 0.0)};
   }
   return r;
+} catch (const TransportError& e) {
+  throw located(e);
+}
+
+TransportError DistExecutor::located(const TransportError& e) const {
+  // Where the peer at fault and this rank sit in the grid (Note [rank layout]).
+  auto position = [&](int rank) {
+    const int p = grid_.pipeline_rank(rank);
+    std::string stages;
+    for (int s : layout_.stages_of(p)) stages += (stages.empty() ? "" : ", ") + std::to_string(s);
+    return "rank " + std::to_string(rank) + " = stage" + (layout_.stages_of(p).size() > 1 ? "s " : " ") + stages +
+           (grid_.data > 1 ? " of replica " + std::to_string(grid_.replica(rank)) : std::string());
+  };
+  std::string where = std::string(e.what()) + " [";
+  if (e.peer() >= 0 && e.peer() < grid_.world()) {
+    where += position(e.peer()) + "; ";
+  } else if (grid_.world() <= 16) {  // a collective: any rank may be at fault
+    for (int r = 0; r < grid_.world(); ++r)
+      if (r != transport_.rank()) where += position(r) + "; ";
+  }
+  where += "this is " + position(transport_.rank()) + "]";
+  return TransportError(where, e.peer(), e.context());
 }
 
 void DistExecutor::reduce_tied_grads(int64_t step) {
@@ -306,7 +329,7 @@ double DistExecutor::clip_grad_norm(const std::vector<Variable>& params, double 
 // ---- evaluation -----------------------------------------------------------------------------------
 
 at::Tensor DistExecutor::evaluate_batch(const Batch& batch, bool compression, const Pipeline::LossFn& loss_fn,
-                                        int64_t index) {
+                                        int64_t index) try {
   NoGradGuard no_grad;
   ScopedInference inference(pipeline_, compression);
   const MicroBatches one = evaluation_batch(batch);
@@ -317,6 +340,8 @@ at::Tensor DistExecutor::evaluate_batch(const Batch& batch, bool compression, co
                               one, loss_fn, channel, RankInterpreter::Mode::Evaluate);
   interpreter.run();
   return interpreter.tally();
+} catch (const TransportError& e) {
+  throw located(e);
 }
 
 Tally DistExecutor::share_tally(const at::Tensor& tally, const std::string& context) {

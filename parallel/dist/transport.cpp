@@ -75,12 +75,18 @@ std::string this_host() {
 }
 
 // Whether process `pid` of this machine still runs (absent or zombie: no).
-bool process_alive(int pid) {
+// The process's state letter from /proc/PID/stat ('R', 'S', 'T' stopped, 'Z' zombie, ...); 'X'
+// when it is gone.
+char process_state(int pid) {
   const std::string stat = read_first_line("/proc/" + std::to_string(pid) + "/stat");
-  if (stat.empty()) return false;
+  if (stat.empty()) return 'X';
   const size_t paren = stat.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= stat.size()) return true;
-  const char state = stat[paren + 2];
+  if (paren == std::string::npos || paren + 2 >= stat.size()) return 'R';
+  return stat[paren + 2];
+}
+
+bool process_alive(int pid) {
+  const char state = process_state(pid);
   return state != 'Z' && state != 'X';
 }
 
@@ -137,7 +143,7 @@ struct Transport::Impl {
   TransportStats stats;
 
   // ---- errors --------------------------------------------------------------------------------
-  // "peer 2 (pid 123) has exited" / "is still running" / "" when not on this machine.
+  // "peer 2 (pid 123) has exited" / "is stopped" / "is still running" / "" when not on this machine.
   // With wait_s > 0, a process that still exists is given that long to finish exiting (its sockets
   // close before it is gone).
   std::string liveness(int peer, double wait_s = 0.0) const {
@@ -149,8 +155,11 @@ struct Transport::Impl {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       alive = process_alive(p.pid);
     }
+    const char state = alive ? process_state(p.pid) : 'X';
     return "rank " + std::to_string(peer) + " (pid " + std::to_string(p.pid) + ") " +
-           (alive ? "is still running" : "has exited");
+           (!alive                          ? "has exited"
+            : state == 'T' || state == 't' ? "is stopped (SIGSTOP or a debugger: it cannot answer)"
+                                           : "is still running");
   }
 
   TransportError failure(const std::string& what, int peer, const std::string& context, const std::string& cause) {

@@ -171,12 +171,14 @@ TEST(MultiProcessTrain, FourProcessesComputeTheSameNumbersAsOne) {
   EXPECT_EQ(e3.second, e1.second);
 }
 
-// One of 4 ranks is killed (SIGKILL) in the middle of epoch 2: every other rank exits non-zero
-// within dist.timeout_s, the ranks that talk to it naming it and the step; resuming from the
-// epoch-1 checkpoint with 4 processes ends with the metrics of an uninterrupted run. `grid`: extra
-// arguments (the same for every run); `victim` and `peers`: the rank killed and those that must
-// name it (they exchange messages with it).
-void kill_and_resume(const std::string& grid, int victim, const std::vector<int>& peers) {
+// One of 4 ranks is killed (SIGKILL) or stopped (SIGSTOP: it stalls, its sockets stay open) in the
+// middle of epoch 2: every other rank exits non-zero within dist.timeout_s, the ranks that talk to
+// it naming it, its place in the grid and the step; resuming from the epoch-1 checkpoint with 4
+// processes ends with the metrics of an uninterrupted run. `grid`: extra arguments (the same for
+// every run); `victim` and `peers`: the rank hit and those that must name it (they exchange
+// messages with it); `position`: how they describe it ("stage 1 of replica 1").
+void kill_and_resume(const std::string& grid, int victim, const std::vector<int>& peers, int signal = SIGKILL,
+                     double timeout_s = 20, const std::string& position = "") {
   testing::TempDir dir;
   const std::string cfg = write_config(dir.path(), 3);
   const fs::path reference = dir.path() / "reference", run_dir = dir.path() / "run";
@@ -186,7 +188,6 @@ void kill_and_resume(const std::string& grid, int victim, const std::vector<int>
 
   // The ranks, started as torchrun would (rank 0 hosts the store). 5 ms link latency keeps a step
   // long enough (~0.1 s) to kill a rank in the middle of an epoch.
-  const double timeout_s = 20;
   const int port = dist::find_free_port();
   mp::ProcessGroupGuard guard;
   std::vector<std::string> logs;
@@ -220,21 +221,23 @@ void kill_and_resume(const std::string& grid, int victim, const std::vector<int>
   ASSERT_LT(killed_at, 2 * steps_per_epoch) << "the run got past epoch 2 before the kill";
   ASSERT_TRUE(fs::exists(run_dir / "checkpoint.safetensors"));
   const auto t_kill = std::chrono::steady_clock::now();
-  ::kill(guard.pids[static_cast<size_t>(victim)], SIGKILL);
+  ::kill(guard.pids[static_cast<size_t>(victim)], signal);
   const std::string dead = "rank " + std::to_string(victim);
   for (int r = 0; r < 4; ++r) {
     if (r == victim) continue;
     const int status = mp::wait_or_kill(guard.pids[static_cast<size_t>(r)], timeout_s + 10);
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_kill).count();
     const std::string log = mp::read_file(logs[static_cast<size_t>(r)]);
-    ASSERT_GE(status, 0) << "rank " << r << " hung after " << dead << " died:\n" << log;
+    ASSERT_GE(status, 0) << "rank " << r << " hung after " << dead << " failed:\n" << log;
     EXPECT_NE(mp::exit_code(status), 0) << "rank " << r << ":\n" << log;
-    EXPECT_LE(took, timeout_s) << "rank " << r;
-    if (std::find(peers.begin(), peers.end(), r) != peers.end()) {  // name the dead rank and where the run was
+    EXPECT_LE(took, timeout_s + 5) << "rank " << r;
+    if (std::find(peers.begin(), peers.end(), r) != peers.end()) {  // name the rank, its place, the step
       EXPECT_NE(log.find(dead), std::string::npos) << log;
       EXPECT_NE(log.find("step"), std::string::npos) << log;
+      if (!position.empty()) EXPECT_NE(log.find(dead + " = " + position), std::string::npos) << log;
     }
   }
+  if (signal != SIGKILL) ::kill(guard.pids[static_cast<size_t>(victim)], SIGKILL);  // a stopped rank
   int st = 0;
   ::waitpid(guard.pids[static_cast<size_t>(victim)], &st, 0);
 
@@ -257,7 +260,15 @@ TEST(MultiProcessTrain, AKilledRankStopsATwoByTwoGridAndTheRunResumesExactly) {
   // replica 0's (Note [data parallelism] in parallel/dist/runtime.h), so only stateless
   // boundaries resume exactly in a grid.
   kill_and_resume("--parallel.dp=2 --model.cuts=layer2 --boundary.forward=identity --boundary.backward=identity", 3,
-                  {1, 2});
+                  {1, 2}, SIGKILL, 20, "stage 1 of replica 1");
+}
+
+// A stalled rank (SIGSTOP) of the 2 x 2 grid: its peers wait dist.timeout_s (6 s here), then stop
+// naming it; the others follow.
+TEST(MultiProcessTrain, AStoppedRankStopsATwoByTwoGridWithinTheTimeout) {
+  REQUIRE_MULTIPROCESS();
+  kill_and_resume("--parallel.dp=2 --model.cuts=layer2 --boundary.forward=identity --boundary.backward=identity", 2,
+                  {0, 3}, SIGSTOP, 6, "stage 1 of replica 0");
 }
 
 // metrics.csv as numbers by column, without the columns that measure time.
