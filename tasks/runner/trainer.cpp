@@ -491,6 +491,11 @@ RunSummary run_training(const TrainRequest& req) {
       write_file(jsonl, "");
     progress.line("resuming " + req.resume_dir + " after epoch " + std::to_string(start_epoch) + " (step " +
                   std::to_string(info.step) + ")");
+    if (cfg.parallel.dp > 1)  // Note [data parallelism] in parallel/dist/runtime.h
+      progress.line("note: " + std::to_string(cfg.parallel.dp) +
+                    " replicas resume from one checkpoint: every replica continues from replica 0's boundary codec "
+                    "state, and dp.compression's state (error feedback, PowerSGD warm starts) starts from zero; runs "
+                    "with stateless codecs resume exactly (docs/GRID.md)");
   } else {
     write_file(jsonl, "");
   }
