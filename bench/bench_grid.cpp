@@ -11,7 +11,10 @@
 // its time against the same raw all-reduce, and its bytes. JSON lines on stdout (rank 0):
 //   {"bench":"grid_dp","ranks":D,"bytes":...,"raw_ms":...,"tapeline_ms":...,"ratio_median":...,
 //    "target":0.9} and {"bench":"grid_dp_compressed",...,"speedup_median":...,"wire_bytes":...}
+// Memory is allocated as in `tapeline` (Note [allocator]).
 // Options: --ranks D (default 2), --repeats R (default 5), --max-mib M (default 16), --timeout S.
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -156,6 +159,10 @@ int run_rank(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // As `tapeline` runs (Note [allocator] in tasks/runner/cli/tapeline.cpp): freed blocks stay in
+  // the heap, so a step's messages do not start with page faults.
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   const Args args = parse(argc, argv);
   return tl::bench::run_as_ranks("grid_dp", args.ranks, argc, argv, [&] { return run_rank(args); });
 }
