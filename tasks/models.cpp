@@ -15,8 +15,8 @@ namespace {
 bool is_resnet(const std::string& a) { return a.rfind("resnet", 0) == 0; }
 bool is_gpt2(const std::string& a) { return a.rfind("gpt2", 0) == 0; }
 
-std::string count_params(const Module& m) {
-  const double n = static_cast<double>(m.num_parameters());
+std::string count_params(int64_t count) {
+  const double n = static_cast<double>(count);
   std::ostringstream s;
   s.precision(3);
   if (n >= 1e6)
@@ -48,7 +48,8 @@ const std::vector<std::string>& known_architectures() {
   return names;
 }
 
-BuiltModel build_model(const Config& config, const TaskShape& shape, const at::Generator& gen) {
+BuiltModel build_model(const Config& config, const TaskShape& shape, const at::Generator& gen,
+                       const StageSelection& build) {
   const std::string& arch = config.model.arch;
   BuiltModel out;
   const bool images = shape.input == TaskShape::Input::Images;
@@ -57,12 +58,12 @@ BuiltModel build_model(const Config& config, const TaskShape& shape, const at::G
     TORCH_CHECK(images && classes, "model.arch = ", arch, " classifies images; task.name = ", config.task.name,
                 " needs ", classes ? "minilm" : "a gpt2-* model");
     try {
-      out.model = make_resnet(arch, shape.channels, shape.num_classes, config.model.width, gen);
+      out.model = make_resnet(arch, shape.channels, shape.num_classes, config.model.width, gen, build);
     } catch (const c10::Error& e) {
       TORCH_CHECK(false, "model.arch = ", arch, ": ", e.what_without_backtrace());
     }
-    out.description = arch + " (width " + std::to_string(config.model.width).substr(0, 4) + ", " +
-                      count_params(*out.model) + ")";
+    out.head = arch + " (width " + std::to_string(config.model.width).substr(0, 4) + ", ";
+    out.tail = ")";
   } else if (arch == "minilm") {
     TORCH_CHECK(!images && classes, "model.arch = minilm classifies text; task.name = ", config.task.name, " needs ",
                 images ? "a resnet*" : "a gpt2-* model");
@@ -72,18 +73,18 @@ BuiltModel build_model(const Config& config, const TaskShape& shape, const at::G
     bc.pooling = config.model.pooling;
     std::shared_ptr<Bert> bert;
     if (config.model.pretrained) {
-      bert = load_pretrained_bert(dir, shape.num_classes, gen, bc);
+      bert = load_pretrained_bert(dir, shape.num_classes, gen, bc, build);
     } else {
       bc.num_labels = shape.num_classes;
       bc.add_pooler = true;
-      bert = std::make_shared<Bert>(bc, gen);
+      bert = std::make_shared<Bert>(bc, gen, build);
     }
     TORCH_CHECK(bc.vocab_size >= shape.vocab_size, "model.arch = minilm: the tokenizer's vocabulary (",
                 shape.vocab_size, ") is larger than the model's (", bc.vocab_size, ")");
     out.model = bert;
     out.weights_dir = dir.dir;
-    out.description = std::string("minilm (") + (config.model.pretrained ? "pretrained from " + dir.dir : "random init") +
-                      ", " + count_params(*bert) + ")";
+    out.head = std::string("minilm (") + (config.model.pretrained ? "pretrained from " + dir.dir : "random init") + ", ";
+    out.tail = ")";
   } else if (is_gpt2(arch)) {
     TORCH_CHECK(!images && !classes, "model.arch = ", arch, " is a language model; task.name = ", config.task.name,
                 " needs ", images ? "a resnet*" : "minilm");
@@ -91,18 +92,18 @@ BuiltModel build_model(const Config& config, const TaskShape& shape, const at::G
     c.vocab_size = shape.vocab_size;
     c.n_positions = std::max<int64_t>(shape.seq_len, arch == "gpt2-small" ? 1024 : 0);
     c.dropout = config.model.dropout >= 0 ? config.model.dropout : 0.0;
-    out.model = std::make_shared<GPT2>(c, gen);
-    out.description = arch + " (" + std::to_string(c.n_layer) + " x " + std::to_string(c.n_embd) + ", vocab " +
-                      std::to_string(c.vocab_size) + ", context " + std::to_string(c.n_positions) + ", " +
-                      count_params(*out.model) + ")";
+    out.model = std::make_shared<GPT2>(c, gen, build);
+    out.head = arch + " (" + std::to_string(c.n_layer) + " x " + std::to_string(c.n_embd) + ", vocab " +
+               std::to_string(c.vocab_size) + ", context " + std::to_string(c.n_positions) + ", ";
+    out.tail = ")";
   } else {
     std::string list;
     for (const auto& a : known_architectures()) list += (list.empty() ? "" : ", ") + a;
     TORCH_CHECK(false, "model.arch = ", arch, ": unknown architecture; known: ", list);
   }
   if (!config.model.init_from.empty()) {
-    init_model_from(*out.model, config.model.init_from);
-    out.description += ", weights from " + config.model.init_from;
+    init_model_from(*out.model, config.model.init_from, /*part=*/!build.is_whole());
+    out.tail += ", weights from " + config.model.init_from;
   }
   return out;
 }
@@ -135,7 +136,9 @@ void apply_codec_constraints(Pipeline& pipeline) {
   if (gpt2 && table.defined()) gpt2->set_input_token_embedding(table);
 }
 
-void init_model_from(Module& model, const std::string& run_or_checkpoint) {
+std::string BuiltModel::describe(int64_t parameters) const { return head + count_params(parameters) + tail; }
+
+void init_model_from(Module& model, const std::string& run_or_checkpoint, bool part) {
   std::string path = run_or_checkpoint;
   if (fs::is_directory(path)) path = (fs::path(path) / "checkpoint.safetensors").string();
   TORCH_CHECK(fs::is_regular_file(path), "model.init_from = ", run_or_checkpoint,
@@ -147,6 +150,10 @@ void init_model_from(Module& model, const std::string& run_or_checkpoint) {
     if (name.rfind(prefix, 0) == 0) weights.emplace(name.substr(prefix.size()), t);
   TORCH_CHECK(!weights.empty(), "model.init_from = ", run_or_checkpoint,
               ": the file holds no model weights (not a tapeline training checkpoint)");
+  if (part) {  // the stages built here: their entries, each of which must be there
+    const TensorMap own = model.state_dict();
+    for (auto it = weights.begin(); it != weights.end();) it = own.count(it->first) ? std::next(it) : weights.erase(it);
+  }
   try {
     model.load_state_dict(weights, /*strict=*/true);
   } catch (const c10::Error& e) {

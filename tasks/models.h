@@ -23,16 +23,21 @@ namespace tl {
 
 struct BuiltModel {
   ModulePtr model;           // implements Splittable
-  std::string description;   // e.g. "minilm (pretrained, 22.7M parameters)"
   std::string weights_dir;   // minilm: where the pretrained files were found
+  std::string head, tail;    // of describe()
+  /// e.g. "minilm (pretrained from ..., 22.7M parameters)", given the whole model's parameter
+  /// count (a model built in part does not hold it).
+  std::string describe(int64_t parameters) const;
 };
 
 /// Architectures known to build_model, for messages.
 const std::vector<std::string>& known_architectures();
 
-/// Builds (and initialises) the model of `config` for a task of shape `shape`. Errors name
+/// Builds (and initialises) the model of `config` for a task of shape `shape`, or only the stages
+/// `build` selects (Note [building only some stages]: the same numbers either way). Errors name
 /// model.arch and say which task it fits, or name the missing weights and how to get them.
-BuiltModel build_model(const Config& config, const TaskShape& shape, const at::Generator& gen);
+BuiltModel build_model(const Config& config, const TaskShape& shape, const at::Generator& gen,
+                       const StageSelection& build = {});
 
 /// Lets codecs that constrain the model (Protocol Models' subspace: a frozen token table added to
 /// the input embedding, residual-stream writers kept in span(U)) apply their constraints, once,
@@ -41,7 +46,8 @@ BuiltModel build_model(const Config& config, const TaskShape& shape, const at::G
 void apply_codec_constraints(Pipeline& pipeline);
 
 /// Loads the model weights of a tapeline checkpoint (a run directory or a checkpoint file) into
-/// `model`; every parameter and buffer must match by name and shape.
-void init_model_from(Module& model, const std::string& run_or_checkpoint);
+/// `model`; every parameter and buffer must match by name and shape. `part`: the model is built in
+/// part (a rank's stages); the checkpoint's other entries are skipped.
+void init_model_from(Module& model, const std::string& run_or_checkpoint, bool part = false);
 
 }  // namespace tl

@@ -161,6 +161,22 @@ CheckpointInfo load_checkpoint(const std::string& path, Module& model, Optimizer
   const auto meta = safetensors_metadata(path);
   CheckpointInfo info = info_from_metadata(meta, path);
   auto parts = split(load_safetensors(path), path);
+  if (options.part) {  // keep what the targets have
+    const TensorMap own = model.state_dict();
+    TensorMap& m = parts["model"];
+    for (auto it = m.begin(); it != m.end();) it = own.count(it->first) ? std::next(it) : m.erase(it);
+    if (optimizer) {
+      std::set<std::string> names;
+      for (const auto& g : optimizer->groups()) names.insert(g.names.begin(), g.names.end());
+      static const std::string state = "state.";
+      TensorMap& o = parts["optim"];
+      for (auto it = o.begin(); it != o.end();) {
+        const std::string& k = it->first;  // state.<parameter>.<slot> (slots have no dots) or groups.*
+        const bool other = k.rfind(state, 0) == 0 && !names.count(k.substr(state.size(), k.rfind('.') - state.size()));
+        it = other ? o.erase(it) : std::next(it);
+      }
+    }
+  }
 
   // 1. Validate optimizer, scheduler and RNG state against their targets; nothing changes yet.
   //    (Optimizer state is checked against the parameters' current shapes.)

@@ -36,6 +36,10 @@ struct CheckpointLoadOptions {
   bool strict = true;
   /// Restore the CPU (and, where the devices exist, CUDA) generator states.
   bool restore_rng = true;
+  /// The targets are part of the checkpointed ones (a rank's stages of a multi-process run): the
+  /// checkpoint's model and optimizer entries for modules and parameters they do not have are
+  /// skipped; every entry they have must still be there.
+  bool part = false;
 };
 
 /// Saves model (parameters + buffers), optional optimizer and scheduler state, RNG states and

@@ -1,5 +1,7 @@
 #include "layers/models/bert.h"
 
+#include <algorithm>
+
 namespace tl {
 
 namespace {
@@ -63,7 +65,7 @@ Variable BertEmbeddings::forward(const at::Tensor& ids, const at::Tensor& token_
 }
 
 // ---- model --------------------------------------------------------------------------------------
-Bert::Bert(const BertConfig& c, const init::Generator& gen) : Module("Bert"), config_(c) {
+Bert::Bert(const BertConfig& c, const init::Generator& gen, const StageSelection& build) : Module("Bert"), config_(c) {
   TORCH_CHECK(c.hidden_size > 0 && c.num_attention_heads > 0 && c.hidden_size % c.num_attention_heads == 0 &&
                   c.num_hidden_layers > 0 && c.intermediate_size > 0,
               "Bert: hidden_size (", c.hidden_size, ") must be a positive multiple of num_attention_heads (",
@@ -73,8 +75,36 @@ Bert::Bert(const BertConfig& c, const init::Generator& gen) : Module("Bert"), co
               "' is not accepted; accepted: cls, mean");
   TORCH_CHECK(c.num_labels == 0 || c.add_pooler || c.pooling == "mean", "Bert: a classifier (num_labels = ",
               c.num_labels, ") on the [CLS] token needs the pooler (add_pooler = true) or pooling = mean");
-  embeddings_ = register_module("embeddings", std::make_shared<BertEmbeddings>(c, gen));
-  auto layers = register_module("layers", std::make_shared<Sequential>());
+  TORCH_CHECK(build.is_whole() || gen, "Bert: building some stages needs a generator (Note [initialisation by name])");
+  // Segments: embeddings, one per layer, then the head. The attention mask and token types come
+  // with each micro-batch's StageInputs.
+  std::vector<std::string> ends = {"embeddings"};
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) ends.push_back("layers." + std::to_string(i));
+  ends.push_back("");
+  const std::vector<bool> built = build.built("Bert", ends);
+
+  // Every module is built with, then given Hugging Face's initialisation (N(0, initializer_range)
+  // weights, zero biases) from, its own generator (Note [initialisation by name]).
+  const double std = c.initializer_range;
+  auto init_linear = [&](const std::shared_ptr<Linear>& l, const init::Generator& g) {
+    init::normal_(l->weight().data(), 0.0, std, g);
+    l->bias().data().zero_();
+  };
+  if (built.front()) {
+    const init::Generator g = init::fork(gen, "embeddings");
+    embeddings_ = register_module("embeddings", std::make_shared<BertEmbeddings>(c, g));
+    init::normal_(embeddings_->word()->weight().data(), 0.0, std, g);
+    if (c.pad_token_id >= 0) embeddings_->word()->weight().data()[c.pad_token_id].zero_();
+    init::normal_(embeddings_->position()->weight().data(), 0.0, std, g);
+    init::normal_(embeddings_->token_type()->weight().data(), 0.0, std, g);
+    auto emb = embeddings_;
+    segments_.push_back({"embeddings", {{"embeddings", emb}}, [emb](const Variable& ids, const StageInputs& in) {
+                           return emb->forward(ids.data(), in.token_type_ids);
+                         }});
+  } else {
+    segments_.push_back(unbuilt_segment("Bert", "embeddings"));
+  }
+
   const auto opts = TransformerBlockOptions(c.hidden_size, c.num_attention_heads)
                         .hidden(c.intermediate_size)
                         .norm(NormPlacement::Post)
@@ -84,45 +114,42 @@ Bert::Bert(const BertConfig& c, const init::Generator& gen) : Module("Bert"), co
                         .norm_eps(c.layer_norm_eps)
                         .dropout(c.hidden_dropout)
                         .attention_dropout(c.attention_dropout);
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
-    layers_.push_back(layers->push_back(std::make_shared<TransformerBlock>(opts, gen)));
-  if (c.add_pooler && c.pooling == "cls")
-    pooler_ = register_module("pooler", std::make_shared<Linear>(c.hidden_size, c.hidden_size, true, gen));
-  drop_ = register_module("drop", std::make_shared<Dropout>(c.hidden_dropout, gen));
-  if (c.num_labels > 0)
-    classifier_ = register_module("classifier", std::make_shared<Linear>(c.hidden_size, c.num_labels, true, gen));
-
-  // Hugging Face initialisation (replaces the layer defaults drawn above).
-  const double std = c.initializer_range;
-  auto init_linear = [&](const std::shared_ptr<Linear>& l) {
-    if (!l) return;
-    init::normal_(l->weight().data(), 0.0, std, gen);
-    l->bias().data().zero_();
-  };
-  init::normal_(embeddings_->word()->weight().data(), 0.0, std, gen);
-  if (c.pad_token_id >= 0) embeddings_->word()->weight().data()[c.pad_token_id].zero_();
-  init::normal_(embeddings_->position()->weight().data(), 0.0, std, gen);
-  init::normal_(embeddings_->token_type()->weight().data(), 0.0, std, gen);
-  for (auto& l : layers_) {
-    for (auto& p :
-         {l->attn()->query(), l->attn()->key(), l->attn()->value(), l->attn()->out(), l->mlp()->fc(), l->mlp()->proj()})
-      init_linear(p);
-  }
-  init_linear(pooler_);
-  init_linear(classifier_);
-
-  // Segments: embeddings, one per layer, then the head. The attention mask and token types come
-  // with each micro-batch's StageInputs.
-  auto emb = embeddings_;
-  segments_.push_back({"embeddings", {{"embeddings", emb}}, [emb](const Variable& ids, const StageInputs& in) {
-                         return emb->forward(ids.data(), in.token_type_ids);
-                       }});
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    auto layer = layers_[i];
+  std::shared_ptr<Sequential> layers;
+  layers_.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string path = "layers." + std::to_string(i);
+    if (!built[static_cast<size_t>(i) + 1]) {
+      segments_.push_back(unbuilt_segment("Bert", path));
+      continue;
+    }
+    if (!layers) layers = register_module("layers", std::make_shared<Sequential>());
+    const init::Generator g = init::fork(gen, path);
+    auto layer = std::make_shared<TransformerBlock>(opts, g);
+    for (auto& l :
+         {layer->attn()->query(), layer->attn()->key(), layer->attn()->value(), layer->attn()->out(), layer->mlp()->fc(),
+          layer->mlp()->proj()})
+      init_linear(l, g);
+    layers->push_back(std::to_string(i), layer);
+    layers_[static_cast<size_t>(i)] = layer;
     segments_.push_back({path, {{path, layer}}, [layer](const Variable& x, const StageInputs& in) {
                            return layer->forward(x, key_padding_mask(in.attention_mask, in.token_ids));
                          }});
+  }
+
+  if (!built.back()) {
+    segments_.push_back(unbuilt_segment("Bert", ""));
+    return;
+  }
+  if (c.add_pooler && c.pooling == "cls") {
+    const init::Generator g = init::fork(gen, "pooler");
+    pooler_ = register_module("pooler", std::make_shared<Linear>(c.hidden_size, c.hidden_size, true, g));
+    init_linear(pooler_, g);
+  }
+  drop_ = register_module("drop", std::make_shared<Dropout>(c.hidden_dropout, init::fork(gen, "drop")));
+  if (c.num_labels > 0) {
+    const init::Generator g = init::fork(gen, "classifier");
+    classifier_ = register_module("classifier", std::make_shared<Linear>(c.hidden_size, c.num_labels, true, g));
+    init_linear(classifier_, g);
   }
   std::vector<std::pair<std::string, ModulePtr>> head_modules;
   if (pooler_) head_modules.emplace_back("pooler", pooler_);
@@ -149,6 +176,8 @@ at::Tensor Bert::key_padding_mask(const at::Tensor& attention_mask, const at::Te
 }
 
 BertOutput Bert::forward(const at::Tensor& ids, const at::Tensor& attention_mask, const at::Tensor& token_type_ids) {
+  TORCH_CHECK(embeddings_ && drop_ && std::all_of(layers_.begin(), layers_.end(), [](const auto& l) { return l != nullptr; }),
+              "Bert: forward needs the whole model; this one was built in part (Note [building only some stages])");
   const at::Tensor kpm = key_padding_mask(attention_mask, ids);
   BertOutput out;
   out.hidden = embeddings_->forward(ids, token_type_ids);  // (B, T, C)
@@ -161,6 +190,7 @@ Variable Bert::forward(const Variable& ids, const StageInputs& inputs) { return 
 
 const std::shared_ptr<TransformerBlock>& Bert::layer(size_t i) const {
   TORCH_CHECK(i < layers_.size(), "Bert: layer ", i, " out of range (", layers_.size(), " layers)");
+  TORCH_CHECK(layers_[i], "Bert: layer ", i, " was not built in this process (Note [building only some stages])");
   return layers_[i];
 }
 

@@ -75,7 +75,9 @@ Variable masked_mean(const Variable& hidden, const at::Tensor& attention_mask);
 
 class Bert : public Module, public Splittable {
  public:
-  explicit Bert(const BertConfig& config, const init::Generator& gen = std::nullopt);
+  /// `build`: the stages to construct (Note [building only some stages]); every module is
+  /// initialised from init::fork(gen, its path).
+  explicit Bert(const BertConfig& config, const init::Generator& gen = std::nullopt, const StageSelection& build = {});
 
   /// ids (B, T) int64; attention_mask (B, T), 1/true = token, 0/false = padding (Hugging Face
   /// convention; any dtype), or undefined (all tokens); token_type_ids (B, T) or undefined (0).

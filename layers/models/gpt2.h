@@ -32,7 +32,9 @@ struct GPT2Config {
 
 class GPT2 : public Module, public Splittable {
  public:
-  explicit GPT2(const GPT2Config& config, const init::Generator& gen = std::nullopt);
+  /// `build`: the stages to construct (Note [building only some stages]); every module is
+  /// initialised from init::fork(gen, its path).
+  explicit GPT2(const GPT2Config& config, const init::Generator& gen = std::nullopt, const StageSelection& build = {});
 
   /// ids (B, T) int64, T <= n_positions -> logits (B, T, vocab_size)
   Variable forward(const at::Tensor& ids);
@@ -51,7 +53,8 @@ class GPT2 : public Module, public Splittable {
   void set_input_token_embedding(const at::Tensor& table);
   /// The weights that write into the residual stream up to and including block `last_block`
   /// (-1: the embeddings only), each with its dimension of size n_embd: wte and wpe (dim 1), and
-  /// every block's attn.out and mlp.proj weight and bias (dim 0).
+  /// every block's attn.out and mlp.proj weight and bias (dim 0); of a model built in part, those it
+  /// holds.
   std::vector<std::pair<Variable, int64_t>> residual_writers(int64_t last_block) const;
 
   const GPT2Config& config() const { return config_; }

@@ -39,10 +39,12 @@ BertConfig pretrained_bert_config(const PretrainedDir& dir, int64_t num_labels);
 /// with other dropouts, its num_labels is set to `num_labels`), randomly initialised from `gen`,
 /// then loaded from the directory's safetensors: the classifier keeps its initialisation
 /// (num_labels > 0), and so does the pooler when the checkpoint has none (all-MiniLM-L6-v2 has
-/// one). Every other tensor must be in the checkpoint with the model's shape.
+/// one). Every other tensor must be in the checkpoint with the model's shape. `build`: the stages
+/// to construct and load (Note [building only some stages]).
 std::shared_ptr<Bert> load_pretrained_bert(const PretrainedDir& dir, int64_t num_labels,
                                            const init::Generator& gen = std::nullopt,
-                                           std::optional<BertConfig> config = std::nullopt);
+                                           std::optional<BertConfig> config = std::nullopt,
+                                           const StageSelection& build = {});
 
 /// sentence-transformers' mean pooling: hidden (B, T, C), attention_mask (B, T) (1 = token, any
 /// dtype) -> (B, C) mean of the token states, L2-normalised when `normalize` (its Normalize

@@ -4,7 +4,8 @@
 //   resnet18 / resnet34: BasicBlocks [2,2,2,2] / [3,4,6,3], widths 64,128,256,512 (x width)
 //   resnet8 / resnet20:  the 6n+2 family, n = 1 / 3, widths 16,32,64 (x width)
 // Downsampling shortcuts are 1x1 conv + BatchNorm ("option B", as torchvision). Initialisation
-// is PyTorch's layer defaults. Names follow torchvision: conv1, bn1, layer1.0.conv1, ...,
+// is PyTorch's layer defaults, each segment's modules drawing from their own generator (Note
+// [initialisation by name] in layers/nn/init.h). Names follow torchvision: conv1, bn1, layer1.0.conv1, ...,
 // layer2.0.downsample.0, fc.
 //
 // Cut points, in order: "stem", then after each block "layerS.i", where the last block of a
@@ -38,8 +39,10 @@ class ResNet : public Module, public Splittable {
  public:
   /// blocks[s] BasicBlocks in stage s (named layer{s+1}) of width widths[s]; stage 0 has
   /// stride 1, the others 2. The stem is a 3x3 conv to widths[0] channels.
+  /// `build`: the stages to construct (Note [building only some stages]; every module is
+  /// initialised from init::fork(gen, its path)).
   ResNet(std::vector<int64_t> blocks, std::vector<int64_t> widths, int64_t in_channels, int64_t num_classes,
-         const init::Generator& gen = std::nullopt);
+         const init::Generator& gen = std::nullopt, const StageSelection& build = {});
   /// x (N, in_channels, H, W) -> logits (N, num_classes)
   Variable forward(const Variable& x) override;
 
@@ -58,6 +61,7 @@ class ResNet : public Module, public Splittable {
 /// name: resnet8, resnet20 (CIFAR 6n+2, widths 16/32/64) or resnet18, resnet34 (CIFAR-style,
 /// widths 64..512); width multiplies every stage width (rounded, at least 1).
 std::shared_ptr<ResNet> make_resnet(const std::string& name, int64_t in_channels, int64_t num_classes,
-                                    double width = 1.0, const init::Generator& gen = std::nullopt);
+                                    double width = 1.0, const init::Generator& gen = std::nullopt,
+                                    const StageSelection& build = {});
 
 }  // namespace tl

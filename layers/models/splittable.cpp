@@ -63,10 +63,10 @@ std::vector<std::string> segment_cut_points(const std::vector<Segment>& segments
   return out;
 }
 
-std::vector<ModulePtr> split_segments(const std::string& model, const std::vector<Segment>& segments,
-                                      const std::vector<std::string>& cuts) {
-  const auto valid = segment_cut_points(segments);
-  // Position of every cut: known, and strictly increasing in model order.
+namespace {
+// Position of every cut among the valid cut points: known, and strictly increasing in model order.
+std::vector<size_t> cut_positions(const std::string& model, const std::vector<std::string>& valid,
+                                  const std::vector<std::string>& cuts) {
   std::vector<size_t> at;
   for (const auto& cut : cuts) {
     size_t i = 0;
@@ -78,6 +78,39 @@ std::vector<ModulePtr> split_segments(const std::string& model, const std::vecto
                 "; cuts must be distinct and in model order: ", join_list(valid));
     at.push_back(i);
   }
+  return at;
+}
+}  // namespace
+
+std::vector<bool> StageSelection::built(const std::string& model, const std::vector<std::string>& segment_ends) const {
+  std::vector<bool> out(segment_ends.size(), true);
+  if (!stages) return out;
+  const std::vector<std::string> valid(segment_ends.begin(), segment_ends.end() - (segment_ends.empty() ? 0 : 1));
+  const std::vector<size_t> at = cut_positions(model, valid, cuts);
+  for (int64_t s : *stages)
+    TORCH_CHECK(s >= 0 && s <= static_cast<int64_t>(cuts.size()), model, ": stage ", s, " does not exist; ",
+                cuts.size(), " cuts make stages 0 .. ", cuts.size());
+  int64_t stage = 0;
+  size_t next_cut = 0;
+  for (size_t i = 0; i < segment_ends.size(); ++i) {
+    out[i] = stages->count(stage) > 0;
+    if (next_cut < at.size() && at[next_cut] == i) ++stage, ++next_cut;
+  }
+  return out;
+}
+
+Segment unbuilt_segment(const std::string& model, const std::string& end) {
+  const std::string name = end.empty() ? "output" : end;
+  return {end, {}, [model, name](const Variable&, const StageInputs&) -> Variable {
+            TORCH_CHECK(false, model, ": segment '", name,
+                        "' was not built in this process (Note [building only some stages]); the rank that holds "
+                        "its stage runs it");
+          }};
+}
+
+std::vector<ModulePtr> split_segments(const std::string& model, const std::vector<Segment>& segments,
+                                      const std::vector<std::string>& cuts) {
+  const std::vector<size_t> at = cut_positions(model, segment_cut_points(segments), cuts);
   std::vector<ModulePtr> stages;
   auto stage = std::make_shared<Stage>();
   size_t next_cut = 0;

@@ -13,6 +13,8 @@
 // all-reduce such a parameter's gradient between the stages that hold it.
 
 #include <functional>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,32 @@ struct Splittable {
   /// forward(Variable) -> Variable runs the slice between cut i-1 and cut i. Stages share
   /// parameters with the model. An error names a bad cut and lists the valid ones.
   virtual std::vector<ModulePtr> split(const std::vector<std::string>& cuts) = 0;
+};
+
+/// Note [building only some stages]. A rank of a multi-process pipeline runs only its stages, so it
+/// builds only theirs: a model constructed with a StageSelection creates the modules of the
+/// selected stages' segments and no others. Every segment keeps its name and cut point (so
+/// cut_points() and split() behave as for the whole model), but an unbuilt one has no modules and
+/// running it is an error naming the segment. Initialisation does not depend on what is built:
+/// each segment's modules draw from a generator of their own, init::fork(gen, path) (Note
+/// [initialisation by name] in layers/nn/init.h), so a stage holds the same numbers whichever
+/// stages are built beside it, in one process or in many.
+struct StageSelection {
+  /// The cuts the model will be split at (as split() takes them); ignored when `stages` is unset.
+  std::vector<std::string> cuts;
+  /// Stages to build (0 .. cuts.size()); unset: the whole model. An empty set builds no module:
+  /// a skeleton that answers cut_points().
+  std::optional<std::set<int64_t>> stages;
+
+  static StageSelection whole() { return {}; }
+  static StageSelection skeleton() { return {{}, std::set<int64_t>{}}; }
+  static StageSelection of(std::vector<std::string> cuts, std::set<int64_t> stages) {
+    return {std::move(cuts), std::move(stages)};
+  }
+  bool is_whole() const { return !stages.has_value(); }
+  /// Whether each segment is built, given the model's segment ends in order (the last one "").
+  /// Errors as split_segments for bad cuts, and name a stage that does not exist.
+  std::vector<bool> built(const std::string& model, const std::vector<std::string>& segment_ends) const;
 };
 
 /// One atomic piece of a model between two consecutive cut points.
@@ -80,6 +108,10 @@ std::vector<std::string> segment_cut_points(const std::vector<Segment>& segments
 /// points) and groups the segments into cuts.size() + 1 stages.
 std::vector<ModulePtr> split_segments(const std::string& model, const std::vector<Segment>& segments,
                                       const std::vector<std::string>& cuts);
+
+/// A segment that was not built (Note [building only some stages]): no modules; running it is an
+/// error naming `model` and the segment.
+Segment unbuilt_segment(const std::string& model, const std::string& end);
 
 /// Runs every segment in order (the unsplit forward).
 Variable run_segments(const std::vector<Segment>& segments, const Variable& x, const StageInputs& inputs = {});

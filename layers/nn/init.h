@@ -2,14 +2,25 @@
 // Parameter initialisation, as PyTorch's torch.nn.init. Every function takes an optional
 // generator; without one ATen's default generator is used (seed it with at::manual_seed).
 // All fill in place under no-grad and return the tensor.
+//
+// Note [initialisation by name]. Models give each segment's modules a generator of their own,
+// fork(gen, path), seeded from gen's seed and the module's dotted path ("layer1.0", "h.3"). A
+// module's initial values then depend on the run's seed and its name only, not on which modules
+// were built before it, so a rank that builds only its pipeline stages (Note [building only some
+// stages] in layers/models/splittable.h) holds the numbers the whole model would.
 
 #include <ATen/ATen.h>
 
 #include <optional>
+#include <string>
 
 namespace tl::init {
 
 using Generator = std::optional<at::Generator>;
+
+/// A fresh generator for the module at `path`, seeded from gen's seed (its current_seed(), not
+/// its position) and the path. Without a generator: none (ATen's default, drawn in order).
+Generator fork(const Generator& gen, const std::string& path);
 
 /// fan_in of a weight laid out (out, in, k...): in * prod(k). For a 1-D tensor, its size.
 int64_t fan_in(const at::Tensor& weight);

@@ -23,6 +23,17 @@ c10::optional<at::Generator> c10_gen(const Generator& gen) {
 }
 }  // namespace
 
+Generator fork(const Generator& gen, const std::string& path) {
+  if (!gen) return std::nullopt;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a of the path, then splitmix64 with the seed
+  for (unsigned char c : path) h = (h ^ c) * 1099511628211ull;
+  uint64_t z = gen->current_seed() ^ h;
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return at::detail::createCPUGenerator(z ^ (z >> 31));
+}
+
 int64_t fan_in(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() >= 1, "init::fan_in: needs a tensor with at least one dim, got a scalar");
   if (weight.dim() == 1) return weight.size(0);

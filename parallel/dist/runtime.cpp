@@ -115,9 +115,18 @@ int64_t peak_resident_bytes() {
   return static_cast<int64_t>(u.ru_maxrss) * 1024;  // Linux: KiB
 }
 
-namespace {
+int64_t parameter_bytes(const Module& module) {
+  int64_t n = 0;
+  for (const auto& p : module.parameters()) n += static_cast<int64_t>(p.numel() * p.data().element_size());
+  return n;
+}
 
-}  // namespace
+int64_t optimizer_state_bytes(const Optimizer& optimizer) {
+  int64_t n = 0;
+  for (const auto& [k, t] : optimizer.state_dict())
+    if (k.rfind("state.", 0) == 0) n += static_cast<int64_t>(t.numel() * t.element_size());
+  return n;
+}
 
 DistExecutor::DistExecutor(Pipeline& pipeline, Transport& transport, const DataParallelOptions& dp)
     : pipeline_(pipeline), transport_(transport) {
@@ -130,23 +139,17 @@ DistExecutor::DistExecutor(Pipeline& pipeline, Transport& transport, const DataP
   layout_ = StageLayout::of(stages, v);
   if (!pipeline.parameters().empty()) device_ = pipeline.parameters().front().device();
   ranks_ = grid_.pipeline_group(replica_);
-  // Which stages hold each parameter and buffer, by identity (stages are views of the model).
+  learn_structure();
+  // Which of this rank's stages hold each of its parameters and buffers, by identity (stages are
+  // views of the model).
   std::map<const at::TensorImpl*, std::set<int>> ranks_of, stages_of;
   for (size_t s = 0; s < pipeline.num_stages(); ++s) {
     const int r = layout_.rank_of(static_cast<int>(s));
+    if (r != rank_) continue;
     for (const auto& [n, p] : pipeline.stage(s)->named_parameters())
       ranks_of[impl_of(p)].insert(r), stages_of[impl_of(p)].insert(static_cast<int>(s));
     for (const auto& [n, b] : pipeline.stage(s)->named_buffers()) ranks_of[impl_of(b)].insert(r);
   }
-  auto note = [&](const std::string& name, const Variable& v, bool parameter) {
-    auto it = ranks_of.find(impl_of(v));
-    if (it == ranks_of.end()) return;  // a boundary's (codec state, learned codec weights)
-    owner_[name] = *it->second.begin();
-    if (parameter && it->second.size() > 1) tied_.push_back(name), held_[name] = it->second;
-  };
-  for (const auto& [n, v] : pipeline.named_parameters()) note(n, v, true);
-  for (const auto& [n, v] : pipeline.named_buffers()) note(n, v, false);
-
   if (grid_.data > 1) {
     // This rank's stages' parameters (tied ones are summed over the world instead) and the
     // learned codec weights of the boundaries (held by no stage; those of other ranks' boundaries
@@ -180,6 +183,138 @@ DistExecutor::DistExecutor(Pipeline& pipeline, Transport& transport, const DataP
     const std::string problem = dp_codec_problem(dp.compression);
     TORCH_CHECK(problem.empty(), "dp.compression = ", dp.compression, ": ", problem);
   }
+}
+
+void DistExecutor::learn_structure() {
+  // Note [the grid's parameters]. Each rank built only its stages (Note [building only some
+  // stages]), so no rank sees the whole model: every rank lists, per stage it holds, its
+  // parameters (name, numel) and buffers, and its boundaries' learned weights; every rank then
+  // knows which pipeline rank owns each entry (checkpoints), which parameters are tied between
+  // ranks (GPT-2's wte), and every parameter's slot in the in-process order (model parameters by
+  // first stage holding them, then the boundaries' by boundary), which the global gradient norm
+  // sums in.
+  std::string mine;
+  const std::vector<int> own = layout_.stages_of(rank_);
+  put(mine, static_cast<int64_t>(own.size()));
+  for (int s : own) {
+    put(mine, static_cast<int64_t>(s));
+    for (const bool parameters : {true, false}) {
+      const auto entries = parameters ? pipeline_.stage(static_cast<size_t>(s))->named_parameters()
+                                      : pipeline_.stage(static_cast<size_t>(s))->named_buffers();
+      put(mine, static_cast<int64_t>(entries.size()));
+      for (const auto& [n, v] : entries) {
+        put(mine, static_cast<int64_t>(n.size()));
+        put(mine, n.data(), n.size());
+        put(mine, static_cast<int64_t>(v.numel()));
+      }
+    }
+  }
+  std::vector<std::pair<std::string, int64_t>> codec_params;  // this rank's boundaries' learned weights
+  for (const auto& [n, p] : pipeline_.named_parameters())
+    if (n.rfind("model.", 0) != 0) codec_params.emplace_back(n, p.numel());
+  put(mine, static_cast<int64_t>(codec_params.size()));
+  for (const auto& [n, numel] : codec_params) {
+    put(mine, static_cast<int64_t>(n.size()));
+    put(mine, n.data(), n.size());
+    put(mine, numel);
+  }
+  const std::string what = "building the grid: which ranks hold which parameters";
+  const std::vector<std::string> gathered = transport_.gather_bytes(mine, 0, what);
+  std::string all;
+  for (const auto& g : gathered) put(all, static_cast<int64_t>(g.size())), put(all, g.data(), g.size());
+  all = transport_.broadcast_bytes(all, 0, what);
+
+  // Replica 0's lists (every replica holds the same stages).
+  std::map<int, std::vector<std::pair<std::string, int64_t>>> params_of_stage;  // stage -> (name, numel)
+  std::map<int, std::vector<std::string>> buffers_of_stage;
+  std::map<std::string, std::vector<std::string>> codec_lists;  // "boundaries.<i>" -> names, from the first rank
+  Reader top{all, 0, what};
+  for (int r = 0; r < grid_.world(); ++r) {
+    std::string bytes(static_cast<size_t>(top.get<int64_t>()), '\0');
+    top.get(bytes.data(), bytes.size());
+    Reader in{bytes, 0, what};
+    auto get_name = [&] {
+      std::string n(static_cast<size_t>(in.get<int64_t>()), '\0');
+      in.get(n.data(), n.size());
+      return n;
+    };
+    for (int64_t k = 0, stages = in.get<int64_t>(); k < stages; ++k) {
+      const int s = static_cast<int>(in.get<int64_t>());
+      for (const bool parameters : {true, false}) {
+        for (int64_t e = 0, count = in.get<int64_t>(); e < count; ++e) {
+          std::string n = "model." + get_name();
+          const int64_t numel = in.get<int64_t>();
+          if (grid_.replica(r) != 0) continue;
+          if (parameters)
+            params_of_stage[s].emplace_back(std::move(n), numel);
+          else
+            buffers_of_stage[s].push_back(std::move(n));
+        }
+      }
+    }
+    std::map<std::string, std::vector<std::string>> lists;
+    for (int64_t e = 0, count = in.get<int64_t>(); e < count; ++e) {
+      std::string n = get_name();
+      const int64_t numel = in.get<int64_t>();
+      numel_[n] = numel;
+      const size_t dot = n.find('.', std::string("boundaries.").size());
+      lists[n.substr(0, dot)].push_back(n);
+    }
+    for (auto& [b, names] : lists) {
+      auto [it, fresh] = codec_lists.emplace(b, names);
+      TORCH_CHECK(fresh || it->second == names, what, ": ", b, "'s learned weights differ between ranks (rank ", r,
+                  " holds ", names.size(), ", an earlier rank ", it->second.size(), ")");
+    }
+  }
+  order_.clear();
+  owner_.clear();
+  held_.clear();
+  tied_.clear();
+  model_parameters_ = 0;
+  std::set<std::string> seen;
+  for (const auto& [s, entries] : params_of_stage) {
+    const int r = layout_.rank_of(s);
+    for (const auto& [n, numel] : entries) {
+      held_[n].insert(r);
+      if (!seen.insert(n).second) continue;
+      owner_[n] = r;
+      numel_[n] = numel;
+      order_.push_back(n);
+      model_parameters_ += numel;
+    }
+  }
+  for (const auto& [s, names] : buffers_of_stage)
+    for (const auto& n : names) owner_.emplace(n, layout_.rank_of(s));
+  // Boundaries in their order (Pipeline registers them "1", "2", ...: numerically).
+  std::vector<std::pair<int, std::string>> boundaries;
+  for (const auto& [b, names] : codec_lists) boundaries.emplace_back(std::stoi(b.substr(11)), b);
+  std::sort(boundaries.begin(), boundaries.end());
+  for (const auto& [i, b] : boundaries)
+    for (const auto& n : codec_lists.at(b)) order_.push_back(n);
+  for (const auto& n : order_)
+    if (held_.count(n) && held_.at(n).size() > 1) tied_.push_back(n);
+  for (auto it = held_.begin(); it != held_.end();) it = it->second.size() > 1 ? std::next(it) : held_.erase(it);
+  for (size_t i = 0; i < order_.size(); ++i) slot_[order_[i]] = static_cast<int64_t>(i);
+}
+
+void run_probe(Pipeline& pipeline, Transport& transport, int replicas, const Batch& batch,
+               const Pipeline::LossFn& loss_fn) try {
+  NoGradGuard no_grad;
+  const int stages = static_cast<int>(pipeline.num_stages()), v = pipeline.virtual_stages();
+  const Grid grid = Grid::of(transport.world_size(), stages / v, replicas);
+  const StageLayout layout = StageLayout::of(stages, v);
+  const int rank = grid.pipeline_rank(transport.rank());
+  C10dChannel channel(transport, grid.pipeline_group(grid.replica(transport.rank())), 0,
+                      C10dChannel::Phase::Evaluate, std::vector<bool>(pipeline.boundaries().size(), false),
+                      "checking the model on two training samples", batch.input.device());
+  const MicroBatches one = evaluation_batch(batch);  // the interpreter keeps a reference
+  RankInterpreter interpreter(pipeline, layout, rank, forward_only_schedule(layout).at(static_cast<size_t>(rank)),
+                              one, loss_fn, channel, RankInterpreter::Mode::Evaluate);
+  interpreter.run();
+  transport.barrier("checking the model on two training samples");
+} catch (const TransportError& e) {
+  throw TransportError(std::string(e.what()) + " [before training: checking the model on two training samples]",
+                       e.peer(), e.context());
 }
 
 // ---- training -------------------------------------------------------------------------------------
@@ -264,53 +399,57 @@ void DistExecutor::reduce_tied_grads(int64_t step) {
   NoGradGuard no_grad;
   std::map<std::string, Variable> params;
   for (const auto& [n, v] : pipeline_.named_parameters()) params[n] = v;
-  // One flat all-reduce: every rank contributes each tied gradient, zeros where it has none.
+  // One flat all-reduce over the world: every rank contributes each tied gradient, zeros where it
+  // has none (or does not hold the parameter: Note [the grid's parameters]).
   std::vector<at::Tensor> parts;
   for (const auto& name : tied_) {
-    const Variable& p = params.at(name);
-    at::Tensor g = p.grad();
-    parts.push_back(g.defined() ? g.reshape(-1) : at::zeros({p.numel()}, p.options()));
+    auto it = params.find(name);
+    at::Tensor g = it != params.end() ? it->second.grad() : at::Tensor();
+    parts.push_back(g.defined() ? g.reshape(-1)
+                                : at::zeros({numel_.at(name)}, at::TensorOptions().dtype(at::kFloat).device(device_)));
   }
   at::Tensor flat = at::cat(parts);
   transport_.all_reduce_sum(flat, "step " + std::to_string(step) + ", summing tied parameters' gradients");
   int64_t at = 0;
   for (const auto& name : tied_) {
-    Variable p = params.at(name);
-    const int64_t n = p.numel();
-    if (held_.at(name).count(rank_)) p.set_grad(flat.narrow(0, at, n).view(p.sizes()).clone());
+    const int64_t n = numel_.at(name);
+    auto it = params.find(name);
+    if (it != params.end()) {
+      Variable p = it->second;
+      p.set_grad(flat.narrow(0, at, n).view(p.sizes()).clone());
+    }
     at += n;
   }
 }
 
-double DistExecutor::clip_grad_norm(const std::vector<Variable>& params, double max_norm, int64_t step) {
+double DistExecutor::clip_grad_norm(double max_norm, int64_t step) {
   NoGradGuard no_grad;
-  // Tied parameters count on the first stage holding them (both holders have the summed gradient).
-  std::set<const at::TensorImpl*> counted_elsewhere;
-  for (const auto& [n, v] : pipeline_.named_parameters()) {
-    auto held = held_.find(n);
-    if (held != held_.end() && *held->second.begin() != rank_) counted_elsewhere.insert(impl_of(v));
-  }
-  // Every parameter's norm (and whether it has a gradient) on every rank: one slot per parameter,
-  // filled by the one rank that counts it, zeros elsewhere, so the all-reduced sums are exact and
-  // the total is formed as clip_grad_norm forms it in process (same order, same ops).
-  const int64_t n = static_cast<int64_t>(params.size());
+  // Every parameter of the whole pipeline has a slot, in the in-process order (Note [the grid's
+  // parameters]); the one rank that counts a parameter fills its slot (its norm, and that it has a
+  // gradient), zeros elsewhere, so the all-reduced sums are exact and the total is formed as
+  // clip_grad_norm forms it in one process over Pipeline::parameters() (same order, same ops).
+  // Tied parameters count on the first rank holding them (every holder has the summed gradient);
+  // replicas hold equal gradients after the data-parallel sum: replica 0's count.
+  const int64_t n = static_cast<int64_t>(order_.size());
   std::vector<at::Tensor> grads, mine;
   std::vector<int64_t> index;
-  for (int64_t i = 0; i < n; ++i) {
-    at::Tensor g = params[static_cast<size_t>(i)].grad();
+  for (const auto& [name, p] : pipeline_.named_parameters()) {
+    at::Tensor g = p.grad();
     if (!g.defined()) continue;
     grads.push_back(g);
-    // Replicas hold equal gradients after the data-parallel sum: replica 0's count.
-    if (replica_ != 0 || counted_elsewhere.count(impl_of(params[static_cast<size_t>(i)]))) continue;
+    auto held = held_.find(name);
+    if (replica_ != 0 || (held != held_.end() && *held->second.begin() != rank_)) continue;
+    auto slot = slot_.find(name);
+    TORCH_CHECK(slot != slot_.end(), "clip_grad_norm: parameter '", name,
+                "' has a gradient but was not listed when the grid was built");
     mine.push_back(g.norm(2.0).to(at::kFloat).reshape({1}));
-    index.push_back(i);
+    index.push_back(slot->second);
   }
   // On the parameters' device (NCCL reduces device tensors).
-  const at::Device dev = n > 0 ? params[0].device() : at::Device(at::kCPU);
-  at::Tensor slots = at::zeros({2, n}, at::TensorOptions().dtype(at::kFloat).device(dev));  // norms; has a gradient
+  at::Tensor slots = at::zeros({2, n}, at::TensorOptions().dtype(at::kFloat).device(device_));  // norms; has a gradient
   if (!mine.empty()) {
-    const at::Tensor idx = at::tensor(index, at::kLong).to(dev);
-    slots[0].index_put_({idx}, at::cat(mine).to(dev));
+    const at::Tensor idx = at::tensor(index, at::kLong).to(device_);
+    slots[0].index_put_({idx}, at::cat(mine).to(device_));
     slots[1].index_fill_(0, idx, 1.0f);
   }
   transport_.all_reduce_sum(slots, "step " + std::to_string(step) + ", global gradient norm");
@@ -370,13 +509,15 @@ std::pair<Tally, double> DistExecutor::sum_tallies(const at::Tensor& tally, doub
 }
 
 DistExecutor::EpochTotals DistExecutor::gather_epoch(double train_time_s, double compute_s, double comm_s,
-                                                     int64_t epoch) {
+                                                     int64_t epoch, int64_t optimizer_bytes) {
   std::string mine;
   for (double v : {train_time_s, compute_s, comm_s}) put(mine, v);
   const DataParallelStats dp = dp_ ? dp_->stats() : DataParallelStats{};
   for (int64_t v : {dp.messages, dp.bytes, dp.raw_bytes}) put(mine, v);
   put(mine, stages_hash());
   put(mine, peak_resident_bytes());
+  put(mine, parameter_bytes(pipeline_));
+  put(mine, optimizer_bytes);
   for (const auto& b : pipeline_.boundaries()) {
     const BoundaryStats s = b->stats();
     put_stats(mine, s.forward);
@@ -400,6 +541,8 @@ DistExecutor::EpochTotals DistExecutor::gather_epoch(double train_time_s, double
       out.data_parallel.raw_bytes += r.get<int64_t>();
       hashes.push_back(r.get<uint64_t>());
       out.peak_rss_bytes.push_back(r.get<int64_t>());
+      out.parameter_bytes.push_back(r.get<int64_t>());
+      out.optimizer_bytes.push_back(r.get<int64_t>());
       for (auto& b : per_boundary) {
         BoundaryStats s;
         s.forward = get_stats(r);

@@ -21,10 +21,12 @@
 // codec state; a checkpoint holds replica 0's, so a resumed D > 1 run with stateful codecs
 // continues from replica 0's state on every replica (docs/PIPELINE.md).
 //
-// Every rank builds the same Pipeline from the same config and seed (so every rank holds every
-// stage's parameters) and runs only its own stage: its optimizer sees gradients only for that
-// stage's parameters (and its side of the adjacent boundaries' learned codecs), the others stay
-// undefined and are skipped. What crosses between ranks:
+// Every rank builds the same Pipeline from the same config and seed, but only its own stages'
+// modules (Note [building only some stages] in layers/models/splittable.h; the other stages are
+// empty), and runs only its own stages. Its optimizer holds those stages' parameters and the
+// boundaries' learned codec weights it uses. At construction every rank learns, from every other,
+// which rank holds which parameter and buffer (Note [the grid's parameters]). What crosses
+// between ranks:
 //   - per micro-batch, the Boundary's real payloads: activations forward, gradients backward
 //     (none in backward mode none: both ends know it from the config and skip the message);
 //   - per step: the last stage's tally (loss sum, units, correct) broadcast to every rank, the
@@ -41,7 +43,8 @@
 // exception, where a sum is formed in another order and results agree to rounding only: tied
 // parameters (in process both stages accumulate into one gradient micro-batch by micro-batch;
 // here each rank sums its own part, then the two parts are added). Gradient clipping is exact:
-// every rank gets every parameter's norm and forms the total as the in-process clip does.
+// every rank gets every parameter's norm and forms the total as the in-process clip does over
+// Pipeline::parameters().
 //
 // Note [one checkpoint]. Rank 0 writes one checkpoint in the same format as an in-process run's
 // (so `tapeline eval`, `compare` and resuming with any number of processes read it), assembled
@@ -70,6 +73,17 @@ namespace tl::dist {
 
 /// This process's peak resident memory (getrusage's ru_maxrss), in bytes.
 int64_t peak_resident_bytes();
+/// Bytes of a module's parameters, and of an optimizer's state (every slot of every parameter).
+int64_t parameter_bytes(const Module& module);
+int64_t optimizer_state_bytes(const Optimizer& optimizer);
+
+/// Before training, with every rank's model built in part (Note [building only some stages]): one
+/// forward-only pass of `batch` (a couple of training samples) through each replica's pipeline in
+/// eval mode, codecs on. It checks that the model accepts the task's batches and lets codecs that
+/// size their weights at their first input (ae with d = 0) create them on the ranks that use them,
+/// before the optimizer collects the parameters. Collective over the world.
+void run_probe(Pipeline& pipeline, Transport& transport, int replicas, const Batch& batch,
+               const Pipeline::LossFn& loss_fn);
 
 class DistExecutor {
  public:
@@ -99,9 +113,13 @@ class DistExecutor {
                         const Pipeline::LossFn& loss_fn, int64_t epoch, int64_t step, StepTiming* timing = nullptr);
 
   /// clip_grad_norm (layers/optim/grad_utils.h) over the gradients of every rank, each tied
-  /// parameter counted once: returns the global norm and scales this rank's gradients. `params`:
-  /// the optimizer's parameters, in the same order on every rank.
-  double clip_grad_norm(const std::vector<Variable>& params, double max_norm, int64_t step);
+  /// parameter counted once, summed as one process sums Pipeline::parameters(): returns the
+  /// global norm and scales this rank's gradients.
+  double clip_grad_norm(double max_norm, int64_t step);
+
+  /// Parameters of the whole model (every rank's stages, tied ones once; Note [the grid's
+  /// parameters]).
+  int64_t model_parameters() const { return model_parameters_; }
 
   /// Forward-only pass of evaluation batch `index` with the boundaries' forward codecs on
   /// (`compression`) or bypassed (ScopedInference). Returns the task's tally (loss_fn's, of the
@@ -121,8 +139,12 @@ class DistExecutor {
     std::vector<double> train_time_s, compute_s, comm_s;  // per rank
     DataParallelStats data_parallel;                      // summed over the ranks
     std::vector<int64_t> peak_rss_bytes;                  // per rank: peak resident memory so far
+    std::vector<int64_t> parameter_bytes;                 // per rank: its parameters (stages, codecs)
+    std::vector<int64_t> optimizer_bytes;                 // per rank: its optimizer state
   };
-  EpochTotals gather_epoch(double train_time_s, double compute_s, double comm_s, int64_t epoch);
+  /// `optimizer_bytes`: this rank's optimizer state (optimizer_state_bytes).
+  EpochTotals gather_epoch(double train_time_s, double compute_s, double comm_s, int64_t epoch,
+                           int64_t optimizer_bytes);
 
   /// Note [one checkpoint]: marks the current state as identical on every rank (after building or
   /// resuming).
@@ -134,6 +156,8 @@ class DistExecutor {
   Transport& transport() { return transport_; }
 
  private:
+  // Note [the grid's parameters]: what every rank holds, from every rank (collective).
+  void learn_structure();
   // Sums the gradients of parameters held by several stages between their ranks.
   void reduce_tied_grads(int64_t step);
   // Entries of this rank's contents that rank 0 takes from it (Note [one checkpoint]).
@@ -159,6 +183,10 @@ class DistExecutor {
   std::map<std::string, int> owner_;           // pipeline parameter/buffer name -> first rank holding it
   std::vector<std::string> tied_;              // parameters held by several ranks, by name
   std::map<std::string, std::set<int>> held_;  // tied parameter -> ranks holding it
+  std::vector<std::string> order_;             // every parameter of the pipeline, in the in-process order
+  std::map<std::string, int64_t> slot_;        // name -> index in order_
+  std::map<std::string, int64_t> numel_;       // of every parameter (tied ones this rank may not hold)
+  int64_t model_parameters_ = 0;
   TensorMap reference_;                        // codec state when the ranks were last identical
 };
 

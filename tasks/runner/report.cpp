@@ -154,6 +154,8 @@ std::string summary_json(const RunSummary& s) {
   j["test_samples"] = s.test_samples;
   j["fingerprint"] = s.fingerprint;
   j["peak_rss_bytes"] = s.peak_rss_bytes;
+  j["parameter_bytes"] = s.parameter_bytes;
+  j["optimizer_bytes"] = s.optimizer_bytes;
   j["bytes_per_step"] = s.bytes_per_step();
   j["uncompressed_bytes_per_step"] = s.uncompressed_bytes_per_step();
   return j.dump(2) + "\n";
@@ -182,6 +184,8 @@ std::optional<RunSummary> read_summary_json(const std::string& path) {
     s.test_samples = j.value("test_samples", int64_t(0));
     s.fingerprint = j.value("fingerprint", "");
     s.peak_rss_bytes = j.value("peak_rss_bytes", std::vector<int64_t>{});
+    s.parameter_bytes = j.value("parameter_bytes", std::vector<int64_t>{});
+    s.optimizer_bytes = j.value("optimizer_bytes", std::vector<int64_t>{});
     return s;
   } catch (const json::exception& e) {
     throw std::runtime_error(path + ": not a tapeline summary.json (" + e.what() + ")");

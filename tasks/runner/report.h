@@ -72,6 +72,8 @@ struct RunSummary {
   double wall_to_target_s = -1;    // the same in wall time
   EpochMetrics last;
   std::vector<int64_t> peak_rss_bytes;  // peak resident memory of each rank (one entry in process)
+  std::vector<int64_t> parameter_bytes;  // each rank's parameters (its stages and codec weights)
+  std::vector<int64_t> optimizer_bytes;  // each rank's optimizer state
   double bytes_per_step() const;  // (forward + backward) / steps of the last epoch
   double uncompressed_bytes_per_step() const;
 };

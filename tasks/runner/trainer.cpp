@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <set>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -161,16 +162,35 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
   if (env && device_.is_cuda()) device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env->local_rank));
   at::manual_seed(config_.run.seed);  // the default generator, for anything that uses it
 
-  // 1. Task, model, cuts and boundaries: no data read yet.
+  // 1. Task, model, cuts and boundaries: no data read yet. One rank of several builds only its
+  //    stages (Note [building only some stages]); the cut points come from the config or, when it
+  //    names none, from a skeleton of the model (no modules).
   task_ = make_task(config_);
   at::Generator gen = at::detail::createCPUGenerator(mix_seed(config_.run.seed, 0x6d6f64656cull));  // "model"
-  BuiltModel built = build_model(config_, task_->shape(), gen);
-  model_description_ = built.description;
-  auto* splittable = dynamic_cast<Splittable*>(built.model.get());
-  TORCH_CHECK(splittable, "model.arch = ", config_.model.arch, " cannot be split into stages");
-  std::vector<std::string> cuts = config_.model.no_cuts        ? std::vector<std::string>{}
-                                  : config_.model.cuts.empty() ? splittable->cut_points()
-                                                               : config_.model.cuts;
+  auto model_cuts = [&](const BuiltModel& m) {
+    auto* splittable = dynamic_cast<Splittable*>(m.model.get());
+    TORCH_CHECK(splittable, "model.arch = ", config_.model.arch, " cannot be split into stages");
+    return config_.model.no_cuts        ? std::vector<std::string>{}
+           : config_.model.cuts.empty() ? splittable->cut_points()
+                                        : config_.model.cuts;
+  };
+  StageSelection selection;
+  if (env) {
+    const std::vector<std::string> cuts =
+        config_.model.no_cuts      ? std::vector<std::string>{}
+        : !config_.model.cuts.empty() ? config_.model.cuts
+                                      : model_cuts(build_model(config_, task_->shape(), gen, StageSelection::skeleton()));
+    const int stages = static_cast<int>(cuts.size()) + 1, v = static_cast<int>(config_.pipeline.virtual_stages);
+    // A world, dp or virtual_stages that does not fit is reported below, with the whole model.
+    if (v >= 1 && stages % v == 0 && env->world_size == stages / v * config_.parallel.dp) {
+      const Grid grid = Grid::of(env->world_size, stages / v, static_cast<int>(config_.parallel.dp));
+      std::set<int64_t> own;
+      for (int s : StageLayout::of(stages, v).stages_of(grid.pipeline_rank(env->rank))) own.insert(s);
+      selection = StageSelection::of(cuts, own);
+    }
+  }
+  BuiltModel built = build_model(config_, task_->shape(), gen, selection);
+  std::vector<std::string> cuts = model_cuts(built);
   for (int64_t i : config_.boundary_override_indices())
     TORCH_CHECK(i <= static_cast<int64_t>(cuts.size()), "boundary.", i, ": the model has ", cuts.size(), " cut",
                 cuts.size() == 1 ? "" : "s", " (model.cuts), so boundaries are numbered 1..", cuts.size());
@@ -244,7 +264,12 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
     Batch probe = task_->train_batch(0, 0);
     probe = probe.slice(0, std::min<int64_t>(2, probe.rows())).to(device_);
     pipeline_->eval();
-    pipeline_->predict(probe.input, true, probe.side);
+    if (transport_) {  // each rank holds only its stages: the probe crosses the ranks
+      const auto loss_fn = [this](const Variable& out, const Batch& mb) { return task_->loss(out, mb); };
+      dist::run_probe(*pipeline_, *transport_, static_cast<int>(config_.parallel.dp), probe, loss_fn);
+    } else {
+      pipeline_->predict(probe.input, true, probe.side);
+    }
     pipeline_->train();
     pipeline_->reset_stats();
   }
@@ -264,6 +289,7 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
     dist_ = std::make_unique<dist::DistExecutor>(*pipeline_, *transport_, dp);
     dist_->synchronized(*optimizer_);
   }
+  model_description_ = built.describe(dist_ ? dist_->model_parameters() : built.model->num_parameters());
 }
 
 Experiment::~Experiment() = default;
@@ -280,7 +306,9 @@ void Experiment::save_checkpoint(const std::string& path, const CheckpointInfo& 
 }
 
 CheckpointInfo Experiment::load_checkpoint(const std::string& path) {
-  CheckpointInfo info = tl::load_checkpoint(path, *pipeline_, optimizer_.get(), scheduler_.get());
+  CheckpointLoadOptions options;
+  options.part = dist_ != nullptr;  // this rank's stages (Note [building only some stages])
+  CheckpointInfo info = tl::load_checkpoint(path, *pipeline_, optimizer_.get(), scheduler_.get(), options);
   if (dist_) dist_->synchronized(*optimizer_);  // every rank now holds the same state
   return info;
 }
@@ -342,9 +370,9 @@ EpochMetrics Experiment::train_epoch(int64_t epoch, const std::function<void(con
                 ": loss is ", r.loss, "; lower train.lr or use a milder compressor");
     if (config_.train.grad_clip > 0) {
       if (dist_)
-        dist_->clip_grad_norm(optimizer_->parameters(), config_.train.grad_clip, global);
+        dist_->clip_grad_norm(config_.train.grad_clip, global);
       else
-        clip_grad_norm(optimizer_->parameters(), config_.train.grad_clip);
+        clip_grad_norm(pipeline_->parameters(), config_.train.grad_clip);  // the order the ranks sum in
     }
     optimizer_->step();
     pipeline_->after_optimizer_step();  // every codec's hook (subspace projection, lazy EF carry)
@@ -378,7 +406,8 @@ EpochMetrics Experiment::train_epoch(int64_t epoch, const std::function<void(con
   if (dist_) {
     // Rank 0 gets every rank's part: bytes are counted by each direction's sender. Pipeline time
     // is the slowest rank's; compute and comm are averaged over the ranks (stages), as in process.
-    auto totals = dist_->gather_epoch(m.train_time_s, m.compute_s, m.comm_s, epoch);
+    auto totals =
+        dist_->gather_epoch(m.train_time_s, m.compute_s, m.comm_s, epoch, dist::optimizer_state_bytes(*optimizer_));
     if (!totals.train_time_s.empty()) {
       const double n = static_cast<double>(totals.train_time_s.size());
       m.train_time_s = *std::max_element(totals.train_time_s.begin(), totals.train_time_s.end());
@@ -388,11 +417,17 @@ EpochMetrics Experiment::train_epoch(int64_t epoch, const std::function<void(con
     }
     per_boundary = totals.boundaries;  // empty on ranks > 0
     m.bytes_dp = totals.data_parallel.bytes;
-    if (!totals.peak_rss_bytes.empty()) peak_rss_bytes_ = totals.peak_rss_bytes;
+    if (!totals.peak_rss_bytes.empty()) {
+      peak_rss_bytes_ = totals.peak_rss_bytes;
+      parameter_bytes_ = totals.parameter_bytes;
+      optimizer_bytes_ = totals.optimizer_bytes;
+    }
     m.bytes_dp_uncompressed = totals.data_parallel.raw_bytes;
   } else {
     for (const auto& b : pipeline_->boundaries()) per_boundary.push_back(b->stats());
     peak_rss_bytes_ = {dist::peak_resident_bytes()};
+    parameter_bytes_ = {dist::parameter_bytes(*pipeline_)};
+    optimizer_bytes_ = {dist::optimizer_state_bytes(*optimizer_)};
   }
   const BoundaryStats stats = sum_boundary_stats(per_boundary);
   m.bubble = m.train_time_s > 0 ? std::max(0.0, 1.0 - m.compute_s / m.train_time_s) : 0.0;
@@ -630,6 +665,8 @@ RunSummary run_training(const TrainRequest& req) {
     write_file(csv, metrics_csv(history));
     summary.last = m;
     summary.peak_rss_bytes = ex.peak_rss_bytes();
+    summary.parameter_bytes = ex.parameter_bytes();
+    summary.optimizer_bytes = ex.optimizer_bytes();
     write_file((fs::path(out) / "summary.json").string(), summary_json(summary));
     if ((m.epoch % cfg.run.checkpoint_every == 0) || m.epoch == cfg.train.epochs ||
         (req.stop_after_epochs > 0 && run_epochs >= req.stop_after_epochs)) {

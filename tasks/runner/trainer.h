@@ -93,6 +93,9 @@ class Experiment {
   int rank() const;
   /// Peak resident memory of every rank (rank 0; one entry in process), as of the last epoch.
   const std::vector<int64_t>& peak_rss_bytes() const { return peak_rss_bytes_; }
+  /// Per rank (one entry in process), after an epoch: parameter and optimizer-state bytes held.
+  const std::vector<int64_t>& parameter_bytes() const { return parameter_bytes_; }
+  const std::vector<int64_t>& optimizer_bytes() const { return optimizer_bytes_; }
   int world_size() const;
   /// Saves a checkpoint of the whole pipeline (multi-process: collective, written by rank 0 from
   /// every rank's state; Note [one checkpoint] in parallel/dist/runtime.h).
@@ -111,7 +114,7 @@ class Experiment {
   std::unique_ptr<LRScheduler> scheduler_;
   std::unique_ptr<dist::Transport> transport_;
   std::unique_ptr<dist::DistExecutor> dist_;
-  std::vector<int64_t> peak_rss_bytes_;
+  std::vector<int64_t> peak_rss_bytes_, parameter_bytes_, optimizer_bytes_;
 };
 
 /// What `tapeline train` asks for.

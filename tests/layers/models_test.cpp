@@ -339,5 +339,74 @@ TEST(ModelsBert, SplitStagesReadTheirSideInputs) {
   EXPECT_TRUE(param_names(*stages[1]).count("pooler.weight"));
 }
 
+// ---- building only some stages (Note [building only some stages]) ------------------------------
+
+/// Builds `make(selection)` for every single stage of `cuts`, and for pairs of stages, and checks
+/// that each holds exactly the whole model's parameters and buffers of those stages, bit for bit.
+template <class Make>
+void expect_parts_hold_the_whole_models_numbers(const Make& make, const std::vector<std::string>& cuts,
+                                                const std::string& label) {
+  auto whole = make(StageSelection::whole());
+  const auto stages = whole->split(cuts);
+  const TensorMap all = whole->state_dict();
+  const auto n = static_cast<int64_t>(stages.size());
+  std::vector<std::set<int64_t>> selections;
+  for (int64_t s = 0; s < n; ++s) selections.push_back({s});
+  selections.push_back({0, n - 1});  // first and last: GPT-2's tied embedding built once
+  for (const auto& selection : selections) {
+    auto part = make(StageSelection::of(cuts, selection));
+    std::set<std::string> expected;
+    for (int64_t s : selection)
+      for (const auto& [name, _] : stages[static_cast<size_t>(s)]->state_dict()) expected.insert(name);
+    std::set<std::string> held;
+    for (const auto& [name, t] : part->state_dict()) {
+      held.insert(name);
+      ASSERT_TRUE(all.count(name)) << label << ": " << name;
+      EXPECT_TRUE(t.equal(all.at(name))) << label << ": '" << name << "' differs from the whole model's";
+    }
+    EXPECT_EQ(held, expected) << label << ": stages " << *selection.begin() << ".." << *selection.rbegin();
+    // Its own stages run; another's is an error naming its segment.
+    auto parts = part->split(cuts);
+    const int64_t absent = selection.count(0) ? -1 : 0;
+    if (absent == 0) {
+      const std::string e = error_of([&] { std::static_pointer_cast<Stage>(parts[0])->forward(Variable(at::zeros({1}))); });
+      EXPECT_NE(e.find("was not built in this process"), std::string::npos) << label << ": " << e;
+    }
+  }
+}
+
+TEST(ModelsInPart, AStageBuiltAloneHoldsTheWholeModelsNumbers) {
+  const at::Generator gen = at::detail::createCPUGenerator(11);
+  expect_parts_hold_the_whole_models_numbers(
+      [&](const StageSelection& s) { return make_resnet("resnet8", 3, 10, 1.0, gen, s); }, {"stem", "layer2"},
+      "resnet8");
+  expect_parts_hold_the_whole_models_numbers(
+      [&](const StageSelection& s) { return std::make_shared<GPT2>(tiny_gpt2(), gen, s); }, {"embed", "h.1"}, "gpt2");
+  BertConfig bc = tiny_bert();
+  bc.num_labels = 3;
+  bc.hidden_dropout = bc.attention_dropout = 0.1;  // dropout streams are buffers: built in part too
+  expect_parts_hold_the_whole_models_numbers(
+      [&](const StageSelection& s) { return std::make_shared<Bert>(bc, gen, s); }, {"layers.0", "layers.1"}, "bert");
+}
+
+TEST(ModelsInPart, ASkeletonHasTheCutPointsAndNoParameters) {
+  auto skeleton = make_resnet("resnet8", 3, 10, 1.0, at::detail::createCPUGenerator(0), StageSelection::skeleton());
+  EXPECT_EQ(skeleton->num_parameters(), 0);
+  EXPECT_EQ(skeleton->cut_points(), make_resnet("resnet8", 3, 10)->cut_points());
+}
+
+TEST(ModelsInPart, ErrorsNameTheProblem) {
+  const at::Generator gen = at::detail::createCPUGenerator(0);
+  EXPECT_NE(error_of([&] { make_resnet("resnet8", 3, 10, 1.0, gen, StageSelection::of({"stem"}, {2})); })
+                .find("stage 2 does not exist; 1 cuts make stages 0 .. 1"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { make_resnet("resnet8", 3, 10, 1.0, gen, StageSelection::of({"nowhere"}, {0})); })
+                .find("unknown cut point 'nowhere'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { make_resnet("resnet8", 3, 10, 1.0, std::nullopt, StageSelection::of({"stem"}, {0})); })
+                .find("needs a generator"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace tl

@@ -146,7 +146,24 @@ TEST(MultiProcessTrain, FourProcessesComputeTheSameNumbersAsOne) {
     ASSERT_EQ(rss.size(), 4u);
     for (int64_t b : rss) EXPECT_GT(b, int64_t(1) << 20);
     std::ifstream g(dir.path() / "1f1b" / "summary.json");
-    EXPECT_EQ(nlohmann::json::parse(g).at("peak_rss_bytes").size(), 1u);
+    const auto one = nlohmann::json::parse(g);
+    EXPECT_EQ(one.at("peak_rss_bytes").size(), 1u);
+    // Each rank built and holds only its stage (Note [building only some stages]): the ranks'
+    // parameters and optimizer state add up to one process's, and none holds more than its part.
+    std::ifstream h(dir.path() / "mp" / "summary.json");
+    const auto four = nlohmann::json::parse(h);
+    for (const char* key : {"parameter_bytes", "optimizer_bytes"}) {
+      const auto ranks = four.at(key).get<std::vector<int64_t>>();
+      const auto whole = one.at(key).get<std::vector<int64_t>>();
+      ASSERT_EQ(ranks.size(), 4u) << key;
+      ASSERT_EQ(whole.size(), 1u) << key;
+      int64_t sum = 0;
+      for (int64_t b : ranks) {
+        EXPECT_LT(b, whole[0]) << key;
+        sum += b;
+      }
+      EXPECT_EQ(sum, whole[0]) << key;
+    }
   }
   // Under torchrun (its agent hosts the store: TORCHELASTIC_USE_AGENT_STORE), through
   // scripts/torchrun, which works around Debian's torchrun 1.13 on Python 3.11.
@@ -269,6 +286,32 @@ TEST(MultiProcessTrain, AStoppedRankStopsATwoByTwoGridWithinTheTimeout) {
   REQUIRE_MULTIPROCESS();
   kill_and_resume("--parallel.dp=2 --model.cuts=layer2 --boundary.forward=identity --boundary.backward=identity", 2,
                   {0, 3}, SIGSTOP, 6, "stage 1 of replica 0");
+}
+
+// A checkpoint holds every stage, whichever ranks wrote it, and any world size resumes it (each
+// rank loading only its stages: Note [building only some stages]): 4 ranks stopped after epoch 1
+// and resumed in one process, and one process resumed in 2 ranks of 2 virtual stages each, end
+// as the uninterrupted run.
+TEST(MultiProcessTrain, AnyWorldSizeResumesACheckpoint) {
+  REQUIRE_MULTIPROCESS();
+  testing::TempDir dir;
+  const std::string cfg = write_config(dir.path(), 2);
+  const std::string common = "train --config " + cfg + " --no-plot --quiet --out ";
+  auto [s0, o0] = run(common + (dir.path() / "whole").string(), mp::temp_log("resume-whole"));
+  ASSERT_EQ(s0, 0) << o0;
+  const std::string reference = metrics_without_times(dir.path() / "whole");
+  struct Case {
+    std::string name, first, second;
+  };
+  for (const Case& c : {Case{"four-then-one", " --nproc 4", ""},
+                        Case{"one-then-two", "", " --nproc 2 --pipeline.schedule=interleaved --pipeline.virtual_stages=2"}}) {
+    const std::string out = (dir.path() / c.name).string();
+    auto [s1, o1] = run(common + out + c.first + " --stop-after 1", mp::temp_log(c.name + "-1"));
+    ASSERT_EQ(s1, 0) << c.name << ": " << o1;
+    auto [s2, o2] = run(common + out + " --resume " + out + c.second, mp::temp_log(c.name + "-2"));
+    ASSERT_EQ(s2, 0) << c.name << ": " << o2;
+    EXPECT_EQ(metrics_without_times(dir.path() / c.name), reference) << c.name;
+  }
 }
 
 // metrics.csv as numbers by column, without the columns that measure time.
