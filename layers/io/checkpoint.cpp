@@ -32,13 +32,13 @@ at::Tensor get_state(at::Generator gen) {
 
 // Splits "prefix.rest" entries into per-prefix maps with the prefix removed.
 std::map<std::string, TensorMap> split(const TensorMap& all, const std::string& path) {
-  static const std::set<std::string> known = {"model", "optim", "sched", "rng"};
+  static const std::set<std::string> known = {"model", "optim", "sched", "rng", "grid"};
   std::map<std::string, TensorMap> parts;
   for (const auto& [name, t] : all) {
     const auto dot = name.find('.');
     const std::string prefix = dot == std::string::npos ? name : name.substr(0, dot);
     TORCH_CHECK(dot != std::string::npos && known.count(prefix), "checkpoint '", path, "': unexpected entry '", name,
-                "' (entries are model.*, optim.*, sched.*, rng.*)");
+                "' (entries are model.*, optim.*, sched.*, rng.*, grid.*)");
     parts[prefix][name.substr(dot + 1)] = t;
   }
   return parts;

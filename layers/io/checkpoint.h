@@ -7,6 +7,9 @@
 //   optim.<key>      Optimizer::state_dict() (state.<param>.<slot>, groups.<g>.<option>)
 //   sched.<key>      LRScheduler::state_dict() (step, base_lrs)
 //   rng.cpu          the default CPU generator's state (uint8), rng.cuda.<i> for each CUDA device
+//   grid.<key>       multi-process runs only: state that differs between the ranks of a grid
+//                    (parallel/dist/runtime.h, Note [grid state in checkpoints]); load_checkpoint
+//                    leaves it to the multi-process runtime
 // JSON metadata ("__metadata__"): format = tapeline.checkpoint, version = 1, step, epoch,
 // optimizer (its name), schedule (its description), and the caller's entries as user.<key>.
 //

@@ -221,4 +221,31 @@ void DataParallelSync::sync_buffers(int64_t step, const std::string& where, cons
   }
 }
 
+TensorMap DataParallelSync::codec_state() const {
+  TensorMap out;
+  for (size_t i = 0; i < params_.size(); ++i)
+    for (const auto& [k, t] : codecs_[i]->state_dict())
+      if (t.defined()) out[params_[i].first + "." + k] = t;
+  return out;
+}
+
+void DataParallelSync::load_codec_state(const TensorMap& state) {
+  std::vector<TensorMap> per(params_.size());
+  for (const auto& [k, t] : state) {
+    size_t i = 0;
+    while (i < params_.size() && k.rfind(params_[i].first + ".", 0) != 0) ++i;
+    TORCH_CHECK(i < params_.size(), "data-parallel codec state: entry '", k,
+                "' belongs to no parameter of this rank's stages (a checkpoint of another model or grid?)");
+    per[i][k.substr(params_[i].first.size() + 1)] = t;
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (per[i].empty()) continue;
+    try {
+      codecs_[i]->load_state_dict(per[i], /*strict=*/false);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "data-parallel codec state of '", params_[i].first, "': ", e.what_without_backtrace());
+    }
+  }
+}
+
 }  // namespace tl::dist

@@ -83,6 +83,12 @@ class DataParallelSync {
 
   const DataParallelStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
+  /// Every codec's state (error-feedback residuals, PowerSGD warm starts), keyed
+  /// "<parameter>.<codec entry>": this replica's own (Note [grid state in checkpoints]).
+  TensorMap codec_state() const;
+  /// Restores codec_state()'s entries; an entry of no parameter here is an error (raised before
+  /// anything changes).
+  void load_codec_state(const TensorMap& state);
   /// The per-parameter codecs (state, for tests).
   const std::vector<CompressorPtr>& codecs() const { return codecs_; }
 

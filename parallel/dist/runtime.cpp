@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "autograd/autograd.h"
+#include "layers/io/safetensors.h"
 #include "layers/nn/norm.h"
 #include "layers/optim/grad_utils.h"
 #include "parallel/dist/c10d_channel.h"
@@ -604,19 +605,71 @@ void DistExecutor::synchronized(const Optimizer& optimizer) {
 }
 
 TensorMap DistExecutor::part_for_checkpoint(const TensorMap& all) const {
+  // Note [grid state in checkpoints]. Replica 0's state is the checkpoint's ordinary entries.
+  // What other replicas hold differently, their boundary codecs' state, goes under
+  // grid.replica<d>., and every rank's data-parallel codec state under grid.dp.<p>.<d>.
   TensorMap part;
-  if (replica_ != 0) return part;  // replica 0's (Note [data parallelism])
+  const std::string prefix = replica_ == 0 ? "" : "grid.replica" + std::to_string(replica_) + ".";
   for (const auto& [k, t] : all) {
     if (k.rfind("optim.groups.", 0) == 0 || k.rfind("sched.", 0) == 0 || k.rfind("rng.", 0) == 0) continue;
     const int owner = structural_owner(k);
-    if (owner >= 0) {
-      if (owner == rank_) part[k] = t;
+    if (owner >= 0) {  // parameters, buffers, their optimizer state: equal on every replica
+      if (owner == rank_ && replica_ == 0) part[k] = t;
       continue;
     }
+    if (replica_ != 0 && k.rfind("model.", 0) != 0) continue;  // codec weights' optimizer state: equal too
     auto ref = reference_.find(k);
-    if (ref == reference_.end() || !same_tensor(ref->second, t)) part[k] = t;  // changed here
+    if (ref == reference_.end() || !same_tensor(ref->second, t))
+      part[prefix + k] = t;  // changed here
+    else if (restored_.count(k))
+      part["grid.base." + prefix.substr(5) + k] = t;  // as resumed: kept unless a rank of the replica changed it
   }
+  if (dp_)
+    for (const auto& [k, t] : dp_->codec_state())
+      part["grid.dp." + std::to_string(rank_) + "." + std::to_string(replica_) + "." + k] = t;
   return part;
+}
+
+std::string DistExecutor::restore_grid_state(const std::string& path) {
+  restored_.clear();
+  TensorMap mine, dp;
+  at::Tensor shape;
+  const std::string replica_prefix = "grid.replica" + std::to_string(replica_) + ".";
+  const std::string dp_prefix = "grid.dp." + std::to_string(rank_) + "." + std::to_string(replica_) + ".";
+  for (auto& [k, t] : load_safetensors(path)) {
+    if (k == "grid.shape") shape = t;
+    if (replica_ != 0 && k.rfind(replica_prefix, 0) == 0) mine[k.substr(replica_prefix.size())] = t;
+    if (k.rfind(dp_prefix, 0) == 0) dp[k.substr(dp_prefix.size())] = t;
+  }
+  const int v = pipeline_.virtual_stages();
+  const bool same_grid = shape.defined() && shape.numel() == 3 && shape[0].item<int64_t>() == grid_.pipeline &&
+                         shape[1].item<int64_t>() == grid_.data && shape[2].item<int64_t>() == v;
+  const int64_t saved_replicas = shape.defined() && shape.numel() == 3 ? shape[1].item<int64_t>() : 1;
+  if (!same_grid) {
+    if (grid_.data == 1 && saved_replicas == 1) return "";  // one replica either way: nothing per replica
+    return "the checkpoint was written by " +
+           (shape.defined() ? std::to_string(saved_replicas) + " replica(s) of another grid" : std::string("one process")) +
+           ", this run has " + std::to_string(grid_.data) +
+           " replica(s): every replica continues from replica 0's boundary codec state, and dp.compression's state "
+           "(error feedback, PowerSGD warm starts) starts from zero; resuming with the same grid, or with stateless "
+           "codecs, is exact (docs/GRID.md)";
+  }
+  if (!mine.empty()) {
+    TensorMap model_part;
+    for (auto& [k, t] : mine) {
+      TORCH_CHECK(k.rfind("model.", 0) == 0, "checkpoint ", path, ": grid entry '", replica_prefix, k,
+                  "' is not a model entry");
+      model_part[k.substr(6)] = t;
+      restored_.insert(k);
+    }
+    try {
+      pipeline_.load_state_dict(model_part, /*strict=*/false);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "checkpoint ", path, ": replica ", replica_, "'s codec state: ", e.what_without_backtrace());
+    }
+  }
+  if (dp_) dp_->load_codec_state(dp);
+  return "";
 }
 
 void DistExecutor::save_checkpoint(const std::string& path, const CheckpointContents& mine) {
@@ -624,9 +677,16 @@ void DistExecutor::save_checkpoint(const std::string& path, const CheckpointCont
   const std::vector<std::string> parts = transport_.gather_bytes(pack(part_for_checkpoint(mine.tensors)), 0, what);
   if (transport_.rank() == 0) {
     CheckpointContents merged = mine;  // entries nobody changed, counters, rank 0's RNG state
+    merged.tensors["grid.shape"] =
+        at::tensor(std::vector<int64_t>{grid_.pipeline, grid_.data, pipeline_.virtual_stages()}, at::kLong);
     std::map<std::string, int> changed_by;
+    TensorMap base;  // grid.base.<key>: a replica's state as resumed, under what its ranks changed
     for (int r = 0; r < grid_.world(); ++r) {
       for (auto& [k, t] : unpack(parts[static_cast<size_t>(r)], what)) {
+        if (k.rfind("grid.base.", 0) == 0) {
+          base["grid." + k.substr(10)] = t;
+          continue;
+        }
         if (structural_owner(k) < 0) {
           auto prev = changed_by.find(k);
           TORCH_CHECK(prev == changed_by.end() || same_tensor(merged.tensors.at(k), t), what, ": '", k,
@@ -638,6 +698,7 @@ void DistExecutor::save_checkpoint(const std::string& path, const CheckpointCont
         merged.tensors[k] = t;
       }
     }
+    for (auto& [k, t] : base) merged.tensors.emplace(k, t);  // only where no rank sent a change
     write_checkpoint(path, merged);
   }
   transport_.barrier(what + " written by rank 0");

@@ -18,8 +18,15 @@
 // summed. The metrics and the checkpoint are replica 0's, after every epoch checks that the
 // replicas' stages are bitwise equal (an error naming the pipeline rank and the replica if not).
 // Each replica keeps its own boundary codec state (EF residuals, ...) and its own data-parallel
-// codec state; a checkpoint holds replica 0's, so a resumed D > 1 run with stateful codecs
-// continues from replica 0's state on every replica (docs/PIPELINE.md).
+// codec state; the checkpoint holds them all (Note [grid state in checkpoints]).
+//
+// Note [grid state in checkpoints]. The checkpoint's ordinary entries are replica 0's state, so
+// one process, `tapeline eval` and any grid read it. What differs between the ranks of a grid is
+// kept beside it under grid.*: grid.shape = (P, D, virtual stages); grid.replica<d>.<entry>, the
+// boundary codec state of replica d > 0 that it changed (or restored); grid.dp.<p>.<d>.<entry>,
+// every rank's data-parallel codec state. Resuming with the same grid restores each rank's own, so
+// stateful codecs resume exactly; another grid shape continues every replica from replica 0's
+// boundary codec state and dp.compression's from zero, and says so.
 //
 // Every rank builds the same Pipeline from the same config and seed, but only its own stages'
 // modules (Note [building only some stages] in layers/models/splittable.h; the other stages are
@@ -152,6 +159,11 @@ class DistExecutor {
   /// Collective: rank 0 assembles `mine` with the other ranks' parts and writes it to `path`
   /// atomically; other ranks send their part. Every rank returns once rank 0 has written.
   void save_checkpoint(const std::string& path, const CheckpointContents& mine);
+  /// After loading the checkpoint's ordinary entries (replica 0's state) on resume: this rank's
+  /// own state of Note [grid state in checkpoints] (replica d's boundary codec state, this rank's
+  /// data-parallel codec state). Returns "" when restored (or when there is nothing per replica),
+  /// else why not (a checkpoint of another grid shape): what the run continues from.
+  std::string restore_grid_state(const std::string& path);
 
   Transport& transport() { return transport_; }
 
@@ -188,6 +200,7 @@ class DistExecutor {
   std::map<std::string, int64_t> numel_;       // of every parameter (tied ones this rank may not hold)
   int64_t model_parameters_ = 0;
   TensorMap reference_;                        // codec state when the ranks were last identical
+  std::set<std::string> restored_;             // entries restored for this replica (always saved)
 };
 
 }  // namespace tl::dist

@@ -309,7 +309,10 @@ CheckpointInfo Experiment::load_checkpoint(const std::string& path) {
   CheckpointLoadOptions options;
   options.part = dist_ != nullptr;  // this rank's stages (Note [building only some stages])
   CheckpointInfo info = tl::load_checkpoint(path, *pipeline_, optimizer_.get(), scheduler_.get(), options);
-  if (dist_) dist_->synchronized(*optimizer_);  // every rank now holds the same state
+  if (dist_) {
+    resume_note_ = dist_->restore_grid_state(path);  // this replica's own codec state
+    dist_->synchronized(*optimizer_);                // the reference that later changes are against
+  }
   return info;
 }
 
@@ -526,11 +529,8 @@ RunSummary run_training(const TrainRequest& req) {
       write_file(jsonl, "");
     progress.line("resuming " + req.resume_dir + " after epoch " + std::to_string(start_epoch) + " (step " +
                   std::to_string(info.step) + ")");
-    if (cfg.parallel.dp > 1)  // Note [data parallelism] in parallel/dist/runtime.h
-      progress.line("note: " + std::to_string(cfg.parallel.dp) +
-                    " replicas resume from one checkpoint: every replica continues from replica 0's boundary codec "
-                    "state, and dp.compression's state (error feedback, PowerSGD warm starts) starts from zero; runs "
-                    "with stateless codecs resume exactly (docs/GRID.md)");
+    if (!ex.resume_note().empty())  // Note [grid state in checkpoints] in parallel/dist/runtime.h
+      progress.line("note: " + ex.resume_note());
   } else {
     write_file(jsonl, "");
   }

@@ -93,6 +93,8 @@ class Experiment {
   int rank() const;
   /// Peak resident memory of every rank (rank 0; one entry in process), as of the last epoch.
   const std::vector<int64_t>& peak_rss_bytes() const { return peak_rss_bytes_; }
+  /// After load_checkpoint: what a multi-process run could not restore exactly ("" when nothing).
+  const std::string& resume_note() const { return resume_note_; }
   /// Per rank (one entry in process), after an epoch: parameter and optimizer-state bytes held.
   const std::vector<int64_t>& parameter_bytes() const { return parameter_bytes_; }
   const std::vector<int64_t>& optimizer_bytes() const { return optimizer_bytes_; }
@@ -115,6 +117,7 @@ class Experiment {
   std::unique_ptr<dist::Transport> transport_;
   std::unique_ptr<dist::DistExecutor> dist_;
   std::vector<int64_t> peak_rss_bytes_, parameter_bytes_, optimizer_bytes_;
+  std::string resume_note_;
 };
 
 /// What `tapeline train` asks for.

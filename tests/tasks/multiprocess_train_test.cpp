@@ -273,11 +273,11 @@ TEST(MultiProcessTrain, AKilledRankStopsTheOthersAndTheRunResumesExactly) {
 // replica 1: its pipeline peer (rank 1) and its data-parallel peer (rank 2) name it.
 TEST(MultiProcessTrain, AKilledRankStopsATwoByTwoGridAndTheRunResumesExactly) {
   REQUIRE_MULTIPROCESS();
-  // Identity boundaries: each replica keeps its own boundary codec state, and a checkpoint holds
-  // replica 0's (Note [data parallelism] in parallel/dist/runtime.h), so only stateless
-  // boundaries resume exactly in a grid.
-  kill_and_resume("--parallel.dp=2 --model.cuts=layer2 --boundary.forward=identity --boundary.backward=identity", 3,
-                  {1, 2}, SIGKILL, 20, "stage 1 of replica 1");
+  // Stateful codecs at the boundary (error feedback) and on the data-parallel gradients (error
+  // feedback, PowerSGD's warm start): each replica's own state is in the checkpoint (Note [grid
+  // state in checkpoints] in parallel/dist/runtime.h), so the resumed run is the uninterrupted one.
+  kill_and_resume("--parallel.dp=2 --model.cuts=layer2 --dp.compression=ef(powersgd(rank=2))", 3, {1, 2}, SIGKILL, 20,
+                  "stage 1 of replica 1");
 }
 
 // A stalled rank (SIGSTOP) of the 2 x 2 grid: its peers wait dist.timeout_s (6 s here), then stop
