@@ -648,7 +648,7 @@ std::string DistExecutor::restore_grid_state(const std::string& path) {
   if (!same_grid) {
     if (grid_.data == 1 && saved_replicas == 1) return "";  // one replica either way: nothing per replica
     return "the checkpoint was written by " +
-           (shape.defined() ? std::to_string(saved_replicas) + " replica(s) of another grid" : std::string("one process")) +
+           (shape.defined() ? std::to_string(saved_replicas) + " replica(s) of another grid" : std::string("one replica")) +
            ", this run has " + std::to_string(grid_.data) +
            " replica(s): every replica continues from replica 0's boundary codec state, and dp.compression's state "
            "(error feedback, PowerSGD warm starts) starts from zero; resuming with the same grid, or with stateless "
@@ -677,8 +677,9 @@ void DistExecutor::save_checkpoint(const std::string& path, const CheckpointCont
   const std::vector<std::string> parts = transport_.gather_bytes(pack(part_for_checkpoint(mine.tensors)), 0, what);
   if (transport_.rank() == 0) {
     CheckpointContents merged = mine;  // entries nobody changed, counters, rank 0's RNG state
-    merged.tensors["grid.shape"] =
-        at::tensor(std::vector<int64_t>{grid_.pipeline, grid_.data, pipeline_.virtual_stages()}, at::kLong);
+    if (grid_.data > 1)  // one replica: nothing differs between ranks, the in-process file exactly
+      merged.tensors["grid.shape"] =
+          at::tensor(std::vector<int64_t>{grid_.pipeline, grid_.data, pipeline_.virtual_stages()}, at::kLong);
     std::map<std::string, int> changed_by;
     TensorMap base;  // grid.base.<key>: a replica's state as resumed, under what its ranks changed
     for (int r = 0; r < grid_.world(); ++r) {

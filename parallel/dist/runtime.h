@@ -22,7 +22,8 @@
 //
 // Note [grid state in checkpoints]. The checkpoint's ordinary entries are replica 0's state, so
 // one process, `tapeline eval` and any grid read it. What differs between the ranks of a grid is
-// kept beside it under grid.*: grid.shape = (P, D, virtual stages); grid.replica<d>.<entry>, the
+// kept beside it under grid.* (only with D > 1: a one-replica checkpoint is byte for byte the
+// in-process one): grid.shape = (P, D, virtual stages); grid.replica<d>.<entry>, the
 // boundary codec state of replica d > 0 that it changed (or restored); grid.dp.<p>.<d>.<entry>,
 // every rank's data-parallel codec state. Resuming with the same grid restores each rank's own, so
 // stateful codecs resume exactly; another grid shape continues every replica from replica 0's
