@@ -23,6 +23,18 @@ const CompressorPtr& identity() {
 // The matrix a parameter's gradient is compressed as: (shape[0], the rest).
 at::Tensor as_matrix(const at::Tensor& g) { return g.reshape({g.size(0), -1}); }
 
+// The payload the identity codec's encode() makes of `x` (same header, same body bytes), with the
+// body a view of x's memory instead of a copy: pack() copies the bytes into the message, once.
+Payload identity_view(const at::Tensor& x) {
+  Payload p;
+  p.codec = codec_id("identity");
+  p.dtype = x.scalar_type();
+  p.shape = x.sizes().vec();
+  const at::Tensor flat = x.contiguous().reshape({-1});
+  p.body = flat.scalar_type() == at::kByte ? flat : flat.view(at::kByte);
+  return p;
+}
+
 // Several payloads as one message: count, each one's length, then their bytes back to back.
 at::Tensor pack(const std::vector<Payload>& payloads) {
   int64_t total = 8 * static_cast<int64_t>(1 + payloads.size());
@@ -151,7 +163,8 @@ void DataParallelSync::reduce_gradients(int64_t step, const std::string& where) 
       mine.push_back(identity()->encode(at::empty({0}, p.options()), ctx));
       continue;
     }
-    mine.push_back(codecs_[i]->encode(p.dim() >= 2 ? as_matrix(g) : g, ctx));
+    const at::Tensor x = p.dim() >= 2 ? as_matrix(g) : g;
+    mine.push_back(codecs_[i]->spec() == "identity" && at::isFloatingType(x.scalar_type()) ? identity_view(x) : codecs_[i]->encode(x, ctx));
     raw += g.numel() * g.element_size();
   }
   const auto all = all_gather(mine, tag(step, kKindGradients),
@@ -171,9 +184,15 @@ void DataParallelSync::reduce_gradients(int64_t step, const std::string& where) 
       TORCH_CHECK(d.numel() == p.numel(), where, ": replica ", e, " sent a gradient of ", d.numel(),
                   " values for '", params_[i].first, "' (", p.numel(), " here)");
       d = d.reshape(p.sizes()).to(p.data().scalar_type());
-      // The first term is a decoded tensor of this sum's own (a fresh one, or a view of a payload
-      // body held only here), so the sum builds in it.
-      sum = sum.defined() ? sum.add_(d) : d.contiguous();
+      // The sum builds in a tensor of its own: the first two terms' sum is a fresh tensor (a
+      // decoded term may be a view of this replica's gradient, or of a received message), the
+      // next terms are added to it in replica order.
+      if (e == 0)
+        sum = d;
+      else if (e == 1)
+        sum = at::add(sum, d);
+      else
+        sum.add_(d);
     }
     if (here) p.set_grad(sum);
   }

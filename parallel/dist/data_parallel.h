@@ -9,10 +9,12 @@
 // so each replica encodes its own gradient, sends the payload to every other replica of its group,
 // decodes all D payloads (its own too) and sums them in replica order 0, 1, ..., D-1. Every replica
 // forms the same sum of the same decoded tensors in the same order, so the replicas stay identical
-// bit for bit, whatever the codec. Uncompressed (identity) the decoded tensor is the gradient
-// itself. On the wire: (D - 1) payloads out of each rank per step, counted exactly (stats()); a ring
-// all-reduce of raw floats sends 2 (D - 1) / D of the gradient's bytes out of each rank, so for
-// D = 2 both send one gradient's bytes.
+// bit for bit, whatever the codec. Uncompressed (identity) the payload's body is a view of the
+// gradient (the same bytes identity's encode() would copy), copied once, into the message, and the
+// decoded tensor is the gradient itself; the sum is a fresh tensor. On the wire: (D - 1) payloads
+// out of each rank per step, counted exactly (stats()); a ring all-reduce of raw floats sends
+// 2 (D - 1) / D of the gradient's bytes out of each rank, so for D = 2 both send one gradient's
+// bytes.
 //
 // What is compressed: each parameter's gradient is viewed as a matrix (shape[0], the rest), as
 // PowerSGD compresses a layer's gradient (a convolution's (out, in * kh * kw)); parameters of

@@ -105,6 +105,17 @@ struct Pending {
   std::string context;
 };
 
+// A message whose frame and body sends are posted and not yet waited for.
+struct InFlight {
+  Pending p;
+  at::Tensor frame;
+  compat::WorkPtr frame_work, body_work;
+  double posted_s = 0.0;
+};
+
+// Note [communication thread]: how many messages its thread keeps posted at once.
+constexpr size_t kSendWindow = 4;
+
 }  // namespace
 
 struct Transport::Impl {
@@ -112,6 +123,9 @@ struct Transport::Impl {
   TransportOptions opts;
   std::chrono::milliseconds timeout{60000};
   compat::StorePtr store;
+  // Sends of a failed communication thread still posted in Gloo: kept (buffers alive) until the
+  // process group is gone, which is destroyed before them (declared after).
+  std::vector<InFlight> abandoned;
   compat::BackendPtr pg;
   bool cuda = false;
   at::Device device = at::kCPU;
@@ -131,7 +145,7 @@ struct Transport::Impl {
   int64_t inline_max = kInlineMax;  // 0 with NCCL (exact sizes only)
   std::vector<std::vector<at::Tensor>> frame_pool;
   std::vector<at::Tensor> spare;
-  std::vector<at::Tensor> send_frame;
+  std::vector<std::vector<at::Tensor>> send_pool;
 
   std::mutex mutex;  // guards the queue, the error and the stats
   std::condition_variable wake, drained;
@@ -219,14 +233,16 @@ struct Transport::Impl {
   at::Tensor on_device(const at::Tensor& t) const { return cuda ? t.to(device) : t; }
 
   // ---- messages -------------------------------------------------------------------------------
-  void do_send(const Pending& p) {
+  // Posts the frame and (for a large body) the body of `p`, without waiting for either.
+  InFlight post_send(Pending p) {
     // Note [wire protocol]: the frame is the header, followed by the body when it is small.
     const int64_t n = p.body.numel();
     const bool inl = n <= inline_max;
-    // The frame buffer of this destination is reused once its last send is complete.
-    at::Tensor& reuse = send_frame[p.dst];
-    if (!unshared(reuse)) reuse = at::empty({kHeaderBytes + inline_max}, at::kByte);
-    at::Tensor frame = reuse.narrow(0, 0, kHeaderBytes + (inl ? n : 0));
+    InFlight f;
+    f.posted_s = now_s();
+    // A frame buffer of this destination that no send in flight uses.
+    f.frame = pooled_buffer(send_pool[p.dst], kHeaderBytes + inline_max, kSendWindow + 1)
+                  .narrow(0, 0, kHeaderBytes + (inl ? n : 0));
     int64_t h[kHeaderWords];
     h[kWordMagic] = kMagic;
     h[kWordSeq] = p.seq;
@@ -234,33 +250,51 @@ struct Transport::Impl {
     h[kWordBytes] = n;
     h[kWordStamp] = p.stamp_ns;
     h[kWordCheck] = check_word(h);
-    std::memcpy(frame.data_ptr<uint8_t>(), h, kHeaderBytes);
-    if (inl && n > 0) std::memcpy(frame.data_ptr<uint8_t>() + kHeaderBytes, p.body.data_ptr<uint8_t>(), n);
-    const double t0 = now_s();
+    uint8_t* w = f.frame.data_ptr<uint8_t>();
+    std::memcpy(w, h, kHeaderBytes);
+    if (inl && n > 0) std::memcpy(w + kHeaderBytes, p.body.data_ptr<uint8_t>(), n);
     try {
       // Both sends are posted before waiting for either: the body's announcement travels right
       // behind the frame, and the receiver can take the body as soon as it has read the header.
-      std::vector<at::Tensor> hv{on_device(frame)};
-      compat::WorkPtr hw = pg->send(hv, p.dst, kFrameTag);
-      std::vector<at::Tensor> bv;
-      compat::WorkPtr bw;
+      std::vector<at::Tensor> hv{on_device(f.frame)};
+      f.frame_work = pg->send(hv, p.dst, kFrameTag);
       if (!inl) {
-        bv = {on_device(p.body)};
-        bw = pg->send(bv, p.dst, kBodyTag);
+        std::vector<at::Tensor> bv{on_device(p.body)};
+        f.body_work = pg->send(bv, p.dst, kBodyTag);
       }
-      compat::wait(hw, timeout);
-      if (bw) compat::wait(bw, timeout);
+    } catch (const std::exception& e) {
+      throw send_failure(p, e);
+    }
+    f.p = std::move(p);
+    return f;
+  }
+
+  // Waits until the sends of `f` are complete; counts the message.
+  void finish_send(InFlight& f, double since) {
+    try {
+      compat::wait(f.frame_work, timeout);
+      if (f.body_work) compat::wait(f.body_work, timeout);
     } catch (const TransportError&) {
       throw;
     } catch (const std::exception& e) {
-      throw failure("send of message #" + std::to_string(p.seq) + " (" + std::to_string(p.body.numel()) +
-                        " bytes) to rank " + std::to_string(p.dst),
-                    p.dst, p.context, cause_of(e));
+      throw send_failure(f.p, e);
     }
     std::lock_guard<std::mutex> lock(mutex);
-    stats.send_s += now_s() - t0;
-    stats.bytes_sent += p.body.numel();
+    stats.send_s += now_s() - since;
+    stats.bytes_sent += f.p.body.numel();
     stats.messages_sent += 1;
+  }
+
+  TransportError send_failure(const Pending& p, const std::exception& e) {
+    return failure("send of message #" + std::to_string(p.seq) + " (" + std::to_string(p.body.numel()) +
+                       " bytes) to rank " + std::to_string(p.dst),
+                   p.dst, p.context, cause_of(e));
+  }
+
+  // A blocking send (the caller's thread).
+  void do_send(Pending p) {
+    InFlight f = post_send(std::move(p));
+    finish_send(f, f.posted_s);
   }
 
   void send(int dst, at::Tensor body, int64_t tag, const std::string& context) {
@@ -272,7 +306,7 @@ struct Transport::Impl {
     Pending p{dst, std::move(body), tag, send_seq[dst]++, steady_now_ns(), context};
     if (!opts.comm_thread) {
       try {
-        do_send(p);
+        do_send(std::move(p));
       } catch (...) {
         record(std::current_exception());
         throw;
@@ -286,30 +320,48 @@ struct Transport::Impl {
     wake.notify_one();
   }
 
+  // Note [communication thread]. The thread keeps up to kSendWindow messages posted: it posts the
+  // next queued message before waiting for the ones before it, so that a frame is on the wire
+  // when the receiver looks for it, and the receiver's recv-ready notice finds the send already
+  // posted (no wake-up of this thread on the path of a message). It waits for the oldest message
+  // when the window is full or nothing else is queued. Gloo keeps the order of the sends to one
+  // rank; posting a send earlier never makes any rank wait longer.
   void comm_loop() {
+    std::deque<InFlight> inflight;
     for (;;) {
       Pending p;
+      bool post = false;
       {
         std::unique_lock<std::mutex> lock(mutex);
-        wake.wait(lock, [&] { return stop || !queue.empty(); });
-        if (queue.empty()) return;
-        p = std::move(queue.front());
-        queue.pop_front();
-        busy = true;
+        if (inflight.empty()) wake.wait(lock, [&] { return stop || !queue.empty(); });
+        if (!queue.empty() && inflight.size() < kSendWindow) {
+          p = std::move(queue.front());
+          queue.pop_front();
+          busy = post = true;
+        } else if (inflight.empty()) {
+          return;  // stopped, nothing queued
+        }
       }
       std::exception_ptr err;
       try {
-        do_send(p);
+        if (post) {
+          inflight.push_back(post_send(std::move(p)));
+          continue;
+        }
+        finish_send(inflight.front(), now_s());  // send_s: the time this thread is blocked
+        inflight.pop_front();
       } catch (...) {
         err = std::current_exception();
       }
       {
         std::lock_guard<std::mutex> lock(mutex);
-        busy = false;
         if (err) {
           if (!error) error = err;
           queue.clear();  // later messages would only pile up behind a broken link
+          for (InFlight& f : inflight) abandoned.push_back(std::move(f));
+          inflight.clear();
         }
+        busy = !inflight.empty();
       }
       drained.notify_all();
     }
@@ -371,15 +423,21 @@ struct Transport::Impl {
     m.seq = h[kWordSeq];
     m.sent_s = steady_ns_to_s(h[kWordStamp]);
     try {
-      // The next frame can land while this body does, and before recv() is called again.
-      if (!cuda) posted[src] = post_frame(src);
+      // The body's recv is posted first (its recv-ready notice is what the sender waits for), then
+      // the next frame's, which can land while this body does and before recv() is called again.
       at::Tensor body;
+      compat::WorkPtr body_work;
+      std::vector<at::Tensor> bv;
       if (n <= inline_max) {
         body = frame.narrow(0, kHeaderBytes, n);  // came in the frame
       } else {
         body = body_buffer(src, n);
-        std::vector<at::Tensor> bv{on_device(body)};
-        compat::wait(pg->recv(bv, src, kBodyTag), timeout);
+        bv = {on_device(body)};
+        body_work = pg->recv(bv, src, kBodyTag);
+      }
+      if (!cuda) posted[src] = post_frame(src);
+      if (body_work) {
+        compat::wait(body_work, timeout);
         if (cuda) body = bv[0].cpu();
       }
       m.body = body;
@@ -526,7 +584,7 @@ std::unique_ptr<Transport> Transport::connect(const DistEnv& env, const Transpor
   impl->posted.resize(env.world_size);
   impl->frame_pool.resize(env.world_size);
   impl->spare.resize(env.world_size);
-  impl->send_frame.resize(env.world_size);
+  impl->send_pool.resize(env.world_size);
   impl->send_seq.assign(env.world_size, 0);
   impl->recv_seq.assign(env.world_size, 0);
   impl->links.resize(env.world_size);
@@ -671,7 +729,7 @@ std::vector<std::string> Transport::gather_bytes(const std::string& bytes, int r
     // Directly, not through the comm thread: it is idle after flush().
     Pending p{root, t, kGatherTag, impl_->send_seq[root]++, steady_now_ns(), context};
     try {
-      impl_->do_send(p);
+      impl_->do_send(std::move(p));
     } catch (...) {
       impl_->record(std::current_exception());
       throw;

@@ -31,7 +31,11 @@
 // (stamped when queued) and returns; one thread sends the queue in order, so sends overlap the
 // caller's compute and keep the list order that makes blocking sends safe. An error on that
 // thread is thrown by the next call (send, recv, flush, a collective). flush() waits for the
-// queue to drain.
+// queue to drain. The thread keeps up to 4 messages posted at once (it posts the next queued
+// message before waiting for the ones before it), so that the peer's recv-ready notice finds the
+// send already posted instead of waking the thread: the messages of a burst flow as raw c10d
+// sends do. Posting a send earlier never makes a rank wait longer, and Gloo keeps the order of
+// the sends to one rank.
 //
 // Note [link emulation at the receiver]. With a LinkSpec for (src -> this rank), recv() hands each
 // message to a Link (parallel/link.h) as sent at the sender's stamp, with the body's byte count,
@@ -42,8 +46,9 @@
 //
 // Note [pre-posted frames and reused buffers]. On Gloo a send moves its bytes only once the
 // receiver's recv is posted and the receiver has told the sender so (a "recv ready" notice, half a
-// round trip before any byte flows). As soon as it has read a frame from rank s (before taking
-// that frame's body, if one follows), the receiver posts the recv of s's next frame (Gloo only):
+// round trip before any byte flows). As soon as it has read a frame from rank s, the receiver
+// posts the recv of that frame's body, if one follows (that notice first: the sender waits for
+// it), then the recv of s's next frame (Gloo only):
 // s's next frame then flows as soon as s sends it, without waiting for the receiver to call recv()
 // or for this body to land, so a stream of small messages flows like raw c10d sends, and a larger
 // message waits for one recv-ready notice (its body's) instead of two. (Posting the next body's
@@ -52,7 +57,7 @@
 // Buffers are reused once nothing else refers to them: neither another handle to the tensor (a
 // Message's body, a queued send) nor a view of its storage (an inlined body narrowed from its
 // frame): the receiver's frame buffers per source, its last large body buffer (>= 256 KiB) per
-// source, and the sender's frame buffer per destination. That saves an allocation and the page
+// source, and the sender's frame buffers per destination (one per message in flight). That saves an allocation and the page
 // faults of fresh memory per message. None of this changes what is received or in which order.
 //
 // Threads: one caller thread per Transport (the stage's thread); not for concurrent callers.
