@@ -31,6 +31,13 @@ void Node::release() {
   pre_hooks_.clear();
 }
 
+std::vector<at::Tensor> Node::apply_subset(std::vector<at::Tensor>&& grads, const c10::SmallVector<bool, 8>& wanted) {
+  std::vector<at::Tensor> out = apply(std::move(grads));
+  for (size_t i = 0; i < out.size(); ++i)
+    if (i >= wanted.size() || !wanted[i]) out[i] = at::Tensor();
+  return out;
+}
+
 // ---- Context --------------------------------------------------------------------------------
 void Context::save_for_backward(std::vector<at::Tensor> tensors) {
   versions_.clear();

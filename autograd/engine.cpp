@@ -29,8 +29,25 @@
 // Graphs that share a non-leaf node may not be backpropagated concurrently: the first pass to run
 // the node frees it (without retain_graph), exactly as when the two passes run one after the other.
 
+//
+// Note [split backward]
+// Zero-bubble pipeline schedules (Qi et al., ICLR 2024) split a stage's backward in two: B, the
+// gradients that flow to the stage's inputs (the next rank waits for them), and W, the weight
+// gradients (nobody waits: they fill bubbles later). backward_inputs() runs B as one ordinary
+// pass with a list of input leaves. Every op whose edges reach other leaves (the weights: leaves
+// that require grad, found from the graph, not from a list of parameters) runs its backward for
+// its other inputs only (Node::apply_subset), and is kept, with the gradients of its outputs,
+// in a DeferredWeightGrads. Its run() is W: each kept op's backward for its weights, in the order
+// B met them, summed into the leaves exactly as the one full backward sums them, then the ops are
+// freed. Each gradient is computed by the same kernel on the same operands as in one backward, and
+// every leaf's terms are added in the same order, so B + W is bit-identical to backward() on the
+// CPU. An op that must not run its backward twice (Node::splits_backward false: the boundary's
+// wire, which encodes) runs whole in B. Between B and W the kept ops hold their saved tensors and
+// the output gradients: DeferredWeightGrads::held_bytes().
+
 #include <algorithm>
 #include <queue>
+#include <unordered_set>
 #include <sstream>
 #include <unordered_map>
 
@@ -75,6 +92,31 @@ struct Slot {
 class GraphTask {
  public:
   explicit GraphTask(bool retain_graph) : retain_graph_(retain_graph) {}
+
+  /// Split mode (Note [split backward]): gradients of `inputs` now, of every other leaf into `later`.
+  void split(const std::unordered_set<const VariableImpl*>* inputs, std::vector<DeferredWeightGrads::Op>* later) {
+    inputs_ = inputs;
+    later_ = later;
+  }
+
+  /// W of Note [split backward]: the kept ops' backward for their weights, in order, then the leaves.
+  void run_deferred(std::vector<DeferredWeightGrads::Op>& ops) {
+    at::AutoDispatchBelowADInplaceOrView below;  // Note [ATen's autograd is not involved] (function.h)
+    for (auto& op : ops) {
+      std::shared_ptr<Node> node = std::move(op.node);
+      TORCH_CHECK(!node->released(), "backward (weights): op '", node->name(),
+                  "' was freed before its weight gradients ran (its tape was reset between the two passes)");
+      std::vector<at::Tensor> in_grads = node->apply_subset(std::move(op.grads), op.weights);
+      const auto& edges = node->next_edges();
+      TORCH_CHECK(in_grads.size() == edges.size(), "backward of '", node->name(), "' returned ", in_grads.size(),
+                  " gradients for ", edges.size(), " inputs");
+      for (size_t j = 0; j < edges.size(); ++j)
+        if (op.weights[j] && edges[j].leaf && in_grads[j].defined()) add_leaf(edges[j].leaf, std::move(in_grads[j]));
+      if (!retain_graph_) node->release();
+    }
+    ops.clear();
+    finish_leaves();
+  }
 
   void seed(const Variable& root, at::Tensor grad) {
     TORCH_CHECK(root.defined(), "backward: root variable is undefined");
@@ -219,8 +261,27 @@ class GraphTask {
         grads[index] = std::move(r);
       }
     }
-    std::vector<at::Tensor> in_grads = node->apply(std::move(grads));
     const auto& edges = node->next_edges();
+    bool kept = false;  // Note [split backward]: its weight gradients wait for W
+    std::vector<at::Tensor> in_grads;
+    if (later_ && node->splits_backward()) {
+      c10::SmallVector<bool, 8> now(edges.size(), false), weights(edges.size(), false);
+      bool any_now = false;
+      for (size_t j = 0; j < edges.size(); ++j) {
+        const Edge& e = edges[j];
+        if (!e.valid()) continue;
+        if (e.leaf && !inputs_->count(e.leaf.get()))
+          weights[j] = kept = true;
+        else
+          now[j] = any_now = true;
+      }
+      if (kept) {
+        // The output gradients are kept as handles: a backward reads its gradients, never writes them.
+        later_->push_back({node, grads, weights});
+        in_grads = any_now ? node->apply_subset(std::move(grads), now) : std::vector<at::Tensor>(edges.size());
+      }
+    }
+    if (!kept) in_grads = node->apply(std::move(grads));
     TORCH_CHECK(in_grads.size() == edges.size(), "backward of '", node->name(), "' returned ", in_grads.size(),
                 " gradients for ", edges.size(), " inputs");
     for (size_t j = 0; j < edges.size(); ++j) {
@@ -233,7 +294,7 @@ class GraphTask {
       check_grad(in_grads[j], e.fn->outputs()[e.input_nr], *node, *e.fn, e.input_nr);
       add_to_node(e.fn, e.input_nr, std::move(in_grads[j]), hint);
     }
-    if (!retain_graph_) node->release();
+    if (!retain_graph_ && !kept) node->release();
   }
 
   void finish_leaves() {
@@ -275,6 +336,9 @@ class GraphTask {
   // Summed leaf gradients.
   std::vector<std::pair<std::shared_ptr<VariableImpl>, at::Tensor>> leaves_;
   std::unordered_map<VariableImpl*, size_t> leaf_index_;  // used once there are many leaves
+  // Split mode: the input leaves, and where the ops with weights go.
+  const std::unordered_set<const VariableImpl*>* inputs_ = nullptr;
+  std::vector<DeferredWeightGrads::Op>* later_ = nullptr;
 };
 
 }  // namespace
@@ -286,6 +350,43 @@ void backward(const variable_list& roots, const std::vector<at::Tensor>& grads, 
   GraphTask task(retain_graph);
   for (size_t i = 0; i < roots.size(); ++i) task.seed(roots[i], grads.empty() ? at::Tensor() : grads[i]);
   task.run();
+}
+
+DeferredWeightGrads backward_inputs(const variable_list& roots, const std::vector<at::Tensor>& grads,
+                                    const variable_list& inputs, bool retain_graph) {
+  TORCH_CHECK(grads.empty() || grads.size() == roots.size(), "backward_inputs: ", roots.size(), " roots but ",
+              grads.size(), " gradients");
+  std::unordered_set<const VariableImpl*> in;
+  for (const Variable& v : inputs) {
+    TORCH_CHECK(v.defined() && v.is_leaf(), "backward_inputs: every input must be a leaf variable (the stage's "
+                "received activation, say); got ", v.defined() ? "a non-leaf" : "an undefined variable");
+    in.insert(v.impl());
+  }
+  at::AutoDispatchBelowAutograd below_autograd;  // Note [ATen's autograd is not involved] (function.h)
+  DeferredWeightGrads later;
+  later.retain_graph_ = retain_graph;
+  GraphTask task(retain_graph);
+  task.split(&in, &later.ops_);
+  for (size_t i = 0; i < roots.size(); ++i) task.seed(roots[i], grads.empty() ? at::Tensor() : grads[i]);
+  task.run();
+  return later;
+}
+
+void DeferredWeightGrads::run() {
+  if (ops_.empty()) return;
+  at::AutoDispatchBelowAutograd below_autograd;
+  GraphTask task(retain_graph_);
+  task.run_deferred(ops_);
+}
+
+size_t DeferredWeightGrads::held_bytes() const {
+  size_t n = 0;
+  for (const Op& op : ops_) {
+    n += op.node->saved_bytes();
+    for (const at::Tensor& g : op.grads)
+      if (g.defined()) n += static_cast<size_t>(g.numel() * g.element_size());
+  }
+  return n;
 }
 
 }  // namespace tl

@@ -21,6 +21,11 @@
 //  - ctx.saved_data, a string-keyed map of IValues, for quick user extensions.
 // Saved tensors go through ctx.save_for_backward either way (it checks in-place modification).
 //
+// A split backward (Note [split backward] in engine.cpp) may run an op's backward twice, first for
+// its inputs that are not weights, later for its weights, each time with ctx.needs_input_grad
+// narrowed to that part. An op whose backward updates state (its Saved is not read-only there)
+// declares `static constexpr bool kSplitBackward = false;` and then runs whole in the first part.
+//
 // Note [ATen's autograd is not involved]
 // The tensors inside Variables never require grad in ATen's sense, so ATen's autograd layer
 // (VariableType) would only check that and redispatch: every op's forward runs under
@@ -123,6 +128,12 @@ struct op_name<T, std::void_t<decltype(T::name)>> {
 
 // T::Saved when T declares one (typed state), else an empty placeholder.
 struct NoSaved {};
+// T::kSplitBackward, true when T does not declare it (Note [split backward] in engine.cpp).
+template <class T, class = void>
+struct split_backward : std::true_type {};
+template <class T>
+struct split_backward<T, std::void_t<decltype(T::kSplitBackward)>> : std::bool_constant<T::kSplitBackward> {};
+
 // T::kFreshOutputs, false when T does not declare it.
 template <class T, class = void>
 struct fresh_outputs : std::false_type {};
@@ -160,6 +171,24 @@ class FunctionNode final : public Node {
       return T::backward(ctx, std::move(grads));
     }
   }
+  std::vector<at::Tensor> apply_subset(std::vector<at::Tensor>&& grads, const c10::SmallVector<bool, 8>& wanted) override {
+    // The op's backward asks ctx.needs_input_grad(i): narrowed to `wanted` for this call only.
+    const c10::SmallVector<bool, 8> needs = ctx.needs_input_grad_;
+    for (size_t i = 0; i < ctx.needs_input_grad_.size(); ++i)
+      ctx.needs_input_grad_[i] = needs[i] && i < wanted.size() && wanted[i];
+    std::vector<at::Tensor> out;
+    try {
+      out = apply(std::move(grads));
+    } catch (...) {
+      ctx.needs_input_grad_ = needs;
+      throw;
+    }
+    ctx.needs_input_grad_ = needs;
+    for (size_t i = 0; i < out.size(); ++i)  // an op may compute more than it was asked for
+      if (i >= wanted.size() || !wanted[i]) out[i] = at::Tensor();
+    return out;
+  }
+  bool splits_backward() const override { return split_backward<T>::value; }
   std::string name() const override { return op_name<T>::get(); }
   size_t saved_bytes() const override { return ctx.saved_bytes(); }
 

@@ -61,6 +61,12 @@ class Node {
   /// grads[i] is the gradient w.r.t. output i (never undefined: the engine fills zeros).
   /// Returns one gradient per next edge (undefined where an input needs none).
   virtual std::vector<at::Tensor> apply(std::vector<at::Tensor>&& grads) = 0;
+  /// Split backward (Note [split backward] in engine.cpp): like apply, but only the gradients of
+  /// the inputs marked in `wanted` are computed (the others come back undefined).
+  virtual std::vector<at::Tensor> apply_subset(std::vector<at::Tensor>&& grads, const c10::SmallVector<bool, 8>& wanted);
+  /// Whether the op's backward may run in two parts, each for a subset of its inputs: a pure
+  /// function of the gradients and what forward saved, with no state of its own to update.
+  virtual bool splits_backward() const { return false; }
   virtual std::string name() const = 0;
   /// Bytes of tensors kept alive for backward (storage bytes, counted once per tensor).
   virtual size_t saved_bytes() const { return 0; }

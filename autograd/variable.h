@@ -94,4 +94,39 @@ using variable_list = std::vector<Variable>;
 /// Backpropagate from several roots at once (gradients summed where graphs overlap).
 void backward(const variable_list& roots, const std::vector<at::Tensor>& grads = {}, bool retain_graph = false);
 
+/// The second half of a split backward (Note [split backward] in engine.cpp): the weight
+/// gradients that backward_inputs() left for later. run() computes them and accumulates them
+/// into the leaves' .grad, bit for bit as one backward() would have, and frees the ops' saved
+/// tensors; destroying it without run() drops them. Move-only; not for concurrent use.
+class DeferredWeightGrads {
+ public:
+  DeferredWeightGrads() = default;
+  DeferredWeightGrads(DeferredWeightGrads&&) = default;
+  DeferredWeightGrads& operator=(DeferredWeightGrads&&) = default;
+
+  void run();
+  /// Ops whose weight gradients are pending (0 once run).
+  size_t ops() const { return ops_.size(); }
+  /// Bytes held until run(): the pending ops' saved tensors and their output gradients.
+  size_t held_bytes() const;
+
+  struct Op {
+    std::shared_ptr<Node> node;
+    std::vector<at::Tensor> grads;       // gradients of the node's outputs, as B saw them
+    c10::SmallVector<bool, 8> weights;  // the edges whose gradients W computes
+  };
+
+ private:
+  friend DeferredWeightGrads backward_inputs(const variable_list&, const std::vector<at::Tensor>&,
+                                             const variable_list&, bool);
+  std::vector<Op> ops_;
+  bool retain_graph_ = false;
+};
+
+/// The first half of a split backward: backpropagates from `roots` and accumulates the gradients
+/// of `inputs` (leaves) into their .grad as backward() does; the gradients of every other leaf
+/// that requires grad (the weights) are left to the returned object's run().
+DeferredWeightGrads backward_inputs(const variable_list& roots, const std::vector<at::Tensor>& grads,
+                                    const variable_list& inputs, bool retain_graph = false);
+
 }  // namespace tl

@@ -1,4 +1,4 @@
-// bench_pipeline: GPipe and 1F1B training steps against pipeline theory, in one process and in
+// bench_pipeline: GPipe, 1F1B, interleaved and ZB-H1 training steps against pipeline theory, in one process and in
 // one process per stage.
 //
 // Models, M micro-batches per step (default 8), identity boundaries unless said otherwise:
@@ -32,8 +32,14 @@
 // 2): timeline_s, and ideal_s = C + (P - 1) C / (M v) with C the busier rank's compute (the
 // textbook interleaved step: v times less bubble than 1F1B on P ranks), efficiency, and the
 // bubble against 1F1B's on the same 4 stages.
-// Then 1F1B on links of 80 Mbit/s (no latency) at every cut: the timeline step uncompressed and
-// with TopK 10% and 4-bit quantisation at the cuts (speedup = uncompressed / compressed). And the
+// With 4 stages, also ZB-H1 (pipeline.schedule = zbh1: each backward split into I and W, Note
+// [ZB-H1] in parallel/schedule.cpp): timeline_s against 1F1B's of the same rounds (speedup), the
+// bubbles, ideal_s = the event simulation of the ZB-H1 lists with each stage's measured forward, I
+// and W (free links), efficiency, W's share of the backward, and the most bytes a rank held
+// between I and W.
+// Then 1F1B and ZB-H1 on links of 80 Mbit/s (no latency) at every cut: the timeline step
+// uncompressed and with TopK 10% and 4-bit quantisation at the cuts (speedup = the same schedule
+// uncompressed / compressed; speedup_over_1f1b = 1F1B / ZB-H1 of the same case). And the
 // 2-stage splits in process (the references of the 2-process runs; no unsplit pass).
 //
 // 2. Multi-process (DistExecutor on a Gloo Transport with its communication thread, as `tapeline
@@ -99,6 +105,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <numeric>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -216,7 +223,8 @@ std::string json_array(const std::vector<double>& v, const char* fmt = "%.5f") {
 /// What one timed step of a pipeline gives.
 struct Sample {
   double timeline = 0, ideal = 0, bound = 0, wall = 0, compute = 0, bytes = 0;
-  std::vector<double> stage_compute;
+  std::vector<double> stage_compute, stage_forward, stage_weight;
+  size_t held_for_weights = 0;  // the most any rank held between I and W
 };
 
 Sample step(Pipeline& p, const Workload& w, int64_t m) {
@@ -235,6 +243,9 @@ Sample step(Pipeline& p, const Workload& w, int64_t m) {
   s.compute = sum;
   s.bound = slowest;
   s.stage_compute = t.compute_s;
+  s.stage_forward = t.forward_s;
+  s.stage_weight = t.weight_s;
+  for (size_t b : t.held_for_weights_bytes) s.held_for_weights = std::max(s.held_for_weights, b);
   const BoundaryStats st = p.total_stats();
   s.bytes = static_cast<double>(st.forward.bytes + st.backward.bytes);
   return s;
@@ -260,6 +271,42 @@ double unsplit_step(Module& model, const Workload& w) {
   return seconds_since(t0);
 }
 
+/// ZB-H1 against 1F1B of the same rounds. ideal_s: the event simulation (simulate_schedule) of the
+/// ZB-H1 lists with free links and each stage's measured forward, I and W per micro-batch; the
+/// textbook step for uniform stages is M (F + I + W) + (P - 1)(F + I - W).
+void zero_bubble_row(const Workload& w, int stages, const Options& o, const std::vector<Sample>& z,
+                     const std::vector<Sample>& f) {
+  std::vector<double> tl, tl_1f1b, ideal, eff, bubble, bubble_1f1b, w_share;
+  double held = 0;
+  for (size_t k = 0; k < z.size(); ++k) {
+    const Sample& s = z[k];
+    SimCosts c;
+    const double md = static_cast<double>(o.m);
+    double wsum = 0;
+    for (int i = 0; i < stages; ++i) {
+      c.forward_s.push_back(s.stage_forward[i] / md);
+      c.backward_s.push_back((s.stage_compute[i] - s.stage_forward[i]) / md);
+      c.weight_s.push_back(s.stage_weight[i] / md);
+      wsum += s.stage_weight[i];
+    }
+    const double sim = simulate_schedule(zbh1_schedule(stages, static_cast<int>(o.m)), c).step_s;
+    tl.push_back(s.timeline), tl_1f1b.push_back(f[k].timeline), ideal.push_back(sim), eff.push_back(sim / s.timeline);
+    bubble.push_back(1.0 - s.compute / (stages * s.timeline));
+    bubble_1f1b.push_back(1.0 - f[k].compute / (stages * f[k].timeline));
+    w_share.push_back(wsum / (s.compute - std::accumulate(s.stage_forward.begin(), s.stage_forward.end(), 0.0)));
+    held = std::max(held, static_cast<double>(s.held_for_weights));
+  }
+  std::printf(
+      "{\"bench\":\"pipeline\",\"model\":\"%s\",\"schedule\":\"zbh1\",\"stages\":%d,\"micro_batches\":%lld,"
+      "\"threads\":%d,\"timeline_s\":%.5f,\"ideal_s\":%.5f,\"efficiency\":%.3f,\"timeline_1f1b_s\":%.5f,"
+      "\"speedup_over_1f1b\":%.3f,\"bubble\":%.3f,\"bubble_1f1b\":%.3f,\"weight_share_of_backward\":%.3f,"
+      "\"held_between_i_and_w_bytes\":%.0f}\n",
+      w.name.c_str(), stages, static_cast<long long>(o.m), at::get_num_threads(), median(tl), median(ideal),
+      median(eff), median(tl_1f1b), median(tl_1f1b) / median(tl), median(bubble), median(bubble_1f1b), median(w_share),
+      held);
+  std::fflush(stdout);
+}
+
 /// GPipe and 1F1B in process on `stages` stages; records the medians in `refs`.
 void schedules(const Workload& w, int stages, const Options& o, std::map<std::string, double>& refs) {
   const bool with_unsplit = stages == 4;
@@ -272,15 +319,21 @@ void schedules(const Workload& w, int stages, const Options& o, std::map<std::st
   auto inter = build(w, stages, "identity", "identity");
   inter->set_schedule("interleaved");
   if (with_interleaved) inter->set_virtual_stages(2);
-  std::vector<Sample> g, f, iv;
+  // ZB-H1 on the same stages (4-stage splits).
+  const bool with_zb = stages == 4;
+  auto zb = build(w, stages, "identity", "identity");
+  zb->set_schedule("zbh1");
+  std::vector<Sample> g, f, iv, z;
   std::vector<double> u;
   for (int r = -1; r < o.rounds; ++r) {  // round -1: warm-up
     Sample a = step(*gpipe, w, o.m), b = step(*one_f, w, o.m);
     Sample i = with_interleaved ? step(*inter, w, o.m) : Sample{};
+    Sample zs = with_zb ? step(*zb, w, o.m) : Sample{};
     const double c = with_unsplit ? unsplit_step(*unsplit, w) : 0.0;
     if (r < 0) continue;
-    g.push_back(a), f.push_back(b), iv.push_back(i), u.push_back(c);
+    g.push_back(a), f.push_back(b), iv.push_back(i), z.push_back(zs), u.push_back(c);
   }
+  if (with_zb) zero_bubble_row(w, stages, o, z, f);
   if (with_interleaved) {
     const int P = 2, v = 2;
     std::vector<double> tl, ideal, eff, bubble, one_f_bubble;
@@ -332,29 +385,37 @@ void schedules(const Workload& w, int stages, const Options& o, std::map<std::st
 void links(const Workload& w, const Options& o, std::map<std::string, double>& refs) {
   const auto& cases = link_cases();
   const int stages = 4;
+  // Per case, 1F1B and ZB-H1 (does the zero-bubble gain survive compression on a slow link?).
+  const std::vector<std::string> schedules = {"1f1b", "zbh1"};
   std::vector<std::shared_ptr<Pipeline>> ps;
-  for (const LinkCase& c : cases) {
-    ps.push_back(build(w, stages, c.fwd, c.bwd));
-    ps.back()->set_schedule("1f1b");
-    ps.back()->set_links(std::vector<LinkSpec>(w.cuts.at(stages).size(), bench_link()));
-  }
-  std::vector<std::vector<double>> t(cases.size()), bytes(cases.size()), compute(cases.size());
+  for (const LinkCase& c : cases)
+    for (const std::string& name : schedules) {
+      ps.push_back(build(w, stages, c.fwd, c.bwd));
+      ps.back()->set_schedule(name);
+      ps.back()->set_links(std::vector<LinkSpec>(w.cuts.at(stages).size(), bench_link()));
+    }
+  std::vector<std::vector<double>> t(ps.size()), bytes(ps.size()), compute(ps.size());
   for (int r = -1; r < o.rounds; ++r)
-    for (size_t i = 0; i < cases.size(); ++i) {
+    for (size_t i = 0; i < ps.size(); ++i) {
       const Sample s = step(*ps[i], w, o.m);
       if (r >= 0) t[i].push_back(s.timeline), bytes[i].push_back(s.bytes), compute[i].push_back(s.compute);
     }
-  const double ref = median(t[0]);
-  for (size_t i = 0; i < cases.size(); ++i) {
-    std::printf(
-        "{\"bench\":\"pipeline_link\",\"model\":\"%s\",\"schedule\":\"1f1b\",\"micro_batches\":%lld,\"link\":\"80 "
-        "Mbit/s, 0 ms\",\"case\":\"%s\",\"timeline_s\":%.4f,\"bytes_per_step\":%.0f,\"reference_timeline_s\":%.4f,"
-        "\"speedup\":%.2f}\n",
-        w.name.c_str(), static_cast<long long>(o.m), cases[i].name.c_str(), median(t[i]), median(bytes[i]), ref,
-        ref / median(t[i]));
-    std::fflush(stdout);
-    refs[ref_key(w.name, stages, "link" + std::to_string(i), "timeline")] = median(t[i]);
-    refs[ref_key(w.name, stages, "link" + std::to_string(i), "compute")] = median(compute[i]);
+  for (size_t k = 0; k < schedules.size(); ++k) {
+    const double ref = median(t[k]);  // this schedule, uncompressed
+    for (size_t c = 0; c < cases.size(); ++c) {
+      const size_t i = c * schedules.size() + k;
+      std::printf(
+          "{\"bench\":\"pipeline_link\",\"model\":\"%s\",\"schedule\":\"%s\",\"micro_batches\":%lld,\"link\":\"80 "
+          "Mbit/s, 0 ms\",\"case\":\"%s\",\"timeline_s\":%.4f,\"bytes_per_step\":%.0f,\"reference_timeline_s\":%.4f,"
+          "\"speedup\":%.2f,\"timeline_1f1b_s\":%.4f,\"speedup_over_1f1b\":%.3f}\n",
+          w.name.c_str(), schedules[k].c_str(), static_cast<long long>(o.m), cases[c].name.c_str(), median(t[i]),
+          median(bytes[i]), ref, ref / median(t[i]), median(t[c * schedules.size()]),
+          median(t[c * schedules.size()]) / median(t[i]));
+      std::fflush(stdout);
+      if (schedules[k] != "1f1b") continue;
+      refs[ref_key(w.name, stages, "link" + std::to_string(c), "timeline")] = median(t[i]);
+      refs[ref_key(w.name, stages, "link" + std::to_string(c), "compute")] = median(compute[i]);
+    }
   }
 }
 

@@ -78,6 +78,7 @@ struct WireCall {
 
 struct WireFn : Function<WireFn> {
   static constexpr const char* name = "boundary_wire";
+  static constexpr bool kSplitBackward = false;  // its backward encodes (codec state): run once
   using Saved = WireCall;
   static at::Tensor forward(Context& ctx, Saved& saved, const at::Tensor& z, WireCall&& call) {
     saved = std::move(call);

@@ -63,29 +63,63 @@ std::optional<StageMessage> StageRuntime::forward(int64_t mb_index, const Batch&
 }
 
 std::optional<StageMessage> StageRuntime::backward(int64_t mb_index, const StageMessage* in) {
+  return run_backward(mb_index, in, false);
+}
+
+std::optional<StageMessage> StageRuntime::backward_input(int64_t mb_index, const StageMessage* in) {
+  return run_backward(mb_index, in, true);
+}
+
+std::optional<StageMessage> StageRuntime::run_backward(int64_t mb_index, const StageMessage* in, bool split) {
   auto it = in_flight_.find(mb_index);
   TORCH_CHECK(it != in_flight_.end(), "stage ", stage_, ": backward of micro-batch ", mb_index, " before its forward");
   InFlight f = std::move(it->second);
   in_flight_.erase(it);
+  // Whole, or B of Note [split backward]: the weights' gradients wait in f.weights.
+  auto backprop = [&](const Variable& root, const at::Tensor& grad) {
+    if (split)
+      f.weights = backward_inputs({root}, {grad}, f.input.defined() ? variable_list{f.input} : variable_list{});
+    else
+      root.backward(grad);
+  };
   if (last()) {
     // Seeded with the micro-batch's units: the gradient of its summed loss (Note [accumulation
     // weights] in layers/optim/grad_utils.h); the step divides by the batch's units once.
-    if (f.weight > 0) f.loss.backward(at::full_like(f.loss.data(), f.weight));
+    if (f.weight > 0) backprop(f.loss, at::full_like(f.loss.data(), f.weight));
   } else {
     const BoundaryPtr& b = pipeline_.boundary(stage_);
     // Backward mode none: no gradient crosses; this stage's part of the graph gets zeros.
     const bool got = in && in->payload;
     at::Tensor g = got ? b->receive_backward(*in->payload, f.ctx) : at::zeros_like(f.sent.data());
     if (got && in->reference.defined()) b->measure_backward(in->reference, g);
-    f.sent.backward(g);
+    backprop(f.sent, g);
   }
-  if (first()) return std::nullopt;
-  const BoundaryPtr& b = pipeline_.boundary(stage_ - 1);
-  if (!b->sends_gradient()) return std::nullopt;
-  at::Tensor grad = f.input.grad();
-  if (!grad.defined()) grad = at::zeros_like(f.input.data());  // the stage did not use its input
-  // f (its tape and saved tensors) is freed on return.
-  return StageMessage{b->send_backward(grad, f.ctx, f.raw_in), b->measures_error() ? grad : at::Tensor()};
+  std::optional<StageMessage> out;
+  if (!first()) {
+    const BoundaryPtr& b = pipeline_.boundary(stage_ - 1);
+    if (b->sends_gradient()) {
+      at::Tensor grad = f.input.grad();
+      if (!grad.defined()) grad = at::zeros_like(f.input.data());  // the stage did not use its input
+      out = StageMessage{b->send_backward(grad, f.ctx, f.raw_in), b->measures_error() ? grad : at::Tensor()};
+    }
+  }
+  // Whole: f (its tape and saved tensors) is freed on return. Split: kept for the weights.
+  if (split) awaiting_weights_.emplace(mb_index, std::move(f));
+  return out;
+}
+
+void StageRuntime::backward_weight(int64_t mb_index) {
+  auto it = awaiting_weights_.find(mb_index);
+  TORCH_CHECK(it != awaiting_weights_.end(), "stage ", stage_, ": weight gradients of micro-batch ", mb_index,
+              in_flight_.count(mb_index) ? " before its input gradient (I before W)" : " that is not in flight");
+  it->second.weights.run();
+  awaiting_weights_.erase(it);  // its tape and saved tensors
+}
+
+size_t StageRuntime::held_for_weights_bytes() const {
+  size_t n = 0;
+  for (const auto& [mb, f] : awaiting_weights_) n += f.weights.held_bytes();
+  return n;
 }
 
 // ---- LocalExecutor -------------------------------------------------------------------------------
@@ -152,12 +186,14 @@ StepResult LocalExecutor::train_step(const Batch& batch, int64_t micro_batches, 
   const StepResult r = step_result(last.tally(), last.units(), batch.rows(), split.size());
   if (timing) {
     timing->step_s = 0;
-    timing->compute_s.clear();
-    timing->comm_s.clear();
+    *timing = StepTiming{};
     for (const auto& rank : ranks) {
       timing->step_s = std::max(timing->step_s, rank->clock_s());
       timing->compute_s.push_back(rank->compute_s());
       timing->comm_s.push_back(rank->comm_s());
+      timing->forward_s.push_back(rank->forward_s());
+      timing->weight_s.push_back(rank->weight_s());
+      timing->held_for_weights_bytes.push_back(rank->held_for_weights_peak());
     }
   }
   return r;

@@ -15,6 +15,10 @@
 //                  stage i < last decodes the gradient payload (receive_backward) and
 //                  backpropagates it from the wire tensor it sent. Stage i > 0 then encodes its
 //                  input leaf's .grad for boundary i (send_backward).
+//   backward_input(mb), backward_weight(mb): the same backward in two parts for zero-bubble
+//                  schedules (Note [split backward] in autograd/engine.cpp): the first computes and
+//                  sends the input's gradient, the second the weight gradients; the micro-batch's
+//                  tape lives until the second.
 //
 // Each micro-batch's forward records on its own Tape, kept until its backward and freed then, so
 // interleaved micro-batches (1F1B) never mix.
@@ -61,13 +65,19 @@ class StageRuntime {
   /// the last stage, or when the boundary sends none: backward mode none). Returns the gradient
   /// message for the previous stage (nullopt on stage 0 or when none is sent).
   std::optional<StageMessage> backward(int64_t mb_index, const StageMessage* in);
+  /// backward() without the weight gradients, which wait for backward_weight(mb_index).
+  std::optional<StageMessage> backward_input(int64_t mb_index, const StageMessage* in);
+  /// The weight gradients of a micro-batch whose backward_input ran; then its tape is freed.
+  void backward_weight(int64_t mb_index);
+  /// Bytes held for pending weight gradients (saved tensors and output gradients of their ops).
+  size_t held_for_weights_bytes() const;
 
   /// Last stage: the summed tally of the micro-batches (kTallySize), undefined before any forward.
   const at::Tensor& tally() const { return tally_; }
   /// The loss units accumulated this step (every stage knows them from the batch).
   double units() const { return units_; }
-  /// Micro-batches whose backward has not run yet (0 after a complete step).
-  size_t in_flight() const { return in_flight_.size(); }
+  /// Micro-batches whose backward has not run yet, wholly or in part (0 after a complete step).
+  size_t in_flight() const { return in_flight_.size() + awaiting_weights_.size(); }
 
  private:
   struct InFlight {
@@ -79,12 +89,15 @@ class StageRuntime {
     int64_t raw_out = 0;  // stage < last: uncompressed size of h
     Variable loss;        // last stage
     double weight = 0;
+    DeferredWeightGrads weights;  // after backward_input: what backward_weight computes
   };
+  std::optional<StageMessage> run_backward(int64_t mb_index, const StageMessage* in, bool split);
 
   Pipeline& pipeline_;
   size_t stage_;
   Pipeline::LossFn loss_fn_;
   std::map<int64_t, InFlight> in_flight_;
+  std::map<int64_t, InFlight> awaiting_weights_;  // backward_input ran, backward_weight not yet
   at::Tensor tally_;
   double units_ = 0;
 };
@@ -94,6 +107,9 @@ struct StepTiming {
   double step_s = 0;                // the step's duration on the executor's timeline
   std::vector<double> compute_s;    // per pipeline rank: time spent in forward and backward actions
   std::vector<double> comm_s;       // per pipeline rank: time spent waiting on messages (links, peers)
+  std::vector<double> forward_s;    // per pipeline rank: the part of compute_s in forwards
+  std::vector<double> weight_s;     // per pipeline rank: the part in W actions (split schedules; else 0)
+  std::vector<size_t> held_for_weights_bytes;  // per pipeline rank: the most held between I and W
   /// Idle fraction: 1 - sum(compute) / (ranks * step).
   double bubble() const;
 };

@@ -48,7 +48,11 @@ bool RankInterpreter::run() {
         forward(a);
         break;
       case ActionType::Backward:
+      case ActionType::BackwardInput:
         backward(a);
+        break;
+      case ActionType::BackwardWeight:
+        backward_weight(a);
         break;
       case ActionType::SendActivation:
       case ActionType::SendGrad:
@@ -84,7 +88,7 @@ void RankInterpreter::forward(const Action& a) {
     (stages_.count(s + 1) ? inbox_ : outbox_)[key] = std::move(*out);  // a stage of this rank takes it at once
   }
   const double dt = seconds_since(t0);
-  clock_s_ += dt, compute_s_ += dt;
+  clock_s_ += dt, compute_s_ += dt, forward_s_ += dt;
 }
 
 void RankInterpreter::backward(const Action& a) {
@@ -100,11 +104,23 @@ void RankInterpreter::backward(const Action& a) {
   std::optional<StageMessage> in;
   auto it = inbox_.find({false, s, mb});
   if (it != inbox_.end()) in = std::move(it->second), inbox_.erase(it);
-  std::optional<StageMessage> out = stages_.at(s)->backward(mb, in ? &*in : nullptr);
+  std::optional<StageMessage> out = a.type == ActionType::BackwardInput
+                                        ? stages_.at(s)->backward_input(mb, in ? &*in : nullptr)
+                                        : stages_.at(s)->backward(mb, in ? &*in : nullptr);
   if (before) before->set_backward_compression_enabled(true);
   if (out) (stages_.count(s - 1) ? inbox_ : outbox_)[MessageKey{false, s - 1, mb}] = std::move(*out);
   const double dt = seconds_since(t0);
   clock_s_ += dt, compute_s_ += dt;
+}
+
+void RankInterpreter::backward_weight(const Action& a) {
+  TORCH_CHECK(mode_ == Mode::Train, "pipeline: rank ", rank_, ": a backward action in an evaluation list");
+  const auto t0 = std::chrono::steady_clock::now();
+  StageRuntime& stage = *stages_.at(a.stage);
+  held_for_weights_peak_ = std::max(held_for_weights_peak_, stage.held_for_weights_bytes());
+  stage.backward_weight(a.micro_batch);
+  const double dt = seconds_since(t0);
+  clock_s_ += dt, compute_s_ += dt, weight_s_ += dt;
 }
 
 void RankInterpreter::send(const Action& a) {

@@ -10,6 +10,9 @@
 //                    the next stage when that stage lives on this rank (no message);
 //   Backward(s, mb)  likewise with gradients; before it, Optimus-CC's epilogue-only switch of the
 //                    boundary before s is set from the lowered list's flag for this send;
+//   BackwardInput(s, mb), BackwardWeight(s, mb): the same backward in two parts (zero-bubble
+//                    schedules): the first as Backward but leaving the weight gradients, which
+//                    the second computes;
 //   Send / Recv      hand a message to the channel / take one from it (a receive of a gradient
 //                    that the boundary does not send, backward mode none, is skipped on both
 //                    sides, as is a send of nothing).
@@ -60,10 +63,16 @@ class RankInterpreter {
   double clock_s() const { return clock_s_; }
   double compute_s() const { return compute_s_; }
   double comm_s() const { return comm_s_; }
+  /// The parts of compute_s() in forwards and in W actions (the rest is backward).
+  double forward_s() const { return forward_s_; }
+  double weight_s() const { return weight_s_; }
+  /// The most bytes this rank's stages held for pending weight gradients (split schedules; 0 else).
+  size_t held_for_weights_peak() const { return held_for_weights_peak_; }
 
  private:
   void forward(const Action& a);
   void backward(const Action& a);
+  void backward_weight(const Action& a);
   void send(const Action& a);
   bool recv(const Action& a);
   MessageKey key_of(const Action& a) const;
@@ -80,7 +89,8 @@ class RankInterpreter {
   // Note [epilogue-only]: per (stage, micro-batch), whether the gradient it sends is compressed.
   std::map<std::pair<int, int>, bool> compress_backward_;
   size_t next_ = 0;
-  double clock_s_ = 0, compute_s_ = 0, comm_s_ = 0;
+  double clock_s_ = 0, compute_s_ = 0, comm_s_ = 0, forward_s_ = 0, weight_s_ = 0;
+  size_t held_for_weights_peak_ = 0;
 };
 
 /// The inference toggle for a forward-only pass: the pipeline in eval mode, every boundary's

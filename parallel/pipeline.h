@@ -111,7 +111,7 @@ class Pipeline : public Module {
   /// the caller zeroes them before and steps the optimizer after.
   StepResult train_step(const Batch& batch, int64_t micro_batches, const LossFn& loss_fn, int64_t epoch = 0);
 
-  /// The schedule of train_step: "1f1b" (default), "gpipe" or "interleaved" (parallel/schedule.h).
+  /// The schedule of train_step: "1f1b" (default), "gpipe", "interleaved" or "zbh1" (parallel/schedule.h).
   void set_schedule(const std::string& name);
   const std::string& schedule() const { return schedule_; }
   /// Stages per pipeline rank (pipeline.virtual_stages; > 1 with the interleaved schedule). An

@@ -11,7 +11,12 @@
 
 namespace tl {
 
-bool is_compute(ActionType t) { return t == ActionType::Forward || t == ActionType::Backward; }
+bool is_compute(ActionType t) {
+  return t == ActionType::Forward || t == ActionType::Backward || t == ActionType::BackwardInput ||
+         t == ActionType::BackwardWeight;
+}
+// The action that takes a stage's output gradient and sends its input's: B, or I of a split backward.
+static bool takes_gradient(ActionType t) { return t == ActionType::Backward || t == ActionType::BackwardInput; }
 bool is_send(ActionType t) { return t == ActionType::SendActivation || t == ActionType::SendGrad; }
 bool is_recv(ActionType t) { return t == ActionType::RecvActivation || t == ActionType::RecvGrad; }
 
@@ -76,6 +81,33 @@ std::vector<RankSchedule> one_f_one_b_compute(int S, int M) {
   return out;
 }
 
+// Note [ZB-H1]. Qi et al.'s handcrafted zero-bubble schedule with 1F1B's memory. Rank r runs 1F1B's
+// compute list with each backward B_k split into I_k (its input's gradient, sent at once: the
+// previous rank waits for it) and W_{k-r} (the weight gradients of micro-batch k - r) right after
+// it; the last r W's follow the last I. Rank r thus lags its W's by r micro-batches: the last rank,
+// which 1F1B keeps busiest at the end, leaves P - 1 of them for its cool-down, where 1F1B idles.
+// With uniform stages and free links the step is M (F + I + W) + (P - 1)(F + I - W) for M >= P,
+// against 1F1B's (M + P - 1)(F + I + W): with I = W the bubble is a third of 1F1B's. The most
+// micro-batches a rank holds (forward run, W not yet) is P, on every rank: 1F1B's peak (rank 0).
+std::vector<RankSchedule> zbh1_compute(int S, int M) {
+  std::vector<RankSchedule> out = one_f_one_b_compute(S, M);
+  for (int s = 0; s < S; ++s) {
+    RankSchedule split;
+    int w = 0;  // the next W of this rank
+    for (const Action& a : out[s]) {
+      if (a.type != ActionType::Backward) {
+        split.push_back(a);
+        continue;
+      }
+      split.push_back(compute(ActionType::BackwardInput, s, a.micro_batch));
+      if (a.micro_batch - s >= 0) split.push_back(compute(ActionType::BackwardWeight, s, w++));
+    }
+    while (w < M) split.push_back(compute(ActionType::BackwardWeight, s, w++));
+    out[s] = std::move(split);
+  }
+  return out;
+}
+
 // Megatron's interleaved 1F1B (schedules.py, forward_backward_pipelining_with_interleaving): the
 // k-th forward of a rank is micro-batch (k / (P v)) P + k % P on its chunk (k / P) % v; the k-th
 // backward the same micro-batch on chunk v - 1 - (k / P) % v. Warm-up: 2 (P - r - 1) + (v - 1) P
@@ -111,7 +143,7 @@ void messages_of(const Action& a, const StageLayout& L, std::vector<Action>* rec
   if (a.type == ActionType::Forward) {
     if (cross(s - 1)) recvs->push_back({ActionType::RecvActivation, s, a.micro_batch, true, L.rank_of(s - 1)});
     if (cross(s + 1)) sends->push_back({ActionType::SendActivation, s, a.micro_batch, true, L.rank_of(s + 1)});
-  } else if (a.type == ActionType::Backward) {
+  } else if (takes_gradient(a.type)) {
     if (cross(s + 1)) recvs->push_back({ActionType::RecvGrad, s, a.micro_batch, true, L.rank_of(s + 1)});
     if (cross(s - 1)) sends->push_back({ActionType::SendGrad, s, a.micro_batch, true, L.rank_of(s - 1)});
   }
@@ -137,7 +169,8 @@ std::vector<RankSchedule> lower(const std::vector<RankSchedule>& compute_lists, 
         if (std::find(pending.begin(), pending.end(), m) == pending.end()) l.push_back(m);
       pending.clear();
       l.push_back(a);
-      // The next compute's activation from a rank this one sends a gradient to goes first.
+      // The next compute's activation from a rank this one sends a gradient to goes first. (Not
+      // past a W: Note [ZB-H1 needs the send thread].)
       if (i + 1 < in.size()) {
         std::vector<Action> next_recvs, unused;
         messages_of(in[i + 1], layout, &next_recvs, &unused);
@@ -161,16 +194,17 @@ std::vector<RankSchedule> lower(const std::vector<RankSchedule>& compute_lists, 
   return out;
 }
 
-const char* known_schedules() { return "gpipe, 1f1b, interleaved"; }
+const char* known_schedules() { return "gpipe, 1f1b, interleaved, zbh1"; }
 
 std::vector<RankSchedule> compute_schedule(const std::string& name, const StageLayout& layout, int micro_batches) {
   check_sizes(layout, micro_batches);
-  const bool known = name == "gpipe" || name == "1f1b" || name == "interleaved";
+  const bool known = name == "gpipe" || name == "1f1b" || name == "interleaved" || name == "zbh1";
   TORCH_CHECK(known, "unknown pipeline schedule '", name, "'; known: ", known_schedules());
   if (name == "interleaved" && layout.virtual_stages > 1) return interleaved_compute(layout, micro_batches);
   TORCH_CHECK(layout.virtual_stages == 1, "pipeline.schedule = ", name, " runs one stage per rank, but ",
               "pipeline.virtual_stages = ", layout.virtual_stages, "; use pipeline.schedule = interleaved");
   // Interleaving one stage per rank is 1F1B.
+  if (name == "zbh1") return zbh1_compute(layout.ranks, micro_batches);
   return name == "gpipe" ? gpipe_compute(layout.ranks, micro_batches) : one_f_one_b_compute(layout.ranks, micro_batches);
 }
 
@@ -195,6 +229,10 @@ std::vector<RankSchedule> interleaved_schedule(int ranks, int virtual_stages, in
   return make_schedule("interleaved", StageLayout{ranks, virtual_stages}, micro_batches);
 }
 
+std::vector<RankSchedule> zbh1_schedule(int stages, int micro_batches) {
+  return make_schedule("zbh1", stages, micro_batches);
+}
+
 std::vector<RankSchedule> forward_only_schedule(const StageLayout& layout) {
   check_sizes(layout, 1);
   std::vector<RankSchedule> compute_lists(layout.ranks);
@@ -211,6 +249,12 @@ std::string action_token(const Action& a, bool with_stage) {
       break;
     case ActionType::Backward:
       p = "B";
+      break;
+    case ActionType::BackwardInput:
+      p = "I";
+      break;
+    case ActionType::BackwardWeight:
+      p = "W";
       break;
     case ActionType::SendActivation:
       p = "SA";
@@ -292,12 +336,18 @@ void validate_schedule(const std::vector<RankSchedule>& schedule, int micro_batc
     // Neighbours on another rank exchange messages; on the same rank the order of compute says it.
     const bool msg_in = !first && layout.rank_of(s - 1) != r, msg_out = !last && layout.rank_of(s + 1) != r;
     for (int mb = 0; mb < micro_batches; ++mb) {
-      const int f = at(ActionType::Forward, s, mb), b = at(ActionType::Backward, s, mb);
+      // b: the backward that takes the gradient (B, or I of a split backward, whose W follows).
+      const int f = at(ActionType::Forward, s, mb), whole = at(ActionType::Backward, s, mb);
+      const int in = at(ActionType::BackwardInput, s, mb), w = at(ActionType::BackwardWeight, s, mb);
+      const int b = whole >= 0 ? whole : in;
       std::string where = "schedule: rank " + std::to_string(r) + " micro-batch " + std::to_string(mb) + ": ";
       if (layout.virtual_stages > 1) where = "schedule: rank " + std::to_string(r) + " stage " + std::to_string(s) +
                                              " micro-batch " + std::to_string(mb) + ": ";
-      TORCH_CHECK(f >= 0 && b >= 0, where, "needs one forward and one backward");
+      TORCH_CHECK(f >= 0 && b >= 0, where, "needs one forward and one backward (B, or I and W)");
+      TORCH_CHECK(whole < 0 || (in < 0 && w < 0), where, "has a whole backward and a split one");
+      TORCH_CHECK((in >= 0) == (w >= 0), where, in >= 0 ? "has an I without its W" : "has a W without its I");
       TORCH_CHECK(f < b, where, "backward before forward");
+      TORCH_CHECK(w < 0 || in < w, where, "runs W before I (the weight gradients need I's pass)");
       const int ra = at(ActionType::RecvActivation, s, mb), sa = at(ActionType::SendActivation, s, mb);
       const int rg = at(ActionType::RecvGrad, s, mb), sg = at(ActionType::SendGrad, s, mb);
       TORCH_CHECK(!msg_in ? ra < 0 : (ra >= 0 && ra < f), where,
@@ -320,9 +370,10 @@ void validate_schedule(const std::vector<RankSchedule>& schedule, int micro_batc
       if (!first && !msg_in)
         TORCH_CHECK(at(ActionType::Forward, s - 1, mb) < f, where, "runs its forward before stage ", s - 1,
                     "'s on the same rank");
-      if (!last && !msg_out)
-        TORCH_CHECK(at(ActionType::Backward, s + 1, mb) < b, where, "runs its backward before stage ", s + 1,
-                    "'s on the same rank");
+      if (!last && !msg_out) {
+        const int next_b = std::max(at(ActionType::Backward, s + 1, mb), at(ActionType::BackwardInput, s + 1, mb));
+        TORCH_CHECK(next_b < b, where, "runs its backward before stage ", s + 1, "'s on the same rank");
+      }
     }
   }
 }
@@ -334,6 +385,23 @@ SimCosts SimCosts::uniform(int stages, double forward_s, double backward_s) {
   c.forward_s.assign(stages, forward_s);
   c.backward_s.assign(stages, backward_s);
   return c;
+}
+
+double SimCosts::of(const Action& a) const {
+  const int s = a.stage;
+  const double w = weight_s.empty() ? backward_s[s] / 2 : weight_s[s];
+  switch (a.type) {
+    case ActionType::Forward:
+      return forward_s[s];
+    case ActionType::Backward:
+      return backward_s[s];
+    case ActionType::BackwardInput:
+      return backward_s[s] - w;
+    case ActionType::BackwardWeight:
+      return w;
+    default:
+      return 0.0;
+  }
 }
 
 double SimResult::bubble() const {
@@ -369,6 +437,8 @@ SimResult simulate_schedule(const std::vector<RankSchedule>& schedule, const Sim
   TORCH_CHECK(static_cast<int>(costs.forward_s.size()) >= stages && static_cast<int>(costs.backward_s.size()) >= stages,
               "simulate_schedule: costs for ", costs.forward_s.size(), " / ", costs.backward_s.size(),
               " stages (forward / backward), schedule has ", stages);
+  TORCH_CHECK(costs.weight_s.empty() || static_cast<int>(costs.weight_s.size()) >= stages,
+              "simulate_schedule: weight costs for ", costs.weight_s.size(), " stages, schedule has ", stages);
   SimResult res;
   res.compute_s.assign(R, 0.0);
   res.finish_s.assign(R, 0.0);
@@ -416,7 +486,7 @@ SimResult simulate_schedule(const std::vector<RankSchedule>& schedule, const Sim
       while (pc[r] < schedule[r].size()) {
         const Action& a = schedule[r][pc[r]];
         if (is_compute(a.type)) {
-          const double d = a.type == ActionType::Forward ? costs.forward_s[a.stage] : costs.backward_s[a.stage];
+          const double d = costs.of(a);
           res.spans[r].push_back({a, t[r], t[r] + d});
           t[r] += d;
           res.compute_s[r] += d;
@@ -470,6 +540,80 @@ SimResult simulate_schedule(const std::vector<RankSchedule>& schedule, const Sim
 double ideal_step_time(int ranks, int micro_batches, double forward_s, double backward_s, int virtual_stages) {
   check_sizes(StageLayout{ranks, virtual_stages}, micro_batches);
   return (micro_batches * virtual_stages + ranks - 1) * (forward_s + backward_s);
+}
+
+std::vector<SendSlack> gradient_send_slack(const std::vector<RankSchedule>& schedule, const SimCosts& costs) {
+  // Nodes: every compute action, keyed by (type, stage, micro-batch).
+  struct Node {
+    Action a;
+    double cost;
+    std::vector<int> succ;
+    int preds = 0;
+  };
+  std::vector<Node> nodes;
+  std::map<std::tuple<ActionType, int, int>, int> id;
+  std::vector<std::vector<int>> per_rank(schedule.size());
+  for (size_t r = 0; r < schedule.size(); ++r)
+    for (const Action& a : schedule[r])
+      if (is_compute(a.type)) {
+        id[{a.type, a.stage, a.micro_batch}] = static_cast<int>(nodes.size());
+        per_rank[r].push_back(static_cast<int>(nodes.size()));
+        nodes.push_back({a, costs.of(a), {}, 0});
+      }
+  auto edge = [&](int from, int to) {
+    nodes[from].succ.push_back(to);
+    ++nodes[to].preds;
+  };
+  // The backward that takes (stage, mb)'s gradient: B, or I of a split backward.
+  auto taker = [&](int stage, int mb) {
+    auto it = id.find({ActionType::Backward, stage, mb});
+    if (it == id.end()) it = id.find({ActionType::BackwardInput, stage, mb});
+    TORCH_CHECK(it != id.end(), "gradient_send_slack: stage ", stage, " has no backward of micro-batch ", mb);
+    return it->second;
+  };
+  for (const auto& l : per_rank)
+    for (size_t i = 1; i < l.size(); ++i) edge(l[i - 1], l[i]);
+  for (int n = 0; n < static_cast<int>(nodes.size()); ++n) {
+    const Action& a = nodes[n].a;
+    auto next = id.find({ActionType::Forward, a.stage + 1, a.micro_batch});
+    if (a.type == ActionType::Forward && next != id.end()) edge(n, next->second);
+    if ((a.type == ActionType::Backward || a.type == ActionType::BackwardInput) && a.stage > 0)
+      edge(n, taker(a.stage - 1, a.micro_batch));
+  }
+  // Earliest starts in topological order, latest starts in reverse.
+  std::vector<int> order, preds(nodes.size());
+  for (size_t n = 0; n < nodes.size(); ++n)
+    if ((preds[n] = nodes[n].preds) == 0) order.push_back(static_cast<int>(n));
+  for (size_t k = 0; k < order.size(); ++k)
+    for (int m : nodes[order[k]].succ)
+      if (--preds[m] == 0) order.push_back(m);
+  TORCH_CHECK(order.size() == nodes.size(), "gradient_send_slack: the schedule's dependencies form a cycle");
+  std::vector<double> es(nodes.size(), 0.0), ls(nodes.size());
+  double end = 0;
+  for (int n : order) {
+    for (int m : nodes[n].succ) es[m] = std::max(es[m], es[n] + nodes[n].cost);
+    end = std::max(end, es[n] + nodes[n].cost);
+  }
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    double latest_end = end;
+    for (int m : nodes[*it].succ) latest_end = std::min(latest_end, ls[m]);
+    ls[*it] = latest_end - nodes[*it].cost;
+  }
+  std::vector<SendSlack> out;
+  for (size_t r = 0; r < schedule.size(); ++r)
+    for (const Action& a : schedule[r]) {
+      if (a.type != ActionType::SendGrad) continue;
+      const int from = taker(a.stage, a.micro_batch), to = taker(a.stage - 1, a.micro_batch);
+      out.push_back({static_cast<int>(r), a, ls[to] - (es[from] + nodes[from].cost)});
+    }
+  return out;
+}
+
+double ideal_zbh1_step_time(int ranks, int micro_batches, double forward_s, double input_s, double weight_s) {
+  check_sizes(StageLayout{ranks, 1}, micro_batches);
+  TORCH_CHECK(micro_batches >= ranks, "ideal_zbh1_step_time: the formula holds for micro_batches >= ranks (",
+              micro_batches, " < ", ranks, ")");
+  return micro_batches * (forward_s + input_s + weight_s) + (ranks - 1) * (forward_s + input_s - weight_s);
 }
 
 std::string format_timeline(const SimResult& result, double slot_s) {

@@ -42,6 +42,17 @@
 // schedule_test.cpp checks up to 4 ranks x 3 virtual stages x 16 micro-batches. (Megatron batches
 // the two transfers into one P2P call for the same reason.)
 //
+// Note [ZB-H1 needs the send thread]. Lowering moves the next forward's activation receive before
+// a gradient send only when that forward comes right after the backward. In ZB-H1 a W often sits
+// between them (rank r: I_k, W_{k-r}, F_{k+...}); moving the receive there would make the rank wait
+// for the activation before its W, and the W would then delay the gradient its neighbour waits
+// for (a slot per rank per step on uniform stages, the bubble ZB-H1 exists to remove). So the
+// receive stays after the W, the gradient goes first on that link while the neighbour sends the
+// activation first, and with purely blocking sends both sit in a send. With the runtime's send
+// thread (SendMode::SendQueue) every ZB-H1 list of 1..8 ranks x 1..16 micro-batches runs
+// (tests/parallel/schedule_test.cpp), as Note [interleaving needs the send thread] says of
+// interleaved 1F1B.
+//
 // Note [epilogue-only backward compression (Optimus-CC)]. Optimus-CC compresses only the
 // gradient sends on the critical path of 1F1B: those of the cool-down phase (the receiver is
 // waiting for them, nothing overlaps them) and the last send of the steady state (it opens the
@@ -56,7 +67,10 @@
 
 namespace tl {
 
-enum class ActionType { Forward, Backward, SendActivation, RecvActivation, SendGrad, RecvGrad };
+/// Backward is a stage's whole backward. Zero-bubble schedules split it (Note [split backward] in
+/// autograd/engine.cpp): BackwardInput computes the gradient of the stage's input (and sends it, as
+/// Backward does), BackwardWeight later computes the weight gradients (no message).
+enum class ActionType { Forward, Backward, SendActivation, RecvActivation, SendGrad, RecvGrad, BackwardInput, BackwardWeight };
 
 /// One step of one rank's list. `stage` is the stage the action belongs to (a rank may hold
 /// several: StageLayout); the stage on the other end of a message is stage + 1 (SendActivation,
@@ -117,8 +131,8 @@ struct StageLayout {
 // here too, from the list: a gradient send is off the critical path when its rank still has a
 // forward to run after it (the receiver then has forward work to overlap it with).
 
-/// Compute-only lists (no messages) of the named schedule: "gpipe", "1f1b" (one stage per rank)
-/// or "interleaved" (Megatron's interleaved 1F1B over layout.virtual_stages stages per rank;
+/// Compute-only lists (no messages) of the named schedule: "gpipe", "1f1b", "zbh1" (one stage per
+/// rank) or "interleaved" (Megatron's interleaved 1F1B over layout.virtual_stages stages per rank;
 /// micro_batches must be a multiple of layout.ranks when v > 1). Errors name what is accepted.
 std::vector<RankSchedule> compute_schedule(const std::string& name, const StageLayout& layout, int micro_batches);
 /// Inserts sends and receives and the epilogue-only flags (Note [lowering]).
@@ -137,9 +151,13 @@ std::vector<RankSchedule> one_f_one_b_schedule(int stages, int micro_batches);
 /// micro-batches, chunk 0 then chunk 1 ... (backwards with the chunks reversed), after
 /// 2 (P - r - 1) + (v - 1) P warm-up forwards.
 std::vector<RankSchedule> interleaved_schedule(int ranks, int virtual_stages, int micro_batches);
+/// ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024): 1F1B with each backward split
+/// into I (input gradient, sent at once) and W (weight gradients), the W's placed where 1F1B would
+/// idle. Note [ZB-H1].
+std::vector<RankSchedule> zbh1_schedule(int stages, int micro_batches);
 /// Forward-only lists of one micro-batch (evaluation), lowered.
 std::vector<RankSchedule> forward_only_schedule(const StageLayout& layout);
-/// The schedules make_schedule knows, for messages: "gpipe, 1f1b, interleaved".
+/// The schedules make_schedule knows, for messages: "gpipe, 1f1b, interleaved, zbh1".
 const char* known_schedules();
 
 /// Structural checks of a hand-made or generated schedule: list r holds only the stages of rank
@@ -150,7 +168,8 @@ const char* known_schedules();
 void validate_schedule(const std::vector<RankSchedule>& schedule, int micro_batches);
 void validate_schedule(const std::vector<RankSchedule>& schedule, int micro_batches, const StageLayout& layout);
 
-/// "F3", "B0", "RA3" (recv activation), "SA3", "RG0", "SG0"; a SendGrad with
+/// "F3", "B0", "I0" (input gradient), "W0" (weight gradients), "RA3" (recv activation), "SA3",
+/// "RG0", "SG0"; a SendGrad with
 /// compress_backward = false prints as "SG0~". With `with_stage` the stage follows: "F3s5".
 std::string action_token(const Action& a, bool with_stage = false);
 /// One row per rank: "rank 0: F0 F1 F2 F3 B0 ...". With `with_comm` false only compute actions are
@@ -172,10 +191,15 @@ enum class SendMode {
 struct SimCosts {
   std::vector<double> forward_s;
   std::vector<double> backward_s;
+  /// Per stage: the part of backward_s that is weight gradients (a split schedule runs it as W and
+  /// the rest as I); empty: half of backward_s.
+  std::vector<double> weight_s;
   double activation_s = 0.0;
   double grad_s = 0.0;
   /// The same forward and backward time on every stage.
   static SimCosts uniform(int stages, double forward_s, double backward_s);
+  /// What a compute action costs on its stage.
+  double of(const Action& a) const;
 };
 
 struct ComputeSpan {
@@ -204,6 +228,28 @@ SimResult simulate_schedule(const std::vector<RankSchedule>& schedule, const Sim
 /// micro-batch), i.e. M v slots of work per rank plus the P - 1 slots of the bubble. GPipe and
 /// 1F1B: v = 1; interleaved 1F1B shrinks the bubble v times relative to the work.
 double ideal_step_time(int ranks, int micro_batches, double forward_s, double backward_s, int virtual_stages = 1);
+
+/// Note [slack of a gradient send]. Optimus-CC compresses only the gradient sends on the critical
+/// path, and decides which ones those are for 1F1B by phase (Note [epilogue-only]). For any
+/// schedule the question has one answer on the step's dependency graph: nodes are the compute
+/// actions, with each action's cost; edges are each rank's order and the data between stages
+/// (activation of micro-batch mb from stage s to s + 1, its gradient from s + 1 back to s). The
+/// slack of a gradient send is how long it may be late without making the step longer: the latest
+/// start of the backward that consumes it, minus the end of the backward that produced it. Zero
+/// means it is on the critical path. Links are free here, so this is the slack the schedule itself
+/// gives. lower() does not use it (its flags are Optimus-CC's rule); `tapeline schedule --slack`
+/// prints both.
+struct SendSlack {
+  int rank;       // the sending rank
+  Action send;    // its SendGrad action
+  double slack_s;
+};
+/// Every gradient send of a lowered schedule with its slack under `costs`, in list order per rank.
+std::vector<SendSlack> gradient_send_slack(const std::vector<RankSchedule>& schedule, const SimCosts& costs);
+
+/// ZB-H1's textbook step (Note [ZB-H1] in schedule.cpp), uniform stages, free links, M >= P:
+/// M (tf + ti + tw) + (P - 1)(tf + ti - tw), where ti + tw is one stage's whole backward.
+double ideal_zbh1_step_time(int ranks, int micro_batches, double forward_s, double input_s, double weight_s);
 
 /// The simulated timeline as text, one row per rank, one column per `slot_s` of time: forward
 /// micro-batch 3 prints "F3" in each slot it occupies, idle slots print "..". For docs and logs.

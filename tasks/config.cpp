@@ -311,11 +311,12 @@ const std::vector<Key>& schema() {
     add("train.eval_batch_size", "500", "integer >= 1", "batch size of the test-set evaluations",
         [](Config& c, const std::string& v) { c.train.eval_batch_size = parse_int(v, 1, 1 << 24, "an integer >= 1"); });
     // [pipeline], [dist]
-    add("pipeline.schedule", "1f1b", "1f1b, gpipe, interleaved",
+    add("pipeline.schedule", "1f1b", "1f1b, gpipe, interleaved, zbh1",
         "order of the micro-batches' forwards and backwards on each stage; interleaved: Megatron's interleaved 1F1B "
-        "over pipeline.virtual_stages stages per rank (docs/PIPELINE.md)",
+        "over pipeline.virtual_stages stages per rank; zbh1: zero-bubble ZB-H1, each backward split into the "
+        "input's gradient and the weights' (docs/PIPELINE.md)",
         [](Config& c, const std::string& v) {
-          c.pipeline.schedule = parse_choice(v, {"1f1b", "gpipe", "interleaved"});
+          c.pipeline.schedule = parse_choice(v, {"1f1b", "gpipe", "interleaved", "zbh1"});
         });
     add("pipeline.virtual_stages", "1", "integer >= 1",
         "stages per pipeline rank (Megatron's virtual pipeline): rank r holds stages r, r + P, r + 2P, ... of the "

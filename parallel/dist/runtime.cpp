@@ -369,6 +369,9 @@ StepResult DistExecutor::train_step(const Batch& batch, int64_t micro_batches, c
     timing->step_s = step_s;
     timing->compute_s = {interpreter.compute_s()};
     timing->comm_s = {interpreter.comm_s() + (dp_ ? sync_s : 0.0)};
+    timing->forward_s = {interpreter.forward_s()};
+    timing->weight_s = {interpreter.weight_s()};
+    timing->held_for_weights_bytes = {interpreter.held_for_weights_peak()};
   }
   return r;
 } catch (const TransportError& e) {

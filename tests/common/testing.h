@@ -19,6 +19,9 @@ namespace tl::testing {
 using TlFn = std::function<Variable(const variable_list&)>;
 using RefFn = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
 
+/// The message of the c10::Error that fn throws ("" if it throws none).
+std::string error_of(const std::function<void()>& fn);
+
 /// Max |a - b| (inf if shapes differ or a value is NaN on one side only).
 double max_diff(const at::Tensor& a, const at::Tensor& b);
 

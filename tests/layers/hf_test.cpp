@@ -17,14 +17,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::all_close;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 struct TempDir {
   fs::path path;

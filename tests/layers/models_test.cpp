@@ -5,20 +5,14 @@
 #include "layers/models/resnet.h"
 #include "tests/layers/models_reference.h"
 #include "tests/layers/parity.h"
+#include "tests/common/testing.h"
 
 namespace tl {
 namespace {
 using testing::all_close;
 using testing::expect_parity;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 std::set<std::string> param_names(const Module& m) {
   std::set<std::string> s;
@@ -406,6 +400,91 @@ TEST(ModelsInPart, ErrorsNameTheProblem) {
   EXPECT_NE(error_of([&] { make_resnet("resnet8", 3, 10, 1.0, std::nullopt, StageSelection::of({"stem"}, {0})); })
                 .find("needs a generator"),
             std::string::npos);
+}
+
+// ---- split backward --------------------------------------------------------------------------
+// Note [split backward] (autograd/engine.cpp): B (the input's gradient) then W (the weights') gives
+// one backward's gradients bit for bit, on every model family, whole and as a stage whose input
+// is a leaf (what a pipeline stage receives).
+void expect_split_backward_is_one_backward(Module& model, const std::function<Variable(const Variable&)>& loss_of,
+                                           const at::Tensor& input, bool input_is_leaf, const std::string& label) {
+  auto grads = [&](bool split) {
+    model.zero_grad();
+    Variable x = input_is_leaf ? Variable(input.clone(), true) : Variable(input);
+    Variable loss = loss_of(x);
+    if (split) {
+      DeferredWeightGrads later = backward_inputs({loss}, {}, input_is_leaf ? variable_list{x} : variable_list{});
+      for (const auto& [n, p] : model.named_parameters())
+        EXPECT_FALSE(p.grad().defined()) << label << ": '" << n << "' has a gradient before W";
+      later.run();
+    } else {
+      loss.backward();
+    }
+    std::map<std::string, at::Tensor> out;
+    for (const auto& [n, p] : model.named_parameters()) out[n] = p.grad();
+    if (input_is_leaf) out["(input)"] = x.grad();
+    return out;
+  };
+  const auto whole = grads(false), parts = grads(true);
+  ASSERT_EQ(whole.size(), parts.size()) << label;
+  for (const auto& [n, g] : whole) {
+    ASSERT_TRUE(g.defined()) << label << ": " << n;
+    ASSERT_TRUE(parts.at(n).defined()) << label << ": " << n << " has no gradient after W";
+    EXPECT_TRUE(g.equal(parts.at(n))) << label << ": '" << n << "' differs by " << (g - parts.at(n)).abs().max().item<double>();
+  }
+}
+
+TEST(SplitBackward, ThreeModelFamiliesGetOneBackwardsGradientsBitForBit) {
+  const at::Generator gen = at::detail::createCPUGenerator(5);
+  at::manual_seed(5);
+  {
+    auto net = make_resnet("resnet8", 3, 4, 0.5, gen);
+    const at::Tensor images = at::randn({4, 3, 12, 12}), labels = at::tensor({0, 3, 1, 2}, at::kLong);
+    expect_split_backward_is_one_backward(*net, [&](const Variable& x) { return cross_entropy(net->forward(x), labels); },
+                                          images, true, "resnet8");
+    auto stages = net->split({"stem", "layer2"});
+    const at::Tensor h = [&] {
+      NoGradGuard no_grad;
+      return stages[0]->forward(Variable(images)).data();
+    }();
+    expect_split_backward_is_one_backward(*stages[1], [&](const Variable& x) { return sum(pow(stages[1]->forward(x), 2.0)); },
+                                          h, true, "resnet8 stage 1");
+  }
+  {
+    GPT2 m(tiny_gpt2(), gen);
+    const at::Tensor ids = at::randint(37, {2, 9}, at::kLong), next = at::randint(37, {18}, at::kLong);
+    expect_split_backward_is_one_backward(
+        m, [&](const Variable& x) { return cross_entropy(reshape(m.forward(x), {18, 37}), next); }, ids, false, "gpt2");
+    auto stages = m.split({"embed"});
+    auto last = std::static_pointer_cast<Stage>(stages[1]);
+    StageInputs in;
+    in.token_ids = ids;
+    const at::Tensor h = [&] {
+      NoGradGuard no_grad;
+      return std::static_pointer_cast<Stage>(stages[0])->forward(Variable(ids), in).data();
+    }();
+    expect_split_backward_is_one_backward(
+        *last, [&](const Variable& x) { return cross_entropy(reshape(last->forward(x, in), {18, 37}), next); }, h, true,
+        "gpt2 blocks");
+  }
+  {
+    Bert m(tiny_bert(), gen);
+    const at::Tensor ids = at::randint(41, {3, 7}, at::kLong), labels = at::tensor({2, 0, 1}, at::kLong);
+    StageInputs in;
+    in.token_ids = ids;
+    in.attention_mask = at::ones({3, 7}, at::kLong);
+    in.attention_mask[2][6] = 0;
+    expect_split_backward_is_one_backward(
+        m, [&](const Variable& x) { return cross_entropy(m.forward(x, in), labels); }, ids, false, "bert");
+    auto stages = m.split({"layers.0"});
+    auto last = std::static_pointer_cast<Stage>(stages[1]);
+    const at::Tensor h = [&] {
+      NoGradGuard no_grad;
+      return std::static_pointer_cast<Stage>(stages[0])->forward(Variable(ids), in).data();
+    }();
+    expect_split_backward_is_one_backward(
+        *last, [&](const Variable& x) { return cross_entropy(last->forward(x, in), labels); }, h, true, "bert layer 1");
+  }
 }
 
 }  // namespace

@@ -17,14 +17,7 @@ std::shared_ptr<Sequential> small_net() {
   return net;
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(NnModule, DottedNamesAndStateDict) {
   auto net = small_net();

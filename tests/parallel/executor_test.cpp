@@ -116,33 +116,54 @@ TEST(Executor, EpilogueOnlyCompressesTheCriticalPathSendsOnly) {
 // Interleaved 1F1B (2 ranks x 2 virtual stages) runs each boundary's messages and each stage's
 // backwards in micro-batch order, as 1F1B does: the same training, bit for bit, and the same
 // statistics.
-TEST(Executor, InterleavedTrainsBitForBitLikeOneFOneB) {
+// Three steps of `schedule` (with `virtual_stages`) against 1F1B: the same loss every step, the
+// same parameters and buffers, the same bytes and error statistics. Returns the other pipeline.
+std::shared_ptr<Pipeline> expect_trains_like_one_f_one_b(const std::string& schedule, int virtual_stages) {
   auto a = stateful_pipeline(6), b = stateful_pipeline(6);
   a->set_schedule("1f1b");
-  b->set_schedule("interleaved");
-  b->set_virtual_stages(2);
+  b->set_schedule(schedule);
+  b->set_virtual_stages(virtual_stages);
   SGD opt_a(a->parameters(), GroupOptions().set_lr(0.05).set_momentum(0.9));
   SGD opt_b(b->parameters(), GroupOptions().set_lr(0.05).set_momentum(0.9));
   for (int step = 0; step < 3; ++step) {
     Batch batch = batch_of(16, 20 + step);
     opt_a.zero_grad();
     opt_b.zero_grad();
-    EXPECT_EQ(a->train_step(batch, 4, ce, 0).loss, b->train_step(batch, 4, ce, 0).loss) << "step " << step;
+    EXPECT_EQ(a->train_step(batch, 4, ce, 0).loss, b->train_step(batch, 4, ce, 0).loss) << schedule << " step " << step;
     opt_a.step();
     opt_b.step();
   }
   auto sa = a->state_dict(), sb = b->state_dict();
-  for (const auto& [name, t] : sa) EXPECT_TRUE(t.equal(sb.at(name))) << name << " differs between 1F1B and interleaved";
+  for (const auto& [name, t] : sa) EXPECT_TRUE(t.equal(sb.at(name))) << name << " differs between 1F1B and " << schedule;
   const BoundaryStats x = a->total_stats(), y = b->total_stats();
   EXPECT_EQ(x.forward.bytes, y.forward.bytes);
+  EXPECT_EQ(x.backward.bytes, y.backward.bytes);
   EXPECT_EQ(x.forward.measured, y.forward.measured);
   EXPECT_GT(y.forward.measured, 0);
   EXPECT_EQ(x.forward.rel_error_mean, y.forward.rel_error_mean);
   EXPECT_EQ(x.backward.rel_error_mean, y.backward.rel_error_mean);
+  return b;
+}
+
+TEST(Executor, InterleavedTrainsBitForBitLikeOneFOneB) {
+  auto b = expect_trains_like_one_f_one_b("interleaved", 2);
   EXPECT_EQ(b->last_timing().compute_s.size(), 2u) << "one clock per pipeline rank";
   // Interleaving needs micro-batches in multiples of the ranks.
   EXPECT_THROW(b->train_step(batch_of(16, 1), 3, ce, 0), c10::Error);
   EXPECT_THROW(b->set_virtual_stages(3), c10::Error) << "3 does not divide 4 stages";
+}
+
+// ZB-H1 splits every backward in two (Note [split backward]); the sum is one backward's, bit for
+// bit, and the messages on each link come in 1F1B's order, so the codecs' states agree too.
+TEST(Executor, ZeroBubbleH1TrainsBitForBitLikeOneFOneB) {
+  auto b = expect_trains_like_one_f_one_b("zbh1", 1);
+  const StepTiming& t = b->last_timing();
+  ASSERT_EQ(t.weight_s.size(), 4u);
+  for (size_t r = 0; r < 4; ++r) {
+    EXPECT_GT(t.weight_s[r], 0.0) << "rank " << r << " ran W actions";
+    EXPECT_LT(t.weight_s[r] + t.forward_s[r], t.compute_s[r]) << "rank " << r;
+    EXPECT_GT(t.held_for_weights_bytes[r], 0u) << "rank " << r << " held its ops' tensors between I and W";
+  }
 }
 
 // Evaluation runs the forward-only lists through the same interpreter: the tally equals the

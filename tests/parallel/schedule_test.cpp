@@ -3,6 +3,7 @@
 // only matched messages for 1..8 stages x 1..16 micro-batches; Optimus-CC's epilogue-only flags;
 // the event simulation against the closed-form bubble and a hand-timed example.
 #include "parallel/schedule.h"
+#include "tests/common/testing.h"
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 
 namespace tl {
 namespace {
+using testing::error_of;
 
 // ---- an executor with blocking rendezvous sends, independent of simulate_schedule ---------------
 // Each rank walks its list. A compute action always completes. A send completes together with the
@@ -332,6 +334,121 @@ TEST(Schedule, ValidateCatchesAStageOnTheWrongRankAndALocalOrder) {
   EXPECT_THROW(validate_schedule(one, 1, StageLayout{1, 2}), c10::Error);
   sched[1][0].stage = 0;  // a rank-0 stage in rank 1's list
   EXPECT_THROW(validate_schedule(sched, 2, StageLayout{2, 2}), c10::Error);
+}
+
+// ---- ZB-H1 (Note [ZB-H1] in parallel/schedule.cpp) --------------------------------------------
+
+TEST(Schedule, ZeroBubbleH1Table) {
+  // 1F1B's lists with each B_k split into I_k and W_{k - r}; the last r W's after the last I.
+  EXPECT_EQ(format_schedule(zbh1_schedule(2, 4)),
+            "rank 0: F0 F1 I0 W0 F2 I1 W1 F3 I2 W2 I3 W3\n"
+            "rank 1: F0 I0 F1 I1 W0 F2 I2 W1 F3 I3 W2 W3\n");
+  // W has no messages; I sends and receives the gradients as B does. The activation the next
+  // forward needs comes before the gradient sent to the same rank, unless a W runs in between
+  // (Note [ZB-H1 needs the send thread]).
+  const std::string full = format_schedule(zbh1_schedule(3, 4), true);
+  EXPECT_NE(full.find("rank 1: RA0 F0 SA0 RA1 F1 SA1 RG0 I0 RA2 SG0~ F2 SA2 RG1 I1 SG1~ W0 RA3 F3"), std::string::npos) << full;
+  EXPECT_NE(full.find("RG3 I3 SG3 W2 W3"), std::string::npos) << full;
+}
+
+TEST(Schedule, ZeroBubbleH1NeverDeadlocksAndHoldsNoMoreThanOneFOneB) {
+  for (int S = 1; S <= 8; ++S) {
+    for (int M = 1; M <= 16; ++M) {
+      SCOPED_TRACE("stages " + std::to_string(S) + " micro-batches " + std::to_string(M));
+      const auto sched = zbh1_schedule(S, M);
+      ASSERT_NO_THROW(validate_schedule(sched, M));
+      // With sends queued on a thread, as the runtime sends, every list runs and every message matches.
+      const SimCosts c = SimCosts::uniform(S, 1.0, 2.0);
+      for (SendMode mode : {SendMode::Eager, SendMode::SendQueue}) ASSERT_NO_THROW(simulate_schedule(sched, c, mode));
+      // Micro-batches held (forward run, W not yet): at most S on every rank, 1F1B's most.
+      for (int r = 0; r < S; ++r) {
+        int held = 0, most = 0;
+        for (const Action& a : sched[r]) {
+          held += a.type == ActionType::Forward;
+          held -= a.type == ActionType::BackwardWeight;
+          most = std::max(most, held);
+        }
+        EXPECT_LE(most, std::min(S, M)) << "rank " << r;
+      }
+    }
+  }
+}
+
+// Note [ZB-H1 needs the send thread]: a rank that runs a W between its gradient send and its next
+// forward sends that gradient before it receives the forward's activation, while its neighbour
+// sends the activation first: with purely blocking sends both sit in a send.
+TEST(Schedule, ZeroBubbleH1NeedsTheSendThreadOnGloo) {
+  EXPECT_NE(run_blocking(zbh1_schedule(2, 4)).find("deadlock"), std::string::npos);
+  EXPECT_EQ(run_blocking(zbh1_schedule(2, 1)), "") << "one micro-batch: no W between a send and a forward";
+}
+
+TEST(Schedule, ZeroBubbleH1TakesItsTextbookTimeAndBeatsOneFOneB) {
+  // Uniform stages, I = W: the bubble is a third of 1F1B's once M >= P.
+  for (int S = 2; S <= 8; S *= 2) {
+    for (int M = S; M <= 4 * S; M += S) {
+      SimCosts c = SimCosts::uniform(S, 1.0, 2.0);
+      const double zb = simulate_schedule(zbh1_schedule(S, M), c).step_s;
+      EXPECT_DOUBLE_EQ(zb, ideal_zbh1_step_time(S, M, 1.0, 1.0, 1.0)) << S << " x " << M;
+      EXPECT_DOUBLE_EQ(zb, 3.0 * M + (S - 1));
+      EXPECT_DOUBLE_EQ(simulate_schedule(one_f_one_b_schedule(S, M), c).step_s, 3.0 * (M + S - 1));
+      // W a third of the backward: still below 1F1B.
+      c.weight_s.assign(S, 2.0 / 3);
+      EXPECT_LT(simulate_schedule(zbh1_schedule(S, M), c).step_s, 3.0 * (M + S - 1));
+    }
+  }
+  EXPECT_NE(error_of([] { ideal_zbh1_step_time(4, 2, 1, 1, 1); }).find("micro_batches >= ranks"), std::string::npos);
+}
+
+TEST(Schedule, ValidateChecksTheSplitBackward) {
+  auto sched = compute_schedule("zbh1", StageLayout{2, 1}, 2);
+  // W before its I.
+  auto broken = sched;
+  auto& l = broken[1];
+  auto w = std::find_if(l.begin(), l.end(), [](const Action& a) { return a.type == ActionType::BackwardWeight; });
+  auto i = std::find_if(l.begin(), l.end(), [&](const Action& a) {
+    return a.type == ActionType::BackwardInput && a.micro_batch == w->micro_batch;
+  });
+  std::iter_swap(w, i);
+  EXPECT_NE(error_of([&] { validate_schedule(lower(broken, StageLayout{2, 1}), 2); }).find("runs W before I"),
+            std::string::npos);
+  // An I without its W.
+  broken = sched;
+  broken[0].erase(std::find_if(broken[0].begin(), broken[0].end(),
+                               [](const Action& a) { return a.type == ActionType::BackwardWeight; }));
+  EXPECT_NE(error_of([&] { validate_schedule(lower(broken, StageLayout{2, 1}), 2); }).find("has an I without its W"),
+            std::string::npos);
+}
+
+// Note [slack of a gradient send].
+std::vector<double> slack_of_rank(const std::vector<SendSlack>& all, int rank) {
+  std::vector<double> out;
+  for (const SendSlack& x : all)
+    if (x.rank == rank) out.push_back(x.slack_s);
+  return out;
+}
+
+TEST(Schedule, GradientSendSlackOnTheDependencyGraph) {
+  // By hand, 1F1B on 2 stages x 2 micro-batches, F = 1, B = 2. Rank 0: F0 F1 B0 B1; rank 1:
+  // F0 B0 F1 B1. Earliest: rank 1's B0 ends at 4, its B1 at 7; rank 0's B0 runs 4-6, B1 7-9.
+  // Latest start of rank 0's B0: 7 - 2 = 5, of its B1: 7. Slack of gradient 0: 5 - 4 = 1; of 1: 0.
+  const SimCosts c2 = SimCosts::uniform(2, 1.0, 2.0);
+  EXPECT_EQ(slack_of_rank(gradient_send_slack(one_f_one_b_schedule(2, 2), c2), 1), (std::vector<double>{1, 0}));
+  // 4 x 8 (the numbers of an independent critical-path computation): 1F1B's steady state is the
+  // critical chain, and the ranks' early cool-down sends have slack, where Optimus-CC's rule
+  // compresses the cool-down and the last steady send. ZB-H1 moves the slack into its steady state.
+  const SimCosts c4 = SimCosts::uniform(4, 1.0, 2.0);
+  const auto one = gradient_send_slack(one_f_one_b_schedule(4, 8), c4);
+  EXPECT_EQ(slack_of_rank(one, 1), (std::vector<double>{0, 0, 0, 0, 3, 2, 1, 0}));
+  EXPECT_EQ(slack_of_rank(one, 3), (std::vector<double>{0, 0, 0, 0, 0, 0, 1, 0}));
+  const auto zb = gradient_send_slack(zbh1_schedule(4, 8), c4);
+  EXPECT_EQ(slack_of_rank(zb, 1), (std::vector<double>{0, 1, 1, 1, 1, 0, 0, 0}));
+  EXPECT_EQ(slack_of_rank(zb, 3), (std::vector<double>{0, 0, 0, 1, 1, 1, 1, 0}));
+  // Every send of every schedule is listed once, with a slack >= 0.
+  for (const std::string name : {"gpipe", "1f1b", "zbh1"}) {
+    const auto all = gradient_send_slack(make_schedule(name, 4, 8), c4);
+    EXPECT_EQ(all.size(), 3u * 8) << name;
+    for (const SendSlack& x : all) EXPECT_GE(x.slack_s, 0.0) << name << " " << action_token(x.send);
+  }
 }
 
 }  // namespace

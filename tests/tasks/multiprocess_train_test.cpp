@@ -138,6 +138,12 @@ TEST(MultiProcessTrain, FourProcessesComputeTheSameNumbersAsOne) {
   ASSERT_EQ(s4, 0) << o4;
   EXPECT_EQ(metrics_without_times(dir.path() / "interleaved"), reference);
   EXPECT_EQ(jsonl_without_times(dir.path() / "interleaved"), reference_jsonl);
+  // ZB-H1 in 4 processes: each backward split into I and W (Note [split backward]), same numbers.
+  auto [s5, o5] = run(common + (dir.path() / "zbh1").string() + " --nproc 4 --pipeline.schedule=zbh1",
+                      mp::temp_log("zbh1"));
+  ASSERT_EQ(s5, 0) << o5;
+  EXPECT_EQ(metrics_without_times(dir.path() / "zbh1"), reference);
+  EXPECT_EQ(jsonl_without_times(dir.path() / "zbh1"), reference_jsonl);
   // Only rank 0 wrote the run; its summary says how it ran, with every rank's peak memory.
   EXPECT_TRUE(fs::exists(dir.path() / "mp" / "checkpoint.safetensors"));
   {

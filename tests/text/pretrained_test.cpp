@@ -23,14 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::all_close;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 /// Sets (or unsets, value nullptr) an environment variable for a scope.
 struct ScopedEnv {

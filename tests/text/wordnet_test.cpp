@@ -2,6 +2,7 @@
 // and, when Debian's wordnet-base is installed, the real database: counts, the split rule, label
 // distribution, the corpus.
 #include "tasks/data/wordnet.h"
+#include "tests/common/testing.h"
 
 #include <unistd.h>
 
@@ -14,14 +15,7 @@ namespace tl {
 namespace {
 namespace fs = std::filesystem;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 #define EXPECT_ERROR_HAS(stmt, ...)                                                           \
   do {                                                                                        \

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "layers/models/pretrained.h"
+#include "tests/common/testing.h"
 
 namespace tl {
 namespace {
@@ -16,14 +17,7 @@ namespace fs = std::filesystem;
 using Words = std::vector<std::string>;
 using Ids = std::vector<int64_t>;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 /// A vocabulary file in a temporary directory, removed with the object.
 struct TempVocab {

@@ -37,7 +37,7 @@ usage:
   tapeline train --config FILE --out DIR [options] [--section.key=value ...]
   tapeline eval --run DIR [--compression on|off|both] [--section.key=value ...]
   tapeline compare RUN_DIR... [--plot OUT_DIR]
-  tapeline schedule [--schedule 1f1b|gpipe|interleaved] [--stages S] [--virtual-stages V] [--micro-batches M] [--comm]
+  tapeline schedule [--schedule 1f1b|gpipe|interleaved|zbh1] [--stages S] [--virtual-stages V] [--micro-batches M] [--comm] [--slack]
   tapeline help [train|eval|compare|schedule]
 
 commands:
@@ -322,12 +322,14 @@ int cmd_compare(const std::vector<std::string>& argv) {
 int cmd_schedule(const std::vector<std::string>& argv) {
   po::options_description d("schedule options");
   d.add_options()("help,h", "show this help")("schedule", po::value<std::string>()->default_value("1f1b"),
-                                              "1f1b, gpipe or interleaved (pipeline.schedule)")(
+                                              "1f1b, gpipe, interleaved or zbh1 (pipeline.schedule)")(
       "stages", po::value<int>()->default_value(4), "number of stages")(
       "virtual-stages", po::value<int>()->default_value(1),
       "stages per rank (pipeline.virtual_stages; > 1 with --schedule interleaved)")(
       "micro-batches", po::value<int>()->default_value(8), "micro-batches per step (train.micro_batches)")(
-      "comm", "list the sends and receives too");
+      "comm", "list the sends and receives too")(
+      "slack", "also each gradient send's slack on the step's dependency graph (forward 1, backward 2, "
+               "I and W 1 each, free links; 0 = on the critical path) beside Optimus-CC's epilogue-only flag");
   po::variables_map vm = parse(argv, d);
   if (vm.count("help")) {
     std::cout << "usage: tapeline schedule [options]\n\n" << d;
@@ -342,6 +344,18 @@ int cmd_schedule(const std::vector<std::string>& argv) {
     throw UsageError(e.what_without_backtrace());
   }
   std::cout << format_schedule(lists, vm.count("comm") > 0);
+  if (vm.count("slack")) {
+    // Note [slack of a gradient send] (parallel/schedule.h).
+    std::cout << "\ngradient sends: slack in forward-times (0: on the critical path), ~ = off the critical path "
+                 "by Optimus-CC's rule\n";
+    const auto slack = gradient_send_slack(lists, SimCosts::uniform(stages, 1.0, 2.0));
+    int rank = -1;
+    for (const SendSlack& x : slack) {
+      if (x.rank != rank) std::cout << (rank >= 0 ? "\n" : "") << "rank " << x.rank << ":", rank = x.rank;
+      std::cout << " " << action_token(x.send, v > 1) << "=" << x.slack_s;
+    }
+    if (rank >= 0) std::cout << "\n";
+  }
   return 0;
 }
 
