@@ -39,7 +39,8 @@
 // between I and W.
 // Then 1F1B and ZB-H1 on links of 80 Mbit/s (no latency) at every cut: the timeline step
 // uncompressed and with TopK 10% and 4-bit quantisation at the cuts (speedup = the same schedule
-// uncompressed / compressed; speedup_over_1f1b = 1F1B / ZB-H1 of the same case). And the
+// uncompressed / compressed; speedup_over_1f1b = 1F1B / ZB-H1 of the same case), and TopK 10% on
+// the backward only, epilogue-only by Optimus-CC's rule and by the critical path. And the
 // 2-stage splits in process (the references of the 2-process runs; no unsplit pass).
 //
 // 2. Multi-process (DistExecutor on a Gloo Transport with its communication thread, as `tapeline
@@ -69,6 +70,8 @@
 //               timeline predicts for a pipeline of processes, each on its own core)
 //   speedup_vs_inproc_wall  inproc wall_s / wall_s (the stages one after another in one process)
 //   loadavg_1m  the machine's load when the line was printed (other processes share the cores)
+// The schedules: GPipe, 1F1B and ZB-H1 (without an in-process reference, inproc_* and the ratios
+// to it are null: the in-process ZB-H1 row is for 4 stages; compare its wall_s with 1F1B's).
 // What the numbers mean on a small machine: with N ranks on fewer than N cores (4 ranks on 2 cores)
 // the stages cannot all run at once. A rank's compute_s is wall time and includes the time it
 // waited for a core while inside a forward or backward (rank_thread_cpu_s is what it computed), so
@@ -191,6 +194,7 @@ struct Options {
 /// The 80 Mbit/s cases (forward, backward codec).
 struct LinkCase {
   std::string name, fwd, bwd;
+  int epilogue = 0;  // epilogue-only backward: 0 off, 1 Optimus-CC's rule, 2 the critical path
 };
 const std::vector<LinkCase>& link_cases() {
   static const std::vector<LinkCase> cases = {{"uncompressed", "identity", "identity"},
@@ -206,6 +210,14 @@ LinkSpec bench_link() {
 
 std::string ref_key(const std::string& model, int stages, const std::string& what, const std::string& field) {
   return model + "/" + std::to_string(stages) + "/" + what + "/" + field;
+}
+
+/// A number for a JSON line; null where it is not known (NaN: no in-process reference).
+std::string json_number(double x, const char* fmt = "%.5f") {
+  if (std::isnan(x)) return "null";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), fmt, x);
+  return buf;
 }
 
 std::string json_array(const std::vector<double>& v, const char* fmt = "%.5f") {
@@ -383,7 +395,10 @@ void schedules(const Workload& w, int stages, const Options& o, std::map<std::st
 
 /// 1F1B on 80 Mbit/s links in process (4 stages); records the timelines in `refs`.
 void links(const Workload& w, const Options& o, std::map<std::string, double>& refs) {
-  const auto& cases = link_cases();
+  // The shared cases, then epilogue-only TopK backward by each rule (in process only).
+  std::vector<LinkCase> cases = link_cases();
+  cases.push_back({"topk(0.1) bwd epilogue-only, Optimus-CC", "identity", "topk(0.1)", 1});
+  cases.push_back({"topk(0.1) bwd epilogue-only, critical path", "identity", "topk(0.1)", 2});
   const int stages = 4;
   // Per case, 1F1B and ZB-H1 (does the zero-bubble gain survive compression on a slow link?).
   const std::vector<std::string> schedules = {"1f1b", "zbh1"};
@@ -392,6 +407,10 @@ void links(const Workload& w, const Options& o, std::map<std::string, double>& r
     for (const std::string& name : schedules) {
       ps.push_back(build(w, stages, c.fwd, c.bwd));
       ps.back()->set_schedule(name);
+      for (const BoundaryPtr& b : ps.back()->boundaries()) {
+        b->set_epilogue_only(c.epilogue > 0);
+        b->set_epilogue_rule(c.epilogue == 2 ? EpilogueRule::CriticalPath : EpilogueRule::Optimus);
+      }
       ps.back()->set_links(std::vector<LinkSpec>(w.cuts.at(stages).size(), bench_link()));
     }
   std::vector<std::vector<double>> t(ps.size()), bytes(ps.size()), compute(ps.size());
@@ -412,7 +431,7 @@ void links(const Workload& w, const Options& o, std::map<std::string, double>& r
           median(bytes[i]), ref, ref / median(t[i]), median(t[c * schedules.size()]),
           median(t[c * schedules.size()]) / median(t[i]));
       std::fflush(stdout);
-      if (schedules[k] != "1f1b") continue;
+      if (schedules[k] != "1f1b" || c >= link_cases().size()) continue;
       refs[ref_key(w.name, stages, "link" + std::to_string(c), "timeline")] = median(t[i]);
       refs[ref_key(w.name, stages, "link" + std::to_string(c), "compute")] = median(compute[i]);
     }
@@ -491,8 +510,9 @@ double ref_or_nan(const Options& o, const std::string& key) {
 /// GPipe and 1F1B on this rank's stage (N ranks = N stages).
 void mp_schedules(dist::Transport& t, const Workload& w, const Options& o, int rounds, int64_t& step_no) {
   const int n = t.world_size();
-  const std::vector<std::string> names = {"gpipe", "1f1b"};
-  std::vector<std::shared_ptr<Pipeline>> ps = {build(w, n, "identity", "identity"), build(w, n, "identity", "identity")};
+  const std::vector<std::string> names = {"gpipe", "1f1b", "zbh1"};
+  std::vector<std::shared_ptr<Pipeline>> ps = {build(w, n, "identity", "identity"), build(w, n, "identity", "identity"),
+                                               build(w, n, "identity", "identity")};
   const AllSamples all = mp_rounds(t, w, o, rounds, ps, names, step_no);
   if (t.rank() != 0) return;
   const double md = static_cast<double>(o.m);
@@ -526,13 +546,15 @@ void mp_schedules(dist::Transport& t, const Workload& w, const Options& o, int r
         "\"micro_batches\":%lld,\"threads_per_rank\":%d,\"blas_threads_per_rank\":%d,\"cores\":%d,\"rounds\":%d,\"wall_s\":%.5f,\"ideal_s\":%.5f,"
         "\"efficiency\":%.3f,\"rank_compute_s\":%s,\"rank_comm_s\":%s,\"rank_other_s\":%s,\"rank_thread_cpu_s\":%s,"
         "\"cpu_s\":%.5f,"
-        "\"inproc_timeline_s\":%.5f,\"inproc_ideal_s\":%.5f,\"inproc_wall_s\":%.5f,\"inproc_compute_s\":%.5f,"
-        "\"cores_bound_s\":%.5f,\"vs_inproc_timeline\":%.3f,\"speedup_vs_inproc_wall\":%.3f,\"loadavg_1m\":%.2f}\n",
+        "\"inproc_timeline_s\":%s,\"inproc_ideal_s\":%s,\"inproc_wall_s\":%s,\"inproc_compute_s\":%s,"
+        "\"cores_bound_s\":%s,\"vs_inproc_timeline\":%s,\"speedup_vs_inproc_wall\":%s,\"loadavg_1m\":%.2f}\n",
         w.name.c_str(), names[i].c_str(), n, n, static_cast<long long>(o.m), at::get_num_threads(), g_blas_threads, cores,
         rounds, wm,
         median(ideal), median(eff), json_array(c_med).c_str(), json_array(comm_med).c_str(),
-        json_array(other_med).c_str(), json_array(thread_med).c_str(), median(cpu), in_tl, in_ideal, in_wall, in_compute, cores_bound, in_tl / wm,
-        in_wall / wm, loadavg_1m());
+        json_array(other_med).c_str(), json_array(thread_med).c_str(), median(cpu), json_number(in_tl).c_str(),
+        json_number(in_ideal).c_str(), json_number(in_wall).c_str(), json_number(in_compute).c_str(),
+        json_number(cores_bound).c_str(), json_number(in_tl / wm, "%.3f").c_str(),
+        json_number(in_wall / wm, "%.3f").c_str(), loadavg_1m());
     std::fflush(stdout);
   }
 }

@@ -143,7 +143,7 @@ void Boundary::validate() {
 std::string Boundary::describe() const {
   std::string s = "boundary '" + name_ + "': forward=" + fwd_->spec() + " backward=" + bwd_->spec() +
                   " mode=" + to_string(mode_) + " inference=" + (active_at_inference_ ? "on" : "off");
-  if (epilogue_only_) s += " epilogue-only";
+  if (epilogue_only_) s += epilogue_rule_ == EpilogueRule::CriticalPath ? " epilogue-only (critical path)" : " epilogue-only";
   return s;
 }
 

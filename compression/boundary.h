@@ -24,7 +24,9 @@
 //
 // Epilogue-only compression (Optimus-CC): schedules call set_backward_compression_enabled(false)
 // for backward sends off the critical path when epilogue_only() is set; such sends go uncompressed,
-// and an error-feedback backward codec (ef, lazy) delivers its pending residual with them.
+// and an error-feedback backward codec (ef, lazy) delivers its pending residual with them. Which
+// sends are critical: Optimus-CC's rule for 1F1B (EpilogueRule::Optimus), or zero slack on the
+// step's dependency graph (CriticalPath; Note [slack of a gradient send] in parallel/schedule.h).
 //
 // Statistics per direction (reset_stats()): exact bytes sent (Payload::nbytes), uncompressed
 // bytes (the boundary input's numel x element size, each way), relative error ||x - x^||/||x||
@@ -45,6 +47,8 @@
 namespace tl {
 
 enum class BackwardMode { Independent, Shared, StraightThrough, None };
+/// Epilogue-only compression: which backward sends are on the critical path.
+enum class EpilogueRule { Optimus, CriticalPath };
 /// "independent", "shared", "straight-through" (or "straight_through", "ste"), "none".
 BackwardMode parse_backward_mode(const std::string& text);
 std::string to_string(BackwardMode mode);
@@ -110,6 +114,9 @@ class Boundary : public Module {
   bool active_at_inference() const { return active_at_inference_; }
   void set_epilogue_only(bool on) { epilogue_only_ = on; }
   bool epilogue_only() const { return epilogue_only_; }
+  /// With epilogue_only: which sends count as critical (the lowered schedule carries both flags).
+  void set_epilogue_rule(EpilogueRule rule) { epilogue_rule_ = rule; }
+  EpilogueRule epilogue_rule() const { return epilogue_rule_; }
   /// Read when a gradient is sent (so schedules flip it per backward send); default true.
   void set_backward_compression_enabled(bool on) { backward_enabled_ = on; }
   bool backward_compression_enabled() const { return backward_enabled_; }
@@ -160,6 +167,7 @@ class Boundary : public Module {
   BackwardMode mode_;
   bool active_at_inference_;
   bool epilogue_only_ = false;
+  EpilogueRule epilogue_rule_ = EpilogueRule::Optimus;
   bool backward_enabled_ = true;
   bool measure_error_ = true;
   CodecContext context_;

@@ -22,7 +22,7 @@ RankInterpreter::RankInterpreter(Pipeline& pipeline, const StageLayout& layout, 
   TORCH_CHECK(rank >= 0 && rank < layout.ranks, "pipeline: rank ", rank, " of ", layout.ranks, " pipeline ranks");
   for (int s : layout.stages_of(rank)) stages_[s] = std::make_unique<StageRuntime>(pipeline, s, loss_fn);
   for (const Action& a : list_)
-    if (a.type == ActionType::SendGrad) compress_backward_[{a.stage, a.micro_batch}] = a.compress_backward;
+    if (a.type == ActionType::SendGrad) compress_backward_[{a.stage, a.micro_batch}] = {a.compress_backward, a.critical};
 }
 
 RankInterpreter::~RankInterpreter() = default;
@@ -98,7 +98,9 @@ void RankInterpreter::backward(const Action& a) {
   BoundaryPtr before = s > 0 ? pipeline_.boundary(static_cast<size_t>(s - 1)) : nullptr;
   if (before && before->epilogue_only()) {
     auto flag = compress_backward_.find({s, mb});
-    before->set_backward_compression_enabled(flag == compress_backward_.end() || flag->second);
+    const bool by_graph = before->epilogue_rule() == EpilogueRule::CriticalPath;
+    before->set_backward_compression_enabled(flag == compress_backward_.end() ||
+                                             (by_graph ? flag->second.second : flag->second.first));
   }
   const auto t0 = std::chrono::steady_clock::now();
   std::optional<StageMessage> in;

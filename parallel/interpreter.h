@@ -86,8 +86,9 @@ class RankInterpreter {
   Mode mode_;
   std::map<int, std::unique_ptr<StageRuntime>> stages_;  // this rank's stages
   std::map<MessageKey, StageMessage> inbox_, outbox_;
-  // Note [epilogue-only]: per (stage, micro-batch), whether the gradient it sends is compressed.
-  std::map<std::pair<int, int>, bool> compress_backward_;
+  // Note [epilogue-only]: per (stage, micro-batch), whether the gradient it sends is critical, by
+  // Optimus-CC's rule and by the dependency graph (the boundary's EpilogueRule picks).
+  std::map<std::pair<int, int>, std::pair<bool, bool>> compress_backward_;
   size_t next_ = 0;
   double clock_s_ = 0, compute_s_ = 0, comm_s_ = 0, forward_s_ = 0, weight_s_ = 0;
   size_t held_for_weights_peak_ = 0;

@@ -191,6 +191,21 @@ std::vector<RankSchedule> lower(const std::vector<RankSchedule>& compute_lists, 
       }
     }
   }
+  // Note [slack of a gradient send]: the dependency graph's answer, beside Optimus-CC's. (A list
+  // without a backward a message needs, or with a cycle, keeps every send critical:
+  // validate_schedule says what is wrong with it.)
+  std::map<std::pair<int, int>, double> slack;
+  try {
+    for (const SendSlack& x : gradient_send_slack(out, SimCosts::uniform(layout.stages(), 1.0, 2.0)))
+      slack[{x.send.stage, x.send.micro_batch}] = x.slack_s;
+  } catch (const c10::Error&) {
+    slack.clear();
+  }
+  for (auto& l : out)
+    for (Action& a : l) {
+      auto it = slack.find({a.stage, a.micro_batch});
+      if (a.type == ActionType::SendGrad && it != slack.end()) a.critical = it->second < 1e-9;
+    }
   return out;
 }
 

@@ -84,10 +84,13 @@ struct Action {
   bool compress_backward = true;
   /// Messages: the rank on the other end (set by lower()); -1 for compute actions.
   int peer = -1;
+  /// The critical-path question answered by the step's dependency graph: zero slack (SendGrad
+  /// only; set by lower() with uniform stages, Note [slack of a gradient send]).
+  bool critical = true;
 
   bool operator==(const Action& o) const {
     return type == o.type && stage == o.stage && micro_batch == o.micro_batch &&
-           compress_backward == o.compress_backward && peer == o.peer;
+           compress_backward == o.compress_backward && critical == o.critical && peer == o.peer;
   }
   bool operator!=(const Action& o) const { return !(*this == o); }
 };
@@ -237,7 +240,8 @@ double ideal_step_time(int ranks, int micro_batches, double forward_s, double ba
 /// slack of a gradient send is how long it may be late without making the step longer: the latest
 /// start of the backward that consumes it, minus the end of the backward that produced it. Zero
 /// means it is on the critical path. Links are free here, so this is the slack the schedule itself
-/// gives. lower() does not use it (its flags are Optimus-CC's rule); `tapeline schedule --slack`
+/// gives. lower() sets Action::critical from it (uniform stages: F = 1, B = 2, I = W = 1) beside
+/// Optimus-CC's compress_backward; a boundary's EpilogueRule picks one; `tapeline schedule --slack`
 /// prints both.
 struct SendSlack {
   int rank;       // the sending rank

@@ -124,6 +124,8 @@ void set_boundary_key(BoundarySettings& b, const std::string& key, const std::st
     b.active_at_inference = parse_bool(v);
   else if (key == "epilogue_only")
     b.epilogue_only = parse_bool(v);
+  else if (key == "epilogue_rule")
+    b.epilogue_rule = parse_choice(v, {"optimus", "critical_path"});
   else if (key == "bandwidth_mbps")
     b.bandwidth_mbps = parse_double(v, 0.0, 1e9, "a number >= 0 (Mbit/s; 0: unlimited)");
   else if (key == "latency_ms")
@@ -383,6 +385,11 @@ const std::vector<Key>& schema() {
         "Optimus-CC: compress only the backward sends on the schedule's critical path (1F1B cool-down); the "
         "others go uncompressed (an ef/lazy backward codec flushes its residual with them)",
         [](Config& c, const std::string& v) { set_boundary_key(c.boundary, "epilogue_only", v); });
+    add("boundary.epilogue_rule", "optimus", "optimus, critical_path",
+        "with epilogue_only, which backward sends are critical: optimus = Optimus-CC's rule (no forward of the "
+        "sending rank follows: 1F1B's cool-down and last steady send); critical_path = zero slack on the step's "
+        "dependency graph (uniform stages, free links; tapeline schedule --slack prints both)",
+        [](Config& c, const std::string& v) { set_boundary_key(c.boundary, "epilogue_rule", v); });
     add("boundary.bandwidth_mbps", "0", "number >= 0",
         "link emulation: bandwidth of the link at the cut in Mbit/s, each direction (0: unlimited)",
         [](Config& c, const std::string& v) { set_boundary_key(c.boundary, "bandwidth_mbps", v); });
@@ -400,7 +407,7 @@ const Key* find_key(const std::string& name) {
 }
 
 const std::vector<std::string> kBoundaryKeys = {"forward",       "backward",       "backward_mode", "active_at_inference",
-                                                "epilogue_only", "bandwidth_mbps", "latency_ms"};
+                                                "epilogue_only", "epilogue_rule", "bandwidth_mbps", "latency_ms"};
 
 // boundary.N.key -> (N, key); nullopt if the name does not have that shape.
 std::optional<std::pair<int64_t, std::string>> boundary_override(const std::string& name) {
@@ -441,7 +448,7 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   msg << "; the keys are listed by `tapeline train --help` and in docs/CONFIG.md";
   if (name.rfind("boundary.", 0) == 0)
     msg << "; per-cut overrides are boundary.N.<key> for the [boundary] keys (forward, backward, backward_mode, "
-           "active_at_inference, epilogue_only, bandwidth_mbps, latency_ms) with N = 1 for the first cut";
+           "active_at_inference, epilogue_only, epilogue_rule, bandwidth_mbps, latency_ms) with N = 1 for the first cut";
   throw std::invalid_argument(msg.str());
 }
 
@@ -532,7 +539,7 @@ Config Config::load(const std::string& ini_path, const std::vector<std::pair<std
       const auto& [index, key] = *b;
       if (std::find(kBoundaryKeys.begin(), kBoundaryKeys.end(), key) == kBoundaryKeys.end())
         fail("unknown boundary key '" + key + "'; accepted: forward, backward, backward_mode, active_at_inference, "
-             "epilogue_only, bandwidth_mbps, latency_ms");
+             "epilogue_only, epilogue_rule, bandwidth_mbps, latency_ms");
       if (index < 1) fail("boundaries are numbered from 1 (boundary.1 is the first cut)");
       BoundarySettings scratch;
       try {

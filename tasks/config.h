@@ -85,6 +85,7 @@ struct BoundarySettings {
   std::string backward_mode = "independent";  // independent | shared | straight-through | none
   bool active_at_inference = true;
   bool epilogue_only = false;  // Optimus-CC: compress only backward sends on the schedule's critical path
+  std::string epilogue_rule = "optimus";  // which sends are critical: optimus | critical_path
   double bandwidth_mbps = 0;   // link emulation: 0 = unlimited
   double latency_ms = 0;
 };

@@ -208,6 +208,8 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
                   "]): ", e.what_without_backtrace());
     }
     boundaries.back()->set_epilogue_only(b.epilogue_only);
+    boundaries.back()->set_epilogue_rule(b.epilogue_rule == "critical_path" ? EpilogueRule::CriticalPath
+                                                                             : EpilogueRule::Optimus);
   }
   try {
     pipeline_ = std::make_shared<Pipeline>(built.model, cuts, boundaries);

@@ -87,35 +87,43 @@ TEST(Executor, EmulatedLinksDelayTheTimelineByTheLinkModel) {
 }
 
 TEST(Executor, EpilogueOnlyCompressesTheCriticalPathSendsOnly) {
-  // 4 stages x 8 micro-batches under 1F1B: each stage's backward sends off the critical path go
-  // uncompressed (identity payloads), the others through the codec.
+  // 4 stages x 8 micro-batches: each stage's backward sends off the critical path go uncompressed
+  // (identity payloads), the others through the codec. Critical by Optimus-CC's rule
+  // (Action::compress_backward) or by the dependency graph (Action::critical), under 1F1B and ZB-H1.
   const int stages = 4, m = 8;
-  std::vector<BoundaryPtr> bs;
-  for (int i = 1; i < stages; ++i) {
-    bs.push_back(std::make_shared<Boundary>("b" + std::to_string(i), "identity", "topk(0.1)"));
-    bs.back()->set_epilogue_only(true);
+  for (const std::string schedule : {"1f1b", "zbh1"}) {
+    for (EpilogueRule rule : {EpilogueRule::Optimus, EpilogueRule::CriticalPath}) {
+      const bool by_graph = rule == EpilogueRule::CriticalPath;
+      SCOPED_TRACE(schedule + (by_graph ? ", critical path" : ", Optimus-CC"));
+      std::vector<BoundaryPtr> bs;
+      for (int i = 1; i < stages; ++i) {
+        bs.push_back(std::make_shared<Boundary>("b" + std::to_string(i), "identity", "topk(0.1)"));
+        bs.back()->set_epilogue_only(true);
+        bs.back()->set_epilogue_rule(rule);
+      }
+      auto pipe =
+          std::make_shared<Pipeline>(small_resnet(2), std::vector<std::string>{"layer1", "layer2", "layer3"}, bs);
+      pipe->set_schedule(schedule);
+      pipe->train_step(batch_of(16, 5), m, ce, 0);
+      const auto plan = make_schedule(schedule, stages, m);
+      for (int s = 1; s < stages; ++s) {
+        int64_t compressed = 0;
+        for (const Action& a : plan[s])
+          compressed += a.type == ActionType::SendGrad && (by_graph ? a.critical : a.compress_backward);
+        ASSERT_GT(compressed, 0);
+        ASSERT_LT(compressed, m) << "some sends of stage " << s << " are off the critical path";
+        const DirectionStats d = pipe->boundary(s - 1)->stats().backward;
+        EXPECT_EQ(d.messages, m);
+        // Uncompressed messages are identity payloads of the (2, C, H, W) gradient; compressed ones far smaller.
+        const int64_t raw_message = d.raw_bytes / m;
+        EXPECT_GT(d.bytes, (m - compressed) * raw_message);
+        EXPECT_LT(d.bytes, (m - compressed) * (raw_message + 64) + compressed * raw_message / 4);
+      }
+      for (const auto& b : bs) EXPECT_TRUE(b->backward_compression_enabled()) << "restored after the step";
+    }
   }
-  auto pipe = std::make_shared<Pipeline>(small_resnet(2), std::vector<std::string>{"layer1", "layer2", "layer3"}, bs);
-  pipe->train_step(batch_of(16, 5), m, ce, 0);
-  const auto plan = one_f_one_b_schedule(stages, m);
-  for (int s = 1; s < stages; ++s) {
-    int64_t compressed = 0;
-    for (const Action& a : plan[s]) compressed += a.type == ActionType::SendGrad && a.compress_backward;
-    ASSERT_GT(compressed, 0);
-    ASSERT_LT(compressed, m) << "some sends of stage " << s << " are off the critical path";
-    const DirectionStats d = pipe->boundary(s - 1)->stats().backward;
-    EXPECT_EQ(d.messages, m);
-    // Uncompressed messages are identity payloads of the (2, C, H, W) gradient; compressed ones far smaller.
-    const int64_t raw_message = d.raw_bytes / m;
-    EXPECT_GT(d.bytes, (m - compressed) * raw_message);
-    EXPECT_LT(d.bytes, (m - compressed) * (raw_message + 64) + compressed * raw_message / 4);
-  }
-  for (const auto& b : bs) EXPECT_TRUE(b->backward_compression_enabled()) << "restored after the step";
 }
 
-// Interleaved 1F1B (2 ranks x 2 virtual stages) runs each boundary's messages and each stage's
-// backwards in micro-batch order, as 1F1B does: the same training, bit for bit, and the same
-// statistics.
 // Three steps of `schedule` (with `virtual_stages`) against 1F1B: the same loss every step, the
 // same parameters and buffers, the same bytes and error statistics. Returns the other pipeline.
 std::shared_ptr<Pipeline> expect_trains_like_one_f_one_b(const std::string& schedule, int virtual_stages) {
@@ -145,6 +153,8 @@ std::shared_ptr<Pipeline> expect_trains_like_one_f_one_b(const std::string& sche
   return b;
 }
 
+// Interleaved 1F1B (2 ranks x 2 virtual stages) runs each boundary's messages and each stage's
+// backwards in micro-batch order, as 1F1B does: the same training, bit for bit.
 TEST(Executor, InterleavedTrainsBitForBitLikeOneFOneB) {
   auto b = expect_trains_like_one_f_one_b("interleaved", 2);
   EXPECT_EQ(b->last_timing().compute_s.size(), 2u) << "one clock per pipeline rank";
