@@ -108,6 +108,17 @@ bool same_tensor(const at::Tensor& a0, const at::Tensor& b0) {
 
 const at::TensorImpl* impl_of(const Variable& v) { return v.data().unsafeGetTensorImpl(); }
 
+// Transport errors say where the ranks they name sit in the grid (Note [rank layout]):
+// "stage 1 of replica 0", "stages 1, 3" with virtual stages.
+void name_ranks(Transport& transport, const Grid& grid, const StageLayout& layout) {
+  transport.set_rank_names([grid, layout](int rank) {
+    const std::vector<int> stages = layout.stages_of(grid.pipeline_rank(rank));
+    std::string s = stages.size() > 1 ? "stages " : "stage ";
+    for (size_t i = 0; i < stages.size(); ++i) s += (i ? ", " : "") + std::to_string(stages[i]);
+    return s + (grid.data > 1 ? " of replica " + std::to_string(grid.replica(rank)) : std::string());
+  });
+}
+
 }  // namespace
 
 int64_t peak_resident_bytes() {
@@ -138,6 +149,7 @@ DistExecutor::DistExecutor(Pipeline& pipeline, Transport& transport, const DataP
   rank_ = grid_.pipeline_rank(transport.rank());
   replica_ = grid_.replica(transport.rank());
   layout_ = StageLayout::of(stages, v);
+  name_ranks(transport_, grid_, layout_);
   if (!pipeline.parameters().empty()) device_ = pipeline.parameters().front().device();
   ranks_ = grid_.pipeline_group(replica_);
   learn_structure();
@@ -305,6 +317,7 @@ void run_probe(Pipeline& pipeline, Transport& transport, int replicas, const Bat
   const Grid grid = Grid::of(transport.world_size(), stages / v, replicas);
   const StageLayout layout = StageLayout::of(stages, v);
   const int rank = grid.pipeline_rank(transport.rank());
+  name_ranks(transport, grid, layout);
   C10dChannel channel(transport, grid.pipeline_group(grid.replica(transport.rank())), 0,
                       C10dChannel::Phase::Evaluate, std::vector<bool>(pipeline.boundaries().size(), false),
                       "checking the model on two training samples", batch.input.device());
@@ -315,14 +328,14 @@ void run_probe(Pipeline& pipeline, Transport& transport, int replicas, const Bat
   transport.barrier("checking the model on two training samples");
 } catch (const TransportError& e) {
   throw TransportError(std::string(e.what()) + " [before training: checking the model on two training samples]",
-                       e.peer(), e.context());
+                       e.peer(), e.context(), e.suspects());
 }
 
 // ---- training -------------------------------------------------------------------------------------
 
 StepResult DistExecutor::train_step(const Batch& batch, int64_t micro_batches, const std::string& schedule_name,
                                     const Pipeline::LossFn& loss_fn, int64_t epoch, int64_t step,
-                                    StepTiming* timing) try {
+                                    StepTiming* timing) {
   const auto t_step = std::chrono::steady_clock::now();
   const MicroBatches all = split_micro_batches(batch, micro_batches, epoch);
   const std::string at_step = where(epoch, step);
@@ -374,28 +387,6 @@ StepResult DistExecutor::train_step(const Batch& batch, int64_t micro_batches, c
     timing->held_for_weights_bytes = {interpreter.held_for_weights_peak()};
   }
   return r;
-} catch (const TransportError& e) {
-  throw located(e);
-}
-
-TransportError DistExecutor::located(const TransportError& e) const {
-  // Where the peer at fault and this rank sit in the grid (Note [rank layout]).
-  auto position = [&](int rank) {
-    const int p = grid_.pipeline_rank(rank);
-    std::string stages;
-    for (int s : layout_.stages_of(p)) stages += (stages.empty() ? "" : ", ") + std::to_string(s);
-    return "rank " + std::to_string(rank) + " = stage" + (layout_.stages_of(p).size() > 1 ? "s " : " ") + stages +
-           (grid_.data > 1 ? " of replica " + std::to_string(grid_.replica(rank)) : std::string());
-  };
-  std::string where = std::string(e.what()) + " [";
-  if (e.peer() >= 0 && e.peer() < grid_.world()) {
-    where += position(e.peer()) + "; ";
-  } else if (grid_.world() <= 16) {  // a collective: any rank may be at fault
-    for (int r = 0; r < grid_.world(); ++r)
-      if (r != transport_.rank()) where += position(r) + "; ";
-  }
-  where += "this is " + position(transport_.rank()) + "]";
-  return TransportError(where, e.peer(), e.context());
 }
 
 void DistExecutor::reduce_tied_grads(int64_t step) {
@@ -472,7 +463,7 @@ double DistExecutor::clip_grad_norm(double max_norm, int64_t step) {
 // ---- evaluation -----------------------------------------------------------------------------------
 
 at::Tensor DistExecutor::evaluate_batch(const Batch& batch, bool compression, const Pipeline::LossFn& loss_fn,
-                                        int64_t index) try {
+                                        int64_t index) {
   NoGradGuard no_grad;
   ScopedInference inference(pipeline_, compression);
   const MicroBatches one = evaluation_batch(batch);
@@ -483,8 +474,6 @@ at::Tensor DistExecutor::evaluate_batch(const Batch& batch, bool compression, co
                               one, loss_fn, channel, RankInterpreter::Mode::Evaluate);
   interpreter.run();
   return interpreter.tally();
-} catch (const TransportError& e) {
-  throw located(e);
 }
 
 Tally DistExecutor::share_tally(const at::Tensor& tally, const std::string& context) {

@@ -178,8 +178,6 @@ class DistExecutor {
   // -1: not a model/optimizer entry owned by structure; else the owning rank.
   int structural_owner(const std::string& key) const;
 
-  // `e` with the grid positions (stages, replica) of the peer at fault and of this rank.
-  TransportError located(const TransportError& e) const;
   // share_tally, plus the sum of pipeline rank 0's `first_units` over the replicas.
   std::pair<Tally, double> sum_tallies(const at::Tensor& tally, double first_units, const std::string& context);
   // FNV-1a of this rank's stages' parameters and buffers (replica agreement).

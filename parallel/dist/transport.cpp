@@ -155,8 +155,19 @@ struct Transport::Impl {
   std::exception_ptr error;
   std::thread thread;
   TransportStats stats;
+  std::function<std::string(int)> rank_name;  // set_rank_names
 
   // ---- errors --------------------------------------------------------------------------------
+  // Note [who stalled the run]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A rank that dies closes its sockets and its peers see it at once. A rank that stalls (SIGSTOP,
+  // a debugger, a swapped-out machine) is seen only by timeouts, and not always by its own peers
+  // first: in a 2 x 2 grid with rank 2 stopped, rank 0 waits for rank 2, rank 1 waits for rank 0 in
+  // the data-parallel sum, and rank 3 waits for rank 1's next forward. All three time out
+  // dist.timeout_s after their wait began, in any order, and rank 3's peer is running. So when a
+  // timed-out peer still runs, the message also names every rank of this machine that is stopped
+  // or gone ("meanwhile rank 2 (pid ..) is stopped"); they are the error's suspects, and the
+  // runtime says where each sits in the grid. Ranks on other machines cannot be seen from here.
   // "peer 2 (pid 123) has exited" / "is stopped" / "is still running" / "" when not on this machine.
   // With wait_s > 0, a process that still exists is given that long to finish exiting (its sockets
   // close before it is gone).
@@ -188,19 +199,43 @@ struct Transport::Impl {
       os << "rank " << peer << " closed the connection (it died or exited)";
     else
       os << "communication error";
+    std::vector<int> suspects;
+    auto stuck = [](const std::string& alive) { return alive.find("is still running") == std::string::npos; };
     if (peer >= 0) {
       const std::string alive = liveness(peer, closed ? 1.0 : 0.0);
       if (!alive.empty()) os << "; " << alive;
+      // Note [who stalled the run]: a peer that runs but does not answer may itself be waiting.
+      if (timed_out && !alive.empty() && !stuck(alive)) {
+        for (int r = 0; r < env.world_size && suspects.size() < 8; ++r) {
+          if (r == env.rank || r == peer) continue;
+          const std::string other = liveness(r);
+          if (!other.empty() && stuck(other)) os << "; meanwhile " << other, suspects.push_back(r);
+        }
+      }
     } else {
       // A collective: say what became of the other ranks of this machine (the first 8).
       for (int r = 0, n = 0; r < env.world_size && n < 8; ++r) {
         if (r == env.rank) continue;
         const std::string alive = liveness(r, closed ? 0.2 : 0.0);
-        if (!alive.empty()) os << "; " << alive, ++n;
+        if (alive.empty()) continue;
+        os << "; " << alive, ++n;
+        if (stuck(alive)) suspects.push_back(r);
       }
     }
     os << " [c10d: " << cause << "]";
-    return TransportError(os.str(), peer, context);
+    if (rank_name) {  // where the ranks named sit in the run (a collective: any may be at fault)
+      auto place = [&](int r) { return "rank " + std::to_string(r) + " = " + rank_name(r); };
+      os << " [";
+      if (peer >= 0) {
+        os << place(peer) << "; ";
+        for (int r : suspects) os << place(r) << "; ";
+      } else if (env.world_size <= 16) {
+        for (int r = 0; r < env.world_size; ++r)
+          if (r != env.rank) os << place(r) << "; ";
+      }
+      os << "this is " << place(env.rank) << "]";
+    }
+    return TransportError(os.str(), peer, context, std::move(suspects));
   }
 
   // Records the first error; the transport is broken from then on.
@@ -221,7 +256,8 @@ struct Transport::Impl {
       std::rethrow_exception(e);
     } catch (const TransportError& t) {
       if (t.context() == context) throw;
-      throw TransportError(std::string(t.what()) + " (reported at: " + context + ")", t.peer(), t.context());
+      throw TransportError(std::string(t.what()) + " (reported at: " + context + ")", t.peer(), t.context(),
+                           t.suspects());
     }
   }
 
@@ -496,7 +532,7 @@ struct Transport::Impl {
       for (int r = 0; r < env.world_size; ++r)
         if (r != env.rank && liveness(r).find("has exited") != std::string::npos) dead = r, ++count;
       const int peer = count == 1 ? dead : (count == 0 && env.world_size == 2 ? 1 - env.rank : -1);
-      TransportError named(err.what(), peer, context);
+      TransportError named(err.what(), peer, context, err.suspects());
       record(std::make_exception_ptr(named));
       throw named;
     }
@@ -620,6 +656,7 @@ Transport::~Transport() {
 }
 
 int Transport::rank() const { return impl_->env.rank; }
+void Transport::set_rank_names(std::function<std::string(int)> name) { impl_->rank_name = std::move(name); }
 int Transport::world_size() const { return impl_->env.world_size; }
 const DistEnv& Transport::env() const { return impl_->env; }
 

@@ -64,6 +64,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -98,14 +99,18 @@ inline int64_t check_word(const int64_t* h) {
 /// what() says what happened, where and with whom.
 class TransportError : public std::runtime_error {
  public:
-  TransportError(const std::string& what, int peer, std::string context)
-      : std::runtime_error(what), peer_(peer), context_(std::move(context)) {}
+  TransportError(const std::string& what, int peer, std::string context, std::vector<int> suspects = {})
+      : std::runtime_error(what), peer_(peer), context_(std::move(context)), suspects_(std::move(suspects)) {}
   int peer() const { return peer_; }
   const std::string& context() const { return context_; }
+  /// Other ranks the message names as stopped or exited: where a chain of waits may end when
+  /// `peer` itself still runs (Note [who stalled the run]).
+  const std::vector<int>& suspects() const { return suspects_; }
 
  private:
   int peer_;
   std::string context_;
+  std::vector<int> suspects_;
 };
 
 struct TransportOptions {
@@ -183,6 +188,11 @@ class Transport {
   std::string broadcast_bytes(const std::string& bytes, int root, const std::string& context);
   /// On `root`: every rank's bytes, by rank. On others: empty. Uses messages (after flush()).
   std::vector<std::string> gather_bytes(const std::string& bytes, int root, const std::string& context);
+
+  /// Names each rank's place in the run ("stage 1 of replica 0"). Every error from then on ends
+  /// with the places of the ranks it names and of this rank: "[rank 2 = stage 1 of replica 0;
+  /// this is rank 3 = stage 1 of replica 1]". Without it, errors name ranks by number only.
+  void set_rank_names(std::function<std::string(int)> name);
 
   TransportStats stats() const;
   void reset_stats();

@@ -216,6 +216,34 @@ int run_silent(const DistEnv& env, bool collective) {
   return 1;
 }
 
+// Three ranks in a chain of waits: rank 2 stops itself (SIGSTOP), rank 1 waits for rank 2 and
+// rank 0 for rank 1, which still runs. Rank 1 starts waiting 1 s later, so rank 0 times out first,
+// while rank 1 is still alive: its error must name rank 2 too (Note [who stalled the run]).
+int run_stalled_chain(const DistEnv& env) {
+  auto t = Transport::connect(env, options_from_env());
+  t->barrier("connected");
+  if (t->rank() == 2) {
+    ::raise(SIGSTOP);  // the test kills us once the others are done
+    return 0;
+  }
+  const double t0 = now_s();
+  try {
+    if (t->rank() == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      t->recv(2, 0, "step 5, boundary 2 forward");
+    } else {
+      t->recv(1, 0, "step 5, boundary 1 forward");
+    }
+  } catch (const TransportError& e) {
+    std::printf("SUSPECTS");
+    for (int r : e.suspects()) std::printf(" %d", r);
+    std::printf("\n");
+    caught(e, t0);
+  }
+  std::printf("FAIL: no error from the stalled chain\n");
+  return 1;
+}
+
 int run_garbage(const DistEnv& env, const std::string& kind) {
   auto t = Transport::connect(env, options_from_env());
   if (t->rank() == 1 && kind == "payload") {  // a well-formed message whose body is half a payload
@@ -376,7 +404,7 @@ int main(int argc, char** argv) {
   if (a.empty()) {
     std::fprintf(
         stderr,
-        "usage: parallel_dist_helper exchange|die|silent|silent_collective|garbage|link|timed|hello|fail ...\n");
+        "usage: parallel_dist_helper exchange|die|silent|silent_collective|stalled_chain|garbage|link|timed|hello|fail ...\n");
     return 2;
   }
   try {
@@ -396,6 +424,7 @@ int main(int argc, char** argv) {
       return run_timed(env, count, sizes);
     }
     if (mode == "silent_collective") return run_silent(env, true);
+    if (mode == "stalled_chain") return run_stalled_chain(env);
     if (mode == "garbage") return run_garbage(env, a.at(1));
     if (mode == "hello") {
       std::printf("hello from rank %d of %d\nsecond line %d\n", env.rank, env.world_size, env.rank);

@@ -164,6 +164,22 @@ TEST(Transport, SilentPeerInACollectiveTimesOut) {
   EXPECT_NE(runs[0].log.find("rank 1 (pid"), std::string::npos) << runs[0].log;
 }
 
+// Rank 0 waits for rank 1, which runs but waits for rank 2, which is stopped: rank 0's error says
+// rank 1 still runs and names rank 2 as the stalled one (Note [who stalled the run]).
+TEST(Transport, AStalledRankBehindARunningPeerIsNamed) {
+  SKIP_WITHOUT_TRANSPORT();
+  auto runs = run_ranks("stalled_chain", 3, {"stalled_chain"}, 40, {{"TL_TIMEOUT_S", "3"}}, {2});
+  expect_caught(runs[0], 1, "step 5, boundary 1 forward", "no answer within 3 s", logs_of(runs));
+  EXPECT_NE(runs[0].log.find("rank 1 (pid"), std::string::npos) << runs[0].log;
+  EXPECT_NE(runs[0].log.find("is still running"), std::string::npos) << runs[0].log;
+  EXPECT_NE(runs[0].log.find("meanwhile rank 2 (pid"), std::string::npos) << runs[0].log;
+  EXPECT_NE(runs[0].log.find("is stopped"), std::string::npos) << runs[0].log;
+  EXPECT_NE(runs[0].log.find("SUSPECTS 2\n"), std::string::npos) << runs[0].log;
+  // Rank 1's own peer is the stopped one: no suspects beside it.
+  expect_caught(runs[1], 2, "step 5, boundary 2 forward", "is stopped", logs_of(runs));
+  EXPECT_NE(runs[1].log.find("SUSPECTS\n"), std::string::npos) << runs[1].log;
+}
+
 TEST(Transport, ForgedHeadersAndPayloadsAreRejectedNamingThePeer) {
   SKIP_WITHOUT_TRANSPORT();
   const std::pair<const char*, const char*> cases[] = {

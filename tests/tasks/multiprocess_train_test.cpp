@@ -257,7 +257,9 @@ void kill_and_resume(const std::string& grid, int victim, const std::vector<int>
     if (std::find(peers.begin(), peers.end(), r) != peers.end()) {  // name the rank, its place, the step
       EXPECT_NE(log.find(dead), std::string::npos) << log;
       EXPECT_NE(log.find("step"), std::string::npos) << log;
-      if (!position.empty()) EXPECT_NE(log.find(dead + " = " + position), std::string::npos) << log;
+      if (!position.empty()) {
+        EXPECT_NE(log.find(dead + " = " + position), std::string::npos) << log;
+      }
     }
   }
   if (signal != SIGKILL) ::kill(guard.pids[static_cast<size_t>(victim)], SIGKILL);  // a stopped rank
@@ -287,7 +289,8 @@ TEST(MultiProcessTrain, AKilledRankStopsATwoByTwoGridAndTheRunResumesExactly) {
 }
 
 // A stalled rank (SIGSTOP) of the 2 x 2 grid: its peers wait dist.timeout_s (6 s here), then stop
-// naming it; the others follow.
+// naming it, even when the peer they waited for still runs (Note [who stalled the run]); the
+// others follow.
 TEST(MultiProcessTrain, AStoppedRankStopsATwoByTwoGridWithinTheTimeout) {
   REQUIRE_MULTIPROCESS();
   kill_and_resume("--parallel.dp=2 --model.cuts=layer2 --boundary.forward=identity --boundary.backward=identity", 2,
