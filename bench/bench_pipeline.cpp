@@ -1,4 +1,4 @@
-// bench_pipeline: GPipe, 1F1B, interleaved and ZB-H1 training steps against pipeline theory, in one process and in
+// bench_pipeline: GPipe, 1F1B, interleaved, ZB-H1 and ZB-V training steps against pipeline theory, in one process and in
 // one process per stage.
 //
 // Models, M micro-batches per step (default 8), identity boundaries unless said otherwise:
@@ -42,6 +42,11 @@
 // uncompressed / compressed; speedup_over_1f1b = 1F1B / ZB-H1 of the same case), and TopK 10% on
 // the backward only, epilogue-only by Optimus-CC's rule and by the critical path. And the
 // 2-stage splits in process (the references of the 2-process runs; no unsplit pass).
+// Then schedules on the same 2 ranks: 1F1B and ZB-H1 on the 2-stage split, interleaved 1F1B and
+// ZB-V (pipeline.schedule = zbv, Note [ZB-V]) on the 4-stage split with 2 stages per rank; free
+// links, then 80 Mbit/s under each codec case: timeline_s, compute_s, bubble, bytes_per_step (every
+// boundary's payloads), link_bytes_per_step (the cuts between ranks only: ZB-V's middle cut stays
+// on rank 1) and speedup_over_1f1b (1F1B of the same link and case / this schedule).
 //
 // 2. Multi-process (DistExecutor on a Gloo Transport with its communication thread, as `tapeline
 // train --nproc N` runs): bench_pipeline launches N ranks of itself (parallel/dist/launch.h, with a
@@ -71,7 +76,9 @@
 //   speedup_vs_inproc_wall  inproc wall_s / wall_s (the stages one after another in one process)
 //   loadavg_1m  the machine's load when the line was printed (other processes share the cores)
 // The schedules: GPipe, 1F1B and ZB-H1 (without an in-process reference, inproc_* and the ratios
-// to it are null: the in-process ZB-H1 row is for 4 stages; compare its wall_s with 1F1B's).
+// to it are null: the in-process ZB-H1 row is for 4 stages; compare its wall_s with 1F1B's), and
+// with 2 processes also interleaved 1F1B and ZB-V on the 4-stage split (ideal_s and efficiency
+// null: the formula is 1F1B's; their references are the in-process 2-rank rows).
 // What the numbers mean on a small machine: with N ranks on fewer than N cores (4 ranks on 2 cores)
 // the stages cannot all run at once. A rank's compute_s is wall time and includes the time it
 // waited for a core while inside a forward or backward (rank_thread_cpu_s is what it computed), so
@@ -95,11 +102,14 @@
 //    "stage_compute_s":[..],"overhead":..,"unsplit_s":..}
 //   {"bench":"pipeline_link","model":..,"link":"80 Mbit/s","case":..,"timeline_s":..,"bytes_per_step":..,
 //    "reference_timeline_s":..,"speedup":..}
+//   {"bench":"pipeline_2ranks","model":..,"schedule":..,"ranks":2,"stages":..,"virtual_stages":..,
+//    "link":..,"case":..,"timeline_s":..,"compute_s":..,"bubble":..,"bytes_per_step":..,
+//    "link_bytes_per_step":..,"timeline_1f1b_s":..,"speedup_over_1f1b":..}
 //   {"bench":"pipeline_mp","model":..,"schedule":..,"processes":N,"stages":N,"wall_s":..,"ideal_s":..,
 //    "efficiency":..,"rank_compute_s":[..],..,"vs_inproc_timeline":..,"speedup_vs_inproc_wall":..}
 //   {"bench":"pipeline_mp_link","model":..,"processes":4,"case":..,"wall_s":..,"bytes_per_step":..,
 //    "reference_wall_s":..,"speedup":..,"predicted_s":..,"predicted_speedup":..,"vs_predicted":..}
-// The default run (ResNet-8 and GPT-2, 7 rounds, 4 and 2 processes) takes ~1.5-2 min on 2 cores.
+// The default run (ResNet-8 and GPT-2, 7 rounds, 4 and 2 processes) takes ~3-4 min on 2 cores.
 // Usage: bench_pipeline [rounds (default 7)] [micro-batches (default 8)]
 //          [--models resnet8,gpt2[,resnet18]] [--mp 4,2 | --mp none] [--mp-rounds R (default: rounds)]
 //          [--no-links]
@@ -235,6 +245,7 @@ std::string json_array(const std::vector<double>& v, const char* fmt = "%.5f") {
 /// What one timed step of a pipeline gives.
 struct Sample {
   double timeline = 0, ideal = 0, bound = 0, wall = 0, compute = 0, bytes = 0;
+  double link_bytes = 0;  // of the cuts between two ranks (a cut inside a rank sends nothing)
   std::vector<double> stage_compute, stage_forward, stage_weight;
   size_t held_for_weights = 0;  // the most any rank held between I and W
 };
@@ -260,6 +271,12 @@ Sample step(Pipeline& p, const Workload& w, int64_t m) {
   for (size_t b : t.held_for_weights_bytes) s.held_for_weights = std::max(s.held_for_weights, b);
   const BoundaryStats st = p.total_stats();
   s.bytes = static_cast<double>(st.forward.bytes + st.backward.bytes);
+  const StageLayout layout = p.layout();
+  for (size_t b = 0; b < p.boundaries().size(); ++b)
+    if (layout.rank_of(static_cast<int>(b)) != layout.rank_of(static_cast<int>(b) + 1)) {
+      const BoundaryStats& bs = p.boundaries()[b]->stats();
+      s.link_bytes += static_cast<double>(bs.forward.bytes + bs.backward.bytes);
+    }
   return s;
 }
 
@@ -438,6 +455,64 @@ void links(const Workload& w, const Options& o, std::map<std::string, double>& r
   }
 }
 
+/// Schedules on the same two ranks (in process): 1F1B and ZB-H1 on the 2-stage split, interleaved
+/// 1F1B and ZB-V on the 4-stage split with 2 stages per rank (round robin: every cut crosses the
+/// link; V: the middle cut stays on rank 1). Free links, then 80 Mbit/s under each link case.
+/// Records the free-link medians of interleaved and ZB-V in `refs` (the 2-process references).
+void two_ranks(const Workload& w, const Options& o, std::map<std::string, double>& refs) {
+  struct Sched {
+    std::string name;
+    int stages, v;
+  };
+  std::vector<Sched> scheds = {{"1f1b", 2, 1}, {"zbh1", 2, 1}, {"zbv", 4, 2}};
+  if (o.m % 2 == 0) scheds.insert(scheds.begin() + 2, {"interleaved", 4, 2});
+  std::vector<LinkCase> cases = {{"free links", "identity", "identity"}};
+  if (o.links)
+    for (const LinkCase& c : link_cases()) cases.push_back(c);
+  std::vector<std::shared_ptr<Pipeline>> ps;
+  for (size_t c = 0; c < cases.size(); ++c)
+    for (const Sched& k : scheds) {
+      ps.push_back(build(w, k.stages, cases[c].fwd, cases[c].bwd));
+      ps.back()->set_schedule(k.name);
+      ps.back()->set_virtual_stages(k.v);
+      if (c > 0) ps.back()->set_links(std::vector<LinkSpec>(w.cuts.at(k.stages).size(), bench_link()));
+    }
+  std::vector<std::vector<Sample>> samples(ps.size());
+  for (int r = -1; r < o.rounds; ++r)
+    for (size_t i = 0; i < ps.size(); ++i) {
+      Sample s = step(*ps[i], w, o.m);
+      if (r >= 0) samples[i].push_back(std::move(s));
+    }
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const double ref = [&] {
+      std::vector<double> t;
+      for (const Sample& s : samples[c * scheds.size()]) t.push_back(s.timeline);
+      return median(t);
+    }();
+    for (size_t k = 0; k < scheds.size(); ++k) {
+      const size_t i = c * scheds.size() + k;
+      std::vector<double> tl, bytes, link_bytes, bubble, compute, wall;
+      for (const Sample& s : samples[i])
+        tl.push_back(s.timeline), bytes.push_back(s.bytes), link_bytes.push_back(s.link_bytes), bubble.push_back(1.0 - s.compute / (2 * s.timeline)),
+            compute.push_back(s.compute), wall.push_back(s.wall);
+      std::printf(
+          "{\"bench\":\"pipeline_2ranks\",\"model\":\"%s\",\"schedule\":\"%s\",\"ranks\":2,\"stages\":%d,"
+          "\"virtual_stages\":%d,\"micro_batches\":%lld,\"link\":\"%s\",\"case\":\"%s\",\"timeline_s\":%.5f,"
+          "\"compute_s\":%.5f,\"bubble\":%.3f,\"bytes_per_step\":%.0f,\"link_bytes_per_step\":%.0f,\"timeline_1f1b_s\":%.5f,"
+          "\"speedup_over_1f1b\":%.3f}\n",
+          w.name.c_str(), scheds[k].name.c_str(), scheds[k].stages, scheds[k].v, static_cast<long long>(o.m),
+          c == 0 ? "free" : "80 Mbit/s, 0 ms", cases[c].name.c_str(), median(tl), median(compute), median(bubble),
+          median(bytes), median(link_bytes), ref, ref / median(tl));
+      std::fflush(stdout);
+      if (c == 0 && scheds[k].v > 1) {
+        refs[ref_key(w.name, 2, scheds[k].name, "timeline")] = median(tl);
+        refs[ref_key(w.name, 2, scheds[k].name, "wall")] = median(wall);
+        refs[ref_key(w.name, 2, scheds[k].name, "compute")] = median(compute);
+      }
+    }
+  }
+}
+
 // ---- multi-process (one rank) -----------------------------------------------------------------------
 
 /// What one rank measures in one step.
@@ -510,9 +585,18 @@ double ref_or_nan(const Options& o, const std::string& key) {
 /// GPipe and 1F1B on this rank's stage (N ranks = N stages).
 void mp_schedules(dist::Transport& t, const Workload& w, const Options& o, int rounds, int64_t& step_no) {
   const int n = t.world_size();
-  const std::vector<std::string> names = {"gpipe", "1f1b", "zbh1"};
+  std::vector<std::string> names = {"gpipe", "1f1b", "zbh1"};
   std::vector<std::shared_ptr<Pipeline>> ps = {build(w, n, "identity", "identity"), build(w, n, "identity", "identity"),
                                                build(w, n, "identity", "identity")};
+  // Two processes also run the 4-stage split with 2 stages each: interleaved and ZB-V.
+  if (n == 2 && w.cuts.count(4))
+    for (const std::string name : {"interleaved", "zbv"}) {
+      if (name == "interleaved" && o.m % 2 != 0) continue;
+      names.push_back(name);
+      ps.push_back(build(w, 4, "identity", "identity"));
+      ps.back()->set_schedule(name);
+      ps.back()->set_virtual_stages(2);
+    }
   const AllSamples all = mp_rounds(t, w, o, rounds, ps, names, step_no);
   if (t.rank() != 0) return;
   const double md = static_cast<double>(o.m);
@@ -528,7 +612,8 @@ void mp_schedules(dist::Transport& t, const Workload& w, const Options& o, int r
         compute[r].push_back(s.compute), comm[r].push_back(s.comm), other[r].push_back(s.wall - s.compute - s.comm),
             thread_cpu[r].push_back(s.thread_cpu);
       }
-      const double id = sum / md + (md - 1) * slowest / md;
+      // The 1F1B formula; not defined here for 2 stages per rank (null).
+      const double id = ps[i]->num_stages() > n ? std::nan("") : sum / md + (md - 1) * slowest / md;
       wall.push_back(wmax), ideal.push_back(id), eff.push_back(id / wmax), cpu.push_back(cpu_sum);
     }
     std::vector<double> c_med, comm_med, other_med, thread_med;
@@ -543,14 +628,14 @@ void mp_schedules(dist::Transport& t, const Workload& w, const Options& o, int r
     const double wm = median(wall);
     std::printf(
         "{\"bench\":\"pipeline_mp\",\"model\":\"%s\",\"schedule\":\"%s\",\"processes\":%d,\"stages\":%d,"
-        "\"micro_batches\":%lld,\"threads_per_rank\":%d,\"blas_threads_per_rank\":%d,\"cores\":%d,\"rounds\":%d,\"wall_s\":%.5f,\"ideal_s\":%.5f,"
-        "\"efficiency\":%.3f,\"rank_compute_s\":%s,\"rank_comm_s\":%s,\"rank_other_s\":%s,\"rank_thread_cpu_s\":%s,"
+        "\"micro_batches\":%lld,\"threads_per_rank\":%d,\"blas_threads_per_rank\":%d,\"cores\":%d,\"rounds\":%d,\"wall_s\":%.5f,\"ideal_s\":%s,"
+        "\"efficiency\":%s,\"rank_compute_s\":%s,\"rank_comm_s\":%s,\"rank_other_s\":%s,\"rank_thread_cpu_s\":%s,"
         "\"cpu_s\":%.5f,"
         "\"inproc_timeline_s\":%s,\"inproc_ideal_s\":%s,\"inproc_wall_s\":%s,\"inproc_compute_s\":%s,"
         "\"cores_bound_s\":%s,\"vs_inproc_timeline\":%s,\"speedup_vs_inproc_wall\":%s,\"loadavg_1m\":%.2f}\n",
-        w.name.c_str(), names[i].c_str(), n, n, static_cast<long long>(o.m), at::get_num_threads(), g_blas_threads, cores,
-        rounds, wm,
-        median(ideal), median(eff), json_array(c_med).c_str(), json_array(comm_med).c_str(),
+        w.name.c_str(), names[i].c_str(), n, static_cast<int>(ps[i]->num_stages()), static_cast<long long>(o.m),
+        at::get_num_threads(), g_blas_threads, cores, rounds, wm, json_number(median(ideal)).c_str(),
+        json_number(median(eff), "%.3f").c_str(), json_array(c_med).c_str(), json_array(comm_med).c_str(),
         json_array(other_med).c_str(), json_array(thread_med).c_str(), median(cpu), json_number(in_tl).c_str(),
         json_number(in_ideal).c_str(), json_number(in_wall).c_str(), json_number(in_compute).c_str(),
         json_number(cores_bound).c_str(), json_number(in_tl / wm, "%.3f").c_str(),
@@ -792,6 +877,7 @@ int main(int argc, char** argv) {
     for (const Workload& w : ws) {
       schedules(w, 4, o, refs);
       if (o.links) links(w, o, refs);
+      two_ranks(w, o, refs);
     }
     for (int n : o.mp)
       if (n != 4)

@@ -131,10 +131,8 @@ double StepTiming::bubble() const {
   return total > 0 ? std::max(0.0, 1.0 - compute / total) : 0.0;
 }
 
-LocalExecutor::LocalExecutor(Pipeline& pipeline, int virtual_stages)
-    : pipeline_(pipeline),
-      layout_(StageLayout::of(static_cast<int>(pipeline.num_stages()), virtual_stages)),
-      links_(pipeline.boundaries().size()) {}
+LocalExecutor::LocalExecutor(Pipeline& pipeline)
+    : pipeline_(pipeline), layout_(pipeline.layout()), links_(pipeline.boundaries().size()) {}
 
 void LocalExecutor::set_links(std::vector<LinkSpec> links) {
   TORCH_CHECK(links.size() == pipeline_.boundaries().size(), "LocalExecutor: ", links.size(), " link specs for ",
@@ -182,7 +180,8 @@ StepResult LocalExecutor::train_step(const Batch& batch, int64_t micro_batches, 
   TORCH_CHECK(channel.in_flight() == 0, "executor: the '", schedule_name, "' schedule left ", channel.in_flight(),
               " messages unreceived");
 
-  const RankInterpreter& last = *ranks.back();  // the last stage lives on the last pipeline rank
+  // The rank holding the last stage (the last rank, or rank 0 on a V placement) has the tally.
+  const RankInterpreter& last = *ranks[static_cast<size_t>(layout_.rank_of(layout_.stages() - 1))];
   const StepResult r = step_result(last.tally(), last.units(), batch.rows(), split.size());
   if (timing) {
     timing->step_s = 0;
@@ -210,7 +209,7 @@ at::Tensor LocalExecutor::evaluate_batch(const Batch& batch, bool compression, c
     ranks.push_back(std::make_unique<RankInterpreter>(pipeline_, layout_, r, plan[static_cast<size_t>(r)], one, loss_fn,
                                                       channel, RankInterpreter::Mode::Evaluate));
   run_to_completion(ranks, "evaluation");
-  return ranks.back()->tally();
+  return ranks[static_cast<size_t>(layout_.rank_of(layout_.stages() - 1))]->tally();
 }
 
 StepResult step_result(const at::Tensor& tally, double units, int64_t rows, int micro_batches) {

@@ -123,8 +123,8 @@ struct StepTiming {
 /// bit-reproducible.
 class LocalExecutor {
  public:
-  /// `virtual_stages`: stages per pipeline rank (pipeline.virtual_stages; the interleaved schedule).
-  explicit LocalExecutor(Pipeline& pipeline, int virtual_stages = 1);
+  /// The stages placed as pipeline.layout() says (virtual stages, V placement for zbv).
+  explicit LocalExecutor(Pipeline& pipeline);
 
   /// Links of the boundaries (one per cut); default: ideal links. With several stages per rank,
   /// boundaries between the same two ranks share that link and must agree on its spec.
@@ -133,7 +133,7 @@ class LocalExecutor {
   const StageLayout& layout() const { return layout_; }
 
   /// One training step of `batch` split into `micro_batches` under `schedule` (gpipe, 1f1b,
-  /// interleaved). Gradients accumulate into the parameters (the caller zeroes them before and
+  /// interleaved, zbh1, zbv; one that fits the layout). Gradients accumulate into the parameters (the caller zeroes them before and
   /// steps after).
   StepResult train_step(const Batch& batch, int64_t micro_batches, const std::string& schedule,
                         const Pipeline::LossFn& loss_fn, int64_t epoch, StepTiming* timing = nullptr);

@@ -75,7 +75,7 @@ StepResult Pipeline::train_step(const Batch& batch, int64_t micro_batches, const
   // One GradAccumulator over every parameter, so tied parameters (registered in two stages) are
   // divided once: each stage's backward adds its part, seeded with the micro-batch's units.
   GradAccumulator acc(parameters());
-  LocalExecutor executor(*this, virtual_stages_);
+  LocalExecutor executor(*this);
   if (!links_.empty()) executor.set_links(links_);
   if (!timing_) timing_ = std::make_shared<StepTiming>();
   StepResult r = executor.train_step(batch, micro_batches, schedule_, loss_fn, epoch, timing_.get());
@@ -85,8 +85,13 @@ StepResult Pipeline::train_step(const Batch& batch, int64_t micro_batches, const
 }
 
 void Pipeline::set_schedule(const std::string& name) {
-  compute_schedule(name, StageLayout{1, name == "interleaved" ? 2 : 1}, 1);  // validates the name
+  // Validates the name (on the smallest layout the schedule runs on).
+  compute_schedule(name, StageLayout{1, name == "interleaved" || name == "zbv" ? 2 : 1, placement_of(name)}, 1);
   schedule_ = name;
+}
+
+StageLayout Pipeline::layout() const {
+  return StageLayout::of(static_cast<int>(num_stages()), virtual_stages_, placement_of(schedule_));
 }
 
 void Pipeline::set_virtual_stages(int virtual_stages) {
@@ -95,7 +100,7 @@ void Pipeline::set_virtual_stages(int virtual_stages) {
 }
 
 at::Tensor Pipeline::evaluate_batch(const Batch& batch, bool compression, const LossFn& loss_fn) {
-  LocalExecutor executor(*this, virtual_stages_);
+  LocalExecutor executor(*this);
   return executor.evaluate_batch(batch, compression, loss_fn);
 }
 

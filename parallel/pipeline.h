@@ -35,6 +35,7 @@
 #include "layers/models/splittable.h"
 #include "parallel/batch.h"
 #include "parallel/link.h"
+#include "parallel/schedule.h"
 
 namespace tl {
 
@@ -111,13 +112,17 @@ class Pipeline : public Module {
   /// the caller zeroes them before and steps the optimizer after.
   StepResult train_step(const Batch& batch, int64_t micro_batches, const LossFn& loss_fn, int64_t epoch = 0);
 
-  /// The schedule of train_step: "1f1b" (default), "gpipe", "interleaved" or "zbh1" (parallel/schedule.h).
+  /// The schedule of train_step: "1f1b" (default), "gpipe", "interleaved", "zbh1" or "zbv"
+  /// (parallel/schedule.h).
   void set_schedule(const std::string& name);
   const std::string& schedule() const { return schedule_; }
-  /// Stages per pipeline rank (pipeline.virtual_stages; > 1 with the interleaved schedule). An
-  /// error names a count that does not divide the stages.
+  /// Stages per pipeline rank (pipeline.virtual_stages; > 1 with the interleaved schedule, 2 with
+  /// zbv). An error names a count that does not divide the stages.
   void set_virtual_stages(int virtual_stages);
   int virtual_stages() const { return virtual_stages_; }
+  /// Where the stages live: virtual_stages() per rank, placed as the schedule needs (a V for zbv,
+  /// round robin otherwise). An error says what does not fit.
+  StageLayout layout() const;
 
   /// The task's tally (loss_fn's) of one evaluation batch run forward through every stage by the
   /// in-process executor, the boundaries' forward codecs on (`compression`) or bypassed.

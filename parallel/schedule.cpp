@@ -6,6 +6,7 @@
 #include <cmath>
 #include <deque>
 #include <map>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -34,17 +35,26 @@ int peer_stage(const Action& a) {
 }
 
 std::vector<int> StageLayout::stages_of(int rank) const {
+  if (placement == Placement::V) return {rank, 2 * ranks - 1 - rank};
   std::vector<int> out;
   for (int c = 0; c < virtual_stages; ++c) out.push_back(rank + c * ranks);
   return out;
 }
 
-StageLayout StageLayout::of(int stages, int virtual_stages) {
+StageLayout StageLayout::of(int stages, int virtual_stages, Placement placement) {
   TORCH_CHECK(stages >= 1, "schedule: stages must be >= 1, got ", stages);
   TORCH_CHECK(virtual_stages >= 1 && stages % virtual_stages == 0, "pipeline.virtual_stages = ", virtual_stages,
               " does not divide the ", stages, " stages (model.cuts + 1): each pipeline rank holds the same number of "
               "stages");
-  return StageLayout{stages / virtual_stages, virtual_stages};
+  TORCH_CHECK(placement != Placement::V || virtual_stages == 2,
+              "pipeline.schedule = zbv places two stages on each rank in a V: it needs pipeline.virtual_stages = 2 "
+              "(got ",
+              virtual_stages, ")");
+  return StageLayout{stages / virtual_stages, virtual_stages, placement};
+}
+
+Placement placement_of(const std::string& schedule) {
+  return schedule == "zbv" ? Placement::V : Placement::RoundRobin;
 }
 
 namespace {
@@ -108,6 +118,59 @@ std::vector<RankSchedule> zbh1_compute(int S, int M) {
   return out;
 }
 
+// Note [ZB-V]. Qi et al.'s zero-bubble schedule on a V placement: rank r holds chunk 0 = stage r
+// and chunk 1 = stage 2P - 1 - r, so a micro-batch runs down the ranks on chunk 0 and back up on
+// chunk 1, and rank 0 computes the loss. Every backward is split (I, then W). Rank r's list, with
+// F0/F1 a forward of chunk 0/1 and counts per chunk (the order torch.distributed.pipelining's
+// ScheduleZBVZeroBubble uses):
+//   warm-up: 2 (P - r) - 1 times F0; r times F1 F0; P - r times F1 I1 W1;
+//   steady:  while forwards are left: F0 (while any), I0 W0, F1 I1 W1;
+//   cool-down: r times I0 I1; P - r times I0 W0; then the W1's left, then the W0's left.
+// It is built for max(M, 2P - 1) micro-batches and the actions of micro-batches >= M are dropped
+// (the order of the others stands). Each rank then holds at most 2P chunk-activations at once, as
+// 1F1B's rank 0 holds P whole-stage ones (a chunk is half a stage). With every chunk taking
+// F = I = W = 1 and sends that do not wait for their receiver (SendMode::Eager), the simulator
+// finds the step 6M + (P - 1) for M >= 2P - 1: the only idle time is the start-up, one chunk
+// forward per rank down the V. The same model cut for ZB-H1 (two chunks a stage) takes
+// 6M + 2 (P - 1), 1F1B 6 (M + P - 1). With one send in flight per rank (SendMode::SendQueue)
+// ZB-V's lead over ZB-H1 is gone: the runtime keeps several in flight (Note [communication
+// thread]). As ZB-H1, it needs the send thread (Note [ZB-H1 needs the send thread]), and its two
+// directions of a link carry both kinds of message (Note [receive in the order sent]).
+std::vector<RankSchedule> zbv_compute(const StageLayout& layout, int M) {
+  const int P = layout.ranks;
+  TORCH_CHECK(layout.placement == Placement::V && layout.virtual_stages == 2,
+              "pipeline.schedule = zbv places two stages on each rank in a V: it needs pipeline.virtual_stages = 2 "
+              "(got ",
+              layout.virtual_stages, ")");
+  const int n = std::max(M, 2 * P - 1);
+  std::vector<RankSchedule> out(P);
+  for (int r = 0; r < P; ++r) {
+    const int c0 = r, c1 = 2 * P - 1 - r;
+    int f0 = 0, f1 = 0, i0 = 0, i1 = 0, w0 = 0, w1 = 0;
+    RankSchedule l;
+    auto add = [&](ActionType t, int stage, int& count) { l.push_back(compute(t, stage, count++)); };
+    for (int k = 0; k < 2 * (P - r) - 1; ++k) add(ActionType::Forward, c0, f0);
+    for (int k = 0; k < r; ++k) add(ActionType::Forward, c1, f1), add(ActionType::Forward, c0, f0);
+    for (int k = 0; k < P - r; ++k)
+      add(ActionType::Forward, c1, f1), add(ActionType::BackwardInput, c1, i1), add(ActionType::BackwardWeight, c1, w1);
+    while (f1 < f0 || f0 < n) {
+      if (f0 < n) add(ActionType::Forward, c0, f0);
+      add(ActionType::BackwardInput, c0, i0), add(ActionType::BackwardWeight, c0, w0);
+      add(ActionType::Forward, c1, f1), add(ActionType::BackwardInput, c1, i1), add(ActionType::BackwardWeight, c1, w1);
+    }
+    for (int k = 0; k < r; ++k) add(ActionType::BackwardInput, c0, i0), add(ActionType::BackwardInput, c1, i1);
+    for (int k = 0; k < P - r; ++k) add(ActionType::BackwardInput, c0, i0), add(ActionType::BackwardWeight, c0, w0);
+    while (w1 < i1) add(ActionType::BackwardWeight, c1, w1);
+    while (w0 < i0) add(ActionType::BackwardWeight, c0, w0);
+    TORCH_CHECK(f0 == n && i0 == n && w0 == n && f1 == n && i1 == n && w1 == n, "zbv schedule: rank ", r,
+                " built ", f0, "/", i0, "/", w0, " and ", f1, "/", i1, "/", w1, " F/I/W of its chunks for ", n,
+                " micro-batches (a bug)");
+    for (const Action& a : l)
+      if (a.micro_batch < M) out[r].push_back(a);
+  }
+  return out;
+}
+
 // Megatron's interleaved 1F1B (schedules.py, forward_backward_pipelining_with_interleaving): the
 // k-th forward of a rank is micro-batch (k / (P v)) P + k % P on its chunk (k / P) % v; the k-th
 // backward the same micro-batch on chunk v - 1 - (k / P) % v. Warm-up: 2 (P - r - 1) + (v - 1) P
@@ -146,6 +209,54 @@ void messages_of(const Action& a, const StageLayout& L, std::vector<Action>* rec
   } else if (takes_gradient(a.type)) {
     if (cross(s + 1)) recvs->push_back({ActionType::RecvGrad, s, a.micro_batch, true, L.rank_of(s + 1)});
     if (cross(s - 1)) sends->push_back({ActionType::SendGrad, s, a.micro_batch, true, L.rank_of(s - 1)});
+  }
+}
+
+// Note [receive in the order sent]. A link delivers in the order its sender sends (the transport
+// numbers each pair's messages), so both ends must list a link's messages in one order. The
+// placement of receives right before their compute gets that for every schedule whose two
+// directions of a link carry different kinds (round robin: activations one way, gradients the
+// other). On a V placement, ranks r and r + 1 each send both: activations down chunk 0 and
+// gradients up chunk 1 from r, and the reverse from r + 1; the sender may then send activation 2
+// before gradient 0 where the receiver's compute wants gradient 0 first. This pass walks each
+// receiver's list and, at a receive, first receives whatever its sender sent before that message
+// and is not yet received (it waits in the inbox until its compute). Nothing arrives later than
+// it would have: on a FIFO link the message wanted comes after those anyway. A no-op for the
+// other schedules (their tables in the tests pin it).
+void receive_in_order_sent(std::vector<RankSchedule>& lists) {
+  const int R = static_cast<int>(lists.size());
+  // Per (src, dst): the messages src sends dst, in its order.
+  std::map<std::pair<int, int>, std::vector<Action>> sent;
+  for (int r = 0; r < R; ++r)
+    for (const Action& a : lists[r])
+      if (is_send(a.type)) sent[{r, a.peer}].push_back(a);
+  auto recv_of = [](const Action& send, int src) {
+    const bool act = send.type == ActionType::SendActivation;
+    return Action{act ? ActionType::RecvActivation : ActionType::RecvGrad, act ? send.stage + 1 : send.stage - 1,
+                  send.micro_batch, true, src};
+  };
+  for (int r = 0; r < R; ++r) {
+    RankSchedule out;
+    std::map<int, size_t> next;  // per source: index of the next message in its sent order
+    std::set<std::tuple<ActionType, int, int>> early;
+    for (const Action& a : lists[r]) {
+      if (!is_recv(a.type)) {
+        out.push_back(a);
+        continue;
+      }
+      if (early.erase({a.type, a.stage, a.micro_batch})) continue;  // already received
+      const std::vector<Action>& order = sent[{a.peer, r}];
+      size_t& i = next[a.peer];
+      for (; i < order.size(); ++i) {
+        const Action m = recv_of(order[i], a.peer);
+        if (m.type == a.type && m.stage == a.stage && m.micro_batch == a.micro_batch) break;
+        out.push_back(m);
+        early.insert({m.type, m.stage, m.micro_batch});
+      }
+      out.push_back(a);
+      if (i < order.size()) ++i;  // (a message never sent: validate_schedule reports it)
+    }
+    lists[r] = std::move(out);
   }
 }
 
@@ -191,6 +302,7 @@ std::vector<RankSchedule> lower(const std::vector<RankSchedule>& compute_lists, 
       }
     }
   }
+  receive_in_order_sent(out);
   // Note [slack of a gradient send]: the dependency graph's answer, beside Optimus-CC's. (A list
   // without a backward a message needs, or with a cycle, keeps every send critical:
   // validate_schedule says what is wrong with it.)
@@ -209,12 +321,16 @@ std::vector<RankSchedule> lower(const std::vector<RankSchedule>& compute_lists, 
   return out;
 }
 
-const char* known_schedules() { return "gpipe, 1f1b, interleaved, zbh1"; }
+const char* known_schedules() { return "gpipe, 1f1b, interleaved, zbh1, zbv"; }
 
 std::vector<RankSchedule> compute_schedule(const std::string& name, const StageLayout& layout, int micro_batches) {
   check_sizes(layout, micro_batches);
-  const bool known = name == "gpipe" || name == "1f1b" || name == "interleaved" || name == "zbh1";
+  const bool known = name == "gpipe" || name == "1f1b" || name == "interleaved" || name == "zbh1" || name == "zbv";
   TORCH_CHECK(known, "unknown pipeline schedule '", name, "'; known: ", known_schedules());
+  TORCH_CHECK((layout.placement == Placement::V) == (name == "zbv"), "pipeline.schedule = ", name, " runs on ",
+              name == "zbv" ? "a V placement of the stages" : "the round-robin placement of the stages",
+              ", the layout given has the other (StageLayout::of(stages, v, placement_of(schedule)))");
+  if (name == "zbv") return zbv_compute(layout, micro_batches);
   if (name == "interleaved" && layout.virtual_stages > 1) return interleaved_compute(layout, micro_batches);
   TORCH_CHECK(layout.virtual_stages == 1, "pipeline.schedule = ", name, " runs one stage per rank, but ",
               "pipeline.virtual_stages = ", layout.virtual_stages, "; use pipeline.schedule = interleaved");
@@ -246,6 +362,11 @@ std::vector<RankSchedule> interleaved_schedule(int ranks, int virtual_stages, in
 
 std::vector<RankSchedule> zbh1_schedule(int stages, int micro_batches) {
   return make_schedule("zbh1", stages, micro_batches);
+}
+
+std::vector<RankSchedule> zbv_schedule(int ranks, int micro_batches) {
+  TORCH_CHECK(ranks >= 1, "schedule: ranks must be >= 1, got ", ranks);
+  return make_schedule("zbv", StageLayout{ranks, 2, Placement::V}, micro_batches);
 }
 
 std::vector<RankSchedule> forward_only_schedule(const StageLayout& layout) {

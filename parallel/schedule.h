@@ -102,21 +102,32 @@ bool is_recv(ActionType t);
 /// The stage on the other end of a message action; -1 for compute.
 int peer_stage(const Action& a);
 
-/// Where the stages of a pipeline live (Megatron's layout): `ranks` pipeline ranks, each holding
-/// `virtual_stages` stages, stage s on rank s % ranks. With one stage per rank, stage = rank; with
-/// v > 1 (interleaved 1F1B) rank r holds the non-adjacent stages r, r + P, r + 2P, ...
+/// How stages are placed on the ranks. RoundRobin (Megatron's layout): stage s on rank s % P, so
+/// rank r holds r, r + P, r + 2P, ... V (ZB-V's, two stages per rank): rank r holds stages r and
+/// 2P - 1 - r, so the pipeline runs down the ranks and back up; rank 0 holds the first and the
+/// last stage, rank P - 1 the two middle ones (handed over in memory).
+enum class Placement { RoundRobin, V };
+
+/// Where the stages of a pipeline live: `ranks` pipeline ranks, each holding `virtual_stages`
+/// stages, placed by `placement`. With one stage per rank, stage = rank.
 struct StageLayout {
   int ranks = 1;
   int virtual_stages = 1;
+  Placement placement = Placement::RoundRobin;
 
   int stages() const { return ranks * virtual_stages; }
-  int rank_of(int stage) const { return stage % ranks; }
+  int rank_of(int stage) const {
+    return placement == Placement::V && stage >= ranks ? 2 * ranks - 1 - stage : stage % ranks;
+  }
   /// The stages of `rank`, in model order (its chunks 0..v-1).
   std::vector<int> stages_of(int rank) const;
   /// `stages` stages over stages / virtual_stages ranks; an error names both numbers when
-  /// virtual_stages does not divide stages.
-  static StageLayout of(int stages, int virtual_stages = 1);
+  /// virtual_stages does not divide stages, or when a V placement has other than 2 per rank.
+  static StageLayout of(int stages, int virtual_stages = 1, Placement placement = Placement::RoundRobin);
 };
+
+/// The placement a schedule runs on: V for "zbv", round robin for the others.
+Placement placement_of(const std::string& schedule);
 
 // ---- compute schedules and their lowering ---------------------------------------------------
 //
@@ -135,8 +146,9 @@ struct StageLayout {
 // forward to run after it (the receiver then has forward work to overlap it with).
 
 /// Compute-only lists (no messages) of the named schedule: "gpipe", "1f1b", "zbh1" (one stage per
-/// rank) or "interleaved" (Megatron's interleaved 1F1B over layout.virtual_stages stages per rank;
-/// micro_batches must be a multiple of layout.ranks when v > 1). Errors name what is accepted.
+/// rank), "interleaved" (Megatron's interleaved 1F1B over layout.virtual_stages stages per rank;
+/// micro_batches must be a multiple of layout.ranks when v > 1) or "zbv" (zero-bubble ZB-V: two
+/// stages per rank in a V placement). Errors name what is accepted.
 std::vector<RankSchedule> compute_schedule(const std::string& name, const StageLayout& layout, int micro_batches);
 /// Inserts sends and receives and the epilogue-only flags (Note [lowering]).
 std::vector<RankSchedule> lower(const std::vector<RankSchedule>& compute, const StageLayout& layout);
@@ -158,9 +170,12 @@ std::vector<RankSchedule> interleaved_schedule(int ranks, int virtual_stages, in
 /// into I (input gradient, sent at once) and W (weight gradients), the W's placed where 1F1B would
 /// idle. Note [ZB-H1].
 std::vector<RankSchedule> zbh1_schedule(int stages, int micro_batches);
+/// ZB-V (same paper): P ranks holding 2 stages each in a V placement (rank r: stages r and
+/// 2P - 1 - r), every backward split. Note [ZB-V].
+std::vector<RankSchedule> zbv_schedule(int ranks, int micro_batches);
 /// Forward-only lists of one micro-batch (evaluation), lowered.
 std::vector<RankSchedule> forward_only_schedule(const StageLayout& layout);
-/// The schedules make_schedule knows, for messages: "gpipe, 1f1b, interleaved, zbh1".
+/// The schedules make_schedule knows, for messages: "gpipe, 1f1b, interleaved, zbh1, zbv".
 const char* known_schedules();
 
 /// Structural checks of a hand-made or generated schedule: list r holds only the stages of rank

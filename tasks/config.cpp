@@ -313,17 +313,18 @@ const std::vector<Key>& schema() {
     add("train.eval_batch_size", "500", "integer >= 1", "batch size of the test-set evaluations",
         [](Config& c, const std::string& v) { c.train.eval_batch_size = parse_int(v, 1, 1 << 24, "an integer >= 1"); });
     // [pipeline], [dist]
-    add("pipeline.schedule", "1f1b", "1f1b, gpipe, interleaved, zbh1",
+    add("pipeline.schedule", "1f1b", "1f1b, gpipe, interleaved, zbh1, zbv",
         "order of the micro-batches' forwards and backwards on each stage; interleaved: Megatron's interleaved 1F1B "
         "over pipeline.virtual_stages stages per rank; zbh1: zero-bubble ZB-H1, each backward split into the "
-        "input's gradient and the weights' (docs/PIPELINE.md)",
+        "input's gradient and the weights'; zbv: zero-bubble ZB-V, two stages per rank in a V "
+        "(pipeline.virtual_stages = 2) (docs/PIPELINE.md)",
         [](Config& c, const std::string& v) {
-          c.pipeline.schedule = parse_choice(v, {"1f1b", "gpipe", "interleaved", "zbh1"});
+          c.pipeline.schedule = parse_choice(v, {"1f1b", "gpipe", "interleaved", "zbh1", "zbv"});
         });
     add("pipeline.virtual_stages", "1", "integer >= 1",
         "stages per pipeline rank (Megatron's virtual pipeline): rank r holds stages r, r + P, r + 2P, ... of the "
         "model's stages, P = stages / virtual_stages; > 1 needs pipeline.schedule = interleaved and train.micro_batches "
-        "a multiple of P",
+        "a multiple of P, or pipeline.schedule = zbv with 2 (rank r holds stages r and 2P - 1 - r)",
         [](Config& c, const std::string& v) {
           c.pipeline.virtual_stages = parse_int(v, 1, 64, "an integer in [1, 64]");
         });
@@ -574,9 +575,13 @@ Config Config::load(const std::string& ini_path, const std::vector<std::pair<std
   if (!c.data.mean.empty() && c.data.mean.size() != c.data.std.size())
     throw std::invalid_argument("data.mean has " + std::to_string(c.data.mean.size()) + " values but data.std has " +
                                 std::to_string(c.data.std.size()));
-  if ((c.pipeline.virtual_stages > 1) != (c.pipeline.schedule == "interleaved") && c.pipeline.virtual_stages > 1)
+  if (c.pipeline.schedule == "zbv" && c.pipeline.virtual_stages != 2)
+    throw std::invalid_argument("pipeline.schedule = zbv places two stages on each rank in a V: set "
+                                "pipeline.virtual_stages = 2 (got " +
+                                std::to_string(c.pipeline.virtual_stages) + ")");
+  if (c.pipeline.virtual_stages > 1 && c.pipeline.schedule != "interleaved" && c.pipeline.schedule != "zbv")
     throw std::invalid_argument("pipeline.virtual_stages = " + std::to_string(c.pipeline.virtual_stages) +
-                                " needs pipeline.schedule = interleaved (" + c.pipeline.schedule +
+                                " needs pipeline.schedule = interleaved or zbv (" + c.pipeline.schedule +
                                 " runs one stage per rank)");
   if (c.train.micro_batches % c.parallel.dp != 0)
     throw std::invalid_argument("train.micro_batches = " + std::to_string(c.train.micro_batches) +

@@ -148,7 +148,7 @@ DistExecutor::DistExecutor(Pipeline& pipeline, Transport& transport, const DataP
   grid_ = Grid::of(transport.world_size(), stages / v, dp.replicas);
   rank_ = grid_.pipeline_rank(transport.rank());
   replica_ = grid_.replica(transport.rank());
-  layout_ = StageLayout::of(stages, v);
+  layout_ = pipeline.layout();
   name_ranks(transport_, grid_, layout_);
   if (!pipeline.parameters().empty()) device_ = pipeline.parameters().front().device();
   ranks_ = grid_.pipeline_group(replica_);
@@ -315,7 +315,7 @@ void run_probe(Pipeline& pipeline, Transport& transport, int replicas, const Bat
   NoGradGuard no_grad;
   const int stages = static_cast<int>(pipeline.num_stages()), v = pipeline.virtual_stages();
   const Grid grid = Grid::of(transport.world_size(), stages / v, replicas);
-  const StageLayout layout = StageLayout::of(stages, v);
+  const StageLayout layout = pipeline.layout();
   const int rank = grid.pipeline_rank(transport.rank());
   name_ranks(transport, grid, layout);
   C10dChannel channel(transport, grid.pipeline_group(grid.replica(transport.rank())), 0,
@@ -633,10 +633,13 @@ std::string DistExecutor::restore_grid_state(const std::string& path) {
     if (replica_ != 0 && k.rfind(replica_prefix, 0) == 0) mine[k.substr(replica_prefix.size())] = t;
     if (k.rfind(dp_prefix, 0) == 0) dp[k.substr(dp_prefix.size())] = t;
   }
+  // (P, D, v, placement); checkpoints written before ZB-V have no placement: round robin.
   const int v = pipeline_.virtual_stages();
-  const bool same_grid = shape.defined() && shape.numel() == 3 && shape[0].item<int64_t>() == grid_.pipeline &&
-                         shape[1].item<int64_t>() == grid_.data && shape[2].item<int64_t>() == v;
-  const int64_t saved_replicas = shape.defined() && shape.numel() == 3 ? shape[1].item<int64_t>() : 1;
+  const bool known = shape.defined() && (shape.numel() == 3 || shape.numel() == 4);
+  const int64_t placement = known && shape.numel() == 4 ? shape[3].item<int64_t>() : 0;
+  const bool same_grid = known && shape[0].item<int64_t>() == grid_.pipeline && shape[1].item<int64_t>() == grid_.data &&
+                         shape[2].item<int64_t>() == v && placement == static_cast<int64_t>(layout_.placement);
+  const int64_t saved_replicas = known ? shape[1].item<int64_t>() : 1;
   if (!same_grid) {
     if (grid_.data == 1 && saved_replicas == 1) return "";  // one replica either way: nothing per replica
     return "the checkpoint was written by " +
@@ -671,7 +674,9 @@ void DistExecutor::save_checkpoint(const std::string& path, const CheckpointCont
     CheckpointContents merged = mine;  // entries nobody changed, counters, rank 0's RNG state
     if (grid_.data > 1)  // one replica: nothing differs between ranks, the in-process file exactly
       merged.tensors["grid.shape"] =
-          at::tensor(std::vector<int64_t>{grid_.pipeline, grid_.data, pipeline_.virtual_stages()}, at::kLong);
+          at::tensor(std::vector<int64_t>{grid_.pipeline, grid_.data, pipeline_.virtual_stages(),
+                                          static_cast<int64_t>(layout_.placement)},
+                     at::kLong);
     std::map<std::string, int> changed_by;
     TensorMap base;  // grid.base.<key>: a replica's state as resumed, under what its ranks changed
     for (int r = 0; r < grid_.world(); ++r) {

@@ -23,7 +23,7 @@
 // Note [grid state in checkpoints]. The checkpoint's ordinary entries are replica 0's state, so
 // one process, `tapeline eval` and any grid read it. What differs between the ranks of a grid is
 // kept beside it under grid.* (only with D > 1: a one-replica checkpoint is byte for byte the
-// in-process one): grid.shape = (P, D, virtual stages); grid.replica<d>.<entry>, the
+// in-process one): grid.shape = (P, D, virtual stages, placement); grid.replica<d>.<entry>, the
 // boundary codec state of replica d > 0 that it changed (or restored); grid.dp.<p>.<d>.<entry>,
 // every rank's data-parallel codec state. Resuming with the same grid restores each rank's own, so
 // stateful codecs resume exactly; another grid shape continues every replica from replica 0's
@@ -105,7 +105,7 @@ class DistExecutor {
   int replica() const { return replica_; }
   const Grid& grid() const { return grid_; }
   /// Whether this rank holds the last stage.
-  bool last() const { return rank_ + 1 == grid_.pipeline; }
+  bool last() const { return layout_.rank_of(layout_.stages() - 1) == rank_; }
   const StageLayout& layout() const { return layout_; }
   /// Whether this replica evaluates evaluation batch `index` (Note [data parallelism]).
   bool evaluates(int64_t index) const { return index % grid_.data == replica_; }

@@ -185,7 +185,9 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
     if (v >= 1 && stages % v == 0 && env->world_size == stages / v * config_.parallel.dp) {
       const Grid grid = Grid::of(env->world_size, stages / v, static_cast<int>(config_.parallel.dp));
       std::set<int64_t> own;
-      for (int s : StageLayout::of(stages, v).stages_of(grid.pipeline_rank(env->rank))) own.insert(s);
+      const Placement placement = placement_of(config_.pipeline.schedule);
+      if (placement == Placement::RoundRobin || v == 2)  // else reported below
+        for (int s : StageLayout::of(stages, v, placement).stages_of(grid.pipeline_rank(env->rank))) own.insert(s);
       selection = StageSelection::of(cuts, own);
     }
   }
@@ -226,8 +228,7 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
   pipeline_->set_links(links);
   pipeline_->set_measure_error(config_.run.measure_error);
   // Links shared by the boundaries between two ranks (interleaved) must agree: checked now.
-  link_specs_by_rank_pair(StageLayout::of(static_cast<int>(pipeline_->num_stages()), pipeline_->virtual_stages()),
-                          links);
+  link_specs_by_rank_pair(pipeline_->layout(), links);
   pipeline_->to(device_);
   apply_codec_constraints(*pipeline_);  // subspace codecs project the GPT-2 weights they need
 

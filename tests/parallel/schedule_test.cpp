@@ -419,6 +419,79 @@ TEST(Schedule, ValidateChecksTheSplitBackward) {
             std::string::npos);
 }
 
+TEST(Schedule, VPlacementRunsDownTheRanksAndBackUp) {
+  const StageLayout v = StageLayout::of(8, 2, Placement::V);
+  EXPECT_EQ(v.ranks, 4);
+  EXPECT_EQ(v.stages_of(0), (std::vector<int>{0, 7}));
+  EXPECT_EQ(v.stages_of(3), (std::vector<int>{3, 4}));
+  for (int s = 0; s < 8; ++s) EXPECT_EQ(v.rank_of(s), s < 4 ? s : 7 - s) << s;
+  EXPECT_NE(error_of([] { StageLayout::of(6, 3, Placement::V); }).find("pipeline.virtual_stages = 2 (got 3)"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { compute_schedule("zbv", StageLayout{2, 2}, 4); }).find("V placement"), std::string::npos);
+  EXPECT_NE(error_of([] { compute_schedule("1f1b", StageLayout{2, 2, Placement::V}, 4); }).find("round-robin"),
+            std::string::npos);
+  EXPECT_EQ(placement_of("zbv"), Placement::V);
+  EXPECT_EQ(placement_of("interleaved"), Placement::RoundRobin);
+}
+
+TEST(Schedule, ZeroBubbleVTable) {
+  // Note [ZB-V], 2 ranks x 4 micro-batches: rank 0 holds stages 0 and 3 (the loss), rank 1 the
+  // middle stages 1 and 2, handed over in memory.
+  EXPECT_EQ(format_schedule(zbv_schedule(2, 4)),
+            "rank 0: F0s0 F1s0 F2s0 F0s3 I0s3 W0s3 F1s3 I1s3 W1s3 F3s0 I0s0 W0s0 F2s3 I2s3 W2s3 I1s0 W1s0 F3s3 "
+            "I3s3 W3s3 I2s0 W2s0 I3s0 W3s0\n"
+            "rank 1: F0s1 F0s2 F1s1 F1s2 I0s2 W0s2 F2s1 I0s1 W0s1 F2s2 I1s2 W1s2 F3s1 I1s1 W1s1 F3s2 I2s2 W2s2 I2s1 "
+            "I3s2 I3s1 W2s1 W3s2 W3s1\n");
+}
+
+TEST(Schedule, ZeroBubbleVNeverDeadlocksWithTheSendThreadAndHoldsTwoChunksPerRank) {
+  for (int P = 1; P <= 6; ++P) {
+    for (int M = 1; M <= 16; ++M) {
+      SCOPED_TRACE("ranks " + std::to_string(P) + " micro-batches " + std::to_string(M));
+      const StageLayout layout{P, 2, Placement::V};
+      const auto sched = zbv_schedule(P, M);
+      ASSERT_NO_THROW(validate_schedule(sched, M, layout));
+      const SimCosts c = SimCosts::uniform(2 * P, 1.0, 2.0);
+      for (SendMode mode : {SendMode::Eager, SendMode::SendQueue}) ASSERT_NO_THROW(simulate_schedule(sched, c, mode));
+      // Chunk-activations held (forward run, W not yet): at most 2P, the memory of 1F1B's rank 0
+      // (P micro-batches of a whole stage, twice a chunk).
+      for (int r = 0; r < P; ++r) {
+        int held = 0, most = 0;
+        for (const Action& a : sched[r]) {
+          held += a.type == ActionType::Forward;
+          held -= a.type == ActionType::BackwardWeight;
+          most = std::max(most, held);
+        }
+        EXPECT_LE(most, 2 * P) << "rank " << r;
+      }
+    }
+  }
+}
+
+TEST(Schedule, ZeroBubbleVIdlesOnlyForItsStartUp) {
+  // Note [ZB-V]: chunks with F = I = W = 1, eager sends: 6M + (P - 1) once M >= 2P - 1, against
+  // ZB-H1's 6M + 2 (P - 1) and 1F1B's 6 (M + P - 1) on the same model cut in P stages of 2 chunks.
+  for (int P = 1; P <= 6; ++P) {
+    for (int M = 2 * P - 1; M <= 4 * P; ++M) {
+      const double zbv = simulate_schedule(zbv_schedule(P, M), SimCosts::uniform(2 * P, 1, 2), SendMode::Eager).step_s;
+      EXPECT_DOUBLE_EQ(zbv, 6.0 * M + P - 1) << P << " x " << M;
+      const SimCosts whole = SimCosts::uniform(P, 2, 4);
+      EXPECT_DOUBLE_EQ(simulate_schedule(zbh1_schedule(P, M), whole, SendMode::Eager).step_s, 6.0 * M + 2 * (P - 1));
+      EXPECT_DOUBLE_EQ(simulate_schedule(one_f_one_b_schedule(P, M), whole, SendMode::Eager).step_s,
+                       6.0 * (M + P - 1));
+    }
+  }
+}
+
+TEST(Schedule, ReceivesFollowTheSendersOrderOnAVLink) {
+  // Note [receive in the order sent]. Rank 0 sends activation 2 of stage 0 before gradient 0 of
+  // stage 3; rank 1's I0 on stage 2 needs that gradient before its F2 on stage 1 needs the
+  // activation, so it receives the activation first and keeps it.
+  const std::string full = format_schedule(zbv_schedule(2, 3), true);
+  EXPECT_NE(full.find("rank 0: F0s0 SA0s0 F1s0 SA1s0 F2s0 SA2s0 RA0s3 F0s3 I0s3 SG0s3"), std::string::npos) << full;
+  EXPECT_NE(full.find("F1s2 SA1s2 RA2s1 RG0s2 I0s2 W0s2 F2s1"), std::string::npos) << full;
+}
+
 // Note [slack of a gradient send].
 std::vector<double> slack_of_rank(const std::vector<SendSlack>& all, int rank) {
   std::vector<double> out;
@@ -449,6 +522,10 @@ TEST(Schedule, GradientSendSlackOnTheDependencyGraph) {
     EXPECT_EQ(all.size(), 3u * 8) << name;
     for (const SendSlack& x : all) EXPECT_GE(x.slack_s, 0.0) << name << " " << action_token(x.send);
   }
+  // ZB-V on 2 ranks: boundaries 0 and 2 cross between the ranks, boundary 1 stays on rank 1.
+  const auto v = gradient_send_slack(zbv_schedule(2, 8), c4);
+  EXPECT_EQ(v.size(), 2u * 8);
+  for (const SendSlack& x : v) EXPECT_GE(x.slack_s, 0.0) << action_token(x.send, true);
 }
 
 }  // namespace

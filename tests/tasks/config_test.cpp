@@ -149,6 +149,11 @@ TEST(Config, BadValuesAreRejectedSayingWhatIsAccepted) {
   expect_error([] { Config::load("", {{"task.name", "text"}, {"data.dataset", "cifar10"}}); },
                {"task.name = text", "data.dataset = cifar10", "wordnet"});
   expect_error([] { Config::load("", {{"data.dataset", "wordnet"}}); }, {"task.name = vision", "image dataset"});
+  expect_error([] { Config::load("", {{"pipeline.schedule", "zbv"}}); },
+               {"pipeline.schedule = zbv", "pipeline.virtual_stages = 2 (got 1)"});
+  expect_error([] { Config::load("", {{"pipeline.virtual_stages", "2"}, {"pipeline.schedule", "zbh1"}}); },
+               {"pipeline.virtual_stages = 2", "interleaved or zbv", "zbh1 runs one stage per rank"});
+  EXPECT_NO_THROW(Config::load("", {{"pipeline.schedule", "zbv"}, {"pipeline.virtual_stages", "2"}}));
 }
 
 TEST(Config, BadCompressorSpecsAreRejectedWhileReading) {

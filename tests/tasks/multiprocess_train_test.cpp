@@ -144,6 +144,13 @@ TEST(MultiProcessTrain, FourProcessesComputeTheSameNumbersAsOne) {
   ASSERT_EQ(s5, 0) << o5;
   EXPECT_EQ(metrics_without_times(dir.path() / "zbh1"), reference);
   EXPECT_EQ(jsonl_without_times(dir.path() / "zbh1"), reference_jsonl);
+  // ZB-V in 2 processes (rank 0: stages 0 and 3, rank 1: stages 1 and 2; Note [ZB-V]).
+  auto [s6, o6] = run(common + (dir.path() / "zbv").string() +
+                          " --nproc 2 --pipeline.schedule=zbv --pipeline.virtual_stages=2",
+                      mp::temp_log("zbv"));
+  ASSERT_EQ(s6, 0) << o6;
+  EXPECT_EQ(metrics_without_times(dir.path() / "zbv"), reference);
+  EXPECT_EQ(jsonl_without_times(dir.path() / "zbv"), reference_jsonl);
   // Only rank 0 wrote the run; its summary says how it ran, with every rank's peak memory.
   EXPECT_TRUE(fs::exists(dir.path() / "mp" / "checkpoint.safetensors"));
   {

@@ -37,7 +37,7 @@ usage:
   tapeline train --config FILE --out DIR [options] [--section.key=value ...]
   tapeline eval --run DIR [--compression on|off|both] [--section.key=value ...]
   tapeline compare RUN_DIR... [--plot OUT_DIR]
-  tapeline schedule [--schedule 1f1b|gpipe|interleaved|zbh1] [--stages S] [--virtual-stages V] [--micro-batches M] [--comm] [--slack]
+  tapeline schedule [--schedule 1f1b|gpipe|interleaved|zbh1|zbv] [--stages S] [--virtual-stages V] [--micro-batches M] [--comm] [--slack]
   tapeline help [train|eval|compare|schedule]
 
 commands:
@@ -322,10 +322,10 @@ int cmd_compare(const std::vector<std::string>& argv) {
 int cmd_schedule(const std::vector<std::string>& argv) {
   po::options_description d("schedule options");
   d.add_options()("help,h", "show this help")("schedule", po::value<std::string>()->default_value("1f1b"),
-                                              "1f1b, gpipe, interleaved or zbh1 (pipeline.schedule)")(
+                                              "1f1b, gpipe, interleaved, zbh1 or zbv (pipeline.schedule)")(
       "stages", po::value<int>()->default_value(4), "number of stages")(
       "virtual-stages", po::value<int>()->default_value(1),
-      "stages per rank (pipeline.virtual_stages; > 1 with --schedule interleaved)")(
+      "stages per rank (pipeline.virtual_stages; > 1 with --schedule interleaved, 2 with zbv)")(
       "micro-batches", po::value<int>()->default_value(8), "micro-batches per step (train.micro_batches)")(
       "comm", "list the sends and receives too")(
       "slack", "also each gradient send's slack on the step's dependency graph (forward 1, backward 2, "
@@ -339,7 +339,8 @@ int cmd_schedule(const std::vector<std::string>& argv) {
   if (stages < 1 || m < 1 || v < 1) throw UsageError("--stages, --virtual-stages and --micro-batches must be >= 1");
   std::vector<RankSchedule> lists;
   try {
-    lists = make_schedule(vm["schedule"].as<std::string>(), StageLayout::of(stages, v), m);
+    const std::string name = vm["schedule"].as<std::string>();
+    lists = make_schedule(name, StageLayout::of(stages, v, placement_of(name)), m);
   } catch (const c10::Error& e) {
     throw UsageError(e.what_without_backtrace());
   }
