@@ -11,6 +11,22 @@ if(TAPELINE_SANITIZE)
   message(STATUS "tapeline: building with -fsanitize=${TAPELINE_SANITIZE}")
 endif()
 
+# TAPELINE_FUZZ: every target instrumented for libFuzzer's coverage and checked by ASan and UBSan
+# (tests/fuzz/CMakeLists.txt links the harnesses with -fsanitize=fuzzer). Needs clang.
+if(TAPELINE_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "TAPELINE_FUZZ=ON needs clang (libFuzzer): configure with -DCMAKE_CXX_COMPILER=clang++ "
+                        "(scripts/fuzz does); got ${CMAKE_CXX_COMPILER_ID}")
+  endif()
+  if(TAPELINE_SANITIZE)
+    message(FATAL_ERROR "TAPELINE_FUZZ=ON brings its own sanitizers (address, undefined): leave TAPELINE_SANITIZE empty")
+  endif()
+  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
+                      -fno-omit-frame-pointer -gline-tables-only)
+  add_link_options(-fsanitize=address,undefined)
+  message(STATUS "tapeline: libFuzzer harnesses, ASan + UBSan")
+endif()
+
 # tapeline_library(NAME SOURCES... DEPS ...): a folder's library with the ATen precompiled header.
 function(tapeline_library name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})

@@ -1,5 +1,7 @@
 #include "compression/payload.h"
 
+#include <atomic>
+
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
@@ -137,7 +139,9 @@ Payload parse_header(const uint8_t* data, size_t avail, const char* what, size_t
   const uint8_t* q = data + kFixedHeader;
   for (size_t i = 0; i < ndim; ++i, q += 8) p.shape.push_back(get_i64(q));
   for (size_t i = 0; i < nparams; ++i, q += 8) p.params.push_back(get_i64(q));
-  codec::shape_numel(p.shape);  // negative or overflowing extents: error
+  const int64_t numel = codec::shape_numel(p.shape);  // negative or overflowing extents: error
+  TORCH_CHECK(numel <= max_payload_elements(), what, ": shape ", c10::IntArrayRef(p.shape), " declares ", numel,
+              " elements; accepted at most ", max_payload_elements(), " (set_max_payload_elements in compression/payload.h)");
   const int64_t body = get_i64(q);
   TORCH_CHECK(body >= 0, what, ": corrupt header: negative body length ", body);
   body_size = static_cast<size_t>(body);
@@ -145,6 +149,16 @@ Payload parse_header(const uint8_t* data, size_t avail, const char* what, size_t
 }
 
 }  // namespace
+
+namespace {
+std::atomic<int64_t> g_max_payload_elements{int64_t(1) << 31};
+}  // namespace
+
+int64_t max_payload_elements() { return g_max_payload_elements.load(std::memory_order_relaxed); }
+void set_max_payload_elements(int64_t n) {
+  TORCH_CHECK(n > 0, "set_max_payload_elements(", n, "): expected a positive count");
+  g_max_payload_elements.store(n, std::memory_order_relaxed);
+}
 
 // ---- codec ids ------------------------------------------------------------------------------------
 uint16_t codec_id(const std::string& name) {

@@ -53,6 +53,13 @@ struct Payload {
   static Payload deserialize_view(const at::Tensor& buffer, size_t offset, size_t size);
 };
 
+/// The most elements a payload from the wire may declare (its shape's product). Decoders allocate
+/// the declared shape, and a sparse or low-rank body can be small whatever the shape, so the
+/// bound is on the shape: a corrupt or hostile header is an error, not a huge allocation. Default
+/// 2^31 (8 GiB as float32), process-wide; a message over it names this setting.
+int64_t max_payload_elements();
+void set_max_payload_elements(int64_t n);
+
 /// Stable small ids for codec names (hash-free: a fixed table in payload.cpp). Unknown name: error.
 uint16_t codec_id(const std::string& name);
 const std::string& codec_name(uint16_t id);

@@ -86,14 +86,21 @@ std::string format_number(double v, bool fraction) {
 }
 
 int64_t shape_numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
+  // The product of the non-zero extents must fit too: decoders form partial products (rows,
+  // channels, runs), and an empty shape such as (0, 2^40, 2^40) would overflow them.
+  int64_t nonzero = 1;
+  bool empty = false;
   for (int64_t d : shape) {
     TORCH_CHECK(d >= 0, "negative extent ", d, " in shape ", c10::IntArrayRef(shape));
-    TORCH_CHECK(d == 0 || n <= std::numeric_limits<int64_t>::max() / d, "shape ", c10::IntArrayRef(shape),
+    if (d == 0) {
+      empty = true;
+      continue;
+    }
+    TORCH_CHECK(nonzero <= std::numeric_limits<int64_t>::max() / d, "shape ", c10::IntArrayRef(shape),
                 " overflows int64");
-    n *= d;
+    nonzero *= d;
   }
-  return n;
+  return empty ? 0 : nonzero;
 }
 
 }  // namespace tl::codec

@@ -170,6 +170,19 @@ void read_key(const nlohmann::json& j, const char* key, T& out, const std::strin
   }
 }
 
+// A value read from config.json must lie in [lo, hi]; error naming the file, the key and the range.
+template <typename T>
+void check_range(const T& v, const char* key, double lo, double hi, const std::string& path, const char* what) {
+  const double x = static_cast<double>(v);
+  TORCH_CHECK(x >= lo && x <= hi, what, ": '", path, "': ", key, " = ", v, " is out of range; accepted: [", lo, ", ",
+              hi, "]");
+}
+
+// The shapes a config may describe: positive, and small enough that building the model does not
+// try to allocate more than any checkpoint of these families has (the largest published GPT-2
+// and BERT are ~1.5 B and ~0.3 B parameters).
+constexpr double kMaxVocab = 1 << 22, kMaxWidth = 1 << 16, kMaxLayers = 1024, kMaxPositions = 1 << 20;
+
 }  // namespace
 
 std::string hf_gpt2_name(const std::string& hf_name) { return map_gpt2(hf_name).name; }
@@ -214,6 +227,18 @@ GPT2Config gpt2_config_from_hf(const std::string& path) {
               "': this GPT2 uses one dropout probability, but resid_pdrop = ", resid, ", embd_pdrop = ", embd,
               ", attn_pdrop = ", attn);
   c.dropout = resid;
+  const char* what = "gpt2_config_from_hf";
+  check_range(c.vocab_size, "vocab_size", 1, kMaxVocab, path, what);
+  check_range(c.n_positions, "n_positions", 1, kMaxPositions, path, what);
+  check_range(c.n_embd, "n_embd", 1, kMaxWidth, path, what);
+  check_range(c.n_layer, "n_layer", 1, kMaxLayers, path, what);
+  check_range(c.n_head, "n_head", 1, kMaxWidth, path, what);
+  TORCH_CHECK(c.n_embd % c.n_head == 0, what, ": '", path, "': n_embd = ", c.n_embd, " is not a multiple of n_head = ",
+              c.n_head);
+  check_range(c.layer_norm_eps, "layer_norm_epsilon", 0, 1, path, what);
+  check_range(c.init_std, "initializer_range", 0, 1e3, path, what);
+  TORCH_CHECK(c.dropout >= 0 && c.dropout < 1, what, ": '", path, "': the dropout probability ", c.dropout,
+              " is not in [0, 1)");
   return c;
 }
 
@@ -264,6 +289,21 @@ BertConfig bert_config_from_hf(const std::string& path) {
   read_key(j, "position_embedding_type", type, path);
   TORCH_CHECK(type == "absolute", "bert_config_from_hf: '", path, "': position_embedding_type '", type,
               "' is not supported; only 'absolute'");
+  const char* what = "bert_config_from_hf";
+  check_range(c.vocab_size, "vocab_size", 1, kMaxVocab, path, what);
+  check_range(c.hidden_size, "hidden_size", 1, kMaxWidth, path, what);
+  check_range(c.num_hidden_layers, "num_hidden_layers", 1, kMaxLayers, path, what);
+  check_range(c.num_attention_heads, "num_attention_heads", 1, kMaxWidth, path, what);
+  TORCH_CHECK(c.hidden_size % c.num_attention_heads == 0, what, ": '", path, "': hidden_size = ", c.hidden_size,
+              " is not a multiple of num_attention_heads = ", c.num_attention_heads);
+  check_range(c.intermediate_size, "intermediate_size", 1, 4 * kMaxWidth, path, what);
+  check_range(c.max_position_embeddings, "max_position_embeddings", 1, kMaxPositions, path, what);
+  check_range(c.type_vocab_size, "type_vocab_size", 1, kMaxVocab, path, what);
+  check_range(c.pad_token_id, "pad_token_id", 0, static_cast<double>(c.vocab_size - 1), path, what);
+  check_range(c.layer_norm_eps, "layer_norm_eps", 0, 1, path, what);
+  check_range(c.initializer_range, "initializer_range", 0, 1e3, path, what);
+  TORCH_CHECK(c.hidden_dropout >= 0 && c.hidden_dropout < 1 && c.attention_dropout >= 0 && c.attention_dropout < 1,
+              what, ": '", path, "': hidden_dropout_prob and attention_probs_dropout_prob must be in [0, 1)");
   return c;
 }
 

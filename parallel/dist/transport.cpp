@@ -27,6 +27,39 @@ constexpr int64_t kGatherTag = -2;
 
 double now_s() { return steady_ns_to_s(steady_now_ns()); }
 
+}  // namespace
+
+FrameHeader wire::parse_frame_header(const uint8_t* data, size_t size, int64_t expected_seq,
+                                     const int64_t* expected_tag, int64_t max_body_bytes) {
+  auto fail = [](const std::string& why) { throw std::runtime_error(why); };
+  if (size < static_cast<size_t>(kHeaderBytes))
+    fail("frame of " + std::to_string(size) + " bytes, shorter than the " + std::to_string(kHeaderBytes) +
+         "-byte header");
+  int64_t h[kHeaderWords];
+  std::memcpy(h, data, kHeaderBytes);
+  if (h[kWordMagic] != kMagic) {
+    std::ostringstream os;
+    os << std::hex << h[kWordMagic];
+    fail("not a tapeline message (bad magic 0x" + os.str() +
+         "): garbage on the connection, or another program/version at the other end");
+  }
+  if (h[kWordCheck] != check_word(h)) fail("corrupt message header (check word mismatch)");
+  const int64_t n = h[kWordBytes];
+  if (n < 0 || n > max_body_bytes)
+    fail("announced body of " + std::to_string(n) + " bytes; accepted 0.." + std::to_string(max_body_bytes) +
+         " (TransportOptions::max_message_bytes)");
+  if (h[kWordSeq] != expected_seq)
+    fail("got message #" + std::to_string(h[kWordSeq]) + ": messages were lost or reordered");
+  if (expected_tag && h[kWordTag] != *expected_tag)
+    fail("got tag " + std::to_string(h[kWordTag]) + ", expected " + std::to_string(*expected_tag) +
+         ": the two ranks' schedules disagree");
+  FrameHeader out;
+  out.seq = h[kWordSeq], out.tag = h[kWordTag], out.body_bytes = n, out.stamp_ns = h[kWordStamp];
+  return out;
+}
+
+namespace {
+
 // Whether nothing but `t` itself refers to its memory: no other handle to its TensorImpl (a copy
 // of the handle, e.g. a Message's body or a queued send) and no other tensor on its storage (a
 // view, e.g. an inlined body narrowed from a frame).
@@ -437,27 +470,17 @@ struct Transport::Impl {
       record(std::make_exception_ptr(err));
       throw err;
     }
-    int64_t h[kHeaderWords];
-    std::memcpy(h, frame.data_ptr<uint8_t>(), kHeaderBytes);
-    if (h[kWordMagic] != kMagic)
-      fail("not a tapeline message (bad magic 0x" + [&] {
-        std::ostringstream os;
-        os << std::hex << h[kWordMagic];
-        return os.str();
-      }() + "): garbage on the connection, or another program/version at the other end");
-    if (h[kWordCheck] != check_word(h)) fail("corrupt message header (check word mismatch)");
-    const int64_t n = h[kWordBytes];
-    if (n < 0 || n > opts.max_message_bytes)
-      fail("announced body of " + std::to_string(n) + " bytes; accepted 0.." + std::to_string(opts.max_message_bytes) +
-           " (TransportOptions::max_message_bytes)");
-    if (h[kWordSeq] != recv_seq[src])
-      fail("got message #" + std::to_string(h[kWordSeq]) + ": messages were lost or reordered");
-    if (expected_tag && h[kWordTag] != *expected_tag)
-      fail("got tag " + std::to_string(h[kWordTag]) + ", expected " + std::to_string(*expected_tag) +
-           ": the two ranks' schedules disagree");
-    m.tag = h[kWordTag];
-    m.seq = h[kWordSeq];
-    m.sent_s = steady_ns_to_s(h[kWordStamp]);
+    FrameHeader h;
+    try {
+      h = parse_frame_header(frame.data_ptr<uint8_t>(), static_cast<size_t>(frame.numel()), recv_seq[src],
+                             expected_tag ? &*expected_tag : nullptr, opts.max_message_bytes);
+    } catch (const std::runtime_error& e) {
+      fail(e.what());
+    }
+    const int64_t n = h.body_bytes;
+    m.tag = h.tag;
+    m.seq = h.seq;
+    m.sent_s = steady_ns_to_s(h.stamp_ns);
     try {
       // The body's recv is posted first (its recv-ready notice is what the sender waits for), then
       // the next frame's, which can land while this body does and before recv() is called again.

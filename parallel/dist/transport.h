@@ -93,6 +93,16 @@ enum Word { kWordMagic = 0, kWordSeq, kWordTag, kWordBytes, kWordStamp, kWordChe
 inline int64_t check_word(const int64_t* h) {
   return h[kWordMagic] ^ h[kWordSeq] ^ h[kWordTag] ^ h[kWordBytes] ^ h[kWordStamp] ^ kCheckSalt;
 }
+/// A received frame's header, validated.
+struct FrameHeader {
+  int64_t seq = 0, tag = 0, body_bytes = 0, stamp_ns = 0;
+};
+/// Reads and checks the header at the start of a received frame of `size` bytes: the magic, the
+/// check word, a body size in [0, max_body_bytes], the expected sequence number and (when
+/// `expected_tag` is given) the tag. Throws std::runtime_error saying what was wrong; the
+/// transport adds the peer, the message and the context.
+FrameHeader parse_frame_header(const uint8_t* data, size_t size, int64_t expected_seq, const int64_t* expected_tag,
+                               int64_t max_body_bytes);
 }  // namespace wire
 
 /// A failed communication. peer() is the rank at fault (-1 when unknown, e.g. a collective), and

@@ -83,8 +83,17 @@ at::Tensor read_idx_file(const std::string& path, int64_t expected_dims) {
     total *= dims[d];
     TORCH_CHECK(total < (int64_t(1) << 40), path, ": header declares an implausible size (", total, " bytes)");
   }
-  at::Tensor out = at::empty(dims, at::kByte);
-  got = file.read(out.data_ptr<uint8_t>(), total, path);
+  // The header's size is only a claim: the buffer grows as the data arrives (doubling), so a short
+  // file whose header declares gigabytes costs what it holds, not what it claims.
+  at::Tensor out = at::empty({std::min<int64_t>(total, int64_t(1) << 24)}, at::kByte);
+  got = 0;
+  while (true) {
+    const int64_t want = out.numel() - got;
+    const int64_t n = file.read(out.data_ptr<uint8_t>() + got, want, path);
+    got += n;
+    if (n < want || got == total) break;
+    out.resize_({std::min<int64_t>(total, 2 * out.numel())});
+  }
   std::ostringstream shape;
   for (size_t d = 0; d < dims.size(); ++d) shape << (d ? "x" : "") << dims[d];
   TORCH_CHECK(got == total, path, ": truncated: the header declares ", shape.str(), " = ", total,
@@ -92,7 +101,7 @@ at::Tensor read_idx_file(const std::string& path, int64_t expected_dims) {
   uint8_t extra = 0;
   TORCH_CHECK(file.read(&extra, 1, path) == 0, path, ": has data after the ", total, " bytes its header (", shape.str(),
               ") declares");
-  return out;
+  return out.view(dims);
 }
 
 DatasetSplits load_mnist_dir(const std::string& root, const std::string& name,

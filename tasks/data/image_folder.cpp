@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 
 #include "tasks/data/dataset.h"
@@ -15,6 +17,62 @@
 
 namespace tl {
 namespace {
+namespace fs = std::filesystem;
+
+// Images larger than this (64 Mpixel) are not decoded: a header's size is a claim, and stb
+// allocates it before reading the pixels.
+constexpr int64_t kMaxPixels = int64_t(1) << 26;
+
+// Note [JPEG Huffman tables before stb_image]. Debian's stb_image (2.27, 2022) trusts the 16 code
+// counts of a JPEG Huffman table (DHT segment): when they add up to more than 256 symbols,
+// stbi__build_huffman writes past its 257-entry size array (found by tests/fuzz's image harness
+// under UBSan; upstream 2.28 rejects such tables). The file is checked here first: every DHT
+// table, in the header and between the scans of a progressive JPEG, must declare at most 256
+// symbols and fit in its segment. Anything else malformed is left to stb, which rejects it.
+void check_jpeg_huffman_tables(const std::vector<uint8_t>& b, const std::string& path) {
+  auto bad = [&](size_t at, const std::string& why) {
+    TORCH_CHECK(false, path, ": corrupt JPEG (", why, " at byte ", at, ")");
+  };
+  size_t i = 2;  // after SOI (FF D8)
+  while (i + 1 < b.size()) {
+    if (b[i] != 0xFF) bad(i, "expected a marker");
+    while (i + 1 < b.size() && b[i + 1] == 0xFF) ++i;  // fill bytes
+    if (i + 1 >= b.size()) break;
+    const uint8_t m = b[i + 1];
+    i += 2;
+    if (m == 0xD9) return;                                  // EOI
+    if (m == 0x01 || (m >= 0xD0 && m <= 0xD8)) continue;   // markers without a length
+    if (i + 2 > b.size()) bad(i, "segment length past the end");
+    const size_t len = (size_t(b[i]) << 8) | b[i + 1];
+    if (len < 2 || i + len > b.size()) bad(i, "segment length " + std::to_string(len) + " past the end");
+    if (m == 0xC4) {  // DHT: tables of 1 + 16 + n bytes
+      size_t t = i + 2;
+      const size_t end = i + len;
+      while (t < end) {
+        if (t + 17 > end) bad(t, "Huffman table header past its segment");
+        size_t n = 0;
+        for (size_t k = 1; k <= 16; ++k) n += b[t + k];
+        if (n > 256) bad(t, "Huffman table of " + std::to_string(n) + " symbols; at most 256");
+        t += 17 + n;
+        if (t > end) bad(t, "Huffman table symbols past its segment");
+      }
+    }
+    i += len;
+    if (m == 0xDA) {  // SOS: entropy-coded data up to the next marker that is not a stuffed 00 or RSTn
+      while (i + 1 < b.size() && !(b[i] == 0xFF && b[i + 1] != 0x00 && !(b[i + 1] >= 0xD0 && b[i + 1] <= 0xD7))) ++i;
+    }
+  }
+}
+
+// The file's bytes; a JPEG's Huffman tables checked (Note [JPEG Huffman tables before stb_image]).
+std::vector<uint8_t> read_image_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK(in, path.string(), ": cannot open for reading");
+  std::vector<uint8_t> b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  TORCH_CHECK(b.size() <= (size_t(1) << 31), path.string(), ": ", b.size(), " bytes; image files over 2 GiB are not read");
+  if (b.size() >= 2 && b[0] == 0xFF && b[1] == 0xD8) check_jpeg_huffman_tables(b, path.string());
+  return b;
+}
 
 bool is_image(const std::filesystem::path& p) {
   std::string ext = p.extension().string();
@@ -70,8 +128,14 @@ ImageDataset read_image_folder(const std::string& root, int64_t channels, int64_
                 "' has no .png, .jpg, .jpeg or .bmp files");
     for (const auto& path : files) {
       int w = 0, h = 0, n = 0;
+      const std::vector<uint8_t> bytes = read_image_bytes(path);
+      TORCH_CHECK(stbi_info_from_memory(bytes.data(), static_cast<int>(bytes.size()), &w, &h, &n), path.string(),
+                  ": cannot decode image (", stbi_failure_reason(), "); expected a valid PNG, JPEG or BMP file");
+      TORCH_CHECK(int64_t(w) * h <= kMaxPixels, path.string(), ": a ", w, "x", h, " image; at most ", kMaxPixels,
+                  " pixels are decoded");
       std::unique_ptr<uint8_t, void (*)(void*)> pixels(
-          stbi_load(path.string().c_str(), &w, &h, &n, static_cast<int>(channels)), stbi_image_free);
+          stbi_load_from_memory(bytes.data(), static_cast<int>(bytes.size()), &w, &h, &n, static_cast<int>(channels)),
+          stbi_image_free);
       TORCH_CHECK(pixels != nullptr, path.string(), ": cannot decode image (", stbi_failure_reason(),
                   "); expected a valid PNG, JPEG or BMP file");
       if (image_size == 0) {
