@@ -11,7 +11,9 @@
 // printed too. JSON lines on stdout (rank 0):
 //   {"bench":"transport","bytes":...,"messages":K,"raw_MBps":...,"tapeline_MBps":...,
 //    "tapeline_thread_MBps":...,"ratio":tapeline/raw,"ratio_thread":...,"ratio_median":...,
-//    "ratio_thread_median":...,"target":0.9}
+//    "ratio_thread_median":...,"ratio_no_checksum_median":...,"target":0.9}
+// ratio_no_checksum_median: the blocking transport without body checksums (TransportOptions::
+// checksum = false), so that ratio_median / ratio_no_checksum_median is what the CRC-32C costs.
 // Options: --repeats R (default 5), --max-mib M (default 64), --timeout S (default 60).
 #include <algorithm>
 #include <chrono>
@@ -63,6 +65,13 @@ int run_rank(const Args& args) {
   env_thread.agent_store = env_raw.agent_store = true;  // rank 0's first transport hosts the store
   o.comm_thread = true;
   auto tl_thread = Transport::connect(env_thread, o);
+  // A third, blocking and without body checksums: what the CRC-32C costs (Note [body checksum]).
+  DistEnv env_nocrc = env;
+  env_nocrc.restart_count = 1002;
+  env_nocrc.agent_store = true;
+  o.comm_thread = false;
+  o.checksum = false;
+  auto tl_nocrc = Transport::connect(env_nocrc, o);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(args.timeout_s * 1000));
   auto raw_store = compat::make_prefix_store(
       env_raw.store_prefix(), compat::make_tcp_store(env.master_addr, env.master_port, false, env.world_size, timeout));
@@ -74,7 +83,7 @@ int run_rank(const Args& args) {
     const int k = static_cast<int>(std::max<int64_t>(4, std::min<int64_t>(64, (int64_t(256) << 20) / size)));
     at::Tensor buf = at::full({size}, 7, at::kByte);
     double best_raw = 1e30, best_tl = 1e30, best_thread = 1e30;
-    std::vector<double> paired, paired_thread;  // raw time / tapeline time, per repeat
+    std::vector<double> paired, paired_thread, paired_nocrc;  // raw time / tapeline time, per repeat
     // Small messages are latency-bound, hence the most sensitive to other processes on the
     // machine: they get more (cheap) repeats, so that the best of them finds a quiet moment.
     const int repeats = size <= (int64_t(1) << 20) ? 3 * args.repeats : args.repeats;
@@ -94,7 +103,7 @@ int run_rank(const Args& args) {
       best_raw = std::min(best_raw, raw_s);
       // tapeline, blocking and with the communication thread: header, then a body the receiver
       // allocates from the header.
-      for (Transport* t : {tl_plain.get(), tl_thread.get()}) {
+      for (Transport* t : {tl_plain.get(), tl_thread.get(), tl_nocrc.get()}) {
         t->barrier("tapeline start");
         t0 = now_s();
         for (int i = 0; i < k; ++i) {
@@ -108,6 +117,10 @@ int run_rank(const Args& args) {
         else
           t->send(0, ack, 0, "ack");
         const double dt = now_s() - t0;
+        if (t == tl_nocrc.get()) {
+          paired_nocrc.push_back(raw_s / dt);
+          continue;
+        }
         (t == tl_plain.get() ? best_tl : best_thread) = std::min(t == tl_plain.get() ? best_tl : best_thread, dt);
         (t == tl_plain.get() ? paired : paired_thread).push_back(raw_s / dt);
       }
@@ -122,12 +135,14 @@ int run_rank(const Args& args) {
       std::printf(
           "{\"bench\":\"transport\",\"backend\":\"gloo\",\"bytes\":%lld,\"messages\":%d,\"repeats\":%d,"
           "\"raw_MBps\":%.1f,\"tapeline_MBps\":%.1f,\"tapeline_thread_MBps\":%.1f,\"ratio\":%.3f,"
-          "\"ratio_thread\":%.3f,\"ratio_median\":%.3f,\"ratio_thread_median\":%.3f,\"target\":0.9}\n",
+          "\"ratio_thread\":%.3f,\"ratio_median\":%.3f,\"ratio_thread_median\":%.3f,"
+          "\"ratio_no_checksum_median\":%.3f,\"target\":0.9}\n",
           (long long)size, k, repeats, mb / best_raw, mb / best_tl, mb / best_thread, best_raw / best_tl,
-          best_raw / best_thread, median(paired), median(paired_thread));
+          best_raw / best_thread, median(paired), median(paired_thread), median(paired_nocrc));
       std::fflush(stdout);
     }
   }
+  tl_nocrc->barrier("end");
   tl_thread->barrier("end");
   tl_plain->barrier("end");
   return 0;

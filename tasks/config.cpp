@@ -369,6 +369,10 @@ const std::vector<Key>& schema() {
         [](Config& c, const std::string& v) {
           c.dist.timeout_s = parse_double(v, 0.0, 86400.0, "a number of seconds in (0, 86400]", true);
         });
+    add("dist.checksum", "true", "true, false",
+        "multi-process: send each message body's CRC-32C and check it on receipt (a corrupted message is an error "
+        "naming the peer, never a wrong tensor); false saves a pass over each body at both ends",
+        [](Config& c, const std::string& v) { c.dist.checksum = parse_bool(v); });
     // [boundary]
     add("boundary.forward", "identity", "a compressor spec (docs/COMPRESSION.md)",
         "compressor of the activations sent forward at every cut",

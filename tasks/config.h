@@ -109,6 +109,7 @@ struct DpSection {
 
 struct DistSection {
   double timeout_s = 60;  // a peer silent this long is an error naming it
+  bool checksum = true;   // CRC-32C of every message body (Note [body checksum] in parallel/dist/transport.h)
 };
 
 /// One documented key.

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "parallel/dist/c10d_compat.h"
+#include "parallel/dist/checksum.h"
 
 namespace tl::dist {
 namespace {
@@ -53,9 +54,16 @@ FrameHeader wire::parse_frame_header(const uint8_t* data, size_t size, int64_t e
   if (expected_tag && h[kWordTag] != *expected_tag)
     fail("got tag " + std::to_string(h[kWordTag]) + ", expected " + std::to_string(*expected_tag) +
          ": the two ranks' schedules disagree");
+  const int64_t crc = h[kWordBodyCrc];
+  if (crc != 0 && (crc >> 32) != 1) fail("corrupt message header (body checksum word)");
   FrameHeader out;
   out.seq = h[kWordSeq], out.tag = h[kWordTag], out.body_bytes = n, out.stamp_ns = h[kWordStamp];
+  out.body_crc = crc;
   return out;
+}
+
+int64_t wire::body_crc_word(const uint8_t* body, size_t n) {
+  return kBodyCrcPresent | static_cast<int64_t>(crc32c(body, n));
 }
 
 namespace {
@@ -318,6 +326,8 @@ struct Transport::Impl {
     h[kWordTag] = p.tag;
     h[kWordBytes] = n;
     h[kWordStamp] = p.stamp_ns;
+    h[kWordBodyCrc] =
+        opts.checksum && p.body.is_cpu() ? body_crc_word(p.body.data_ptr<uint8_t>(), static_cast<size_t>(n)) : 0;
     h[kWordCheck] = check_word(h);
     uint8_t* w = f.frame.data_ptr<uint8_t>();
     std::memcpy(w, h, kHeaderBytes);
@@ -504,6 +514,16 @@ struct Transport::Impl {
       TransportError err = failure(what + " (body of " + std::to_string(n) + " bytes)", src, context, cause_of(e));
       record(std::make_exception_ptr(err));
       throw err;
+    }
+    if (h.body_crc != 0) {  // Note [body checksum]
+      const int64_t got = body_crc_word(m.body.data_ptr<uint8_t>(), static_cast<size_t>(n));
+      if (got != h.body_crc) {
+        std::ostringstream os;
+        os << std::hex << "body checksum mismatch (crc32c 0x" << (got & 0xFFFFFFFF) << ", the sender's 0x"
+           << (h.body_crc & 0xFFFFFFFF) << std::dec << ", " << n
+           << " bytes): the message was corrupted between the two ranks; nothing of it was used";
+        fail(os.str());
+      }
     }
     const double t_body = now_s();
     ++recv_seq[src];
@@ -806,11 +826,14 @@ std::vector<std::string> Transport::gather_bytes(const std::string& bytes, int r
   return out;
 }
 
-void Transport::inject_raw_header_for_testing(int dst, const std::vector<int64_t>& words, const std::string& context) {
+void Transport::inject_raw_header_for_testing(int dst, const std::vector<int64_t>& words, const std::string& context,
+                                              const std::vector<uint8_t>& inline_body) {
   impl_->check_peer(dst, "send to");
-  at::Tensor h = at::empty({kHeaderWords}, at::kLong).zero_();
-  for (int64_t i = 0; i < kHeaderWords && i < static_cast<int64_t>(words.size()); ++i) h[i] = words[i];
-  std::vector<at::Tensor> hv{impl_->on_device(h.view(at::kByte))};
+  at::Tensor h = at::zeros({kHeaderBytes + static_cast<int64_t>(inline_body.size())}, at::kByte);
+  for (int64_t i = 0; i < kHeaderWords && i < static_cast<int64_t>(words.size()); ++i)
+    std::memcpy(h.data_ptr<uint8_t>() + 8 * i, &words[static_cast<size_t>(i)], 8);
+  if (!inline_body.empty()) std::memcpy(h.data_ptr<uint8_t>() + kHeaderBytes, inline_body.data(), inline_body.size());
+  std::vector<at::Tensor> hv{impl_->on_device(h)};
   compat::wait(impl_->pg->send(hv, dst, kFrameTag), impl_->timeout);
 }
 

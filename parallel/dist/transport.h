@@ -4,9 +4,10 @@
 // the runtime needs (tied-embedding all-reduce, barrier, broadcast and gather of byte strings).
 //
 // Note [wire protocol]. A message is one or two plain blocking c10d send/recv pairs, in order:
-//   1. a frame: the header, 6 int64 (48 bytes): magic|version, sequence number on this (src, dst)
+//   1. a frame: the header, 7 int64 (56 bytes): magic|version, sequence number on this (src, dst)
 //      pair, the caller's tag, body bytes n, the sender's steady-clock stamp in ns (for link
-//      emulation, see parallel/link.h), and a check word (xor of the others with a constant);
+//      emulation, see parallel/link.h), the body's checksum (Note [body checksum]), and a check
+//      word (xor of the others with a constant);
 //      followed, when n <= wire::kInlineMax (128 KiB, Gloo only), by the body itself;
 //   2. for a larger body: the body as one uint8 tensor of n bytes.
 // The receiver posts each frame recv at the largest frame size (Gloo accepts a shorter message into
@@ -19,6 +20,13 @@
 // the process. Only another program would send one.)
 // On Gloo a send completes only once the peer posts the matching recv, so callers must order
 // sends and recvs as parallel/schedule.h's Note [blocking send/recv] explains.
+//
+// Note [body checksum]. The header carries the CRC-32C of the body (bit 32 set: present), computed
+// by the sender from the bytes it sends and checked by the receiver before anything reads them: a
+// bit flipped anywhere between the two (a faulty NIC, memory or switch that the 16-bit TCP
+// checksum misses, or a frame shorter than its header says) is an error naming the peer and the
+// message, never a wrong tensor. Bodies on a CUDA device (NCCL) carry no checksum (word 0) and are
+// not checked. Cost: one pass over the body at each end (SSE4.2, parallel/dist/checksum.h).
 //
 // Note [failures are errors, never hangs]. Every operation waits at most timeout_s
 // (config dist.timeout_s). A dead peer (its socket closes) fails the pending operation at once; a
@@ -80,22 +88,26 @@ namespace tl::dist {
 
 /// Note [wire protocol]'s header, for tools and tests that speak it.
 namespace wire {
-constexpr int64_t kMagic = (int64_t(0x544C4D53) << 16) | 2;  // "TLMS", version 2
+constexpr int64_t kMagic = (int64_t(0x544C4D53) << 16) | 3;  // "TLMS", version 3
 constexpr int64_t kCheckSalt = 0x5A5A5A5A5A5A5A5ALL;
-constexpr int64_t kHeaderWords = 6;
+constexpr int64_t kHeaderWords = 7;
 constexpr int64_t kHeaderBytes = kHeaderWords * 8;
 constexpr int64_t kInlineMax = 128 << 10;  // bodies up to this size travel in the frame (Gloo)
 /// A tag with this bit set is not delayed by the emulated link (side messages that exist only
 /// for statistics: Note [reference tensors] in parallel/channel.h).
 constexpr int64_t kTagNoLink = int64_t(1) << 61;
-enum Word { kWordMagic = 0, kWordSeq, kWordTag, kWordBytes, kWordStamp, kWordCheck };
-/// The check word of a header whose first five words are set.
+enum Word { kWordMagic = 0, kWordSeq, kWordTag, kWordBytes, kWordStamp, kWordBodyCrc, kWordCheck };
+/// The body word: bit 32 says a checksum is present, the low 32 bits are the body's CRC-32C.
+constexpr int64_t kBodyCrcPresent = int64_t(1) << 32;
+/// The check word of a header whose first six words are set.
 inline int64_t check_word(const int64_t* h) {
-  return h[kWordMagic] ^ h[kWordSeq] ^ h[kWordTag] ^ h[kWordBytes] ^ h[kWordStamp] ^ kCheckSalt;
+  return h[kWordMagic] ^ h[kWordSeq] ^ h[kWordTag] ^ h[kWordBytes] ^ h[kWordStamp] ^ h[kWordBodyCrc] ^ kCheckSalt;
 }
+/// The body word for `n` host bytes (Note [body checksum]).
+int64_t body_crc_word(const uint8_t* body, size_t n);
 /// A received frame's header, validated.
 struct FrameHeader {
-  int64_t seq = 0, tag = 0, body_bytes = 0, stamp_ns = 0;
+  int64_t seq = 0, tag = 0, body_bytes = 0, stamp_ns = 0, body_crc = 0;
 };
 /// Reads and checks the header at the start of a received frame of `size` bytes: the magic, the
 /// check word, a body size in [0, max_body_bytes], the expected sequence number and (when
@@ -127,6 +139,7 @@ struct TransportOptions {
   std::string backend = "gloo";                  // "gloo" (CPU) or "nccl" (CUDA, where built)
   double timeout_s = 60.0;                       // dist.timeout_s: every wait, rendezvous included
   bool comm_thread = false;                      // Note [communication thread]
+  bool checksum = true;                          // send bodies' CRC-32C (Note [body checksum]); false: benchmarks
   int64_t max_message_bytes = int64_t(1) << 34;  // larger announced bodies are rejected (16 GiB)
   LinkSpec link;                                 // emulated link into this rank from every peer
   std::map<int, LinkSpec> link_from;             // per source rank, overriding `link`
@@ -209,7 +222,8 @@ class Transport {
 
   /// Fault injection for tests and tools: sends `words` as a bare frame (a header without body),
   /// unchecked (garbage, forged sizes), to `dst`. The transport is unusable for `dst` after it.
-  void inject_raw_header_for_testing(int dst, const std::vector<int64_t>& words, const std::string& context);
+  void inject_raw_header_for_testing(int dst, const std::vector<int64_t>& words, const std::string& context,
+                                     const std::vector<uint8_t>& inline_body = {});
 
   struct Impl;
 

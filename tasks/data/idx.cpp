@@ -80,8 +80,8 @@ at::Tensor read_idx_file(const std::string& path, int64_t expected_dims) {
     dims[d] = (int64_t(b[0]) << 24) | (int64_t(b[1]) << 16) | (int64_t(b[2]) << 8) | b[3];
     TORCH_CHECK(dims[d] > 0 && dims[d] < (int64_t(1) << 31), path, ": dimension ", d, " is ", dims[d],
                 "; expected a positive size");
+    TORCH_CHECK(dims[d] < (int64_t(1) << 40) / total, path, ": header declares an implausible size (more than 2^40 bytes)");
     total *= dims[d];
-    TORCH_CHECK(total < (int64_t(1) << 40), path, ": header declares an implausible size (", total, " bytes)");
   }
   // The header's size is only a claim: the buffer grows as the data arrives (doubling), so a short
   // file whose header declares gigabytes costs what it holds, not what it claims.

@@ -82,7 +82,7 @@ bool outside_fingerprint(const std::string& key) {
   static const std::vector<std::string> keys = {"run.progress", "run.log_every", "run.checkpoint_every", "run.threads",
                                                 "run.measure_error",
                                                 "run.device",   "data.root",     "data.prefetch", "model.weights",
-                                                "pipeline.nproc", "dist.timeout_s", "parallel.dp",
+                                                "pipeline.nproc", "dist.timeout_s", "dist.checksum", "parallel.dp",
                                                 "dp.compression", "dp.compress_stages"};
   return key.rfind("boundary.", 0) == 0 || std::find(keys.begin(), keys.end(), key) != keys.end();
 }
@@ -246,8 +246,9 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
     o.backend = device_.is_cuda() ? "nccl" : "gloo";
     o.timeout_s = config_.dist.timeout_s;
     o.comm_thread = true;  // sends overlap compute
+    o.checksum = config_.dist.checksum;
     const int r = env->rank;
-    const StageLayout layout = StageLayout::of(static_cast<int>(pipeline_->num_stages()), pipeline_->virtual_stages());
+    const StageLayout layout = pipeline_->layout();  // round robin, or ZB-V's V
     const int replica = grid.replica(r);
     for (const auto& [pair, spec] : link_specs_by_rank_pair(layout, links))  // pipeline ranks of this replica
       if (grid.rank_of(pair.second, replica) == r) o.link_from[grid.rank_of(pair.first, replica)] = spec;

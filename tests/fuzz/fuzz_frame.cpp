@@ -1,4 +1,6 @@
 // A transport frame from a peer: the header checks, then the body as a payload.
+#include <stdexcept>
+
 #include "compression/payload.h"
 #include "parallel/dist/transport.h"
 #include "tests/fuzz/fuzz.h"
@@ -12,5 +14,8 @@ TL_FUZZ_TARGET(frame) {
   const wire::FrameHeader h = wire::parse_frame_header(data, size, /*expected_seq=*/0, &tag, /*max=*/1 << 20);
   TL_FUZZ_CHECK(h.body_bytes >= 0 && h.body_bytes <= (1 << 20) && h.seq == 0 && h.tag == tag, "header accepted out of range");
   const size_t body = std::min(static_cast<size_t>(h.body_bytes), size - wire::kHeaderBytes);
+  // As the receiver: a body whose checksum differs is rejected before it is read.
+  if (h.body_crc != 0 && wire::body_crc_word(data + wire::kHeaderBytes, body) != h.body_crc)
+    throw std::runtime_error("body checksum mismatch");
   tl::Payload::deserialize(data + wire::kHeaderBytes, body);
 }

@@ -62,6 +62,7 @@ TEST(FuzzRegressions, FoundInputsAreRejectedSayingWhy) {
   for (const Case& c : std::vector<Case>{
            {"hf_config", "crash-heads-do-not-divide-width", "hidden_size = 385 is not a multiple of num_attention_heads"},
            {"idx", "oom-header-claims-gigabytes", "the file ends after 12"},
+           {"idx", "ubsan-dimensions-overflow", "implausible size"},
            {"image", "crash-jpeg-huffman-over-256", "Huffman table of 517 symbols; at most 256"},
            {"payload", "oom-sparse-huge-shape", "declares 44445139608 elements; accepted at most"},
            {"payload", "ubsan-empty-shape-partial-product-overflow", "overflows int64"},

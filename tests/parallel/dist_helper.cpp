@@ -10,7 +10,8 @@
 //                       to it, from the comm thread with "thread") and must fail.
 //   silent              rank 1 connects and then says nothing; rank 0's recv must time out.
 //   silent_collective   rank 1 connects and never joins the all-reduce rank 0 starts.
-//   garbage KIND        rank 1 sends a forged header (KIND: magic | size | tag) or a truncated
+//   garbage KIND        rank 1 sends a forged header (KIND: magic | size | tag), a body with a bit
+//                       flipped after its checksum (bitflip), or a truncated
 //                       payload in a well-formed message (KIND payload); rank 0 must
 //                       reject it.
 //   link                rank 1 receives over an emulated link; checks nothing arrives early.
@@ -254,6 +255,18 @@ int run_garbage(const DistEnv& env, const std::string& kind) {
     std::this_thread::sleep_for(std::chrono::seconds(2));
     std::_Exit(0);
   }
+  if (t->rank() == 1 && kind == "bitflip") {  // a valid frame whose body lost a bit after the checksum
+    std::vector<uint8_t> body = make_payload(3).serialize();  // 1000 floats: inline in the frame
+    std::vector<int64_t> h(wire::kHeaderWords, 0);
+    h[wire::kWordMagic] = wire::kMagic;
+    h[wire::kWordBytes] = static_cast<int64_t>(body.size());
+    h[wire::kWordBodyCrc] = wire::body_crc_word(body.data(), body.size());
+    h[wire::kWordCheck] = wire::check_word(h.data());
+    body[body.size() / 2] ^= 0x10;
+    t->inject_raw_header_for_testing(0, h, "flipping", body);
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    std::_Exit(0);
+  }
   if (t->rank() == 1) {
     std::vector<int64_t> h(wire::kHeaderWords, 0);
     if (kind == "magic") {
@@ -272,7 +285,7 @@ int run_garbage(const DistEnv& env, const std::string& kind) {
   }
   const double t0 = now_s();
   try {
-    if (kind == "payload")
+    if (kind == "payload" || kind == "bitflip")
       t->recv_payload(1, 0, "step 1, boundary 1 forward");
     else
       t->recv(1, 0, "step 1, boundary 1 forward");

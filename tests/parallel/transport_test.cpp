@@ -187,6 +187,7 @@ TEST(Transport, ForgedHeadersAndPayloadsAreRejectedNamingThePeer) {
       {"size", "announced body of 1125899906842624 bytes"},
       {"tag", "got tag 5, expected 0: the two ranks' schedules disagree"},
       {"payload", "is not a valid payload"},
+      {"bitflip", "body checksum mismatch"},
   };
   for (const auto& [kind, why] : cases) {
     SCOPED_TRACE(kind);
