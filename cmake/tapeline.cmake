@@ -1,12 +1,18 @@
-# TAPELINE_SANITIZE=thread|address|undefined: compile and link everything with that sanitizer
-# (-fsanitize=..., frame pointers, debug info). See docs/ARCHITECTURE.md, "Engine internals".
-set(TAPELINE_SANITIZE "" CACHE STRING "Sanitizer for every target: thread, address, undefined or empty (none)")
-set_property(CACHE TAPELINE_SANITIZE PROPERTY STRINGS "" thread address undefined)
+# TAPELINE_SANITIZE=thread|address|undefined|address,undefined: compile and link everything with
+# that sanitizer (-fsanitize=..., frame pointers, debug info; undefined behaviour is fatal, so a test
+# that meets it fails). See docs/ARCHITECTURE.md, "Engine internals", and docs/FUZZING.md.
+set(TAPELINE_SANITIZE "" CACHE STRING
+    "Sanitizer for every target: thread, address, undefined, address,undefined or empty (none)")
+set_property(CACHE TAPELINE_SANITIZE PROPERTY STRINGS "" thread address undefined "address,undefined")
 if(TAPELINE_SANITIZE)
-  if(NOT TAPELINE_SANITIZE MATCHES "^(thread|address|undefined)$")
-    message(FATAL_ERROR "TAPELINE_SANITIZE='${TAPELINE_SANITIZE}' is not accepted; accepted: thread, address, undefined")
+  if(NOT TAPELINE_SANITIZE MATCHES "^(thread|address|undefined|address,undefined)$")
+    message(FATAL_ERROR "TAPELINE_SANITIZE='${TAPELINE_SANITIZE}' is not accepted; accepted: thread, address, "
+                        "undefined, address,undefined")
   endif()
   add_compile_options(-fsanitize=${TAPELINE_SANITIZE} -fno-omit-frame-pointer -g)
+  if(TAPELINE_SANITIZE MATCHES "undefined")
+    add_compile_options(-fno-sanitize-recover=undefined)
+  endif()
   add_link_options(-fsanitize=${TAPELINE_SANITIZE})
   message(STATUS "tapeline: building with -fsanitize=${TAPELINE_SANITIZE}")
 endif()
@@ -36,17 +42,56 @@ function(tapeline_library name)
   target_precompile_headers(${name} PRIVATE <ATen/ATen.h> <vector> <string> <memory>)
 endfunction()
 
-# tapeline_test(NAME LABEL SOURCES... DEPS ...): one gtest binary, its tests registered with ctest
+# tapeline_executable_pch(NAME): the one precompiled <torch/torch.h> (and <gtest/gtest.h> where
+# the tests are built) that every test and benchmark executable reuses, compiled once instead of
+# once per executable (about 20 s of a core each). Its owner is an executable, tl_exe_pch: a
+# library's PCH is compiled with -fPIC, an executable with -fPIE, and GCC ignores a PCH built with
+# the other one.
+function(tapeline_executable_pch name)
+  if(NOT TARGET tl_exe_pch)
+    set(main ${PROJECT_BINARY_DIR}/tl_exe_pch.cpp)
+    if(NOT EXISTS ${main})
+      file(WRITE ${main} "// The owner of the executables' precompiled header (cmake/tapeline.cmake).\nint main() { return 0; }\n")
+    endif()
+    add_executable(tl_exe_pch ${main})
+    target_link_libraries(tl_exe_pch PRIVATE ${TORCH_LIBRARIES})
+    set(headers <torch/torch.h> <vector> <string> <memory>)
+    set(options "")
+    if(TARGET GTest::gtest)
+      target_link_libraries(tl_exe_pch PRIVATE GTest::gtest)
+      list(APPEND headers <gtest/gtest.h>)
+      get_target_property(options GTest::gtest INTERFACE_COMPILE_OPTIONS)
+      if(NOT options)
+        set(options "")
+      endif()
+    endif()
+    target_precompile_headers(tl_exe_pch PRIVATE ${headers})
+    # GCC uses a PCH only where the macros it saw are defined alike: gtest's options
+    # (-DGTEST_HAS_PTHREAD=1) go to every user, the benchmarks too (GTest::gtest is visible in
+    # tests/ only).
+    set_property(GLOBAL PROPERTY TL_EXE_PCH_OPTIONS "${options}")
+  endif()
+  target_precompile_headers(${name} REUSE_FROM tl_exe_pch)
+  get_property(options GLOBAL PROPERTY TL_EXE_PCH_OPTIONS)
+  if(options)
+    target_compile_options(${name} PRIVATE ${options})
+  endif()
+endfunction()
+
+# tapeline_test(NAME LABEL [COST N] SOURCES... DEPS ...): one gtest binary, its tests registered with ctest
 # under LABEL. Tests that need CUDA have `Cuda` or `Gpu` in their name, skip themselves with
 # GTEST_SKIP when no device is present, and carry the label `gpu` instead (ctest -L gpu).
 function(tapeline_test name label)
-  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  cmake_parse_arguments(ARG "" "COST" "SOURCES;DEPS" ${ARGN})
+  if(NOT ARG_COST)
+    set(ARG_COST 0)
+  endif()
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} tl_test_common GTest::gtest GTest::gtest_main)
-  # Its own PCH: REUSE_FROM a library would mix -fPIC and -fPIE, and GCC then ignores the PCH.
-  target_precompile_headers(${name} PRIVATE <torch/torch.h> <gtest/gtest.h> <vector> <string> <memory>)
+  tapeline_executable_pch(${name})
+  # COST: ctest -j starts the costliest tests first (a clean clone has no timings to go by).
   gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST TEST_FILTER "*-*Cuda*:*Gpu*"
-                       PROPERTIES LABELS ${label} DISCOVERY_TIMEOUT 60)
+                       PROPERTIES LABELS ${label} COST ${ARG_COST} DISCOVERY_TIMEOUT 60)
   gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST TEST_FILTER "*Cuda*:*Gpu*"
                        PROPERTIES LABELS gpu DISCOVERY_TIMEOUT 60)
 endfunction()

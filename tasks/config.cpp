@@ -10,6 +10,7 @@
 
 #include "compression/spec.h"
 #include "parallel/dist/data_parallel.h"
+#include "parallel/dist/fault.h"
 #include "tasks/data/dataset.h"
 
 namespace tl {
@@ -373,6 +374,23 @@ const std::vector<Key>& schema() {
         "multi-process: send each message body's CRC-32C and check it on receipt (a corrupted message is an error "
         "naming the peer, never a wrong tensor); false saves a pass over each body at both ends",
         [](Config& c, const std::string& v) { c.dist.checksum = parse_bool(v); });
+    add("dist.inject_fault", "", "empty, or RANK:PHASE:STEP:KIND (docs/FAULTS.md)",
+        "debugging, multi-process: the rank does KIND (kill, stop, exit, partition, truncate, bitflip, oversize) at "
+        "PHASE (rendezvous, forward, backward, allreduce, evaluate, checkpoint) of step STEP; the run fails on purpose",
+        [](Config& c, const std::string& v) {
+          if (!v.empty()) dist::parse_fault(v);  // the error names what is accepted
+          c.dist.inject_fault = v;
+        });
+    add("dist.corrupt_rate", "0", "number in [0, 1]",
+        "debugging, multi-process: each message a rank sends has one bit flipped after its checksum with this "
+        "probability (the corruption soak, docs/FAULTS.md); with dist.checksum the receiver stops the run",
+        [](Config& c, const std::string& v) {
+          c.dist.corrupt_rate = parse_double(v, 0.0, 1.0, "a probability in [0, 1]");
+        });
+    add("dist.corrupt_seed", "0", "integer >= 0", "debugging: the seed of dist.corrupt_rate's draws (with the rank)",
+        [](Config& c, const std::string& v) {
+          c.dist.corrupt_seed = parse_int(v, 0, int64_t(1) << 40, "an integer >= 0");
+        });
     // [boundary]
     add("boundary.forward", "identity", "a compressor spec (docs/COMPRESSION.md)",
         "compressor of the activations sent forward at every cut",
@@ -483,11 +501,12 @@ std::string Config::value(const std::string& key) const {
   throw std::invalid_argument("Config::value: unknown key '" + key + "'");
 }
 
-std::string Config::to_ini() const {
+std::string Config::to_ini(const std::vector<std::string>& omit) const {
   std::ostringstream out;
   out << "# Resolved tapeline configuration (every key; docs/CONFIG.md)\n";
   std::string section;
   for (const auto& [name, v] : resolved_) {
+    if (std::find(omit.begin(), omit.end(), name) != omit.end()) continue;
     size_t dot = name.rfind('.');
     std::string sec = name.substr(0, dot), key = name.substr(dot + 1);
     if (sec != section) {

@@ -110,6 +110,10 @@ struct DpSection {
 struct DistSection {
   double timeout_s = 60;  // a peer silent this long is an error naming it
   bool checksum = true;   // CRC-32C of every message body (Note [body checksum] in parallel/dist/transport.h)
+  // Debugging: fault injection (Note [fault injection] in parallel/dist/fault.h, docs/FAULTS.md).
+  std::string inject_fault;  // RANK:PHASE:STEP:KIND, empty: none
+  double corrupt_rate = 0;   // probability that a sent message has a bit flipped after its checksum
+  int64_t corrupt_seed = 0;
 };
 
 /// One documented key.
@@ -142,8 +146,9 @@ class Config {
   const std::vector<std::pair<std::string, std::string>>& resolved() const { return resolved_; }
   /// The value of one key as a string (error for an unknown key).
   std::string value(const std::string& key) const;
-  /// The resolved config as an INI file that load_config reads back to the same Config.
-  std::string to_ini() const;
+  /// The resolved config as an INI file that load_config reads back to the same Config; keys in
+  /// `omit` are left out (they read back as their defaults).
+  std::string to_ini(const std::vector<std::string>& omit = {}) const;
 
   /// Reads `ini_path` (may be empty: defaults only), then applies `overrides` ("section.key" ->
   /// value; later entries win). Throws std::invalid_argument naming the source, the key and what

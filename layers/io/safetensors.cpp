@@ -320,6 +320,7 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
   if (!write_all(f.fd, &header_len, 8) || !write_all(f.fd, text.data(), text.size())) fail("writing the header");
   size_t i = 0;
   for (const auto& [name, _] : tensors) {
+    if (i == tensors.size() / 2) MidWriteHook::call();
     const at::Tensor& c = blobs[i++];
     if (!write_all(f.fd, c.data_ptr(), static_cast<uint64_t>(c.numel()) * c.element_size()))
       fail("writing tensor '" + name + "'");
@@ -334,6 +335,18 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
   Fd dir;
   dir.fd = ::open(parent_dir(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir.fd >= 0) ::fsync(dir.fd);
+}
+
+namespace {
+thread_local MidWriteHook* current_hook = nullptr;
+}  // namespace
+
+MidWriteHook::MidWriteHook(std::function<void()> hook) : hook_(std::move(hook)), previous_(current_hook) {
+  current_hook = this;
+}
+MidWriteHook::~MidWriteHook() { current_hook = previous_; }
+void MidWriteHook::call() {
+  if (current_hook && current_hook->hook_) current_hook->hook_();
 }
 
 }  // namespace tl

@@ -17,6 +17,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -55,6 +56,23 @@ std::map<std::string, std::string> safetensors_metadata(const std::string& path)
 /// Names must be non-empty and not "__metadata__"; dtypes as listed above.
 void save_safetensors(const std::string& path, const TensorMap& tensors,
                       const std::map<std::string, std::string>& metadata = {});
+
+/// Fault injection (parallel/dist/fault.h): while one exists on this thread, save_safetensors calls
+/// `hook` once halfway through writing its temporary file (after half of the tensors), so that a
+/// test can kill the writer there. Nests; the newest wins.
+class MidWriteHook {
+ public:
+  explicit MidWriteHook(std::function<void()> hook);
+  ~MidWriteHook();
+  MidWriteHook(const MidWriteHook&) = delete;
+  MidWriteHook& operator=(const MidWriteHook&) = delete;
+  /// Calls this thread's newest hook, if any.
+  static void call();
+
+ private:
+  std::function<void()> hook_;
+  MidWriteHook* previous_;
+};
 
 /// Safetensors dtype name of an ATen type ("F32"); error for types the format cannot hold.
 std::string safetensors_dtype_name(at::ScalarType type);

@@ -1,6 +1,7 @@
 #include "parallel/dist/c10d_channel.h"
 
 #include "compression/spec.h"
+#include "parallel/dist/fault.h"
 
 namespace tl::dist {
 
@@ -33,6 +34,11 @@ std::string C10dChannel::context(const MessageKey& key) const {
 void C10dChannel::send(int src, int dst, const MessageKey& key, StageMessage message, double now_s) {
   if (!message.payload) return;  // backward mode none: the receiver does not wait for it
   const std::string ctx = context(key);
+  // Note [fault injection]: evaluation counts from the training step before it.
+  if (phase_ == Phase::Evaluate)
+    fault_point(FaultPhase::Evaluate, -1, &transport_, true, ctx);
+  else
+    fault_point(key.activation ? FaultPhase::Forward : FaultPhase::Backward, step_, &transport_, true, ctx);
   transport_.send_payload(ranks_.at(static_cast<size_t>(dst)), *message.payload, tag(step_, phase_, key, false), ctx);
   if (message.reference.defined())
     transport_.send_payload(ranks_.at(static_cast<size_t>(dst)), identity()->encode(message.reference, {}),

@@ -1,5 +1,7 @@
 #include "parallel/dist/data_parallel.h"
 
+#include "parallel/dist/fault.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -130,7 +132,9 @@ std::vector<std::vector<Payload>> DataParallelSync::all_gather(const std::vector
   const at::Tensor message = pack(mine);
   for (int e = 0; e < D; ++e) {
     if (e == replica_) continue;
-    transport_.send(group_[static_cast<size_t>(e)], message, message_tag, context + " to replica " + std::to_string(e));
+    const std::string to = context + " to replica " + std::to_string(e);
+    fault_point(FaultPhase::AllReduce, -1, &transport_, true, to);  // Note [fault injection]
+    transport_.send(group_[static_cast<size_t>(e)], message, message_tag, to);
     if (raw_bytes >= 0) ++stats_.messages, stats_.bytes += message.numel(), stats_.raw_bytes += raw_bytes;
   }
   std::vector<std::vector<Payload>> all(static_cast<size_t>(D));

@@ -13,6 +13,7 @@
 #include "layers/nn/norm.h"
 #include "layers/optim/grad_utils.h"
 #include "parallel/dist/c10d_channel.h"
+#include "parallel/dist/fault.h"
 #include "parallel/interpreter.h"
 
 namespace tl::dist {
@@ -339,6 +340,8 @@ StepResult DistExecutor::train_step(const Batch& batch, int64_t micro_batches, c
   const auto t_step = std::chrono::steady_clock::now();
   const MicroBatches all = split_micro_batches(batch, micro_batches, epoch);
   const std::string at_step = where(epoch, step);
+  last_step_ = step;
+  set_fault_step(step);  // Note [fault injection]
   // Note [data parallelism]: this replica's share of the micro-batches.
   const int D = grid_.data;
   TORCH_CHECK(all.size() % D == 0, "parallel.dp = ", D, ": the step's ", all.size(),
@@ -362,6 +365,7 @@ StepResult DistExecutor::train_step(const Batch& batch, int64_t micro_batches, c
   // As Pipeline::train_step: the gradient of the mean loss over the batch's units (of every
   // replica), tied parameters' parts summed first; then the replicas' sum.
   const auto t_sync = std::chrono::steady_clock::now();
+  fault_point(FaultPhase::AllReduce, step, &transport_, false, at_step + ", the step's loss tally");
   const auto [t, units] = sum_tallies(interpreter.tally(), interpreter.units(), at_step + ", the step's loss");
   TORCH_CHECK(units > 0, "train_step: the batch has no loss units (every target ignored)");
   reduce_tied_grads(step);
@@ -469,7 +473,8 @@ at::Tensor DistExecutor::evaluate_batch(const Batch& batch, bool compression, co
   const MicroBatches one = evaluation_batch(batch);
   C10dChannel channel(transport_, ranks_, index, C10dChannel::Phase::Evaluate,
                       std::vector<bool>(pipeline_.boundaries().size(), false),
-                      "evaluation batch " + std::to_string(index + 1), batch.input.device());
+                      "evaluation batch " + std::to_string(index + 1) + " after step " + std::to_string(last_step_),
+                      batch.input.device());
   RankInterpreter interpreter(pipeline_, layout_, rank_, forward_only_schedule(layout_).at(static_cast<size_t>(rank_)),
                               one, loss_fn, channel, RankInterpreter::Mode::Evaluate);
   interpreter.run();
@@ -668,7 +673,9 @@ std::string DistExecutor::restore_grid_state(const std::string& path) {
 }
 
 void DistExecutor::save_checkpoint(const std::string& path, const CheckpointContents& mine) {
-  const std::string what = "checkpoint " + path;
+  const std::string what = "checkpoint " + path + " after step " + std::to_string(last_step_);
+  // Note [fault injection]: rank 0 halfway through writing the file, the others as they send.
+  if (transport_.rank() != 0) fault_point(FaultPhase::Checkpoint, -1, &transport_, true, what);
   const std::vector<std::string> parts = transport_.gather_bytes(pack(part_for_checkpoint(mine.tensors)), 0, what);
   if (transport_.rank() == 0) {
     CheckpointContents merged = mine;  // entries nobody changed, counters, rank 0's RNG state
@@ -697,6 +704,7 @@ void DistExecutor::save_checkpoint(const std::string& path, const CheckpointCont
       }
     }
     for (auto& [k, t] : base) merged.tensors.emplace(k, t);  // only where no rank sent a change
+    MidWriteHook hook([&] { fault_point(FaultPhase::Checkpoint, -1, &transport_, false, what + ", half written"); });
     write_checkpoint(path, merged);
   }
   transport_.barrier(what + " written by rank 0");

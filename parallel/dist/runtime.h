@@ -187,6 +187,7 @@ class DistExecutor {
   Transport& transport_;
   Grid grid_;
   int rank_ = 0, replica_ = 0;  // pipeline rank, replica
+  int64_t last_step_ = 0;       // the training step run last, for the errors of evaluation and checkpoints
   at::Device device_ = at::kCPU;  // of the parameters (NCCL reduces device tensors)
   StageLayout layout_;
   std::unique_ptr<DataParallelSync> dp_;       // D > 1

@@ -7,9 +7,11 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <iostream>
 #include <fstream>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -144,6 +146,7 @@ struct Pending {
   int64_t seq;
   int64_t stamp_ns;
   std::string context;
+  Corruption corrupt = Corruption::None;  // fault injection (corrupt_next_send, dist.corrupt_rate)
 };
 
 // A message whose frame and body sends are posted and not yet waited for.
@@ -197,6 +200,8 @@ struct Transport::Impl {
   std::thread thread;
   TransportStats stats;
   std::function<std::string(int)> rank_name;  // set_rank_names
+  Corruption corrupt_next = Corruption::None;  // corrupt_next_send (under mutex)
+  std::mt19937_64 corrupt_rng;                 // dist.corrupt_rate's draws (the sending thread's)
 
   // ---- errors --------------------------------------------------------------------------------
   // Note [who stalled the run]
@@ -328,17 +333,24 @@ struct Transport::Impl {
     h[kWordStamp] = p.stamp_ns;
     h[kWordBodyCrc] =
         opts.checksum && p.body.is_cpu() ? body_crc_word(p.body.data_ptr<uint8_t>(), static_cast<size_t>(n)) : 0;
+    if (p.corrupt == Corruption::None && opts.corrupt_rate > 0 &&
+        std::uniform_real_distribution<double>(0.0, 1.0)(corrupt_rng) < opts.corrupt_rate)
+      p.corrupt = Corruption::BitFlip;  // dist.corrupt_rate (the soak)
+    at::Tensor body = p.body;  // what goes on the wire after the frame, for a large body
+    const bool flip_header = p.corrupt != Corruption::None && corrupt(p, h, f.frame, body, inl);
     h[kWordCheck] = check_word(h);
+    if (flip_header) h[kWordSeq] ^= int64_t(1) << 7;
     uint8_t* w = f.frame.data_ptr<uint8_t>();
     std::memcpy(w, h, kHeaderBytes);
-    if (inl && n > 0) std::memcpy(w + kHeaderBytes, p.body.data_ptr<uint8_t>(), n);
+    const int64_t inline_n = f.frame.numel() - kHeaderBytes;
+    if (inl && inline_n > 0) std::memcpy(w + kHeaderBytes, body.data_ptr<uint8_t>(), inline_n);
     try {
       // Both sends are posted before waiting for either: the body's announcement travels right
       // behind the frame, and the receiver can take the body as soon as it has read the header.
       std::vector<at::Tensor> hv{on_device(f.frame)};
       f.frame_work = pg->send(hv, p.dst, kFrameTag);
-      if (!inl) {
-        std::vector<at::Tensor> bv{on_device(p.body)};
+      if (!inl && p.corrupt != Corruption::Oversize) {
+        std::vector<at::Tensor> bv{on_device(body)};
         f.body_work = pg->send(bv, p.dst, kBodyTag);
       }
     } catch (const std::exception& e) {
@@ -346,6 +358,48 @@ struct Transport::Impl {
     }
     f.p = std::move(p);
     return f;
+  }
+
+  // Fault injection (Note [fault injection] in parallel/dist/fault.h), after the checksum was
+  // taken: `h` (the header, check word not yet set), `frame` (header + inlined body) and `body`
+  // (the large body to send) are changed; p.body, the caller's bytes, never is. Returns whether a
+  // bit of the header is to be flipped once its check word is set (a bit flip of an empty body).
+  bool corrupt(const Pending& p, int64_t* h, at::Tensor& frame, at::Tensor& body, bool inl) {
+    bool flip_header = false;
+    const int64_t n = p.body.numel();
+    std::ostringstream os;
+    os << "rank " << env.rank << ": message #" << p.seq << " to rank " << p.dst << " (" << p.context << ", " << n
+       << " bytes) ";
+    switch (p.corrupt) {
+      case Corruption::Truncate:
+        body = p.body.narrow(0, 0, n / 2);
+        if (inl) frame = frame.narrow(0, 0, kHeaderBytes + n / 2);
+        os << "cut to " << n / 2 << " bytes after its checksum";
+        break;
+      case Corruption::BitFlip: {
+        if (n == 0) {  // no body: a bit of the header
+          flip_header = true;
+          os << "had bit 7 of its sequence number flipped after its check word";
+          break;
+        }
+        const int64_t byte = static_cast<int64_t>(corrupt_rng() % static_cast<uint64_t>(n));
+        const int bit = static_cast<int>(corrupt_rng() % 8);
+        body = p.body.clone();
+        body.data_ptr<uint8_t>()[byte] ^= static_cast<uint8_t>(1u << bit);
+        os << "had bit " << bit << " of byte " << byte << " flipped after its checksum";
+        break;
+      }
+      case Corruption::Oversize:
+        h[kWordBytes] = int64_t(1) << 60;
+        frame = frame.narrow(0, 0, kHeaderBytes);
+        body = p.body.narrow(0, 0, 0);
+        os << "announced as " << h[kWordBytes] << " bytes, and its body not sent";
+        break;
+      case Corruption::None:
+        return false;
+    }
+    std::cerr << os.str() << " (fault injection)" << std::endl;
+    return flip_header;
   }
 
   // Waits until the sends of `f` are complete; counts the message.
@@ -370,6 +424,11 @@ struct Transport::Impl {
                    p.dst, p.context, cause_of(e));
   }
 
+  Corruption take_corruption() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return std::exchange(corrupt_next, Corruption::None);
+  }
+
   // A blocking send (the caller's thread).
   void do_send(Pending p) {
     InFlight f = post_send(std::move(p));
@@ -382,7 +441,7 @@ struct Transport::Impl {
     TORCH_CHECK(body.scalar_type() == at::kByte && body.dim() == 1 && body.is_contiguous() && body.device().is_cpu(),
                 "rank ", env.rank, ": send to rank ", dst, " (", context,
                 "): the body must be a 1-D contiguous uint8 CPU tensor, got ", body.toString(), " ", body.sizes());
-    Pending p{dst, std::move(body), tag, send_seq[dst]++, steady_now_ns(), context};
+    Pending p{dst, std::move(body), tag, send_seq[dst]++, steady_now_ns(), context, take_corruption()};
     if (!opts.comm_thread) {
       try {
         do_send(std::move(p));
@@ -521,7 +580,7 @@ struct Transport::Impl {
         std::ostringstream os;
         os << std::hex << "body checksum mismatch (crc32c 0x" << (got & 0xFFFFFFFF) << ", the sender's 0x"
            << (h.body_crc & 0xFFFFFFFF) << std::dec << ", " << n
-           << " bytes): the message was corrupted between the two ranks; nothing of it was used";
+           << " bytes): the message was corrupted or cut short between the two ranks; nothing of it was used";
         fail(os.str());
       }
     }
@@ -598,6 +657,7 @@ std::unique_ptr<Transport> Transport::connect(const DistEnv& env, const Transpor
   auto impl = std::make_unique<Impl>();
   impl->env = env;
   impl->opts = options;
+  impl->corrupt_rng.seed(options.corrupt_seed * 1000003u + static_cast<uint64_t>(env.rank));
   impl->timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000.0));
   impl->cuda = options.backend == "nccl";
   if (impl->cuda) impl->inline_max = 0;
@@ -807,7 +867,7 @@ std::vector<std::string> Transport::gather_bytes(const std::string& bytes, int r
     at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
     if (!bytes.empty()) std::memcpy(t.data_ptr<uint8_t>(), bytes.data(), bytes.size());
     // Directly, not through the comm thread: it is idle after flush().
-    Pending p{root, t, kGatherTag, impl_->send_seq[root]++, steady_now_ns(), context};
+    Pending p{root, t, kGatherTag, impl_->send_seq[root]++, steady_now_ns(), context, impl_->take_corruption()};
     try {
       impl_->do_send(std::move(p));
     } catch (...) {
@@ -835,6 +895,11 @@ void Transport::inject_raw_header_for_testing(int dst, const std::vector<int64_t
   if (!inline_body.empty()) std::memcpy(h.data_ptr<uint8_t>() + kHeaderBytes, inline_body.data(), inline_body.size());
   std::vector<at::Tensor> hv{impl_->on_device(h)};
   compat::wait(impl_->pg->send(hv, dst, kFrameTag), impl_->timeout);
+}
+
+void Transport::corrupt_next_send(Corruption kind) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->corrupt_next = kind;
 }
 
 TransportStats Transport::stats() const {

@@ -135,12 +135,19 @@ class TransportError : public std::runtime_error {
   std::vector<int> suspects_;
 };
 
+/// What Transport::corrupt_next_send does to a message, after its checksum was taken (fault
+/// injection, parallel/dist/fault.h): half of the body is sent, one bit of it is flipped, or the
+/// header announces more bytes than a receiver accepts.
+enum class Corruption { None, Truncate, BitFlip, Oversize };
+
 struct TransportOptions {
   std::string backend = "gloo";                  // "gloo" (CPU) or "nccl" (CUDA, where built)
   double timeout_s = 60.0;                       // dist.timeout_s: every wait, rendezvous included
   bool comm_thread = false;                      // Note [communication thread]
   bool checksum = true;                          // send bodies' CRC-32C (Note [body checksum]); false: benchmarks
   int64_t max_message_bytes = int64_t(1) << 34;  // larger announced bodies are rejected (16 GiB)
+  double corrupt_rate = 0.0;                     // dist.corrupt_rate: flip a bit of a sent body with this probability
+  uint64_t corrupt_seed = 0;                     // ... drawn from this seed and the rank
   LinkSpec link;                                 // emulated link into this rank from every peer
   std::map<int, LinkSpec> link_from;             // per source rank, overriding `link`
 };
@@ -224,6 +231,10 @@ class Transport {
   /// unchecked (garbage, forged sizes), to `dst`. The transport is unusable for `dst` after it.
   void inject_raw_header_for_testing(int dst, const std::vector<int64_t>& words, const std::string& context,
                                      const std::vector<uint8_t>& inline_body = {});
+
+  /// Fault injection (Note [fault injection] in parallel/dist/fault.h): the next message this
+  /// rank sends, from any thread, is corrupted as `kind` says after its checksum was taken.
+  void corrupt_next_send(Corruption kind);
 
   struct Impl;
 

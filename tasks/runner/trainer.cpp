@@ -22,6 +22,7 @@
 #include "layers/optim/sgd.h"
 #include "tasks/data/loader.h"
 #include "parallel/dist/rendezvous.h"
+#include "parallel/dist/fault.h"
 #include "parallel/dist/runtime.h"
 #include "parallel/dist/transport.h"
 #include "parallel/executor.h"
@@ -82,7 +83,8 @@ bool outside_fingerprint(const std::string& key) {
   static const std::vector<std::string> keys = {"run.progress", "run.log_every", "run.checkpoint_every", "run.threads",
                                                 "run.measure_error",
                                                 "run.device",   "data.root",     "data.prefetch", "model.weights",
-                                                "pipeline.nproc", "dist.timeout_s", "dist.checksum", "parallel.dp",
+                                                "pipeline.nproc", "dist.timeout_s", "dist.checksum", "dist.inject_fault",
+                                                "dist.corrupt_rate", "dist.corrupt_seed", "parallel.dp",
                                                 "dp.compression", "dp.compress_stages"};
   return key.rfind("boundary.", 0) == 0 || std::find(keys.begin(), keys.end(), key) != keys.end();
 }
@@ -239,7 +241,14 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
               ": data parallelism runs one process per pipeline rank and replica; start ",
               pipeline_->num_stages() / config_.pipeline.virtual_stages * config_.parallel.dp,
               " ranks with `tapeline train --nproc N` or torchrun (docs/GRID.md)");
+  TORCH_CHECK(env || (config_.dist.inject_fault.empty() && config_.dist.corrupt_rate == 0),
+              "dist.inject_fault and dist.corrupt_rate inject faults into the messages between ranks; this run has one "
+              "process: start several with `tapeline train --nproc N` or torchrun (docs/FAULTS.md)");
   if (env) {
+    if (!config_.dist.inject_fault.empty()) {  // Note [fault injection]
+      dist::arm_fault(dist::parse_fault(config_.dist.inject_fault), env->rank, static_cast<int>(config_.parallel.dp));
+      dist::fault_point(dist::FaultPhase::Rendezvous, 0, nullptr, false, "before meeting the other ranks");
+    }
     const int pipeline_ranks = static_cast<int>(pipeline_->num_stages() / config_.pipeline.virtual_stages);
     const Grid grid = Grid::of(env->world_size, pipeline_ranks, static_cast<int>(config_.parallel.dp));
     dist::TransportOptions o;
@@ -247,6 +256,8 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
     o.timeout_s = config_.dist.timeout_s;
     o.comm_thread = true;  // sends overlap compute
     o.checksum = config_.dist.checksum;
+    o.corrupt_rate = config_.dist.corrupt_rate;
+    o.corrupt_seed = static_cast<uint64_t>(config_.dist.corrupt_seed);
     const int r = env->rank;
     const StageLayout layout = pipeline_->layout();  // round robin, or ZB-V's V
     const int replica = grid.replica(r);
@@ -538,7 +549,9 @@ RunSummary run_training(const TrainRequest& req) {
   } else {
     write_file(jsonl, "");
   }
-  write_file((fs::path(out) / "config.ini").string(), cfg.to_ini());
+  // Injected faults are for this invocation (Note [fault injection]): a resumed run does not repeat them.
+  write_file((fs::path(out) / "config.ini").string(),
+             cfg.to_ini({"dist.inject_fault", "dist.corrupt_rate", "dist.corrupt_seed"}));
   std::string placement;
   if (ex.distributed()) {
     const int v = ex.pipeline().virtual_stages();
@@ -692,6 +705,10 @@ RunSummary run_training(const TrainRequest& req) {
          << " s, bubble " << std::setprecision(0) << 100 * m.bubble << "%)";
     progress.line(line.str());
   }
+  if (auto f = dist::unfired_fault())
+    TORCH_CHECK(false, "dist.inject_fault = ", f->text, ": the fault never fired: rank ", f->rank, " met no ",
+                dist::phase_name(f->phase), " hook at or after step ", f->step,
+                " (docs/FAULTS.md says which ranks have which hooks)");
   return summary;
 }
 

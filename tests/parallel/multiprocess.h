@@ -117,4 +117,20 @@ inline EnvList rank_env(int r, int n, int port, EnvList extra = {}) {
   return e;
 }
 
+/// `name` in the usual system directories ("" if absent): the tests' PATH may lack the sbin ones.
+inline std::string find_tool(const std::string& name) {
+  for (const char* dir : {"/usr/sbin", "/sbin", "/usr/bin", "/bin"}) {
+    const std::string p = std::string(dir) + "/" + name;
+    if (::access(p.c_str(), X_OK) == 0) return p;
+  }
+  return "";
+}
+
+/// `s` quoted for sh: 'it'\''s'.
+inline std::string sh_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 }  // namespace tl::testing_mp

@@ -60,21 +60,6 @@ struct Tools {
   std::string unshare, ip, tc;
 };
 
-// `name` in the usual system directories ("" if absent): the tests' PATH may lack the sbin ones.
-std::string find_tool(const std::string& name) {
-  for (const char* dir : {"/usr/sbin", "/sbin", "/usr/bin", "/bin"}) {
-    const std::string p = std::string(dir) + "/" + name;
-    if (::access(p.c_str(), X_OK) == 0) return p;
-  }
-  return "";
-}
-
-std::string sh_quote(const std::string& s) {  // for sh: 'it'\''s'
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 struct Outcome {
   int code = -1;  // exit code; -1: killed by the hang guard
   std::string log;

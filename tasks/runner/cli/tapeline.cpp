@@ -7,6 +7,8 @@
 #include <malloc.h>
 #endif
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
@@ -386,6 +388,19 @@ int cmd_eval(const std::vector<std::string>& argv) {
   return 0;
 }
 
+// Note [a failed rank ends at once]. A rank of a multi-process run that failed may still hold
+// connections to a peer that cannot be reached (a network partition): Gloo's teardown at exit then
+// waits on them without a bound, and the rank would hang after printing its error. Nothing is left
+// to write (run files are written whole, by temp file and rename), so such a rank leaves with
+// _Exit once its output is flushed. Single-process runs exit normally.
+int failed(int code) {
+  if (!dist::DistEnv::one_of_several()) return code;
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  std::_Exit(code);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -417,15 +432,15 @@ int main(int argc, char** argv) {
     throw UsageError("unknown command '" + cmd + "'; commands: train, eval, compare, schedule (tapeline --help)");
   } catch (const UsageError& e) {
     std::cerr << "tapeline " << cmd << ": error: " << e.what() << "\n";
-    return 2;
+    return failed(2);
   } catch (const std::invalid_argument& e) {
     std::cerr << "tapeline " << cmd << ": error: " << e.what() << "\n";
-    return 2;
+    return failed(2);
   } catch (const c10::Error& e) {
     std::cerr << "tapeline " << cmd << ": error: " << e.what_without_backtrace() << "\n";
-    return 1;
+    return failed(1);
   } catch (const std::exception& e) {
     std::cerr << "tapeline " << cmd << ": error: " << e.what() << "\n";
-    return 1;
+    return failed(1);
   }
 }
