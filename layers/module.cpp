@@ -45,6 +45,15 @@ void Module::mark_resizable(const std::string& name) {
   TORCH_CHECK(false, type_name_, ": mark_resizable('", name, "'): no parameter or buffer of that name");
 }
 
+void Module::mark_sharded(const std::string& name, TensorShard shard) {
+  for (const auto& [n, v] : params_)
+    if (n == name) {
+      shards_[name] = shard;
+      return;
+    }
+  TORCH_CHECK(false, type_name_, ": mark_sharded('", name, "'): no parameter of that name");
+}
+
 void Module::add_child(const std::string& name, std::shared_ptr<Module> child) {
   check_name(name);
   TORCH_CHECK(child, type_name_, ": child '", name, "' is null");
@@ -78,6 +87,13 @@ std::vector<std::pair<std::string, Variable>> Module::named_buffers(bool recurse
     for (const auto& [cname, child] : children_)
       for (auto& [n, v] : child->named_buffers(true)) out.emplace_back(join(cname, n), v);
   }
+  return out;
+}
+
+std::map<std::string, TensorShard> Module::named_shards() const {
+  std::map<std::string, TensorShard> out(shards_.begin(), shards_.end());
+  for (const auto& [cname, child] : children_)
+    for (const auto& [n, s] : child->named_shards()) out.emplace(join(cname, n), s);
   return out;
 }
 
@@ -156,9 +172,10 @@ void Module::load_state_dict(const TensorMap& state, bool strict) {
     return s;
   };
   const bool bad = !misshaped.empty() || (strict && (!missing.empty() || !unexpected.empty()));
-  TORCH_CHECK(!bad, "load_state_dict into ", type_name_, " failed:", missing.empty() || !strict ? "" : "\n  missing:",
-              strict ? list(missing) : "", unexpected.empty() || !strict ? "" : "\n  unexpected:",
-              strict ? list(unexpected) : "", misshaped.empty() ? "" : "\n  wrong shape:", list(misshaped));
+  TORCH_CHECK(!bad, "load_state_dict into ", type_name_,
+              " failed:", missing.empty() || !strict ? "" : "\n  missing:", strict ? list(missing) : "",
+              unexpected.empty() || !strict ? "" : "\n  unexpected:", strict ? list(unexpected) : "",
+              misshaped.empty() ? "" : "\n  wrong shape:", list(misshaped));
   // Everything validated: only now is anything written.
   NoGradGuard no_grad;
   for (auto& [v, t] : copies) v.mutable_data().copy_(t);

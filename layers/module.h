@@ -18,6 +18,14 @@ namespace tl {
 
 using TensorMap = std::map<std::string, at::Tensor>;
 
+/// How a parameter is split over the ranks of a tensor-parallel group (Note [tensor-parallel
+/// blocks] in layers/nn/tensor_parallel.h): along `dim`, the full extent being `groups` equal
+/// blocks (a fused qkv weight: 3) each cut into T equal parts; rank t holds part t of every block.
+struct TensorShard {
+  int64_t dim = 0;
+  int64_t groups = 1;
+};
+
 class Module : public std::enable_shared_from_this<Module> {
  public:
   explicit Module(std::string type_name = "Module") : type_name_(std::move(type_name)) {}
@@ -40,6 +48,9 @@ class Module : public std::enable_shared_from_this<Module> {
   /// replaces it with the checkpoint's tensor (keeping its dtype and device) instead of failing on
   /// a shape mismatch. The Variable handle stays the same.
   void mark_resizable(const std::string& name);
+  /// Marks a registered parameter of this module as rank t's part of a tensor split over a
+  /// tensor-parallel group (checkpoints hold the whole tensor: parallel/dist/runtime.h).
+  void mark_sharded(const std::string& name, TensorShard shard);
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
     add_child(name, module);
@@ -51,6 +62,8 @@ class Module : public std::enable_shared_from_this<Module> {
   std::vector<Variable> parameters(bool recurse = true) const;
   std::vector<std::pair<std::string, Variable>> named_buffers(bool recurse = true) const;
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& named_children() const { return children_; }
+  /// The parameters marked sharded, by dotted name.
+  std::map<std::string, TensorShard> named_shards() const;
   /// This module (name "") and every descendant.
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules();
   /// The descendant at a dotted path ("layer1.0"); error naming the missing part otherwise.
@@ -87,6 +100,7 @@ class Module : public std::enable_shared_from_this<Module> {
   std::vector<std::pair<std::string, Variable>> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   std::vector<const VariableImpl*> resizable_;
+  std::map<std::string, TensorShard> shards_;  // by parameter name (this module's own)
 };
 
 using ModulePtr = std::shared_ptr<Module>;

@@ -5,6 +5,7 @@
 #include "layers/nn/init.h"
 #include "layers/nn/linear.h"
 #include "layers/nn/rng.h"
+#include "layers/nn/tensor_parallel.h"
 
 namespace tl {
 
@@ -40,6 +41,11 @@ class MultiHeadAttention : public Module {
   /// torch.nn.MultiheadAttention), or undefined. Combined with the causal mask when both apply.
   Variable forward(const Variable& x, const at::Tensor& key_padding_mask);
 
+  /// Keeps this tensor-parallel rank's heads (Note [tensor-parallel blocks]); `site` names the
+  /// sublayer's all-reduces. options() then describes the whole layer; local_heads() this rank's.
+  void shard(const TensorParallelPtr& tp, const std::string& site);
+  int64_t local_heads() const { return options_.num_heads_ / (tp_ ? tp_->size() : 1); }
+
   const AttentionOptions& options() const { return options_; }
   /// The projections (qkv is null when not fused, query/key/value null when fused).
   const std::shared_ptr<Linear>& qkv() const { return qkv_; }
@@ -52,6 +58,8 @@ class MultiHeadAttention : public Module {
   AttentionOptions options_;
   DropoutRng dropout_rng_;
   std::shared_ptr<Linear> qkv_, query_, key_, value_, out_;
+  TensorParallelPtr tp_;  // null: unsplit
+  std::string site_;
 };
 
 }  // namespace tl

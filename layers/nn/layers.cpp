@@ -12,6 +12,7 @@
 #include "layers/nn/linear.h"
 #include "layers/nn/norm.h"
 #include "layers/nn/sequential.h"
+#include "layers/nn/tensor_parallel.h"
 
 namespace tl {
 
@@ -80,6 +81,18 @@ Variable Linear::forward(const Variable& x) {
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == in_features_, "Linear(", in_features_, " -> ", out_features_,
               "): input must be (..., ", in_features_, "), got ", x.sizes());
   return linear(x, weight_, bias_);
+}
+
+void Linear::shard(TensorShard s, int64_t rank, int64_t size) {
+  TORCH_CHECK(s.dim == 0 || s.dim == 1, "Linear::shard: dim must be 0 (output features) or 1 (input), got ", s.dim);
+  NoGradGuard no_grad;
+  weight_.set_data(shard_tensor(weight_.data(), s, rank, size).contiguous());  // (out / T, in) or (out, in / T)
+  mark_sharded("weight", s);
+  if (s.dim == 0 && bias_.defined()) {
+    bias_.set_data(shard_tensor(bias_.data(), s, rank, size).contiguous());
+    mark_sharded("bias", s);
+  }
+  out_features_ = weight_.size(0), in_features_ = weight_.size(1);
 }
 
 // ---- Conv2d and pooling ---------------------------------------------------------------------------
@@ -277,6 +290,13 @@ DropoutRng::DropoutRng(const init::Generator& gen, Module& owner, const std::str
   // this stream will draw.
   parent.set_current_seed(splitmix64(state_hash(parent) ^ 0xd50f0u));
   stream_ = BufferedGenerator(stream, owner, name);
+}
+
+void DropoutRng::fork_for_rank(int64_t rank) {
+  if (!stream_.defined()) return;
+  at::Generator& stream = stream_.get();
+  stream.set_current_seed(splitmix64(state_hash(stream) ^ (0x7e45u + static_cast<uint64_t>(rank) * 0x9e3779b97f4a7c15ull)));
+  stream_.commit();
 }
 
 std::optional<at::Generator> DropoutRng::generator_for(at::Device device) {

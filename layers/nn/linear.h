@@ -13,6 +13,11 @@ class Linear : public Module {
   /// x (..., in) -> (..., out)
   Variable forward(const Variable& x) override;
 
+  /// Keeps rank `rank` of `size`'s part of the weight along `shard.dim` (0: output features,
+  /// column-parallel, the bias split alike; 1: input features, row-parallel, the bias kept whole
+  /// for the caller to add after the all-reduce). Marks what it split (Module::mark_sharded).
+  void shard(TensorShard shard, int64_t rank, int64_t size);
+
   const Variable& weight() const { return weight_; }
   /// Undefined when built without bias.
   const Variable& bias() const { return bias_; }

@@ -78,6 +78,9 @@ class DropoutRng {
   std::optional<at::Generator> generator_for(at::Device device);
   /// Writes the stream's state to the buffer.
   void commit() { stream_.commit(); }
+  /// Moves the stream to a sequence of its own for tensor-parallel rank `rank` (seeded from a hash
+  /// of its state and the rank; rank 0 too), so the ranks' heads draw unrelated masks.
+  void fork_for_rank(int64_t rank);
 
  private:
   BufferedGenerator stream_;

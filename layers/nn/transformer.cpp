@@ -22,11 +22,27 @@ MultiHeadAttention::MultiHeadAttention(const AttentionOptions& o, const init::Ge
   if (o.dropout_ > 0.0) dropout_rng_ = DropoutRng(gen, *this);
 }
 
-Variable MultiHeadAttention::forward(const Variable& x, const at::Tensor& key_padding_mask) {
-  const int64_t c = options_.embed_dim_, h = options_.num_heads_, d = c / h;
-  TORCH_CHECK(x.dim() == 3 && x.size(2) == c, "MultiHeadAttention(", c, ", heads ", h, "): input must be (B, T, ", c,
-              "), got ", x.sizes());
-  const int64_t b = x.size(0), t = x.size(1);
+void MultiHeadAttention::shard(const TensorParallelPtr& tp, const std::string& site) {
+  TORCH_CHECK(!tp_, site, ": already split over tensor-parallel ranks");
+  const int64_t n = tp->size(), r = tp->rank();
+  TORCH_CHECK(options_.num_heads_ % n == 0, site, ": ", options_.num_heads_, " heads do not split over ", n,
+              " tensor-parallel ranks");
+  // Column-parallel projections: this rank's heads' rows (of each third of the fused [q; k; v]).
+  if (qkv_) qkv_->shard({0, 3}, r, n);
+  for (const auto& l : {query_, key_, value_})
+    if (l) l->shard({0, 1}, r, n);
+  out_->shard({1, 1}, r, n);  // row-parallel: the matching input columns, the bias whole
+  if (dropout_rng_.has_stream()) dropout_rng_.fork_for_rank(r);  // Note [tensor-parallel blocks]
+  tp_ = tp, site_ = site;
+  tp->add_site(site);
+}
+
+Variable MultiHeadAttention::forward(const Variable& x0, const at::Tensor& key_padding_mask) {
+  const int64_t c = options_.embed_dim_, h = local_heads(), d = c / options_.num_heads_;
+  TORCH_CHECK(x0.dim() == 3 && x0.size(2) == c, "MultiHeadAttention(", c, ", heads ", options_.num_heads_,
+              "): input must be (B, T, ", c, "), got ", x0.sizes());
+  const int64_t b = x0.size(0), t = x0.size(1);
+  const Variable x = tp_ ? tp_->copy(x0, site_) : x0;  // f (Note [tensor-parallel blocks])
 
   Variable q, k, v;  // each (B, H, T, D)
   if (qkv_) {
@@ -62,8 +78,10 @@ Variable MultiHeadAttention::forward(const Variable& x, const at::Tensor& key_pa
   const std::optional<at::Generator> drop_gen = p > 0.0 ? dropout_rng_.generator_for(x.device()) : std::nullopt;
   Variable y = scaled_dot_product_attention(q, k, v, mask, causal, p, drop_gen);  // (B, H, T, D)
   if (p > 0.0) dropout_rng_.commit();
-  y = reshape(transpose(y, 1, 2), {b, t, c});  // (B, T, C)
-  return out_->forward(y);
+  y = reshape(transpose(y, 1, 2), {b, t, h * d});  // (B, T, C), or this rank's (B, T, C / T)
+  if (!tp_) return out_->forward(y);
+  const Variable z = tp_->reduce(linear(y, out_->weight()), site_);  // g
+  return out_->bias().defined() ? z + out_->bias() : z;              // the bias once
 }
 
 // ---- MLP ----------------------------------------------------------------------------------------
@@ -83,7 +101,21 @@ MLP::MLP(int64_t dim, int64_t hidden, const std::string& activation, bool bias, 
   proj_ = register_module("proj", std::make_shared<Linear>(hidden, dim, bias, gen));
 }
 
-Variable MLP::forward(const Variable& x) { return proj_->forward(act_->forward(fc_->forward(x))); }
+void MLP::shard(const TensorParallelPtr& tp, const std::string& site) {
+  TORCH_CHECK(!tp_, site, ": already split over tensor-parallel ranks");
+  fc_->shard({0, 1}, tp->rank(), tp->size());    // column-parallel: this rank's hidden units
+  proj_->shard({1, 1}, tp->rank(), tp->size());  // row-parallel: their input columns, the bias whole
+  tp_ = tp, site_ = site;
+  tp->add_site(site);
+}
+
+Variable MLP::forward(const Variable& x) {
+  if (!tp_) return proj_->forward(act_->forward(fc_->forward(x)));
+  // Note [tensor-parallel blocks]: f, this rank's hidden units (..., F / T), g, the bias once.
+  const Variable h = act_->forward(fc_->forward(tp_->copy(x, site_)));
+  const Variable y = tp_->reduce(linear(h, proj_->weight()), site_);
+  return proj_->bias().defined() ? y + proj_->bias() : y;
+}
 
 // ---- TransformerBlock ---------------------------------------------------------------------------
 TransformerBlock::TransformerBlock(const TransformerBlockOptions& o, const init::Generator& gen)

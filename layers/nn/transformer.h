@@ -21,12 +21,17 @@ class MLP : public Module {
   /// x (..., C) -> (..., C)
   Variable forward(const Variable& x) override;
 
+  /// Keeps this tensor-parallel rank's hidden units (Note [tensor-parallel blocks]).
+  void shard(const TensorParallelPtr& tp, const std::string& site);
+
   const std::shared_ptr<Linear>& fc() const { return fc_; }
   const std::shared_ptr<Linear>& proj() const { return proj_; }
 
  private:
   std::shared_ptr<Linear> fc_, proj_;
   ModulePtr act_;
+  TensorParallelPtr tp_;  // null: unsplit
+  std::string site_;
 };
 
 enum class NormPlacement { Pre, Post };
