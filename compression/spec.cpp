@@ -404,4 +404,13 @@ CompressorPtr build_compressor(const SpecCall& call) {
 
 CompressorPtr parse_compressor(const std::string& text) { return build_compressor(*parse_spec(text)); }
 
+CompressorPtr try_parse_compressor(const std::string& text, std::string* error) {
+  try {
+    return parse_compressor(text);
+  } catch (const c10::Error& e) {
+    *error = e.what_without_backtrace();
+    return nullptr;
+  }
+}
+
 }  // namespace tl

@@ -80,6 +80,8 @@ void ensure_builtin_codecs();
 /// Builds a compressor (a '|' pipeline becomes a composition). Unknown name: error listing the
 /// known ones.
 CompressorPtr parse_compressor(const std::string& text);
+/// As parse_compressor, but a bad spec returns null and sets `*error` to why.
+CompressorPtr try_parse_compressor(const std::string& text, std::string* error);
 CompressorPtr build_compressor(const SpecCall& call);
 /// name -> help line, sorted.
 std::map<std::string, std::string> known_compressors();

@@ -10,6 +10,7 @@
 
 #include "compression/spec.h"
 #include "parallel/dist/data_parallel.h"
+#include "parallel/dist/tensor_parallel.h"
 #include "parallel/dist/fault.h"
 #include "tasks/data/dataset.h"
 
@@ -339,6 +340,31 @@ const std::vector<Key>& schema() {
         "data parallelism: replicas of the whole pipeline, each running train.micro_batches / dp of every step's "
         "micro-batches; the world is (stages / pipeline.virtual_stages) x dp processes (docs/GRID.md)",
         [](Config& c, const std::string& v) { c.parallel.dp = parse_int(v, 1, 1024, "an integer in [1, 1024]"); });
+    add("parallel.tp", "1", "integer >= 1",
+        "tensor parallelism: each stage's transformer blocks split over tp ranks (Megatron's column/row split: "
+        "attention by heads, the MLP by hidden units); must divide the heads and the MLP width; gpt2-* and minilm "
+        "only; the world is (stages / pipeline.virtual_stages) x dp x tp processes (docs/TENSOR.md)",
+        [](Config& c, const std::string& v) { c.parallel.tp = parse_int(v, 1, 64, "an integer in [1, 64]"); });
+    add("tp.forward", "identity", "a compressor spec (docs/COMPRESSION.md): stateless, ef(...) or ef21(...)",
+        "codec of the tensor-parallel all-reduce of every row-parallel output (attention and MLP, forward), "
+        "e.g. quant(bits=8), quant(bits=4), topk(0.1)",
+        [](Config& c, const std::string& v) { c.tp.forward = parse_spec_string(v); });
+    add("tp.backward", "identity", "a compressor spec (docs/COMPRESSION.md): stateless, ef(...) or ef21(...)",
+        "codec of the tensor-parallel all-reduce of every column-parallel input's gradient (backward)",
+        [](Config& c, const std::string& v) { c.tp.backward = parse_spec_string(v); });
+    add("tp.active_at_inference", "true", "true, false",
+        "whether tp.forward compresses the all-reduces when evaluating with compression on (the inference toggle; "
+        "evaluation with compression off never compresses them)",
+        [](Config& c, const std::string& v) { c.tp.active_at_inference = parse_bool(v); });
+    add("tp.algorithm", "allgather", "allgather, reduce_scatter",
+        "how a compressed all-reduce is formed: allgather (each rank's payload to every other, decoded and summed "
+        "in rank order; every codec) or reduce_scatter (compressed chunks reduce-scattered, the sums compressed "
+        "again and all-gathered; quant(...) only, about 2 (T - 1) / T of allgather's T - 1 payloads)",
+        [](Config& c, const std::string& v) {
+          if (v != "allgather" && v != "reduce_scatter")
+            throw std::invalid_argument("expected allgather or reduce_scatter");
+          c.tp.algorithm = v;
+        });
     add("dp.compression", "identity", "a compressor spec (docs/COMPRESSION.md) without receiver state",
         "codec of the data-parallel gradient exchange, e.g. ef(powersgd(rank=4)) (Optimus-CC), quant(bits=8), "
         "ef(topk(0.01)); each parameter of 2 or more dims is compressed as a (shape[0], rest) matrix",
@@ -610,6 +636,10 @@ Config Config::load(const std::string& ini_path, const std::vector<std::pair<std
     throw std::invalid_argument("train.micro_batches = " + std::to_string(c.train.micro_batches) +
                                 " does not split evenly among parallel.dp = " + std::to_string(c.parallel.dp) +
                                 " replicas; expected a multiple of " + std::to_string(c.parallel.dp));
+  for (const auto& [key, spec] : {std::pair{"tp.forward", c.tp.forward}, {"tp.backward", c.tp.backward}}) {
+    const std::string problem = dist::tp_codec_problem(spec, c.tp.algorithm);
+    if (!problem.empty()) throw std::invalid_argument(std::string(key) + " = " + spec + ": " + problem);
+  }
   if (c.train.min_lr > c.train.lr)
     throw std::invalid_argument("train.min_lr = " + std::to_string(c.train.min_lr) +
                                 " exceeds train.lr = " + std::to_string(c.train.lr));

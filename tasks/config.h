@@ -97,7 +97,15 @@ struct PipelineSection {
 };
 
 struct ParallelSection {
-  int64_t dp = 1;  // data-parallel replicas of the pipeline (world = pipeline ranks x dp)
+  int64_t dp = 1;  // data-parallel replicas of the pipeline (world = pipeline ranks x dp x tp)
+  int64_t tp = 1;  // tensor-parallel ranks per stage (transformer blocks split Megatron's way)
+};
+
+struct TpSection {
+  std::string forward = "identity";     // codec of the row-parallel outputs' all-reduce (forward)
+  std::string backward = "identity";    // codec of the column-parallel inputs' gradient all-reduce (backward)
+  bool active_at_inference = true;      // tp.forward at evaluation (with compression on)
+  std::string algorithm = "allgather";  // allgather | reduce_scatter (quant only)
 };
 
 struct DpSection {
@@ -134,6 +142,7 @@ class Config {
   PipelineSection pipeline;
   ParallelSection parallel;
   DpSection dp;
+  TpSection tp;
   DistSection dist;
   BoundarySettings boundary;  // [boundary]: every cut
 

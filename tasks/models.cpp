@@ -136,6 +136,32 @@ void apply_codec_constraints(Pipeline& pipeline) {
   if (gpt2 && table.defined()) gpt2->set_input_token_embedding(table);
 }
 
+std::string tensor_parallel_problem(const Config& config) {
+  const int64_t T = config.parallel.tp;
+  if (T == 1) return "";
+  const std::string& arch = config.model.arch;
+  const std::string head = "parallel.tp = " + std::to_string(T) + ": ";
+  int64_t heads = 0, width = 0;
+  if (is_gpt2(arch)) {
+    const GPT2Config c = gpt2_size(arch);
+    heads = c.n_head, width = 4 * c.n_embd;
+  } else if (arch == "minilm") {
+    const BertConfig c = bert_config_from_hf(find_minilm(config.model.weights).config_json);
+    heads = c.num_attention_heads, width = c.intermediate_size;
+  } else {
+    return head + "model.arch = " + arch +
+           " has no transformer blocks to split (tensor parallelism splits attention and MLP layers: gpt2-* and "
+           "minilm; ResNets run with parallel.tp = 1)";
+  }
+  if (heads % T != 0)
+    return head + "model.arch = " + arch + " has " + std::to_string(heads) + " attention heads, which " +
+           std::to_string(T) + " tensor-parallel ranks do not divide";
+  if (width % T != 0)
+    return head + "model.arch = " + arch + "'s MLP has " + std::to_string(width) + " hidden units, which " +
+           std::to_string(T) + " tensor-parallel ranks do not divide";
+  return "";
+}
+
 std::string BuiltModel::describe(int64_t parameters) const { return head + count_params(parameters) + tail; }
 
 void init_model_from(Module& model, const std::string& run_or_checkpoint, bool part) {

@@ -45,6 +45,11 @@ BuiltModel build_model(const Config& config, const TaskShape& shape, const at::G
 /// them; another model with such a codec is an error naming the boundary.
 void apply_codec_constraints(Pipeline& pipeline);
 
+/// Why parallel.tp cannot split config's model ("" if it can, and for parallel.tp = 1), from the
+/// config alone (nothing built; the launcher checks it before starting any process): ResNets have
+/// no transformer blocks, and T must divide the attention heads and the MLP width.
+std::string tensor_parallel_problem(const Config& config);
+
 /// Loads the model weights of a tapeline checkpoint (a run directory or a checkpoint file) into
 /// `model`; every parameter and buffer must match by name and shape. `part`: the model is built in
 /// part (a rank's stages); the checkpoint's other entries are skipped.

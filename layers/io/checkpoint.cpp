@@ -1,5 +1,7 @@
 #include "layers/io/checkpoint.h"
 
+#include "layers/nn/tensor_parallel.h"
+
 #include <ATen/Context.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -175,6 +177,21 @@ CheckpointInfo load_checkpoint(const std::string& path, Module& model, Optimizer
         const bool other = k.rfind(state, 0) == 0 && !names.count(k.substr(state.size(), k.rfind('.') - state.size()));
         it = other ? o.erase(it) : std::next(it);
       }
+    }
+  }
+
+  if (options.tensor_size > 1) {  // whole tensors -> this tensor rank's parts
+    TensorMap& m = parts["model"];
+    TensorMap& o = parts["optim"];
+    for (const auto& [name, shard] : options.shards) {
+      auto it = m.find(name);
+      if (it == m.end()) continue;  // reported as missing below
+      const at::IntArrayRef whole = it->second.sizes();
+      const std::string prefix = "state." + name + ".";
+      for (auto& [k, t] : o)
+        if (k.rfind(prefix, 0) == 0 && k.find('.', prefix.size()) == std::string::npos && t.sizes().equals(whole))
+          t = shard_tensor(t, shard, options.tensor_rank, options.tensor_size).contiguous();
+      it->second = shard_tensor(it->second, shard, options.tensor_rank, options.tensor_size).contiguous();
     }
   }
 

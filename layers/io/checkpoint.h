@@ -43,6 +43,12 @@ struct CheckpointLoadOptions {
   /// checkpoint's model and optimizer entries for modules and parameters they do not have are
   /// skipped; every entry they have must still be there.
   bool part = false;
+  /// Tensor parallelism (Note [tensor-parallel blocks]): the target's parameters split over
+  /// `tensor_size` ranks (Module::named_shards(), keyed as the model's state_dict). Checkpoints
+  /// hold whole tensors; each is cut to rank `tensor_rank`'s part, with its optimizer state of the
+  /// same shape.
+  std::map<std::string, TensorShard> shards;
+  int64_t tensor_rank = 0, tensor_size = 1;
 };
 
 /// Saves model (parameters + buffers), optional optimizer and scheduler state, RNG states and

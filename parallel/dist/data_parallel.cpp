@@ -84,12 +84,9 @@ std::vector<Payload> unpack(const at::Tensor& bytes, size_t expected, const std:
 }  // namespace
 
 std::string dp_codec_problem(const std::string& spec) {
-  CompressorPtr c;
-  try {
-    c = parse_compressor(spec);
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
+  std::string error;
+  const CompressorPtr c = try_parse_compressor(spec, &error);
+  if (!c) return error;
   const std::string accepted =
       "accepted: stateless codecs and ef(...) of them, e.g. powersgd(rank=4), ef(powersgd(rank=4)), quant(bits=8), "
       "ef(topk(0.01))";

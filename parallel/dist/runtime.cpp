@@ -116,7 +116,8 @@ void name_ranks(Transport& transport, const Grid& grid, const StageLayout& layou
     const std::vector<int> stages = layout.stages_of(grid.pipeline_rank(rank));
     std::string s = stages.size() > 1 ? "stages " : "stage ";
     for (size_t i = 0; i < stages.size(); ++i) s += (i ? ", " : "") + std::to_string(stages[i]);
-    return s + (grid.data > 1 ? " of replica " + std::to_string(grid.replica(rank)) : std::string());
+    return s + (grid.data > 1 ? " of replica " + std::to_string(grid.replica(rank)) : std::string()) +
+           (grid.tensor > 1 ? ", tensor rank " + std::to_string(grid.tensor_rank(rank)) : std::string());
   });
 }
 
@@ -141,18 +142,23 @@ int64_t optimizer_state_bytes(const Optimizer& optimizer) {
   return n;
 }
 
-DistExecutor::DistExecutor(Pipeline& pipeline, Transport& transport, const DataParallelOptions& dp)
-    : pipeline_(pipeline), transport_(transport) {
+DistExecutor::DistExecutor(Pipeline& pipeline, Transport& transport, const DataParallelOptions& dp,
+                           TensorParallelSync* tp)
+    : pipeline_(pipeline), transport_(transport), tp_(tp) {
   const int stages = static_cast<int>(pipeline.num_stages()), v = pipeline.virtual_stages();
   TORCH_CHECK(stages % v == 0, "multi-process pipeline: ", v, " virtual stages per rank do not divide the model's ",
               stages, " stages");
-  grid_ = Grid::of(transport.world_size(), stages / v, dp.replicas);
+  grid_ = Grid::of(transport.world_size(), stages / v, dp.replicas, tp ? tp->size() : 1);
   rank_ = grid_.pipeline_rank(transport.rank());
   replica_ = grid_.replica(transport.rank());
+  tensor_rank_ = grid_.tensor_rank(transport.rank());
+  shards_ = pipeline.named_shards();
+  for (const auto& [n, p] : pipeline.named_parameters())
+    if (shards_.count(n)) split_shape_[n] = p.sizes().vec();
   layout_ = pipeline.layout();
   name_ranks(transport_, grid_, layout_);
   if (!pipeline.parameters().empty()) device_ = pipeline.parameters().front().device();
-  ranks_ = grid_.pipeline_group(replica_);
+  ranks_ = grid_.pipeline_group(replica_, tensor_rank_);
   learn_structure();
   // Which of this rank's stages hold each of its parameters and buffers, by identity (stages are
   // views of the model).
@@ -191,7 +197,7 @@ DistExecutor::DistExecutor(Pipeline& pipeline, Transport& transport, const DataP
       auto d = decay_of.find(impl_of(b));
       decay.push_back(d == decay_of.end() ? 0.0 : d->second);
     }
-    dp_ = std::make_unique<DataParallelSync>(transport_, grid_.data_group(rank_), replica_, std::move(params),
+    dp_ = std::make_unique<DataParallelSync>(transport_, grid_.data_group(rank_, tensor_rank_), replica_, std::move(params),
                                              compressed, std::move(buffers), std::move(decay), dp.compression);
   } else {
     const std::string problem = dp_codec_problem(dp.compression);
@@ -219,7 +225,9 @@ void DistExecutor::learn_structure() {
       for (const auto& [n, v] : entries) {
         put(mine, static_cast<int64_t>(n.size()));
         put(mine, n.data(), n.size());
-        put(mine, static_cast<int64_t>(v.numel()));
+        // A parameter split over the tensor ranks counts whole (Note [tensor-parallel blocks]).
+        const bool split = parameters && shards_.count("model." + n);
+        put(mine, static_cast<int64_t>(v.numel()) * (split ? grid_.tensor : 1));
       }
     }
   }
@@ -231,6 +239,13 @@ void DistExecutor::learn_structure() {
     put(mine, static_cast<int64_t>(n.size()));
     put(mine, n.data(), n.size());
     put(mine, numel);
+  }
+  put(mine, static_cast<int64_t>(shards_.size()));  // how this rank's split parameters are split
+  for (const auto& [n, shard] : shards_) {
+    put(mine, static_cast<int64_t>(n.size()));
+    put(mine, n.data(), n.size());
+    put(mine, shard.dim);
+    put(mine, shard.groups);
   }
   const std::string what = "building the grid: which ranks hold which parameters";
   const std::vector<std::string> gathered = transport_.gather_bytes(mine, 0, what);
@@ -258,7 +273,7 @@ void DistExecutor::learn_structure() {
         for (int64_t e = 0, count = in.get<int64_t>(); e < count; ++e) {
           std::string n = "model." + get_name();
           const int64_t numel = in.get<int64_t>();
-          if (grid_.replica(r) != 0) continue;
+          if (grid_.replica(r) != 0 || grid_.tensor_rank(r) != 0) continue;
           if (parameters)
             params_of_stage[s].emplace_back(std::move(n), numel);
           else
@@ -273,6 +288,13 @@ void DistExecutor::learn_structure() {
       numel_[n] = numel;
       const size_t dot = n.find('.', std::string("boundaries.").size());
       lists[n.substr(0, dot)].push_back(n);
+    }
+    for (int64_t e = 0, count = in.get<int64_t>(); e < count; ++e) {
+      std::string n = get_name();
+      TensorShard shard;
+      shard.dim = in.get<int64_t>();
+      shard.groups = in.get<int64_t>();
+      shards_.emplace(std::move(n), shard);  // every rank's, so rank 0 can assemble checkpoints
     }
     for (auto& [b, names] : lists) {
       auto [it, fresh] = codec_lists.emplace(b, names);
@@ -312,14 +334,14 @@ void DistExecutor::learn_structure() {
 }
 
 void run_probe(Pipeline& pipeline, Transport& transport, int replicas, const Batch& batch,
-               const Pipeline::LossFn& loss_fn) try {
+               const Pipeline::LossFn& loss_fn, int tensor) try {
   NoGradGuard no_grad;
   const int stages = static_cast<int>(pipeline.num_stages()), v = pipeline.virtual_stages();
-  const Grid grid = Grid::of(transport.world_size(), stages / v, replicas);
+  const Grid grid = Grid::of(transport.world_size(), stages / v, replicas, tensor);
   const StageLayout layout = pipeline.layout();
   const int rank = grid.pipeline_rank(transport.rank());
   name_ranks(transport, grid, layout);
-  C10dChannel channel(transport, grid.pipeline_group(grid.replica(transport.rank())), 0,
+  C10dChannel channel(transport, grid.pipeline_group(grid.replica(transport.rank()), grid.tensor_rank(transport.rank())), 0,
                       C10dChannel::Phase::Evaluate, std::vector<bool>(pipeline.boundaries().size(), false),
                       "checking the model on two training samples", batch.input.device());
   const MicroBatches one = evaluation_batch(batch);  // the interpreter keeps a reference
@@ -357,6 +379,7 @@ StepResult DistExecutor::train_step(const Batch& batch, int64_t micro_batches, c
   std::vector<bool> measured;
   for (const auto& b : pipeline_.boundaries()) measured.push_back(b->measures_error());
   C10dChannel channel(transport_, ranks_, step, C10dChannel::Phase::Train, measured, at_step, batch.input.device());
+  if (tp_) tp_->set_phase(step, at_step, true, true);
   RankInterpreter interpreter(pipeline_, layout_, rank_,
                               make_schedule(schedule_name, layout_, split.size()).at(static_cast<size_t>(rank_)), split,
                               loss_fn, channel, RankInterpreter::Mode::Train);
@@ -385,7 +408,7 @@ StepResult DistExecutor::train_step(const Batch& batch, int64_t micro_batches, c
   if (timing) {
     timing->step_s = step_s;
     timing->compute_s = {interpreter.compute_s()};
-    timing->comm_s = {interpreter.comm_s() + (dp_ ? sync_s : 0.0)};
+    timing->comm_s = {interpreter.comm_s() + (dp_ ? sync_s : 0.0)};  // TP all-reduces count as compute (inside the blocks)
     timing->forward_s = {interpreter.forward_s()};
     timing->weight_s = {interpreter.weight_s()};
     timing->held_for_weights_bytes = {interpreter.held_for_weights_peak()};
@@ -403,7 +426,8 @@ void DistExecutor::reduce_tied_grads(int64_t step) {
   std::vector<at::Tensor> parts;
   for (const auto& name : tied_) {
     auto it = params.find(name);
-    at::Tensor g = it != params.end() ? it->second.grad() : at::Tensor();
+    // The tensor ranks of a stage hold the same gradient of a replicated parameter: one counts.
+    at::Tensor g = it != params.end() && tensor_rank_ == 0 ? it->second.grad() : at::Tensor();
     parts.push_back(g.defined() ? g.reshape(-1)
                                 : at::zeros({numel_.at(name)}, at::TensorOptions().dtype(at::kFloat).device(device_)));
   }
@@ -428,30 +452,41 @@ double DistExecutor::clip_grad_norm(double max_norm, int64_t step) {
   // gradient), zeros elsewhere, so the all-reduced sums are exact and the total is formed as
   // clip_grad_norm forms it in one process over Pipeline::parameters() (same order, same ops).
   // Tied parameters count on the first rank holding them (every holder has the summed gradient);
-  // replicas hold equal gradients after the data-parallel sum: replica 0's count.
+  // replicas hold equal gradients after the data-parallel sum: replica 0's count. A parameter
+  // split over the tensor ranks counts the squares of every rank's part (its norm is the root of
+  // their sum); a replicated one counts on tensor rank 0.
   const int64_t n = static_cast<int64_t>(order_.size());
-  std::vector<at::Tensor> grads, mine;
-  std::vector<int64_t> index;
+  std::vector<at::Tensor> grads, mine, mine_split;
+  std::vector<int64_t> index, index_split;
   for (const auto& [name, p] : pipeline_.named_parameters()) {
     at::Tensor g = p.grad();
     if (!g.defined()) continue;
     grads.push_back(g);
     auto held = held_.find(name);
-    if (replica_ != 0 || (held != held_.end() && *held->second.begin() != rank_)) continue;
+    const bool split = shards_.count(name) > 0;
+    if (replica_ != 0 || (held != held_.end() && *held->second.begin() != rank_) || (!split && tensor_rank_ != 0))
+      continue;
     auto slot = slot_.find(name);
     TORCH_CHECK(slot != slot_.end(), "clip_grad_norm: parameter '", name,
                 "' has a gradient but was not listed when the grid was built");
-    mine.push_back(g.norm(2.0).to(at::kFloat).reshape({1}));
-    index.push_back(slot->second);
+    const at::Tensor norm = g.norm(2.0).to(at::kFloat).reshape({1});
+    (split ? mine_split : mine).push_back(split ? norm * norm : norm);
+    (split ? index_split : index).push_back(slot->second);
   }
   // On the parameters' device (NCCL reduces device tensors).
-  at::Tensor slots = at::zeros({2, n}, at::TensorOptions().dtype(at::kFloat).device(device_));  // norms; has a gradient
+  at::Tensor slots = at::zeros({3, n}, at::TensorOptions().dtype(at::kFloat).device(device_));  // norms; has a gradient; squares of split ones
   if (!mine.empty()) {
     const at::Tensor idx = at::tensor(index, at::kLong).to(device_);
     slots[0].index_put_({idx}, at::cat(mine).to(device_));
     slots[1].index_fill_(0, idx, 1.0f);
   }
+  if (!mine_split.empty()) {
+    const at::Tensor idx = at::tensor(index_split, at::kLong).to(device_);
+    slots[2].index_put_({idx}, at::cat(mine_split).to(device_));
+    slots[1].index_fill_(0, idx, 1.0f);
+  }
   transport_.all_reduce_sum(slots, "step " + std::to_string(step) + ", global gradient norm");
+  if (grid_.tensor > 1) slots[0] += slots[2].sqrt();  // the has-gradient row counts ranks, not 0/1: tested > 0
   std::vector<at::Tensor> norms;
   const at::Tensor has_grad = slots[1].to(at::kCPU).contiguous();  // the step's one read-back
   const float* has = has_grad.data_ptr<float>();
@@ -475,6 +510,9 @@ at::Tensor DistExecutor::evaluate_batch(const Batch& batch, bool compression, co
                       std::vector<bool>(pipeline_.boundaries().size(), false),
                       "evaluation batch " + std::to_string(index + 1) + " after step " + std::to_string(last_step_),
                       batch.input.device());
+  if (tp_)
+    tp_->set_phase(index, "evaluation batch " + std::to_string(index + 1) + " after step " + std::to_string(last_step_),
+                   false, compression);
   RankInterpreter interpreter(pipeline_, layout_, rank_, forward_only_schedule(layout_).at(static_cast<size_t>(rank_)),
                               one, loss_fn, channel, RankInterpreter::Mode::Evaluate);
   interpreter.run();
@@ -492,11 +530,11 @@ std::pair<Tally, double> DistExecutor::sum_tallies(const at::Tensor& tally, doub
   // sums are the contributions exactly).
   at::Tensor slots = at::zeros({4}, at::kDouble);
   double* w = slots.data_ptr<double>();
-  if (last() && tally.defined()) {
+  if (last() && tally.defined() && tensor_rank_ == 0) {  // the tensor ranks of a stage hold the same tally
     const Tally t = Tally::from(tally);
     w[0] = t.loss_sum, w[1] = t.units, w[2] = t.correct;
   }
-  if (rank_ == 0) w[3] = first_units;
+  if (rank_ == 0 && tensor_rank_ == 0) w[3] = first_units;
   at::Tensor on_device = slots.to(device_);
   transport_.all_reduce_sum(on_device, context);
   slots = on_device.to(at::kCPU);
@@ -512,6 +550,8 @@ DistExecutor::EpochTotals DistExecutor::gather_epoch(double train_time_s, double
   for (double v : {train_time_s, compute_s, comm_s}) put(mine, v);
   const DataParallelStats dp = dp_ ? dp_->stats() : DataParallelStats{};
   for (int64_t v : {dp.messages, dp.bytes, dp.raw_bytes}) put(mine, v);
+  const TensorParallelStats tps = tp_ ? tp_->stats() : TensorParallelStats{};
+  for (int64_t v : {tps.messages, tps.bytes, tps.raw_bytes, tps.all_reduces}) put(mine, v);
   put(mine, stages_hash());
   put(mine, peak_resident_bytes());
   put(mine, parameter_bytes(pipeline_));
@@ -522,6 +562,7 @@ DistExecutor::EpochTotals DistExecutor::gather_epoch(double train_time_s, double
     put_stats(mine, s.backward);
   }
   if (dp_) dp_->reset_stats();
+  if (tp_) tp_->reset_stats();
   const std::string what = "end of epoch " + std::to_string(epoch + 1) + ", gathering statistics";
   const std::vector<std::string> all = transport_.gather_bytes(mine, 0, what);
   EpochTotals out;
@@ -529,14 +570,18 @@ DistExecutor::EpochTotals DistExecutor::gather_epoch(double train_time_s, double
   if (transport_.rank() == 0) {
     std::vector<std::vector<BoundaryStats>> per_boundary(pipeline_.boundaries().size());
     std::vector<uint64_t> hashes;
-    for (const std::string& bytes : all) {
-      Reader r{bytes, 0, what};
+    for (size_t rank = 0; rank < all.size(); ++rank) {
+      Reader r{all[rank], 0, what};
       out.train_time_s.push_back(r.get<double>());
       out.compute_s.push_back(r.get<double>());
       out.comm_s.push_back(r.get<double>());
       out.data_parallel.messages += r.get<int64_t>();
       out.data_parallel.bytes += r.get<int64_t>();
       out.data_parallel.raw_bytes += r.get<int64_t>();
+      out.tensor_parallel.messages += r.get<int64_t>();
+      out.tensor_parallel.bytes += r.get<int64_t>();
+      out.tensor_parallel.raw_bytes += r.get<int64_t>();
+      out.tensor_parallel.all_reduces += r.get<int64_t>();
       hashes.push_back(r.get<uint64_t>());
       out.peak_rss_bytes.push_back(r.get<int64_t>());
       out.parameter_bytes.push_back(r.get<int64_t>());
@@ -545,22 +590,33 @@ DistExecutor::EpochTotals DistExecutor::gather_epoch(double train_time_s, double
         BoundaryStats s;
         s.forward = get_stats(r);
         s.backward = get_stats(r);
-        b.push_back(s);
+        // The tensor ranks of a stage send the same boundary messages: tensor rank 0's count.
+        if (grid_.tensor_rank(static_cast<int>(rank)) == 0) b.push_back(s);
       }
     }
     // Each direction is counted by its sender only, so the sum over ranks is the boundary's.
     for (const auto& b : per_boundary) out.boundaries.push_back(sum_boundary_stats(b));
     for (int p = 0; p < grid_.pipeline && verdict.empty(); ++p)
-      for (int d = 1; d < grid_.data && verdict.empty(); ++d)
-        if (hashes.at(static_cast<size_t>(grid_.rank_of(p, d))) != hashes.at(static_cast<size_t>(grid_.rank_of(p, 0))))
-          verdict = "the replicas disagree at the end of epoch " + std::to_string(epoch + 1) + ": pipeline rank " +
-                    std::to_string(p) + " of replica " + std::to_string(d) + " (rank " +
-                    std::to_string(grid_.rank_of(p, d)) + ") holds other parameters or buffers than replica 0's (rank " +
-                    std::to_string(grid_.rank_of(p, 0)) + ")";
+      for (int t = 0; t < grid_.tensor && verdict.empty(); ++t)
+        for (int d = 1; d < grid_.data && verdict.empty(); ++d)
+          if (hashes.at(static_cast<size_t>(grid_.rank_of(p, d, t))) !=
+              hashes.at(static_cast<size_t>(grid_.rank_of(p, 0, t))))
+            verdict = "the replicas disagree at the end of epoch " + std::to_string(epoch + 1) + ": pipeline rank " +
+                      std::to_string(p) + " of replica " + std::to_string(d) + " (rank " +
+                      std::to_string(grid_.rank_of(p, d, t)) +
+                      ") holds other parameters or buffers than replica 0's (rank " +
+                      std::to_string(grid_.rank_of(p, 0, t)) + ")";
   }
   if (grid_.data > 1) verdict = transport_.broadcast_bytes(verdict, 0, what + ", checking the replicas agree");
   TORCH_CHECK(verdict.empty(), verdict);
   return out;
+}
+
+at::Tensor DistExecutor::grid_shape() const {
+  std::vector<int64_t> shape{grid_.pipeline, grid_.data, pipeline_.virtual_stages(),
+                             static_cast<int64_t>(layout_.placement)};
+  if (grid_.tensor > 1) shape.push_back(grid_.tensor);
+  return at::tensor(shape, at::kLong);
 }
 
 uint64_t DistExecutor::stages_hash() const {
@@ -594,6 +650,17 @@ int DistExecutor::structural_owner(const std::string& key) const {
   return -1;
 }
 
+std::string DistExecutor::split_parameter(const std::string& key, const at::Tensor& value) const {
+  if (shards_.empty()) return "";
+  if (key.rfind("model.", 0) == 0) return shards_.count(key.substr(6)) ? key.substr(6) : "";
+  static const std::string state = "optim.state.";
+  if (key.rfind(state, 0) != 0) return "";
+  const size_t dot = key.rfind('.');
+  const std::string name = key.substr(state.size(), dot - state.size());
+  auto it = split_shape_.find(name);
+  return it != split_shape_.end() && value.sizes().equals(it->second) ? name : "";
+}
+
 void DistExecutor::synchronized(const Optimizer& optimizer) {
   reference_.clear();
   const CheckpointContents c = checkpoint_contents(pipeline_, &optimizer, nullptr, CheckpointInfo{}, false);
@@ -611,9 +678,15 @@ TensorMap DistExecutor::part_for_checkpoint(const TensorMap& all) const {
     if (k.rfind("optim.groups.", 0) == 0 || k.rfind("sched.", 0) == 0 || k.rfind("rng.", 0) == 0) continue;
     const int owner = structural_owner(k);
     if (owner >= 0) {  // parameters, buffers, their optimizer state: equal on every replica
-      if (owner == rank_ && replica_ == 0) part[k] = t;
+      if (owner != rank_ || replica_ != 0) continue;
+      const std::string split = split_parameter(k, t);
+      if (!split.empty())  // every tensor rank's part, assembled by rank 0
+        part["grid.tpshard." + std::to_string(tensor_rank_) + "." + k] = t;
+      else if (tensor_rank_ == 0)
+        part[k] = t;
       continue;
     }
+    if (tensor_rank_ != 0) continue;  // codec state: the same on every tensor rank of a stage
     if (replica_ != 0 && k.rfind("model.", 0) != 0) continue;  // codec weights' optimizer state: equal too
     auto ref = reference_.find(k);
     if (ref == reference_.end() || !same_tensor(ref->second, t))
@@ -623,37 +696,49 @@ TensorMap DistExecutor::part_for_checkpoint(const TensorMap& all) const {
   }
   if (dp_)
     for (const auto& [k, t] : dp_->codec_state())
-      part["grid.dp." + std::to_string(rank_) + "." + std::to_string(replica_) + "." + k] = t;
+      part["grid.dp." + std::to_string(rank_) + "." + std::to_string(replica_) +
+           (grid_.tensor > 1 ? "." + std::to_string(tensor_rank_) : std::string()) + "." + k] = t;
+  if (tp_)
+    for (const auto& [k, t] : tp_->codec_state()) part["grid.tp." + std::to_string(transport_.rank()) + "." + k] = t;
   return part;
 }
 
 std::string DistExecutor::restore_grid_state(const std::string& path) {
   restored_.clear();
-  TensorMap mine, dp;
+  TensorMap mine, dp, tp;
   at::Tensor shape;
   const std::string replica_prefix = "grid.replica" + std::to_string(replica_) + ".";
-  const std::string dp_prefix = "grid.dp." + std::to_string(rank_) + "." + std::to_string(replica_) + ".";
+  const std::string dp_prefix = "grid.dp." + std::to_string(rank_) + "." + std::to_string(replica_) +
+                                (grid_.tensor > 1 ? "." + std::to_string(tensor_rank_) : std::string()) + ".";
+  const std::string tp_prefix = "grid.tp." + std::to_string(transport_.rank()) + ".";
   for (auto& [k, t] : load_safetensors(path)) {
     if (k == "grid.shape") shape = t;
     if (replica_ != 0 && k.rfind(replica_prefix, 0) == 0) mine[k.substr(replica_prefix.size())] = t;
     if (k.rfind(dp_prefix, 0) == 0) dp[k.substr(dp_prefix.size())] = t;
+    if (k.rfind(tp_prefix, 0) == 0) tp[k.substr(tp_prefix.size())] = t;
   }
-  // (P, D, v, placement); checkpoints written before ZB-V have no placement: round robin.
+  // (P, D, v, placement, T); checkpoints written before ZB-V have no placement (round robin),
+  // before tensor parallelism no T (1).
   const int v = pipeline_.virtual_stages();
-  const bool known = shape.defined() && (shape.numel() == 3 || shape.numel() == 4);
-  const int64_t placement = known && shape.numel() == 4 ? shape[3].item<int64_t>() : 0;
+  const bool known = shape.defined() && shape.numel() >= 3 && shape.numel() <= 5;
+  const int64_t placement = known && shape.numel() >= 4 ? shape[3].item<int64_t>() : 0;
+  const int64_t saved_tensor = known && shape.numel() == 5 ? shape[4].item<int64_t>() : 1;
   const bool same_grid = known && shape[0].item<int64_t>() == grid_.pipeline && shape[1].item<int64_t>() == grid_.data &&
-                         shape[2].item<int64_t>() == v && placement == static_cast<int64_t>(layout_.placement);
+                         shape[2].item<int64_t>() == v && placement == static_cast<int64_t>(layout_.placement) &&
+                         saved_tensor == grid_.tensor;
   const int64_t saved_replicas = known ? shape[1].item<int64_t>() : 1;
   if (!same_grid) {
-    if (grid_.data == 1 && saved_replicas == 1) return "";  // one replica either way: nothing per replica
+    if (grid_.data == 1 && saved_replicas == 1 && grid_.tensor == 1 && saved_tensor == 1) return "";  // nothing per rank
     return "the checkpoint was written by " +
-           (shape.defined() ? std::to_string(saved_replicas) + " replica(s) of another grid" : std::string("one replica")) +
-           ", this run has " + std::to_string(grid_.data) +
-           " replica(s): every replica continues from replica 0's boundary codec state, and dp.compression's state "
-           "(error feedback, PowerSGD warm starts) starts from zero; resuming with the same grid, or with stateless "
-           "codecs, is exact (docs/GRID.md)";
+           (shape.defined() ? std::to_string(saved_replicas) + " replica(s) x " + std::to_string(saved_tensor) +
+                                  " tensor rank(s) of another grid"
+                            : std::string("one replica of one tensor rank")) +
+           ", this run has " + std::to_string(grid_.data) + " replica(s) x " + std::to_string(grid_.tensor) +
+           " tensor rank(s): every replica continues from replica 0's boundary codec state, and the state of "
+           "dp.compression and tp.forward / tp.backward (error feedback, PowerSGD warm starts) starts from zero; "
+           "resuming with the same grid, or with stateless codecs, is exact (docs/GRID.md)";
   }
+  if (tp_) tp_->load_codec_state(tp);
   if (!mine.empty()) {
     TensorMap model_part;
     for (auto& [k, t] : mine) {
@@ -680,16 +765,22 @@ void DistExecutor::save_checkpoint(const std::string& path, const CheckpointCont
   if (transport_.rank() == 0) {
     CheckpointContents merged = mine;  // entries nobody changed, counters, rank 0's RNG state
     if (grid_.data > 1)  // one replica: nothing differs between ranks, the in-process file exactly
-      merged.tensors["grid.shape"] =
-          at::tensor(std::vector<int64_t>{grid_.pipeline, grid_.data, pipeline_.virtual_stages(),
-                                          static_cast<int64_t>(layout_.placement)},
-                     at::kLong);
+      merged.tensors["grid.shape"] = grid_shape();
+    if (grid_.tensor > 1) merged.tensors["grid.shape"] = grid_shape();
     std::map<std::string, int> changed_by;
     TensorMap base;  // grid.base.<key>: a replica's state as resumed, under what its ranks changed
+    std::map<std::string, std::vector<at::Tensor>> split;  // key -> every tensor rank's part
     for (int r = 0; r < grid_.world(); ++r) {
       for (auto& [k, t] : unpack(parts[static_cast<size_t>(r)], what)) {
         if (k.rfind("grid.base.", 0) == 0) {
           base["grid." + k.substr(10)] = t;
+          continue;
+        }
+        if (k.rfind("grid.tpshard.", 0) == 0) {  // grid.tpshard.<t>.<key>
+          const size_t dot = k.find('.', 13);
+          auto& ps = split[k.substr(dot + 1)];
+          ps.resize(static_cast<size_t>(grid_.tensor));
+          ps.at(std::stoul(k.substr(13, dot - 13))) = t;
           continue;
         }
         if (structural_owner(k) < 0) {
@@ -704,6 +795,14 @@ void DistExecutor::save_checkpoint(const std::string& path, const CheckpointCont
       }
     }
     for (auto& [k, t] : base) merged.tensors.emplace(k, t);  // only where no rank sent a change
+    for (auto& [k, ps] : split) {  // whole tensors (Note [tensor-parallel blocks])
+      const std::string name = k.rfind("model.", 0) == 0 ? k.substr(6) : k.substr(12, k.rfind('.') - 12);
+      for (size_t t = 0; t < ps.size(); ++t)
+        TORCH_CHECK(ps[t].defined(), what, ": tensor rank ", t, " sent no part of '", k, "'");
+      auto shard = shards_.find(name);
+      TORCH_CHECK(shard != shards_.end(), what, ": '", k, "' came in parts but '", name, "' is not split here");
+      merged.tensors[k] = unshard_tensor(ps, shard->second);
+    }
     MidWriteHook hook([&] { fault_point(FaultPhase::Checkpoint, -1, &transport_, false, what + ", half written"); });
     write_checkpoint(path, merged);
   }

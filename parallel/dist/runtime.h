@@ -73,6 +73,7 @@
 
 #include "layers/io/checkpoint.h"
 #include "parallel/dist/data_parallel.h"
+#include "parallel/dist/tensor_parallel.h"
 #include "parallel/dist/transport.h"
 #include "parallel/executor.h"
 #include "parallel/grid.h"
@@ -91,18 +92,21 @@ int64_t optimizer_state_bytes(const Optimizer& optimizer);
 /// size their weights at their first input (ae with d = 0) create them on the ranks that use them,
 /// before the optimizer collects the parameters. Collective over the world.
 void run_probe(Pipeline& pipeline, Transport& transport, int replicas, const Batch& batch,
-               const Pipeline::LossFn& loss_fn);
+               const Pipeline::LossFn& loss_fn, int tensor = 1);
 
 class DistExecutor {
  public:
-  /// Pipeline rank and replica from transport.rank() (Note [rank layout]). Error when the world
-  /// size is not (stages / virtual stages) x dp.replicas, or dp.compression cannot compress
-  /// gradients.
-  DistExecutor(Pipeline& pipeline, Transport& transport, const DataParallelOptions& dp = {});
+  /// Pipeline rank, replica and tensor rank from transport.rank() (Note [rank layout]). `tp`: the
+  /// tensor-parallel group's communicator when parallel.tp > 1 (its blocks already split), else
+  /// null. Error when the world size is not (stages / virtual stages) x dp.replicas x T, or
+  /// dp.compression cannot compress gradients.
+  DistExecutor(Pipeline& pipeline, Transport& transport, const DataParallelOptions& dp = {},
+               TensorParallelSync* tp = nullptr);
 
-  /// Pipeline rank (0 .. P - 1) and replica (0 .. D - 1) of this process.
+  /// Pipeline rank (0 .. P - 1), replica (0 .. D - 1) and tensor rank (0 .. T - 1) of this process.
   int rank() const { return rank_; }
   int replica() const { return replica_; }
+  int tensor_rank() const { return tensor_rank_; }
   const Grid& grid() const { return grid_; }
   /// Whether this rank holds the last stage.
   bool last() const { return layout_.rank_of(layout_.stages() - 1) == rank_; }
@@ -146,6 +150,7 @@ class DistExecutor {
     std::vector<BoundaryStats> boundaries;
     std::vector<double> train_time_s, compute_s, comm_s;  // per rank
     DataParallelStats data_parallel;                      // summed over the ranks
+    TensorParallelStats tensor_parallel;                  // summed over the ranks
     std::vector<int64_t> peak_rss_bytes;                  // per rank: peak resident memory so far
     std::vector<int64_t> parameter_bytes;                 // per rank: its parameters (stages, codecs)
     std::vector<int64_t> optimizer_bytes;                 // per rank: its optimizer state
@@ -177,16 +182,24 @@ class DistExecutor {
   TensorMap part_for_checkpoint(const TensorMap& all) const;
   // -1: not a model/optimizer entry owned by structure; else the owning rank.
   int structural_owner(const std::string& key) const;
+  // The parameter whose part (split over the tensor ranks) checkpoint entry `key` holds ("" if
+  // none): the parameter itself, or optimizer state of its shape.
+  std::string split_parameter(const std::string& key, const at::Tensor& value) const;
 
   // share_tally, plus the sum of pipeline rank 0's `first_units` over the replicas.
   std::pair<Tally, double> sum_tallies(const at::Tensor& tally, double first_units, const std::string& context);
+  // (P, D, virtual stages, placement[, T]): checkpoints' grid.shape.
+  at::Tensor grid_shape() const;
   // FNV-1a of this rank's stages' parameters and buffers (replica agreement).
   uint64_t stages_hash() const;
 
   Pipeline& pipeline_;
   Transport& transport_;
   Grid grid_;
-  int rank_ = 0, replica_ = 0;  // pipeline rank, replica
+  int rank_ = 0, replica_ = 0, tensor_rank_ = 0;  // pipeline rank, replica, tensor rank
+  TensorParallelSync* tp_ = nullptr;              // T > 1
+  std::map<std::string, TensorShard> shards_;     // parameters split over the tensor ranks, by name
+  std::map<std::string, std::vector<int64_t>> split_shape_;  // their shapes here (this rank's part)
   int64_t last_step_ = 0;       // the training step run last, for the errors of evaluation and checkpoints
   at::Device device_ = at::kCPU;  // of the parameters (NCCL reduces device tensors)
   StageLayout layout_;

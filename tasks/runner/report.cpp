@@ -23,9 +23,12 @@ const std::vector<std::string> kCsvColumns = {
     "epoch",          "train_loss",    "train_metric",      "test_loss_compressed", "test_loss_uncompressed",
     "test_metric_compressed", "test_metric_uncompressed", "bytes_forward", "bytes_backward",
     "bytes_uncompressed",     "steps",         "lr",                "wall_s",   "train_time_s",
-    "compute_s",              "comm_s",        "bubble",            "bytes_dp",             "bytes_dp_uncompressed"};
+    "compute_s",              "comm_s",        "bubble",            "bytes_dp",             "bytes_dp_uncompressed",
+    "bytes_tp",       "bytes_tp_uncompressed"};
 // Columns added later: 0 when a file has none.
-bool optional_column(const std::string& name) { return name == "bytes_dp" || name == "bytes_dp_uncompressed"; }
+bool optional_column(const std::string& name) {
+  return name == "bytes_dp" || name == "bytes_dp_uncompressed" || name == "bytes_tp" || name == "bytes_tp_uncompressed";
+}
 
 // The same fields in the same order, as (name, pointer-to-member) pairs for both readers.
 template <class F>
@@ -49,6 +52,8 @@ void for_each_field(EpochMetrics& m, F&& f) {
   f("bubble", m.bubble);
   f("bytes_dp", m.bytes_dp);
   f("bytes_dp_uncompressed", m.bytes_dp_uncompressed);
+  f("bytes_tp", m.bytes_tp);
+  f("bytes_tp_uncompressed", m.bytes_tp_uncompressed);
 }
 
 json to_json(const EpochMetrics& metrics) {

@@ -30,6 +30,8 @@ struct EpochMetrics {
   int64_t bytes_uncompressed = 0;         // what forward + backward would have sent uncompressed
   int64_t bytes_dp = 0;                   // data-parallel gradient messages, all ranks (parallel.dp > 1)
   int64_t bytes_dp_uncompressed = 0;      // what they would have been uncompressed
+  int64_t bytes_tp = 0;                   // tensor-parallel all-reduce messages, all ranks (parallel.tp > 1)
+  int64_t bytes_tp_uncompressed = 0;      // what they would have been uncompressed (float32)
   int64_t steps = 0;                      // optimizer steps in the epoch
   double lr = 0.0;                        // at the end of the epoch
   double wall_s = 0.0;                    // cumulative wall time of the run at the end of the epoch

@@ -184,8 +184,9 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
                                       : model_cuts(build_model(config_, task_->shape(), gen, StageSelection::skeleton()));
     const int stages = static_cast<int>(cuts.size()) + 1, v = static_cast<int>(config_.pipeline.virtual_stages);
     // A world, dp or virtual_stages that does not fit is reported below, with the whole model.
-    if (v >= 1 && stages % v == 0 && env->world_size == stages / v * config_.parallel.dp) {
-      const Grid grid = Grid::of(env->world_size, stages / v, static_cast<int>(config_.parallel.dp));
+    if (v >= 1 && stages % v == 0 && env->world_size == stages / v * config_.parallel.dp * config_.parallel.tp) {
+      const Grid grid = Grid::of(env->world_size, stages / v, static_cast<int>(config_.parallel.dp),
+                                 static_cast<int>(config_.parallel.tp));
       std::set<int64_t> own;
       const Placement placement = placement_of(config_.pipeline.schedule);
       if (placement == Placement::RoundRobin || v == 2)  // else reported below
@@ -193,7 +194,18 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
       selection = StageSelection::of(cuts, own);
     }
   }
+  {  // parallel.tp: checked on the config before anything is built (tasks/models.h)
+    const std::string problem = tensor_parallel_problem(config_);
+    TORCH_CHECK(problem.empty(), problem);
+  }
   BuiltModel built = build_model(config_, task_->shape(), gen, selection);
+  if (config_.parallel.tp > 1) {  // Note [tensor-parallel blocks]: this rank's part of every block it built
+    TORCH_CHECK(env, "parallel.tp = ", config_.parallel.tp,
+                ": tensor parallelism runs one process per tensor rank; start the ranks with `tapeline train --nproc N` "
+                "or torchrun (docs/TENSOR.md)");
+    tensor_parallel_ = std::make_shared<TensorParallel>(env->rank % config_.parallel.tp, config_.parallel.tp);
+    shard_tensor_parallel(*built.model, tensor_parallel_, "model.arch = " + config_.model.arch);
+  }
   std::vector<std::string> cuts = model_cuts(built);
   for (int64_t i : config_.boundary_override_indices())
     TORCH_CHECK(i <= static_cast<int64_t>(cuts.size()), "boundary.", i, ": the model has ", cuts.size(), " cut",
@@ -250,7 +262,8 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
       dist::fault_point(dist::FaultPhase::Rendezvous, 0, nullptr, false, "before meeting the other ranks");
     }
     const int pipeline_ranks = static_cast<int>(pipeline_->num_stages() / config_.pipeline.virtual_stages);
-    const Grid grid = Grid::of(env->world_size, pipeline_ranks, static_cast<int>(config_.parallel.dp));
+    const Grid grid = Grid::of(env->world_size, pipeline_ranks, static_cast<int>(config_.parallel.dp),
+                               static_cast<int>(config_.parallel.tp));
     dist::TransportOptions o;
     o.backend = device_.is_cuda() ? "nccl" : "gloo";
     o.timeout_s = config_.dist.timeout_s;
@@ -260,12 +273,23 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
     o.corrupt_seed = static_cast<uint64_t>(config_.dist.corrupt_seed);
     const int r = env->rank;
     const StageLayout layout = pipeline_->layout();  // round robin, or ZB-V's V
-    const int replica = grid.replica(r);
+    const int replica = grid.replica(r), t = grid.tensor_rank(r);
     for (const auto& [pair, spec] : link_specs_by_rank_pair(layout, links))  // pipeline ranks of this replica
-      if (grid.rank_of(pair.second, replica) == r) o.link_from[grid.rank_of(pair.first, replica)] = spec;
-    for (int peer : grid.data_group(grid.pipeline_rank(r)))  // the other replicas of this pipeline rank
+      if (grid.rank_of(pair.second, replica, t) == r) o.link_from[grid.rank_of(pair.first, replica, t)] = spec;
+    for (int peer : grid.data_group(grid.pipeline_rank(r), t))  // the other replicas of this pipeline rank
       if (peer != r) o.link_from[peer] = LinkSpec{config_.dp.bandwidth_mbps, config_.dp.latency_ms};
     transport_ = dist::Transport::connect(*env, o);
+    if (tensor_parallel_) {  // the blocks' all-reduces go over the transport from now on
+      dist::TensorParallelOptions tp;
+      tp.size = static_cast<int>(config_.parallel.tp);
+      tp.forward = config_.tp.forward;
+      tp.backward = config_.tp.backward;
+      tp.active_at_inference = config_.tp.active_at_inference;
+      tp.algorithm = config_.tp.algorithm;
+      tp_sync_ = std::make_shared<dist::TensorParallelSync>(
+          *transport_, grid.tensor_group(grid.pipeline_rank(r), replica), t, tensor_parallel_->sites(), tp);
+      tensor_parallel_->bind(tp_sync_);
+    }
   }
 
   // 2. Data.
@@ -281,7 +305,9 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
     pipeline_->eval();
     if (transport_) {  // each rank holds only its stages: the probe crosses the ranks
       const auto loss_fn = [this](const Variable& out, const Batch& mb) { return task_->loss(out, mb); };
-      dist::run_probe(*pipeline_, *transport_, static_cast<int>(config_.parallel.dp), probe, loss_fn);
+      if (tp_sync_) tp_sync_->set_phase(0, "before training: checking the model on two training samples", false, true);
+      dist::run_probe(*pipeline_, *transport_, static_cast<int>(config_.parallel.dp), probe, loss_fn,
+                      static_cast<int>(config_.parallel.tp));
     } else {
       pipeline_->predict(probe.input, true, probe.side);
     }
@@ -301,10 +327,36 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
       TORCH_CHECK(s < static_cast<int64_t>(pipeline_->num_stages()), "dp.compress_stages: stage ", s,
                   " does not exist; the model has ", pipeline_->num_stages(), " stages (0 .. ",
                   pipeline_->num_stages() - 1, ")");
-    dist_ = std::make_unique<dist::DistExecutor>(*pipeline_, *transport_, dp);
+    dist_ = std::make_unique<dist::DistExecutor>(*pipeline_, *transport_, dp, tp_sync_.get());
     dist_->synchronized(*optimizer_);
   }
   model_description_ = built.describe(dist_ ? dist_->model_parameters() : built.model->num_parameters());
+}
+
+std::string grid_problem(const Config& config, int world) {
+  try {
+    const std::string tp = tensor_parallel_problem(config);
+    if (!tp.empty()) return tp;
+    int64_t stages = 1;
+    if (!config.model.no_cuts) {
+      if (!config.model.cuts.empty()) {
+        stages = static_cast<int64_t>(config.model.cuts.size()) + 1;
+      } else {
+        auto task = make_task(config);
+        at::Generator gen = at::detail::createCPUGenerator(0);
+        BuiltModel skeleton = build_model(config, task->shape(), gen, StageSelection::skeleton());
+        auto* splittable = dynamic_cast<Splittable*>(skeleton.model.get());
+        if (splittable) stages = static_cast<int64_t>(splittable->cut_points().size()) + 1;
+      }
+    }
+    const int64_t v = config.pipeline.virtual_stages;
+    if (v < 1 || stages % v != 0) return "";  // reported by the ranks with the whole story
+    Grid::of(world, static_cast<int>(stages / v), static_cast<int>(config.parallel.dp),
+             static_cast<int>(config.parallel.tp));
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
 }
 
 Experiment::~Experiment() = default;
@@ -323,6 +375,11 @@ void Experiment::save_checkpoint(const std::string& path, const CheckpointInfo& 
 CheckpointInfo Experiment::load_checkpoint(const std::string& path) {
   CheckpointLoadOptions options;
   options.part = dist_ != nullptr;  // this rank's stages (Note [building only some stages])
+  if (tensor_parallel_) {           // whole tensors cut to this tensor rank's parts
+    options.shards = pipeline_->named_shards();
+    options.tensor_rank = tensor_parallel_->rank();
+    options.tensor_size = tensor_parallel_->size();
+  }
   CheckpointInfo info = tl::load_checkpoint(path, *pipeline_, optimizer_.get(), scheduler_.get(), options);
   if (dist_) {
     resume_note_ = dist_->restore_grid_state(path);  // this replica's own codec state
@@ -435,6 +492,8 @@ EpochMetrics Experiment::train_epoch(int64_t epoch, const std::function<void(con
     }
     per_boundary = totals.boundaries;  // empty on ranks > 0
     m.bytes_dp = totals.data_parallel.bytes;
+    m.bytes_tp = totals.tensor_parallel.bytes;
+    m.bytes_tp_uncompressed = totals.tensor_parallel.raw_bytes;
     if (!totals.peak_rss_bytes.empty()) {
       peak_rss_bytes_ = totals.peak_rss_bytes;
       parameter_bytes_ = totals.parameter_bytes;
@@ -557,10 +616,14 @@ RunSummary run_training(const TrainRequest& req) {
     const int v = ex.pipeline().virtual_stages();
     const int64_t dp = cfg.parallel.dp;
     placement = "\n" + std::to_string(ex.world_size()) + " processes, " +
-                (v > 1 ? std::to_string(v) + " stages each" : std::string("one stage each")) +
+                (v > 1 ? std::to_string(v) + " stages each" : std::string(cfg.parallel.tp > 1 ? "one stage part each" : "one stage each")) +
                 (dp > 1 ? ", " + std::to_string(dp) + " replicas of the pipeline (data-parallel gradients: " +
                               cfg.dp.compression + ")"
                         : std::string()) +
+                (cfg.parallel.tp > 1 ? ", each stage split over " + std::to_string(cfg.parallel.tp) +
+                                           " tensor-parallel ranks (all-reduces: forward " + cfg.tp.forward +
+                                           ", backward " + cfg.tp.backward + ", " + cfg.tp.algorithm + ")"
+                                     : std::string()) +
                 " (rank 0 writes the run)";
   }
   progress.line(ex.describe() + placement);
@@ -660,6 +723,8 @@ RunSummary run_training(const TrainRequest& req) {
            {"bytes_uncompressed", m.bytes_uncompressed},
            {"bytes_dp", m.bytes_dp},
            {"bytes_dp_uncompressed", m.bytes_dp_uncompressed},
+           {"bytes_tp", m.bytes_tp},
+           {"bytes_tp_uncompressed", m.bytes_tp_uncompressed},
            {"forward_rel_error", m.forward_rel_error},
            {"backward_rel_error", m.backward_rel_error},
            {"forward_density", m.forward_density},

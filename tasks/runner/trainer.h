@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "layers/io/checkpoint.h"
+#include "layers/nn/tensor_parallel.h"
 #include "layers/optim/optimizer.h"
 #include "layers/optim/schedule.h"
 #include "parallel/pipeline.h"
@@ -40,7 +41,13 @@ namespace tl {
 namespace dist {
 class Transport;
 class DistExecutor;
+class TensorParallelSync;
 }  // namespace dist
+
+/// Why `world` processes cannot run `config` as a grid of pipeline ranks x parallel.dp x
+/// parallel.tp ("" if they can): the launcher's check before it starts any process (the ranks
+/// check again). Builds a skeleton of the model (no modules, no data).
+std::string grid_problem(const Config& config, int world);
 
 /// Everything a run is made of. The constructor validates in the order that fails fastest:
 /// device, task and model and cuts and boundary specs (no data read yet), then the data, then one
@@ -116,6 +123,8 @@ class Experiment {
   std::unique_ptr<LRScheduler> scheduler_;
   std::unique_ptr<dist::Transport> transport_;
   std::unique_ptr<dist::DistExecutor> dist_;
+  TensorParallelPtr tensor_parallel_;                      // parallel.tp > 1: this rank's group, as the blocks see it
+  std::shared_ptr<dist::TensorParallelSync> tp_sync_;      // ... and its all-reduces over the transport
   std::vector<int64_t> peak_rss_bytes_, parameter_bytes_, optimizer_bytes_;
   std::string resume_note_;
 };

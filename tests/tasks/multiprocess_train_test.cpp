@@ -506,5 +506,150 @@ TEST(MultiProcessTrain, TiedEmbeddingsAreSummedBetweenTheFirstAndLastRank) {
   }
 }
 
+// ---- tensor parallelism (docs/TENSOR.md) ---------------------------------------------------------
+
+#define REQUIRE_WORDNET()                                                                             \
+  REQUIRE_RANKS();                                                                                    \
+  if (!fs::exists("/usr/share/wordnet/data.noun")) GTEST_SKIP() << "WordNet not installed (wordnet-base)"
+
+// GPT-2 tiny (2 blocks of 4 heads, width 128, MLP 512) on the WordNet glosses, 20 steps of 32
+// windows of 64 bytes, AdamW, gradient clipping, dropout 0 (attention masks are drawn per tensor
+// rank: Note [tensor-parallel blocks]).
+std::string tp_lm_args(const std::string& extra) {
+  return "train --config " + (kRoot / "configs" / "lm" / "baseline.ini").string() +
+         " --data.train_limit=640 --data.test_limit=128 --run.threads=1 --no-plot --quiet " + extra;
+}
+
+// Identity codecs: T = 2 and T = 4 tensor ranks, and T = 2 x P = 2, end with the metrics and the
+// parameters of one process. Only the order of the sums differs (each all-reduce adds the T
+// partial products in rank order where one process's matmul adds them along k): after 20 steps
+// within 1e-5 relative, or twice the floor a change of thread count gives in one process.
+TEST(MultiProcessTrain, TensorParallelGpt2ComputesTheNumbersOfOneProcess) {
+  REQUIRE_WORDNET();
+  testing::TempDir dir;
+  const fs::path one = dir.path() / "one", threads = dir.path() / "threads";
+  auto [s1, o1] = run(tp_lm_args("--model.cuts=h.0 --out " + one.string()), mp::temp_log("tp-one"));
+  ASSERT_EQ(s1, 0) << o1;
+  auto [s2, o2] = run(tp_lm_args("--model.cuts=h.0 --run.threads=2 --out " + threads.string()), mp::temp_log("tp-th"));
+  ASSERT_EQ(s2, 0) << o2;
+  std::string floor_name;
+  const double floor = worst_relative_difference(one, threads, &floor_name);
+  const auto a = metrics_by_column(one);
+  struct Case {
+    std::string name, args;
+    int tensor;
+  };
+  const std::vector<Case> cases = {{"T = 2", "--model.cuts=none --nproc 2 --parallel.tp=2", 2},
+                                   {"T = 4", "--model.cuts=none --nproc 4 --parallel.tp=4", 4},
+                                   {"T = 2 x P = 2", "--model.cuts=h.0 --nproc 4 --parallel.tp=2", 2}};
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    SCOPED_TRACE(c.name);
+    const fs::path out = dir.path() / ("tp" + std::to_string(i));
+    auto [s, o] = run(tp_lm_args(c.args + " --out " + out.string()), mp::temp_log("tp"));
+    ASSERT_EQ(s, 0) << o;
+    auto b = metrics_by_column(out);
+    for (const auto& [column, values] : a) {
+      if (column.rfind("bytes", 0) == 0) continue;
+      for (size_t e = 0; e < values.size(); ++e)
+        EXPECT_NEAR(b[column].at(e), values[e], 1e-5 * std::max(1.0, std::abs(values[e]))) << column;
+    }
+    // Every block has two sites, each all-reduced forward and backward; each of the T ranks sends
+    // its (B, S, C) float32 partial sum to the T - 1 others (allgather), every step.
+    const double per_step = 2.0 * 2 * 2 * c.tensor * (c.tensor - 1) * (32.0 * 64 * 128 * 4);
+    EXPECT_EQ(b["bytes_tp_uncompressed"].at(0), per_step * b["steps"].at(0));
+    EXPECT_GT(b["bytes_tp"].at(0), b["bytes_tp_uncompressed"].at(0));  // plus the payloads' headers
+    std::string name;
+    const double worst = worst_relative_difference(one, out, &name);
+    std::cout << "[ NOTE ] GPT-2 " << c.name << ": worst relative difference after 20 steps " << worst << " (" << name
+              << "); one process on 2 threads instead of 1: " << floor << " (" << floor_name << ")\n";
+    EXPECT_LE(worst, std::max(1e-5, 2 * floor)) << name;
+  }
+}
+
+// Compressed all-reduces: 8-bit forward and backward send about a quarter of the raw bytes with
+// allgather, and reduce_scatter sends fewer still at T = 4 (2 (T - 1) / T = 1.5 payloads instead
+// of T - 1 = 3); the run trains, and the inference toggle evaluates without the codec.
+TEST(MultiProcessTrain, CompressedTensorParallelAllReducesSendFewerBytesAndTrain) {
+  REQUIRE_WORDNET();
+  testing::TempDir dir;
+  std::map<std::string, std::map<std::string, std::vector<double>>> m;
+  for (const std::string algorithm : {"allgather", "reduce_scatter"}) {
+    const fs::path out = dir.path() / algorithm;
+    auto [s, o] = run(tp_lm_args("--model.cuts=none --nproc 4 --parallel.tp=4 --tp.forward=quant(bits=8) "
+                                 "--tp.backward=quant(bits=8) --tp.algorithm=" + algorithm + " --out " + out.string()),
+                      mp::temp_log("tpq"));
+    ASSERT_EQ(s, 0) << o;
+    m[algorithm] = metrics_by_column(out);
+  }
+  const double raw = m["allgather"]["bytes_tp_uncompressed"].at(0);
+  EXPECT_EQ(raw, 2.0 * 2 * 2 * 4 * 3 * (32.0 * 64 * 128 * 4) * m["allgather"]["steps"].at(0));
+  EXPECT_LT(m["allgather"]["bytes_tp"].at(0), 0.27 * raw);
+  EXPECT_GT(m["allgather"]["bytes_tp"].at(0), 0.25 * raw);
+  EXPECT_LT(m["reduce_scatter"]["bytes_tp"].at(0), 0.55 * m["allgather"]["bytes_tp"].at(0));
+  for (auto& [algorithm, metrics] : m) {
+    SCOPED_TRACE(algorithm);
+    EXPECT_LT(metrics["train_loss"].at(0), 4.2);  // from ln 256 = 5.5 (uncompressed: 3.95)
+    EXPECT_NE(metrics["test_loss_compressed"].at(0), metrics["test_loss_uncompressed"].at(0));
+    EXPECT_NEAR(metrics["test_loss_compressed"].at(0), metrics["test_loss_uncompressed"].at(0), 0.05);
+  }
+}
+
+// Checkpoints hold whole tensors: a T = 2 x P = 2 run stopped after one epoch resumes in one
+// process, and a one-process checkpoint resumes at T = 2, both ending with the uninterrupted run's
+// metrics (to the rounding of the sums' order).
+TEST(MultiProcessTrain, TensorParallelCheckpointsResumeInAnyGrid) {
+  REQUIRE_WORDNET();
+  testing::TempDir dir;
+  const std::string common = tp_lm_args("--model.cuts=h.0 --train.epochs=2 --data.train_limit=320 ");
+  const fs::path whole = dir.path() / "whole";
+  auto [s0, o0] = run(common + "--out " + whole.string(), mp::temp_log("tp-whole"));
+  ASSERT_EQ(s0, 0) << o0;
+  const auto reference = metrics_by_column(whole);
+  struct Case {
+    std::string name, first, second;
+  };
+  for (const Case& c : {Case{"tp-then-one", "--nproc 4 --parallel.tp=2", ""},
+                        Case{"one-then-tp", "", "--nproc 4 --parallel.tp=2"}}) {
+    SCOPED_TRACE(c.name);
+    const std::string out = (dir.path() / c.name).string();
+    auto [s1, o1] = run(common + c.first + " --stop-after 1 --out " + out, mp::temp_log(c.name + "-1"));
+    ASSERT_EQ(s1, 0) << o1;
+    auto [s2, o2] = run(common + c.second + " --resume " + out + " --out " + out, mp::temp_log(c.name + "-2"));
+    ASSERT_EQ(s2, 0) << o2;
+    auto b = metrics_by_column(out);
+    for (const auto& [column, values] : reference) {
+      if (column.rfind("bytes", 0) == 0) continue;
+      ASSERT_EQ(b[column].size(), values.size()) << column;
+      for (size_t e = 0; e < values.size(); ++e)
+        EXPECT_NEAR(b[column][e], values[e], 1e-5 * std::max(1.0, std::abs(values[e]))) << column << " epoch " << e + 1;
+    }
+  }
+}
+
+// Grids that cannot work are errors before any process starts, naming the numbers.
+TEST(MultiProcessTrain, ImpossibleTensorParallelGridsAreErrorsBeforeAnyProcessStarts) {
+  REQUIRE_WORDNET();
+  testing::TempDir dir;
+  const std::string out = " --out " + (dir.path() / "x").string();
+  auto expect_usage_error = [&](const std::string& args, const std::vector<std::string>& words) {
+    auto [s, o] = run(args + out, mp::temp_log("tp-bad"));
+    EXPECT_EQ(s, 2) << o;
+    EXPECT_EQ(o.find("starting"), std::string::npos) << "a process was started: " << o;
+    for (const auto& w : words) EXPECT_NE(o.find(w), std::string::npos) << "'" << w << "' missing from: " << o;
+  };
+  expect_usage_error(tp_lm_args("--nproc 3 --parallel.tp=3 --model.cuts=none"),
+                     {"parallel.tp = 3", "4 attention heads", "3 tensor-parallel ranks do not divide"});
+  expect_usage_error(tp_lm_args("--nproc 3 --parallel.tp=2 --model.cuts=none"),
+                     {"3 ranks (WORLD_SIZE)", "split over 2 tensor-parallel ranks", "start 2 ranks (1 x 1 x 2)"});
+  if (fs::exists(fs::path(default_dataset_root("fashion-mnist")) / "train-images-idx3-ubyte.gz"))
+    expect_usage_error("train --config " + write_config(dir.path(), 1) + " --no-plot --quiet --nproc 8 --parallel.tp=2",
+                       {"parallel.tp = 2", "resnet8 has no transformer blocks", "ResNets run with parallel.tp = 1"});
+  // One process cannot split a block.
+  auto [s, o] = run(tp_lm_args("--parallel.tp=2 --model.cuts=none" + out), mp::temp_log("tp-one-process"));
+  EXPECT_NE(s, 0);
+  EXPECT_NE(o.find("tensor parallelism runs one process per tensor rank"), std::string::npos) << o;
+}
+
 }  // namespace
 }  // namespace tl

@@ -191,9 +191,15 @@ int cmd_train(const std::vector<std::string>& argv) {
       const unsigned cores = std::thread::hardware_concurrency();
       launch.env.emplace_back("OPENBLAS_NUM_THREADS", std::to_string(std::max(1, static_cast<int>(cores) / nproc)));
     }
+    // A grid that cannot work is reported before any process starts.
+    const std::string problem = grid_problem(req.config, nproc);
+    if (!problem.empty()) throw UsageError(problem);
     if (!req.quiet) std::cerr << "starting " << nproc << " ranks"
                 << (req.config.parallel.dp > 1 ? ", " + std::to_string(req.config.parallel.dp) + " replicas of the pipeline"
                                                : std::string(", one per pipeline rank"))
+                << (req.config.parallel.tp > 1 ? ", each stage split over " + std::to_string(req.config.parallel.tp) +
+                                                     " tensor-parallel ranks"
+                                               : std::string())
                 << " (output prefixed [rank r])\n";
     const dist::LaunchResult result = dist::launch_local(launch);
     if (!result.ok()) {
