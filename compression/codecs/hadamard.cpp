@@ -1,0 +1,167 @@
+#include "compression/codecs/hadamard.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+
+#include "compression/codecs/common.h"
+
+namespace tl {
+namespace {
+
+constexpr const char* kName = "hadquant";
+constexpr int64_t kMaxTile = int64_t(1) << 16;
+
+bool power_of_two(int64_t v) { return v >= 1 && (v & (v - 1)) == 0; }
+
+// The quantiser of the rotated tiles: max-abs, one scale per tile, nearest rounding.
+std::shared_ptr<Quantize> tile_quantiser(int64_t bits, int64_t tile, at::ScalarType scale_type) {
+  QuantOptions q;
+  q.bits = bits;
+  q.scale = QuantOptions::Scale::kBlock;
+  q.block = tile;
+  q.scale_type = scale_type;
+  return std::make_shared<Quantize>(q);
+}
+
+// Where a tensor of `shape` lies as rotated tiles (Note [hadamard tiles]).
+struct Tiling {
+  int64_t rows, D, t, padded;  // (rows, D) view, tile used, D' = ceil(D / t) * t
+};
+Tiling tiling(const std::vector<int64_t>& shape, int64_t tile) {
+  Tiling g;
+  const int64_t n = codec::shape_numel(shape);
+  g.D = shape.empty() ? 1 : shape.back();
+  g.rows = g.D > 0 ? n / g.D : 0;
+  g.t = codec::hadamard_tile(tile, g.D);
+  g.padded = (g.D + g.t - 1) / g.t * g.t;
+  return g;
+}
+
+// The unnormalised fast Walsh-Hadamard transform of each row of x (M, t): stage h pairs
+// element j with j + h inside every run of 2h, (a, b) -> (a + b, a - b).
+at::Tensor fwht(at::Tensor x) {
+  const int64_t M = x.size(0), t = x.size(1);
+  for (int64_t h = 1; h < t; h *= 2) {
+    at::Tensor v = x.view({M, t / (2 * h), 2, h});  // (M, runs, 2, h)
+    at::Tensor a = v.select(2, 0), b = v.select(2, 1);
+    x = at::stack({a + b, a - b}, 2).view({M, t});
+  }
+  return x;
+}
+
+void check_rows(const at::Tensor& x, const at::Tensor& signs, const char* what) {
+  TORCH_CHECK(x.dim() == 2 && signs.dim() == 1 && x.size(1) == signs.numel() && power_of_two(signs.numel()), what,
+              ": expected rows (M, t) and t signs with t a power of two, got ", x.sizes(), " and ", signs.sizes());
+}
+
+}  // namespace
+
+namespace codec {
+
+int64_t hadamard_tile(int64_t tile, int64_t D) {
+  int64_t t = 1;
+  while (t < D && t < tile) t *= 2;
+  return t;
+}
+
+at::Tensor hadamard_signs(int64_t t, uint64_t seed, const at::TensorOptions& options) {
+  at::Generator g = at::detail::createCPUGenerator(seed);
+  at::Tensor bits = at::randint(0, 2, {t}, g, at::TensorOptions().dtype(at::kLong));  // (t) in {0, 1}
+  return (bits * 2 - 1).to(options);
+}
+
+at::Tensor hadamard_rotate(const at::Tensor& x, const at::Tensor& signs) {
+  check_rows(x, signs, "hadamard_rotate");
+  return fwht(x * signs) * (1.0 / std::sqrt(static_cast<double>(signs.numel())));
+}
+
+at::Tensor hadamard_unrotate(const at::Tensor& y, const at::Tensor& signs) {
+  check_rows(y, signs, "hadamard_unrotate");
+  return fwht(y.contiguous()) * signs * (1.0 / std::sqrt(static_cast<double>(signs.numel())));
+}
+
+}  // namespace codec
+
+HadamardQuant::HadamardQuant(HadamardQuantOptions o) : Compressor("HadamardQuant"), o_(std::move(o)) {
+  TORCH_CHECK(o_.bits >= 1 && o_.bits <= 8, kName, ": bits=", o_.bits, " is not accepted; accepted: 1..8");
+  TORCH_CHECK(power_of_two(o_.tile) && o_.tile >= 2 && o_.tile <= kMaxTile, kName, ": tile=", o_.tile,
+              " is not accepted; accepted: a power of two in 2..", kMaxTile);
+  quant_ = tile_quantiser(o_.bits, o_.tile, o_.scale_type);
+}
+
+CompressorPtr HadamardQuant::from_spec(SpecArgs& args) {
+  constexpr size_t kNamed = SpecArgs::kNamedOnly;
+  HadamardQuantOptions o;
+  o.bits = args.integer(0, "bits", 4);
+  if (o.bits < 1 || o.bits > 8) args.fail(0, "bits", "an integer in 1..8");
+  o.tile = args.integer(kNamed, "tile", 128);
+  if (!power_of_two(o.tile) || o.tile < 2 || o.tile > kMaxTile)
+    args.fail(kNamed, "tile", "a power of two in 2.." + std::to_string(kMaxTile) + " (64, 128, 256, ...)");
+  const int64_t seed = args.integer(kNamed, "seed", 0);
+  if (seed < 0) args.fail(kNamed, "seed", "an integer >= 0");
+  o.seed = static_cast<uint64_t>(seed);
+  o.scale_type = codec::wire_type_from_word(args.word(kNamed, "scales", codec::wire_type_words(), std::string("fp16")));
+  return std::make_shared<HadamardQuant>(o);
+}
+
+std::string HadamardQuant::spec() const {
+  return std::string(kName) + "(" + std::to_string(o_.bits) + ", tile=" + std::to_string(o_.tile) +
+         ", seed=" + std::to_string(o_.seed) + ", scales=" + codec::wire_type_word(o_.scale_type) + ")";
+}
+
+Payload HadamardQuant::encode(const at::Tensor& x, const CodecContext& ctx) {
+  codec::check_input(x, kName);
+  const std::vector<int64_t> shape = x.sizes().vec();
+  const Tiling g = tiling(shape, o_.tile);
+  at::Tensor rows = x.to(at::kFloat).reshape({g.rows, g.D});  // (rows, D)
+  if (g.padded != g.D) rows = at::constant_pad_nd(rows, {0, g.padded - g.D}, 0);
+  at::Tensor tiles = rows.contiguous().view({-1, g.t});  // (rows * D' / t, t)
+  at::Tensor rotated = codec::hadamard_rotate(tiles, codec::hadamard_signs(g.t, o_.seed, tiles.options()));
+  // One scale per tile: the quantiser's blocks are the tiles (D' is a multiple of t).
+  auto quant = g.t == o_.tile ? quant_ : tile_quantiser(o_.bits, g.t, o_.scale_type);
+  Payload q = quant->encode(rotated.reshape({-1}), ctx);
+
+  Payload p;
+  p.codec = codec_id(kName);
+  p.dtype = x.scalar_type();
+  p.shape = shape;
+  p.params = {o_.bits, o_.tile, static_cast<int64_t>(o_.seed), codec::wire_type_param(o_.scale_type)};
+  p.body = q.body;
+  return p;
+}
+
+at::Tensor HadamardQuant::decode(const Payload& p, const CodecContext& ctx) {
+  codec::check_payload(p, kName, 4);
+  const int64_t bits = p.params[0], tile = p.params[1], seed = p.params[2];
+  TORCH_CHECK(bits >= 1 && bits <= 8, kName, ": corrupt payload: bits=", bits);
+  TORCH_CHECK(power_of_two(tile) && tile >= 2 && tile <= kMaxTile, kName, ": corrupt payload: tile=", tile);
+  TORCH_CHECK(seed >= 0, kName, ": corrupt payload: seed=", seed);
+  const at::ScalarType scale_type = codec::wire_type_from_param(p.params[3], kName);
+  const Tiling g = tiling(p.shape, tile);
+
+  // The body is quant's block payload of the rotated tiles, flattened.
+  Payload q;
+  q.codec = codec_id("quant");
+  q.dtype = at::kFloat;
+  q.shape = {g.rows * g.padded};
+  q.params = {bits,
+              static_cast<int64_t>(QuantOptions::Scale::kBlock),
+              static_cast<int64_t>(QuantOptions::Mode::kMaxAbs),
+              0,
+              -1,
+              g.t,
+              codec::wire_type_param(scale_type)};
+  q.body = p.body;
+  q.from_wire = p.from_wire;
+  q.host_body = p.host_body;
+  at::Tensor rotated = quant_->decode(q, ctx).view({-1, g.t});  // (rows * D' / t, t)
+  at::Tensor tiles =
+      codec::hadamard_unrotate(rotated, codec::hadamard_signs(g.t, static_cast<uint64_t>(seed), rotated.options()));
+  at::Tensor rows = tiles.reshape({g.rows, g.padded});
+  if (g.padded != g.D) rows = rows.narrow(1, 0, g.D);
+  return rows.to(p.dtype).reshape(p.shape);
+}
+
+}  // namespace tl
