@@ -1,6 +1,5 @@
 #include "compression/codecs/hadamard.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -66,10 +65,23 @@ int64_t hadamard_tile(int64_t tile, int64_t D) {
   return t;
 }
 
+// Note [hadamard signs]. s_i is bit 0 of a 32-bit integer hash of i and the seed (Mueller's
+// mixer, two rounds, after a host splitmix64 of the seed), computed with int64 ATen ops on the
+// tensor's own device: every device gets the same signs, nothing is copied from the host (a
+// pageable host-to-device copy would synchronise, Note [host synchronisation] in payload.cpp),
+// and no product exceeds 2^59, so nothing overflows.
 at::Tensor hadamard_signs(int64_t t, uint64_t seed, const at::TensorOptions& options) {
-  at::Generator g = at::detail::createCPUGenerator(seed);
-  at::Tensor bits = at::randint(0, 2, {t}, g, at::TensorOptions().dtype(at::kLong));  // (t) in {0, 1}
-  return (bits * 2 - 1).to(options);
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  constexpr int64_t kLow32 = 0xffffffffll, kMix = 0x45d9f3bll;
+  const int64_t base = static_cast<int64_t>(z & 0xffffffffull);
+  at::Tensor h = at::bitwise_xor(at::arange(t, options.dtype(at::kLong)), base);  // (t), below 2^32
+  for (int round = 0; round < 2; ++round)
+    h = at::bitwise_and(at::bitwise_xor(h, at::bitwise_right_shift(h, 16)) * kMix, kLow32);
+  h = at::bitwise_xor(h, at::bitwise_right_shift(h, 16));
+  return (at::bitwise_and(h, 1) * 2 - 1).to(options.dtype());
 }
 
 at::Tensor hadamard_rotate(const at::Tensor& x, const at::Tensor& signs) {

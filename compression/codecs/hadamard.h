@@ -4,7 +4,7 @@
 // Hadamard transform R = H diag(s) / sqrt(t), then quantised max-abs to `bits` bits with one
 // scale per tile (quant's max-abs formula, quant(bits, scale=block, block=t) on the rotated
 // tensor, scales fp16 by default). The receiver dequantises and applies R^-1 = diag(s) H / sqrt(t).
-// The signs s (+-1, t of them, shared by every tile) are drawn from `seed`, which both ends know
+// The signs s (+-1, t of them, shared by every tile) are a hash of `seed`, which both ends know
 // from the spec; they are not sent.
 //
 // Note [hadamard tiles]. A tensor of shape (..., D) is viewed as (rows, D). The tile actually
@@ -55,8 +55,8 @@ namespace codec {
 
 /// The tile used for rows of D elements (Note [hadamard tiles]): min(tile, smallest power of two >= D).
 int64_t hadamard_tile(int64_t tile, int64_t D);
-/// The t random signs (+-1) drawn from `seed` (a CPU generator, so every device gets the same),
-/// in `options`' dtype and device.
+/// The t pseudo-random signs (+-1) of `seed` (Note [hadamard signs]: a hash of the index and the
+/// seed, the same on every device), in `options`' dtype and on its device.
 at::Tensor hadamard_signs(int64_t t, uint64_t seed, const at::TensorOptions& options);
 /// y = H diag(s) x / sqrt(t) on each row of x (M, t), t = signs.numel() a power of two: the fast
 /// Walsh-Hadamard transform, log2(t) stages of ATen adds and subtracts, in x's dtype.

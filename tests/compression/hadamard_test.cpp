@@ -126,6 +126,15 @@ TEST(HadQuant, TheSeedFixesTheRotation) {
   EXPECT_FALSE(at::equal(a.body, c.body)) << "another seed rotates otherwise";
   EXPECT_FALSE(at::equal(codec::hadamard_signs(128, 5, at::kFloat), codec::hadamard_signs(128, 6, at::kFloat)));
   EXPECT_TRUE(at::equal(codec::hadamard_signs(128, 5, at::kFloat), codec::hadamard_signs(128, 5, at::kFloat)));
+  // Balanced whatever the position: the mean sign of all 4096, of the first half and of the even
+  // and odd positions is below 0.1 in magnitude (4.5 standard deviations for 2048 fair signs).
+  at::Tensor s = codec::hadamard_signs(4096, 11, at::kDouble);
+  for (const at::Tensor& part : {s, s.narrow(0, 0, 2048), s.slice(0, 0, 4096, 2), s.slice(0, 1, 4096, 2)})
+    EXPECT_LT(std::abs(part.mean().item<double>()), 0.1) << "sign balance";
+  // Consecutive seeds give unrelated signs (agreement about one half; 160 is 5 standard deviations).
+  const int64_t agree =
+      (codec::hadamard_signs(4096, 11, at::kLong) == codec::hadamard_signs(4096, 12, at::kLong)).sum().item<int64_t>();
+  EXPECT_NEAR(agree, 2048, 160);
   // The receiver's replica (same spec) decodes what the sender packed, after the wire.
   auto receiver = parse_compressor("hadquant(4, seed=5)");
   at::Tensor y = receiver->decode(Payload::deserialize(a.serialize().data(), a.nbytes()), ctx);
