@@ -38,16 +38,29 @@ Tiling tiling(const std::vector<int64_t>& shape, int64_t tile) {
   return g;
 }
 
-// The unnormalised fast Walsh-Hadamard transform of each row of x (M, t): stage h pairs
-// element j with j + h inside every run of 2h, (a, b) -> (a + b, a - b).
-at::Tensor fwht(at::Tensor x) {
-  const int64_t M = x.size(0), t = x.size(1);
-  for (int64_t h = 1; h < t; h *= 2) {
-    at::Tensor v = x.view({M, t / (2 * h), 2, h});  // (M, runs, 2, h)
-    at::Tensor a = v.select(2, 0), b = v.select(2, 1);
-    x = at::stack({a + b, a - b}, 2).view({M, t});
+// Note [fast Walsh-Hadamard transform]. H_t = H_2 (x) H_2 (x) ... (x) H_2 acts on each bit of the
+// index once, in any order. Each stage here combines the top bit, reading the two contiguous
+// halves a = x[:, :t/2] and b = x[:, t/2:] of every row, and writes a + b and a - b with that bit
+// moved to the bottom: y[2r] = a[r] + b[r], y[2r + 1] = a[r] - b[r]. After log2(t) stages every
+// bit was combined once and the index bits have rotated back into place (Stockham's ordering),
+// so the result is H x in natural order. Two ATen ops a stage into preallocated ping-pong
+// buffers: no per-stage allocation and no short strided runs (stage h of the textbook ordering
+// pairs elements h apart, h = 1, 2, ... being slow for ATen's loops).
+at::Tensor fwht(const at::Tensor& x) {  // x (M, t) -> H x per row, unnormalised
+  const int64_t M = x.size(0), t = x.size(1), half = t / 2;
+  at::Tensor src = x.contiguous();  // read only: the stages write into the two buffers
+  if (t == 1) return src.clone();
+  at::Tensor buffers[2] = {at::empty_like(src), t > 2 ? at::empty_like(src) : at::Tensor()};
+  for (int64_t stage = 0; (int64_t(1) << stage) < t; ++stage) {
+    at::Tensor dst = buffers[stage % 2];
+    at::Tensor a = src.narrow(1, 0, half), b = src.narrow(1, half, half);  // (M, t/2) each
+    at::Tensor out = dst.view({M, half, 2});                               // (M, t/2, 2)
+    at::Tensor sum = out.select(2, 0), diff = out.select(2, 1);
+    at::add_out(sum, a, b);
+    at::sub_out(diff, a, b);
+    src = dst;
   }
-  return x;
+  return src;
 }
 
 void check_rows(const at::Tensor& x, const at::Tensor& signs, const char* what) {
