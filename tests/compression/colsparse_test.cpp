@@ -68,6 +68,20 @@ TEST(ColSparse, KeepsTheChannelsOfLargestBlockNorm) {
   at::Tensor y16 = round_trip(parse_compressor("colsparse(0.1, block=8)"), x);
   at::Tensor mask = reference_mask(x.reshape({20, 40}), 8, 4).view(x.sizes());
   EXPECT_TRUE(at::equal(y16, (x * mask).to(at::kHalf).to(at::kFloat)));
+  // Edge shapes come back as they went in.
+  for (const at::Tensor& e : {at::tensor(3.0f), at::empty({0, 16}), at::empty({4, 0}), at::randn({2, 1, 5})}) {
+    CodecContext ectx;
+    auto ec = parse_compressor("colsparse(0.5, block=2, values=fp32)");
+    Payload p = ec->encode(e, ectx);
+    at::Tensor y = ec->decode(Payload::deserialize(p.serialize().data(), p.nbytes()), ectx);
+    EXPECT_EQ(y.sizes(), e.sizes());
+    if (e.dim() == 0) {
+      EXPECT_TRUE(at::equal(y, e)) << "one token of one channel: kept";
+    }
+    if (e.numel() == 10) {
+      EXPECT_TRUE(at::equal(y != 0, reference_mask(e.reshape({2, 5}), 2, 3).view(e.sizes())));
+    }
+  }
   // keep-all is the identity; 1-D input is one token.
   EXPECT_TRUE(at::equal(round_trip(parse_compressor("colsparse(1.0, values=fp32)"), x), x));
   at::Tensor v = at::randn({50});

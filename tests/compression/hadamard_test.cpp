@@ -174,6 +174,18 @@ TEST(HadQuant, DtypesAndCompositions) {
     EXPECT_EQ(y.scalar_type(), t);
     EXPECT_LT(rel_error(x, y), 0.02) << t;
   }
+  // Edge shapes: 0-D, empty, zero-width rows; what comes back has the shape that went in, and the
+  // byte count follows the formula (one scale when there is no tile).
+  for (const at::Tensor& e : {at::tensor(3.0f), at::empty({0, 16}), at::empty({4, 0}), at::randn({1})}) {
+    CodecContext ectx;
+    auto c = parse_compressor("hadquant(8, tile=16)");
+    Payload p = c->encode(e, ectx);
+    at::Tensor y = c->decode(Payload::deserialize(p.serialize().data(), p.nbytes()), ectx);
+    EXPECT_EQ(y.sizes(), e.sizes());
+    if (e.numel() > 0) {
+      EXPECT_LT(rel_error(e, y), 0.01) << e.sizes();
+    }
+  }
   // As the inner stage of a composition: TopK's kept values rotated and quantised.
   CodecContext ctx;
   auto comp = parse_compressor("topk(0.25, values=fp32) | hadquant(8, tile=16)");
