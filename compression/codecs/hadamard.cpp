@@ -99,12 +99,13 @@ at::Tensor hadamard_signs(int64_t t, uint64_t seed, const at::TensorOptions& opt
 
 at::Tensor hadamard_rotate(const at::Tensor& x, const at::Tensor& signs) {
   check_rows(x, signs, "hadamard_rotate");
-  return fwht(x * signs) * (1.0 / std::sqrt(static_cast<double>(signs.numel())));
+  // diag(s) / sqrt(t) as one (t) vector: one pass over x besides the stages.
+  return fwht(x * (signs * (1.0 / std::sqrt(static_cast<double>(signs.numel())))));
 }
 
 at::Tensor hadamard_unrotate(const at::Tensor& y, const at::Tensor& signs) {
   check_rows(y, signs, "hadamard_unrotate");
-  return fwht(y.contiguous()) * signs * (1.0 / std::sqrt(static_cast<double>(signs.numel())));
+  return fwht(y) * (signs * (1.0 / std::sqrt(static_cast<double>(signs.numel()))));
 }
 
 }  // namespace codec
