@@ -59,6 +59,7 @@ std::vector<Case> cases() {
       {"quant(4, scale=channel)", 0.25},
       {"quant(4, scale=channel, dim=0)", 0.25},
       {"quant(4, scale=block, block=256)", 0.25},
+      {"quant(4, scale=block, block=128)", 0.25},
       {"quant(4, round=stochastic)", 0.25},
       {"quantile(8)", 0},
       {"quantile(4)", 0},
@@ -71,6 +72,10 @@ std::vector<Case> cases() {
       {"powersgd(4)", 0},
       {"topk(0.1) | quant(4)", 0},
       {"powersgd(4) | quant(8)", 0},
+      {"hadquant(4)", 0},  // issue 18: against quant(4, scale=block, block=128), the same body size
+      {"hadquant(2, tile=64)", 0},
+      {"colsparse(0.1)", 0},  // issue 18: against topk(0.1) at the same density
+      {"colsparse(0.1, block=8) | quant(4)", 0},
   };
 }
 

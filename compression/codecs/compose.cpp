@@ -116,7 +116,7 @@ CompressorPtr make_composition(CompressorPtr outer, CompressorPtr inner) {
   auto sectioned = std::dynamic_pointer_cast<SectionedCodec>(outer);
   TORCH_CHECK(sectioned, "compose: '", outer ? outer->spec() : "?", "' cannot be followed by '| ",
               inner ? inner->spec() : "?", "': it has no value sections to pass on; stages that can: identity, ",
-              "fp16, bf16, topk, randk, threshold, powersgd");
+              "fp16, bf16, topk, randk, threshold, colsparse, powersgd");
   return std::make_shared<Composition>(std::move(sectioned), std::move(inner));
 }
 

@@ -1,6 +1,8 @@
 // Spec names of the stateless codecs; register_basic_codecs() is called once by the registry in
 // compression/spec.cpp. Syntax: docs/COMPRESSION.md.
+#include "compression/codecs/colsparse.h"
 #include "compression/codecs/dense.h"
+#include "compression/codecs/hadamard.h"
 #include "compression/codecs/powersgd.h"
 #include "compression/codecs/quant.h"
 #include "compression/codecs/quantile.h"
@@ -43,6 +45,14 @@ void register_basic_codecs() {
                       8);
   register_compressor("powersgd", PowerSgd::from_spec,
                       "powersgd(rank=4, dim=-1, values=fp32|fp16|bf16, seed=0): one PowerSGD step, warm-started Q", 9);
+  register_compressor("hadquant", HadamardQuant::from_spec,
+                      "hadquant(bits=4, tile=128, seed=0, scales=fp16|fp32|bf16): randomised Hadamard rotation per "
+                      "tile of the last dim, then max-abs quantisation with one scale per tile (TAH-Quant)",
+                      11);
+  register_compressor("colsparse", ColumnSparse::from_spec,
+                      "colsparse(k=0.1, block=32, values=fp16|fp32|bf16, index=auto|int32|delta|bitmap): per block of "
+                      "tokens, the k hidden channels of largest L2 norm (Beyond Top-K)",
+                      12);
 }
 
 }  // namespace tl

@@ -110,20 +110,7 @@ SparseCodec::Layout SparseCodec::layout(const Payload& rest) const {
   l.format = codec::index_format_from_param(rest.params[5], name);
   l.index_bytes = rest.params[6];
   const int64_t n = l.rows * l.k;
-  bool ok = true;
-  switch (l.format) {
-    case codec::IndexFormat::kInt:
-      ok = l.index_bytes == codec::index_int_bytes(n, l.numel);
-      break;
-    case codec::IndexFormat::kBitmap:
-      ok = l.index_bytes == codec::index_bitmap_bytes(l.numel);
-      break;
-    case codec::IndexFormat::kDelta:
-      ok = l.index_bytes >= n && l.index_bytes <= 9 * n;
-      break;
-  }
-  TORCH_CHECK(ok, name, ": corrupt payload: ", l.index_bytes, " index bytes cannot hold ", n, " indices in ",
-              codec::index_format_word(l.format), " form");
+  codec::check_index_bytes(l.format, l.index_bytes, n, l.numel, name);
   return l;
 }
 

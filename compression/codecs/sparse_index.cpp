@@ -272,6 +272,23 @@ EncodedIndex encode_index(const at::Tensor& idx_in, int64_t universe, std::optio
   return {f, bytes};
 }
 
+void check_index_bytes(IndexFormat format, int64_t bytes, int64_t n, int64_t universe, const char* codec) {
+  bool ok = true;
+  switch (format) {
+    case IndexFormat::kInt:
+      ok = bytes == index_int_bytes(n, universe);
+      break;
+    case IndexFormat::kBitmap:
+      ok = bytes == index_bitmap_bytes(universe);
+      break;
+    case IndexFormat::kDelta:
+      ok = bytes >= n && bytes <= 9 * n;
+      break;
+  }
+  TORCH_CHECK(ok, codec, ": corrupt payload: ", bytes, " index bytes cannot hold ", n, " indices in ",
+              index_format_word(format), " form");
+}
+
 at::Tensor decode_index(IndexFormat format, const at::Tensor& bytes_in, int64_t n, int64_t universe, const char* codec,
                         const IndexSource& source) {
   TORCH_CHECK(n >= 0 && n <= universe, codec, ": corrupt payload: ", n, " indices into ", universe, " elements");

@@ -26,6 +26,9 @@ int64_t index_int_bytes(int64_t n, int64_t universe);
 int64_t index_bitmap_bytes(int64_t universe);
 /// Exact size of the delta form of `idx` ((n) int64, sorted).
 int64_t index_delta_bytes(const at::Tensor& idx);
+/// Error naming `codec` unless `bytes` can hold n indices into `universe` in `format` (a header
+/// check: int and bitmap sizes are exact, delta takes 1 to 9 bytes an index).
+void check_index_bytes(IndexFormat format, int64_t bytes, int64_t n, int64_t universe, const char* codec);
 
 struct EncodedIndex {
   IndexFormat format;

@@ -147,36 +147,40 @@ TEST(Boundary, IdentitySpecsCountUncompressedBytes) {
 }
 
 TEST(Boundary, HalvesMatchInProcessInOneFOneBOrder) {
-  // Shared mode across "processes": two micro-batches forward, then backward in reverse order.
-  auto sender = std::make_shared<Boundary>("cut", "topk(0.25)", "", BackwardMode::Shared);
-  auto receiver = std::make_shared<Boundary>("cut", "topk(0.25)", "", BackwardMode::Shared);
-  auto local = std::make_shared<Boundary>("cut", "topk(0.25)", "", BackwardMode::Shared);
-  at::manual_seed(4);
-  std::vector<at::Tensor> xs = {at::randn({4, 8}), at::randn({4, 8})}, gs = {at::randn({4, 8}), at::randn({4, 8})};
-  std::vector<Payload> wire(2);
-  std::vector<at::Tensor> received(2);
-  for (int64_t mb = 0; mb < 2; ++mb) {
+  // Shared mode across "processes": two micro-batches forward, then backward in reverse order,
+  // for every codec with a shared mode that keeps per-micro-batch support.
+  for (const char* spec : {"topk(0.25)", "colsparse(0.25, block=2)", "colsparse(0.25, block=3) | quant(8)"}) {
+    SCOPED_TRACE(spec);
+    auto sender = std::make_shared<Boundary>("cut", spec, "", BackwardMode::Shared);
+    auto receiver = std::make_shared<Boundary>("cut", spec, "", BackwardMode::Shared);
+    auto local = std::make_shared<Boundary>("cut", spec, "", BackwardMode::Shared);
+    at::manual_seed(4);
+    std::vector<at::Tensor> xs = {at::randn({4, 8}), at::randn({4, 8})}, gs = {at::randn({4, 8}), at::randn({4, 8})};
+    std::vector<Payload> wire(2);
+    std::vector<at::Tensor> received(2);
+    for (int64_t mb = 0; mb < 2; ++mb) {
+      CodecContext ctx;
+      ctx.micro_batch = mb;
+      Payload p = sender->send_forward(sender->sender_transform(Variable(xs[mb]), ctx).data(), ctx);
+      Payload copy = Payload::deserialize(p.serialize().data(), p.nbytes());  // over the wire
+      received[mb] = receiver->receiver_transform(Variable(receiver->receive_forward(copy, ctx)), ctx).data();
+    }
+    for (int64_t mb = 1; mb >= 0; --mb) {
+      CodecContext ctx;
+      ctx.micro_batch = mb;
+      Payload p = receiver->send_backward(gs[mb], ctx);
+      at::Tensor grad = sender->receive_backward(Payload::deserialize(p.serialize().data(), p.nbytes()), ctx);
+      auto [out, ref_grad] = run(local, xs[mb], gs[mb]);
+      EXPECT_TRUE(all_close(received[mb], out, "forward halves == in-process, mb " + std::to_string(mb), 0, 0));
+      EXPECT_TRUE(all_close(grad, ref_grad, "backward halves == in-process, mb " + std::to_string(mb), 0, 0));
+    }
+    EXPECT_EQ(sender->stats().forward.bytes, local->stats().forward.bytes);
+    EXPECT_EQ(receiver->stats().backward.bytes, local->stats().backward.bytes);
+    // A gradient for a micro-batch whose forward payload is gone is an error.
     CodecContext ctx;
-    ctx.micro_batch = mb;
-    Payload p = sender->send_forward(sender->sender_transform(Variable(xs[mb]), ctx).data(), ctx);
-    Payload copy = Payload::deserialize(p.serialize().data(), p.nbytes());  // over the wire
-    received[mb] = receiver->receiver_transform(Variable(receiver->receive_forward(copy, ctx)), ctx).data();
+    ctx.micro_batch = 0;
+    EXPECT_THROW(receiver->send_backward(gs[0], ctx), c10::Error);
   }
-  for (int64_t mb = 1; mb >= 0; --mb) {
-    CodecContext ctx;
-    ctx.micro_batch = mb;
-    Payload p = receiver->send_backward(gs[mb], ctx);
-    at::Tensor grad = sender->receive_backward(Payload::deserialize(p.serialize().data(), p.nbytes()), ctx);
-    auto [out, ref_grad] = run(local, xs[mb], gs[mb]);
-    EXPECT_TRUE(all_close(received[mb], out, "forward halves == in-process, mb " + std::to_string(mb), 0, 0));
-    EXPECT_TRUE(all_close(grad, ref_grad, "backward halves == in-process, mb " + std::to_string(mb), 0, 0));
-  }
-  EXPECT_EQ(sender->stats().forward.bytes, local->stats().forward.bytes);
-  EXPECT_EQ(receiver->stats().backward.bytes, local->stats().backward.bytes);
-  // A gradient for a micro-batch whose forward payload is gone is an error.
-  CodecContext ctx;
-  ctx.micro_batch = 0;
-  EXPECT_THROW(receiver->send_backward(gs[0], ctx), c10::Error);
 }
 
 TEST(Boundary, CheckpointRoundTripOfCodecState) {

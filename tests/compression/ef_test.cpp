@@ -21,25 +21,31 @@ at::Tensor round_trip(const CompressorPtr& c, const at::Tensor& x) {
 }
 
 TEST(ErrorFeedback, InvariantPerBoundary) {
-  auto ef = make_ef("ef(topk(0.1))");
-  auto ref = parse_compressor("topk(0.1)");
-  at::manual_seed(0);
-  CodecContext ctx;
-  at::Tensor e = at::zeros({4, 32});
-  for (int step = 0; step < 5; ++step) {
-    at::Tensor x = at::randn({4, 32});
-    at::Tensor e_before = ef->residual(x, ctx).clone();
-    ASSERT_TRUE(all_close(e_before, e, "residual before step " + std::to_string(step), 0, 0));
-    Payload p = ef->encode(x, ctx);
-    EXPECT_EQ(p.codec, codec_id("topk")) << "ef sends the inner codec's payload";
-    at::Tensor c = round_trip(ref, x + e_before);  // C(x + e)
-    at::Tensor e_after = ef->residual(x, ctx);
-    EXPECT_TRUE(all_close(e_after, x + e_before - c, "e' = x + e - C(x + e), step " + std::to_string(step), 1e-6, 0));
-    EXPECT_TRUE(all_close(ef->decode(p, ctx), c, "receiver gets C(x + e)", 0, 0));
-    e = e_after.clone();
+  // Any inner codec: sparse, quantising (issue 18's hadquant) and structured (colsparse).
+  for (const auto& [inner, name] : std::vector<std::pair<std::string, std::string>>{
+           {"topk(0.1)", "topk"}, {"hadquant(2, tile=16)", "hadquant"}, {"colsparse(0.1, block=2)", "colsparse"}}) {
+    SCOPED_TRACE(inner);
+    auto ef = make_ef("ef(" + inner + ")");
+    auto ref = parse_compressor(inner);
+    at::manual_seed(0);
+    CodecContext ctx;
+    at::Tensor e = at::zeros({4, 32});
+    for (int step = 0; step < 5; ++step) {
+      at::Tensor x = at::randn({4, 32});
+      at::Tensor e_before = ef->residual(x, ctx).clone();
+      ASSERT_TRUE(all_close(e_before, e, "residual before step " + std::to_string(step), 0, 0));
+      Payload p = ef->encode(x, ctx);
+      EXPECT_EQ(p.codec, codec_id(name)) << "ef sends the inner codec's payload";
+      at::Tensor c = round_trip(ref, x + e_before);  // C(x + e)
+      at::Tensor e_after = ef->residual(x, ctx);
+      EXPECT_TRUE(all_close(e_after, x + e_before - c, "e' = x + e - C(x + e), step " + std::to_string(step), 1e-6, 0));
+      EXPECT_TRUE(all_close(ef->decode(p, ctx), c, "receiver gets C(x + e)", 0, 0));
+      e = e_after.clone();
+    }
+    // The residual is nonzero (each drops or rounds away part of x + e) and is what the next
+    // step adds.
+    EXPECT_GT(e.abs().sum().item<double>(), 1.0);
   }
-  // The residual is nonzero (TopK 10% drops most of x + e) and is what the next step adds.
-  EXPECT_GT(e.abs().sum().item<double>(), 1.0);
 }
 
 TEST(ErrorFeedback, InvariantPerSample) {

@@ -91,7 +91,11 @@ const char* const kNoSyncSpecs[] = {"identity",
                                     "quant(2, mode=minmax, round=stochastic, scales=fp32, seed=4)",
                                     "powersgd(2)",
                                     "topk(0.1) | quant(4)",
-                                    "powersgd(3) | fp16"};
+                                    "powersgd(3) | fp16",
+                                    "hadquant(4, tile=16)",
+                                    "hadquant(2, scales=fp32)",
+                                    "colsparse(0.1, block=2)",
+                                    "colsparse(0.25, index=bitmap) | quant(4)"};
 
 TEST(HostSync, DevicePathsOfTheCodecsReadNothingBack) {
   at::manual_seed(2);

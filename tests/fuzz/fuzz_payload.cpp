@@ -7,13 +7,35 @@
 
 namespace {
 const std::vector<std::string>& codecs() {
-  static const std::vector<std::string> all = {
-      "identity", "fp16", "bf16", "topk(0.1)", "topk(0.1, index=int32)", "topk(0.1, index=delta)",
-      "topk(0.1, index=bitmap)", "topk(0.1, scope=global, values=fp32)", "randk(0.1)", "randk(0.1, rescale=true)",
-      "threshold(0.5)", "quant(8)", "quant(4)", "quant(bits=2, scale=channel)", "quant(bits=3, scale=block, block=16)",
-      "quant(bits=4, mode=minmax, scales=fp32)", "quantile(bits=4)", "quantile(bits=2, codebook=fp16)",
-      "powersgd(rank=2)", "powersgd(rank=1, values=fp16)", "topk(0.1) | quant(4)", "powersgd(rank=2) | quant(8)",
-      "ef(topk(0.1))", "ef21(topk(0.1))", "aqsgd(quant(4), warmup=0)", "lazy(powersgd(rank=2))"};
+  static const std::vector<std::string> all = {"identity",
+                                               "fp16",
+                                               "bf16",
+                                               "topk(0.1)",
+                                               "topk(0.1, index=int32)",
+                                               "topk(0.1, index=delta)",
+                                               "topk(0.1, index=bitmap)",
+                                               "topk(0.1, scope=global, values=fp32)",
+                                               "randk(0.1)",
+                                               "randk(0.1, rescale=true)",
+                                               "threshold(0.5)",
+                                               "quant(8)",
+                                               "quant(4)",
+                                               "quant(bits=2, scale=channel)",
+                                               "quant(bits=3, scale=block, block=16)",
+                                               "quant(bits=4, mode=minmax, scales=fp32)",
+                                               "quantile(bits=4)",
+                                               "quantile(bits=2, codebook=fp16)",
+                                               "powersgd(rank=2)",
+                                               "powersgd(rank=1, values=fp16)",
+                                               "topk(0.1) | quant(4)",
+                                               "powersgd(rank=2) | quant(8)",
+                                               "ef(topk(0.1))",
+                                               "ef21(topk(0.1))",
+                                               "aqsgd(quant(4), warmup=0)",
+                                               "lazy(powersgd(rank=2))",
+                                               "hadquant(4, tile=64)",
+                                               "colsparse(2, block=2, index=int32)",
+                                               "colsparse(0.25, block=2) | quant(4)"};
   return all;
 }
 }  // namespace

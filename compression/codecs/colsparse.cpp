@@ -1,0 +1,204 @@
+#include "compression/codecs/colsparse.h"
+
+#include <c10/util/Exception.h>
+
+#include <cmath>
+
+#include "compression/codecs/common.h"
+
+namespace tl {
+namespace {
+
+constexpr const char* kName = "colsparse";
+constexpr int64_t kPlain = 0, kShared = 1;
+
+// (tokens, hidden) view of a shape: the last dim is hidden; 0-D and 1-D tensors are one token.
+void token_view(const std::vector<int64_t>& shape, int64_t& tokens, int64_t& hidden) {
+  const int64_t n = codec::shape_numel(shape);
+  hidden = shape.size() >= 2 ? shape.back() : n;
+  tokens = shape.size() >= 2 ? (hidden > 0 ? n / hidden : 0) : 1;
+}
+
+// The block of each token: (tokens) int64, t / block.
+at::Tensor token_blocks(int64_t tokens, int64_t block, const at::Device& device) {
+  return at::div(at::arange(tokens, at::TensorOptions().dtype(at::kLong).device(device)), block, "floor");
+}
+
+// Output of shape `like` holding values (tokens, k) at the channels (tokens, k), zeros elsewhere.
+at::Tensor scatter_channels(const Payload& like, int64_t tokens, int64_t hidden, const at::Tensor& channels,
+                            const at::Tensor& values) {
+  at::Tensor out = at::zeros({tokens, hidden}, values.options().dtype(like.dtype));
+  if (channels.numel() > 0) out.scatter_(1, channels.to(values.device()), values.reshape({tokens, -1}).to(like.dtype));
+  return out.view(like.shape);
+}
+
+at::Tensor body_or_empty(const Payload& p) { return p.body.defined() ? p.body : at::empty({0}, at::kByte); }
+
+}  // namespace
+
+ColumnSparse::ColumnSparse(ColumnSparseOptions o) : SectionedCodec("ColumnSparse"), o_(std::move(o)) {
+  TORCH_CHECK(o_.block >= 1, kName, ": block=", o_.block, " is not accepted; accepted: an integer >= 1 (tokens)");
+  TORCH_CHECK(o_.fraction > 0 ? o_.fraction <= 1 : o_.count >= 1, kName, ": k must be a fraction in (0, 1] or a ",
+              "count >= 1");
+}
+
+CompressorPtr ColumnSparse::from_spec(SpecArgs& args) {
+  constexpr size_t kNamed = SpecArgs::kNamedOnly;
+  ColumnSparseOptions o;
+  const SpecValue* raw = args.peek(0, "k");
+  const double k = args.number(0, "k", 0.1);
+  const bool fraction = !raw || raw->text.find_first_of(".eE") != std::string::npos || k < 1;
+  const char* accepted = "a fraction of hidden in (0, 1] written with a '.' (0.1, 1.0), or a channel count >= 1 (64)";
+  if (fraction) {
+    if (!(k > 0 && k <= 1)) args.fail(0, "k", accepted);
+    o.fraction = k;
+  } else {
+    if (!(k >= 1 && std::floor(k) == k && k < 9e15)) args.fail(0, "k", accepted);
+    o.fraction = 0;
+    o.count = static_cast<int64_t>(k);
+  }
+  o.block = args.integer(kNamed, "block", 32);
+  if (o.block < 1) args.fail(kNamed, "block", "an integer >= 1 (tokens per block)");
+  o.values = codec::wire_type_from_word(args.word(kNamed, "values", codec::wire_type_words(), "fp16"));
+  o.index = codec::index_format_from_word(args.word(kNamed, "index", {"auto", "int32", "delta", "bitmap"}, "auto"));
+  return std::make_shared<ColumnSparse>(o);
+}
+
+std::string ColumnSparse::spec() const {
+  return std::string(kName) + "(" +
+         (o_.fraction > 0 ? codec::format_number(o_.fraction, true) : std::to_string(o_.count)) +
+         ", block=" + std::to_string(o_.block) + ", values=" + codec::wire_type_word(o_.values) +
+         ", index=" + codec::index_format_word(o_.index) + ")";
+}
+
+int64_t ColumnSparse::k_for(int64_t H) const {
+  if (H == 0) return 0;
+  if (o_.fraction > 0) {
+    const double k = std::ceil(o_.fraction * static_cast<double>(H) - 1e-9);
+    return std::min<int64_t>(H, std::max<int64_t>(1, static_cast<int64_t>(k)));
+  }
+  TORCH_CHECK(o_.count <= H, kName, ": k=", o_.count, " exceeds the ", H, " hidden channels (the last dim)");
+  return o_.count;
+}
+
+ColumnSparse::Layout ColumnSparse::layout(const Payload& rest) const {
+  TORCH_CHECK(rest.codec != codec_id(kName) || rest.params.empty() || rest.params[0] != kShared, kName,
+              ": this is a shared-mode (backward) payload; decode it with decode_shared and its forward payload");
+  codec::check_payload(rest, kName, 6);
+  TORCH_CHECK(rest.params[0] == kPlain, kName, ": corrupt payload: kind ", rest.params[0]);
+  Layout l;
+  token_view(rest.shape, l.tokens, l.hidden);
+  l.block = rest.params[1];
+  l.k = rest.params[2];
+  TORCH_CHECK(l.block >= 1, kName, ": corrupt payload: block=", l.block);
+  TORCH_CHECK(l.k >= 0 && l.k <= l.hidden && (l.k > 0 || l.hidden == 0 || l.tokens == 0), kName,
+              ": corrupt payload: k=", l.k, " for ", l.hidden, " hidden channels");
+  l.blocks = l.tokens == 0 ? 0 : (l.tokens - 1) / l.block + 1;
+  l.wire = codec::wire_type_from_param(rest.params[3], kName);
+  l.format = codec::index_format_from_param(rest.params[4], kName);
+  l.index_bytes = rest.params[5];
+  codec::check_index_bytes(l.format, l.index_bytes, l.blocks * l.k, l.blocks * l.hidden, kName);
+  return l;
+}
+
+Payload ColumnSparse::encode_parts(const at::Tensor& x, const CodecContext& ctx, std::vector<at::Tensor>& values) {
+  codec::check_input(x, kName);
+  int64_t tokens, hidden;
+  token_view(x.sizes().vec(), tokens, hidden);
+  const int64_t k = k_for(hidden);
+  const int64_t blocks = tokens == 0 ? 0 : (tokens - 1) / o_.block + 1;
+  at::Tensor xt = x.reshape({tokens, hidden});  // (T, H)
+  at::Tensor channels;                          // (blocks, k) kept channels, ascending
+  if (blocks * k == 0) {
+    channels = at::empty({blocks, k}, x.options().dtype(at::kLong));
+  } else {
+    // Squared L2 norm of each channel over each block of tokens; the short last block is padded
+    // with zero tokens, which add nothing.
+    at::Tensor sq = xt.to(at::kFloat).square();
+    const int64_t pad = blocks * o_.block - tokens;
+    if (pad > 0) sq = at::constant_pad_nd(sq, {0, 0, 0, pad}, 0);
+    at::Tensor norms = sq.view({blocks, o_.block, hidden}).sum(1);  // (blocks, H)
+    channels = std::get<0>(at::sort(std::get<1>(at::topk(norms, k, 1, /*largest=*/true, /*sorted=*/false)), 1));
+  }
+  at::Tensor flat = (channels + at::arange(blocks, channels.options()).unsqueeze(1) * hidden).reshape({-1});
+  codec::EncodedIndex enc = codec::encode_index(flat, blocks * hidden, o_.index);
+
+  Payload p;
+  p.codec = codec_id(kName);
+  p.dtype = x.scalar_type();
+  p.shape = x.sizes().vec();
+  p.params = {kPlain,           o_.block, k, codec::wire_type_param(o_.values), static_cast<int64_t>(enc.format),
+              enc.bytes.numel()};
+  p.body = enc.bytes;
+  at::Tensor per_token = channels.index_select(0, token_blocks(tokens, o_.block, x.device()));  // (T, k)
+  values = {xt.gather(1, per_token)};
+  return p;
+}
+
+std::vector<SectionedCodec::Section> ColumnSparse::sections(const Payload& rest) const {
+  const Layout l = layout(rest);
+  return {Section{{l.tokens, l.k}, l.wire}};
+}
+
+at::Tensor ColumnSparse::token_channels(const Payload& rest, const Layout& l) const {
+  at::Tensor idx = codec::decode_index(l.format, body_or_empty(rest), l.blocks * l.k, l.blocks * l.hidden, kName,
+                                       codec::IndexSource{rest.host_body, rest.from_wire});  // (blocks * k)
+  if (!codec::on_device(idx) && idx.numel() > 0) {
+    // Note [colsparse index set]: exactly k distinct channels in each block (checked where it
+    // costs no device synchronisation).
+    at::Tensor block_of = at::div(idx, l.hidden, "floor");
+    at::Tensor expected = at::div(at::arange(idx.numel(), idx.options()), l.k, "floor");
+    TORCH_CHECK(
+        block_of.equal(expected) && (idx.numel() < 2 || (idx.slice(0, 1) > idx.slice(0, 0, -1)).all().item<bool>()),
+        kName, ": corrupt payload: the index set does not hold exactly ", l.k, " distinct channels in each block");
+  }
+  at::Tensor channels = idx.remainder(l.hidden).view({l.blocks, l.k});
+  return channels.index_select(0, token_blocks(l.tokens, l.block, idx.device()));  // (T, k)
+}
+
+at::Tensor ColumnSparse::decode_parts(const Payload& rest, const std::vector<at::Tensor>& values,
+                                      const CodecContext& ctx) {
+  const Layout l = layout(rest);
+  TORCH_CHECK(static_cast<int64_t>(rest.body_bytes()) == l.index_bytes, kName, ": corrupt payload: the index takes ",
+              rest.body_bytes(), " bytes, the header announces ", l.index_bytes);
+  TORCH_CHECK(values.size() == 1, kName, ": expected one value section, got ", values.size());
+  return scatter_channels(rest, l.tokens, l.hidden, token_channels(rest, l), values[0]);
+}
+
+Payload ColumnSparse::encode_shared_parts(const at::Tensor& g, const Payload& fwd_rest,
+                                          const std::vector<at::Tensor>& fwd_values, const CodecContext& ctx,
+                                          std::vector<at::Tensor>& values) {
+  const Layout l = layout(fwd_rest);
+  TORCH_CHECK(g.sizes().equals(fwd_rest.shape), kName, ": shared mode: gradient of shape ", g.sizes(),
+              " for a forward payload of shape ", c10::IntArrayRef(fwd_rest.shape));
+  at::Tensor channels = token_channels(fwd_rest, l).to(g.device());
+  values = {g.reshape({l.tokens, l.hidden}).gather(1, channels)};  // (T, k)
+  Payload p;
+  p.codec = codec_id(kName);
+  p.dtype = g.scalar_type();
+  p.shape = g.sizes().vec();
+  p.params = {kShared, codec::wire_type_param(o_.values)};
+  return p;
+}
+
+std::vector<SectionedCodec::Section> ColumnSparse::shared_sections(const Payload& rest, const Payload& fwd_rest) const {
+  codec::check_payload(rest, kName, 2);
+  TORCH_CHECK(rest.params[0] == kShared, kName, ": not a shared-mode payload (kind ", rest.params[0], ")");
+  const at::ScalarType wire = codec::wire_type_from_param(rest.params[1], kName);
+  const Layout l = layout(fwd_rest);
+  TORCH_CHECK(rest.shape == fwd_rest.shape, kName, ": shared-mode payload of shape ", c10::IntArrayRef(rest.shape),
+              " for a forward payload of shape ", c10::IntArrayRef(fwd_rest.shape));
+  return {Section{{l.tokens, l.k}, wire}};
+}
+
+at::Tensor ColumnSparse::decode_shared_parts(const Payload& rest, const Payload& fwd_rest,
+                                             const std::vector<at::Tensor>& fwd_values,
+                                             const std::vector<at::Tensor>& values, const CodecContext& ctx) {
+  TORCH_CHECK(rest.body_bytes() == 0, kName, ": corrupt shared-mode payload: ", rest.body_bytes(),
+              " bytes besides the values");
+  TORCH_CHECK(values.size() == 1, kName, ": expected one value section, got ", values.size());
+  const Layout l = layout(fwd_rest);
+  return scatter_channels(rest, l.tokens, l.hidden, token_channels(fwd_rest, l), values[0]);
+}
+
+}  // namespace tl

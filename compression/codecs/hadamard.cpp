@@ -1,0 +1,193 @@
+#include "compression/codecs/hadamard.h"
+
+#include <c10/util/Exception.h>
+
+#include <cmath>
+
+#include "compression/codecs/common.h"
+
+namespace tl {
+namespace {
+
+constexpr const char* kName = "hadquant";
+constexpr int64_t kMaxTile = int64_t(1) << 16;
+
+bool power_of_two(int64_t v) { return v >= 1 && (v & (v - 1)) == 0; }
+
+// The quantiser of the rotated tiles: max-abs, one scale per tile, nearest rounding.
+std::shared_ptr<Quantize> tile_quantiser(int64_t bits, int64_t tile, at::ScalarType scale_type) {
+  QuantOptions q;
+  q.bits = bits;
+  q.scale = QuantOptions::Scale::kBlock;
+  q.block = tile;
+  q.scale_type = scale_type;
+  return std::make_shared<Quantize>(q);
+}
+
+// Where a tensor of `shape` lies as rotated tiles (Note [hadamard tiles]).
+struct Tiling {
+  int64_t rows, D, t, padded;  // (rows, D) view, tile used, D' = ceil(D / t) * t
+};
+Tiling tiling(const std::vector<int64_t>& shape, int64_t tile) {
+  Tiling g;
+  const int64_t n = codec::shape_numel(shape);
+  g.D = shape.empty() ? 1 : shape.back();
+  g.rows = g.D > 0 ? n / g.D : 0;
+  g.t = codec::hadamard_tile(tile, g.D);
+  g.padded = (g.D + g.t - 1) / g.t * g.t;
+  return g;
+}
+
+// Note [fast Walsh-Hadamard transform]. H_t = H_2 (x) H_2 (x) ... (x) H_2 acts on each bit of the
+// index once, in any order. Each stage here combines the top bit, reading the two contiguous
+// halves a = x[:, :t/2] and b = x[:, t/2:] of every row, and writes a + b and a - b with that bit
+// moved to the bottom: y[2r] = a[r] + b[r], y[2r + 1] = a[r] - b[r]. After log2(t) stages every
+// bit was combined once and the index bits have rotated back into place (Stockham's ordering),
+// so the result is H x in natural order. Two ATen ops a stage into preallocated ping-pong
+// buffers: no per-stage allocation and no short strided runs (stage h of the textbook ordering
+// pairs elements h apart, h = 1, 2, ... being slow for ATen's loops).
+at::Tensor fwht(const at::Tensor& x) {  // x (M, t) -> H x per row, unnormalised
+  const int64_t M = x.size(0), t = x.size(1), half = t / 2;
+  at::Tensor src = x.contiguous();  // read only: the stages write into the two buffers
+  if (t == 1) return src.clone();
+  at::Tensor buffers[2] = {at::empty_like(src), t > 2 ? at::empty_like(src) : at::Tensor()};
+  for (int64_t stage = 0; (int64_t(1) << stage) < t; ++stage) {
+    at::Tensor dst = buffers[stage % 2];
+    at::Tensor a = src.narrow(1, 0, half), b = src.narrow(1, half, half);  // (M, t/2) each
+    at::Tensor out = dst.view({M, half, 2});                               // (M, t/2, 2)
+    at::Tensor sum = out.select(2, 0), diff = out.select(2, 1);
+    at::add_out(sum, a, b);
+    at::sub_out(diff, a, b);
+    src = dst;
+  }
+  return src;
+}
+
+void check_rows(const at::Tensor& x, const at::Tensor& signs, const char* what) {
+  TORCH_CHECK(x.dim() == 2 && signs.dim() == 1 && x.size(1) == signs.numel() && power_of_two(signs.numel()), what,
+              ": expected rows (M, t) and t signs with t a power of two, got ", x.sizes(), " and ", signs.sizes());
+}
+
+}  // namespace
+
+namespace codec {
+
+int64_t hadamard_tile(int64_t tile, int64_t D) {
+  int64_t t = 1;
+  while (t < D && t < tile) t *= 2;
+  return t;
+}
+
+// Note [hadamard signs]. s_i is bit 0 of a 32-bit integer hash of i and the seed (Mueller's
+// mixer, two rounds, after a host splitmix64 of the seed), computed with int64 ATen ops on the
+// tensor's own device: every device gets the same signs, nothing is copied from the host (a
+// pageable host-to-device copy would synchronise, Note [host synchronisation] in payload.cpp),
+// and no product exceeds 2^59, so nothing overflows.
+at::Tensor hadamard_signs(int64_t t, uint64_t seed, const at::TensorOptions& options) {
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  constexpr int64_t kLow32 = 0xffffffffll, kMix = 0x45d9f3bll;
+  const int64_t base = static_cast<int64_t>(z & 0xffffffffull);
+  at::Tensor h = at::bitwise_xor(at::arange(t, options.dtype(at::kLong)), base);  // (t), below 2^32
+  for (int round = 0; round < 2; ++round)
+    h = at::bitwise_and(at::bitwise_xor(h, at::bitwise_right_shift(h, 16)) * kMix, kLow32);
+  h = at::bitwise_xor(h, at::bitwise_right_shift(h, 16));
+  return (at::bitwise_and(h, 1) * 2 - 1).to(options.dtype());
+}
+
+at::Tensor hadamard_rotate(const at::Tensor& x, const at::Tensor& signs) {
+  check_rows(x, signs, "hadamard_rotate");
+  // diag(s) / sqrt(t) as one (t) vector: one pass over x besides the stages.
+  return fwht(x * (signs * (1.0 / std::sqrt(static_cast<double>(signs.numel())))));
+}
+
+at::Tensor hadamard_unrotate(const at::Tensor& y, const at::Tensor& signs) {
+  check_rows(y, signs, "hadamard_unrotate");
+  return fwht(y) * (signs * (1.0 / std::sqrt(static_cast<double>(signs.numel()))));
+}
+
+}  // namespace codec
+
+HadamardQuant::HadamardQuant(HadamardQuantOptions o) : Compressor("HadamardQuant"), o_(std::move(o)) {
+  TORCH_CHECK(o_.bits >= 1 && o_.bits <= 8, kName, ": bits=", o_.bits, " is not accepted; accepted: 1..8");
+  TORCH_CHECK(power_of_two(o_.tile) && o_.tile >= 2 && o_.tile <= kMaxTile, kName, ": tile=", o_.tile,
+              " is not accepted; accepted: a power of two in 2..", kMaxTile);
+  quant_ = tile_quantiser(o_.bits, o_.tile, o_.scale_type);
+}
+
+CompressorPtr HadamardQuant::from_spec(SpecArgs& args) {
+  constexpr size_t kNamed = SpecArgs::kNamedOnly;
+  HadamardQuantOptions o;
+  o.bits = args.integer(0, "bits", 4);
+  if (o.bits < 1 || o.bits > 8) args.fail(0, "bits", "an integer in 1..8");
+  o.tile = args.integer(kNamed, "tile", 128);
+  if (!power_of_two(o.tile) || o.tile < 2 || o.tile > kMaxTile)
+    args.fail(kNamed, "tile", "a power of two in 2.." + std::to_string(kMaxTile) + " (64, 128, 256, ...)");
+  const int64_t seed = args.integer(kNamed, "seed", 0);
+  if (seed < 0) args.fail(kNamed, "seed", "an integer >= 0");
+  o.seed = static_cast<uint64_t>(seed);
+  o.scale_type = codec::wire_type_from_word(args.word(kNamed, "scales", codec::wire_type_words(), std::string("fp16")));
+  return std::make_shared<HadamardQuant>(o);
+}
+
+std::string HadamardQuant::spec() const {
+  return std::string(kName) + "(" + std::to_string(o_.bits) + ", tile=" + std::to_string(o_.tile) +
+         ", seed=" + std::to_string(o_.seed) + ", scales=" + codec::wire_type_word(o_.scale_type) + ")";
+}
+
+Payload HadamardQuant::encode(const at::Tensor& x, const CodecContext& ctx) {
+  codec::check_input(x, kName);
+  const std::vector<int64_t> shape = x.sizes().vec();
+  const Tiling g = tiling(shape, o_.tile);
+  at::Tensor rows = x.to(at::kFloat).reshape({g.rows, g.D});  // (rows, D)
+  if (g.padded != g.D) rows = at::constant_pad_nd(rows, {0, g.padded - g.D}, 0);
+  at::Tensor tiles = rows.contiguous().view({-1, g.t});  // (rows * D' / t, t)
+  at::Tensor rotated = codec::hadamard_rotate(tiles, codec::hadamard_signs(g.t, o_.seed, tiles.options()));
+  // One scale per tile: the quantiser's blocks are the tiles (D' is a multiple of t).
+  auto quant = g.t == o_.tile ? quant_ : tile_quantiser(o_.bits, g.t, o_.scale_type);
+  Payload q = quant->encode(rotated.reshape({-1}), ctx);
+
+  Payload p;
+  p.codec = codec_id(kName);
+  p.dtype = x.scalar_type();
+  p.shape = shape;
+  p.params = {o_.bits, o_.tile, static_cast<int64_t>(o_.seed), codec::wire_type_param(o_.scale_type)};
+  p.body = q.body;
+  return p;
+}
+
+at::Tensor HadamardQuant::decode(const Payload& p, const CodecContext& ctx) {
+  codec::check_payload(p, kName, 4);
+  const int64_t bits = p.params[0], tile = p.params[1], seed = p.params[2];
+  TORCH_CHECK(bits >= 1 && bits <= 8, kName, ": corrupt payload: bits=", bits);
+  TORCH_CHECK(power_of_two(tile) && tile >= 2 && tile <= kMaxTile, kName, ": corrupt payload: tile=", tile);
+  TORCH_CHECK(seed >= 0, kName, ": corrupt payload: seed=", seed);
+  const at::ScalarType scale_type = codec::wire_type_from_param(p.params[3], kName);
+  const Tiling g = tiling(p.shape, tile);
+
+  // The body is quant's block payload of the rotated tiles, flattened.
+  Payload q;
+  q.codec = codec_id("quant");
+  q.dtype = at::kFloat;
+  q.shape = {g.rows * g.padded};
+  q.params = {bits,
+              static_cast<int64_t>(QuantOptions::Scale::kBlock),
+              static_cast<int64_t>(QuantOptions::Mode::kMaxAbs),
+              0,
+              -1,
+              g.t,
+              codec::wire_type_param(scale_type)};
+  q.body = p.body;
+  q.from_wire = p.from_wire;
+  q.host_body = p.host_body;
+  at::Tensor rotated = quant_->decode(q, ctx).view({-1, g.t});  // (rows * D' / t, t)
+  at::Tensor tiles =
+      codec::hadamard_unrotate(rotated, codec::hadamard_signs(g.t, static_cast<uint64_t>(seed), rotated.options()));
+  at::Tensor rows = tiles.reshape({g.rows, g.padded});
+  if (g.padded != g.D) rows = rows.narrow(1, 0, g.D);
+  return rows.to(p.dtype).reshape(p.shape);
+}
+
+}  // namespace tl
