@@ -35,7 +35,7 @@ using namespace tl::dist;
 
 namespace {
 
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+using tl::bench::now_s;
 
 struct Args {
   int ranks = 2;
@@ -80,14 +80,8 @@ int run_rank(const Args& args) {
   o.timeout_s = args.timeout_s;
   o.comm_thread = true;  // the runtime's setting: sends to every replica, then receives
   auto transport = Transport::connect(env, o);
-  DistEnv env_raw = env;
-  env_raw.restart_count = 1001;  // its own key prefix on rank 0's store
-  env_raw.agent_store = true;
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(args.timeout_s * 1000));
-  auto raw = compat::make_gloo(
-      compat::make_prefix_store(env_raw.store_prefix(),
-                                compat::make_tcp_store(env.master_addr, env.master_port, false, D, timeout)),
-      me, D, timeout, env.master_addr);
+  auto raw = tl::bench::raw_gloo(env, args.timeout_s);
   std::vector<int> group;
   for (int r = 0; r < D; ++r) group.push_back(r);
 

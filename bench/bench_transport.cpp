@@ -33,7 +33,7 @@ using namespace tl::dist;
 
 namespace {
 
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+using tl::bench::now_s;
 
 struct Args {
   int repeats = 5;

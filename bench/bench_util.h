@@ -1,11 +1,13 @@
 #pragma once
 // Small helpers the benchmarks share.
+#include <chrono>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "parallel/dist/c10d_compat.h"
 #include "parallel/dist/launch.h"
 #include "parallel/dist/rendezvous.h"
 #include "parallel/dist/transport.h"
@@ -13,6 +15,11 @@
 namespace tl::bench {
 
 /// Median of the values (the mean of the middle two for an even count); 0 for none.
+/// Seconds on the steady clock.
+inline double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 inline double median(std::vector<double> v) {
   if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
@@ -53,6 +60,19 @@ inline void print_rank_line(int rank, bool is_stderr, const std::string& line) {
   else
     std::fprintf(stderr, "[rank %d] %s\n", rank, line.c_str());
   std::fflush(stdout);
+}
+
+/// A raw ProcessGroupGloo over the world of `env`, on rank 0's store (which a Transport connected
+/// first hosts) under a key prefix of its own: the reference the benchmarks time against.
+inline dist::compat::BackendPtr raw_gloo(const dist::DistEnv& env, double timeout_s) {
+  dist::DistEnv raw = env;
+  raw.restart_count = 1001;  // its own key prefix
+  raw.agent_store = true;
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  return dist::compat::make_gloo(
+      dist::compat::make_prefix_store(raw.store_prefix(), dist::compat::make_tcp_store(env.master_addr, env.master_port,
+                                                                                       false, env.world_size, timeout)),
+      env.rank, env.world_size, timeout, env.master_addr);
 }
 
 /// main() of a benchmark that runs as `nproc` ranks of itself over Gloo: under a launcher this

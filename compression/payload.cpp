@@ -417,4 +417,16 @@ at::Tensor unpack_bits(const at::Tensor& packed, int64_t bits, int64_t n) {
   return codes.reshape({-1}).narrow(0, 0, n).to(at::kByte);
 }
 
+Payload identity_payload_view(const at::Tensor& x) {
+  TORCH_CHECK(at::isFloatingType(x.scalar_type()), "identity_payload_view: a floating-point tensor, got ",
+              x.scalar_type());
+  Payload p;
+  p.codec = codec_id("identity");
+  p.dtype = x.scalar_type();
+  p.shape = x.sizes().vec();
+  const at::Tensor flat = x.contiguous().reshape({-1});
+  p.body = flat.view(at::kByte);
+  return p;
+}
+
 }  // namespace tl

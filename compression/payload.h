@@ -53,6 +53,11 @@ struct Payload {
   static Payload deserialize_view(const at::Tensor& buffer, size_t offset, size_t size);
 };
 
+/// The payload the identity codec's encode() makes of floating-point `x` (the same header and body
+/// bytes), with the body a view of x's memory instead of a copy: senders that copy the bytes into
+/// a message anyway save a pass. `x` must not change while the payload is used.
+Payload identity_payload_view(const at::Tensor& x);
+
 /// The most elements a payload from the wire may declare (its shape's product). Decoders allocate
 /// the declared shape, and a sparse or low-rank body can be small whatever the shape, so the
 /// bound is on the shape: a corrupt or hostile header is an error, not a huge allocation. Default

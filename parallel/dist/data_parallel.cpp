@@ -25,18 +25,6 @@ const CompressorPtr& identity() {
 // The matrix a parameter's gradient is compressed as: (shape[0], the rest).
 at::Tensor as_matrix(const at::Tensor& g) { return g.reshape({g.size(0), -1}); }
 
-// The payload the identity codec's encode() makes of `x` (same header, same body bytes), with the
-// body a view of x's memory instead of a copy: pack() copies the bytes into the message, once.
-Payload identity_view(const at::Tensor& x) {
-  Payload p;
-  p.codec = codec_id("identity");
-  p.dtype = x.scalar_type();
-  p.shape = x.sizes().vec();
-  const at::Tensor flat = x.contiguous().reshape({-1});
-  p.body = flat.scalar_type() == at::kByte ? flat : flat.view(at::kByte);
-  return p;
-}
-
 // Several payloads as one message: count, each one's length, then their bytes back to back.
 at::Tensor pack(const std::vector<Payload>& payloads) {
   int64_t total = 8 * static_cast<int64_t>(1 + payloads.size());
@@ -165,7 +153,7 @@ void DataParallelSync::reduce_gradients(int64_t step, const std::string& where) 
       continue;
     }
     const at::Tensor x = p.dim() >= 2 ? as_matrix(g) : g;
-    mine.push_back(codecs_[i]->spec() == "identity" && at::isFloatingType(x.scalar_type()) ? identity_view(x) : codecs_[i]->encode(x, ctx));
+    mine.push_back(codecs_[i]->spec() == "identity" && at::isFloatingType(x.scalar_type()) ? identity_payload_view(x) : codecs_[i]->encode(x, ctx));
     raw += g.numel() * g.element_size();
   }
   const auto all = all_gather(mine, tag(step, kKindGradients),

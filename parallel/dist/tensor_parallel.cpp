@@ -111,7 +111,7 @@ at::Tensor TensorParallelSync::all_gather_sum(const at::Tensor& x, std::vector<C
   const int T = static_cast<int>(group_.size());
   const int64_t raw = x.numel() * 4;
   // Uncompressed, decoding a payload gives back the tensor itself: no need to decode our own.
-  const Payload mine = codecs ? (*codecs)[static_cast<size_t>(rank_)]->encode(x, ctx) : identity->encode(x, ctx);
+  const Payload mine = codecs ? (*codecs)[static_cast<size_t>(rank_)]->encode(x, ctx) : identity_payload_view(x);
   for (int e = 0; e < T; ++e)
     if (e != rank_) send_to(e, mine, what, raw);
   at::Tensor sum;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "layers/models/pretrained.h"
 #include "tests/common/testing.h"
 
 namespace tl::testing {
@@ -41,6 +42,16 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+/// Whether all-MiniLM-L6-v2 is installed where find_minilm("") looks (tests skip without it).
+inline bool have_minilm() {
+  try {
+    find_minilm("");
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
 
 /// Expects fn to throw (c10::Error or std::exception) with a message containing every fragment.
 inline void expect_error(const std::function<void()>& fn, const std::vector<std::string>& fragments) {

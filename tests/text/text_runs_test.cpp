@@ -22,14 +22,7 @@ using testing::expect_error;
 using testing::TempDir;
 
 bool have_wordnet() { return fs::exists("/usr/share/wordnet/data.noun"); }
-bool have_minilm() {
-  try {
-    find_minilm("");
-    return true;
-  } catch (const std::exception&) {
-    return false;
-  }
-}
+using testing::have_minilm;
 
 #define REQUIRE_WORDNET() \
   if (!have_wordnet()) GTEST_SKIP() << "WordNet not found in /usr/share/wordnet (install the Debian package wordnet-base)"
