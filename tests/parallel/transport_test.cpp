@@ -6,6 +6,7 @@
 // time and reaped.
 #include "parallel/dist/transport.h"
 
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -59,15 +60,19 @@ std::string logs_of(const std::vector<RankRun>& runs) {
   return s;
 }
 
-TEST(Transport, TwoRanksExchangeVariableSizePayloadsExactly) {
-  SKIP_WITHOUT_TRANSPORT();
-  auto runs = run_ranks("exchange", 2, {"exchange", "30"}, 120);
+// Both ranks of the helper's "exchange 30" finished and said so.
+void expect_exchanged(const std::vector<RankRun>& runs) {
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(exit_code(runs[r].status), 0) << logs_of(runs);
     EXPECT_NE(runs[r].log.find("OK exchange rank " + std::to_string(r) + " agent_store=0 sent=30 received=30"),
               std::string::npos)
         << logs_of(runs);
   }
+}
+
+TEST(Transport, TwoRanksExchangeVariableSizePayloadsExactly) {
+  SKIP_WITHOUT_TRANSPORT();
+  expect_exchanged(run_ranks("exchange", 2, {"exchange", "30"}, 120));
 }
 
 TEST(Transport, CommunicationThreadKeepsOrderAndBytes) {
@@ -221,6 +226,43 @@ TEST(Transport, ConnectFailsWhenARankNeverArrives) {
         << what;
     EXPECT_NE(what.find("rank 1 did not arrive"), std::string::npos) << what;
     EXPECT_EQ(e.peer(), 1);
+  }
+}
+
+#define SKIP_WITHOUT_NCCL_PAIR()                                                                                \
+  do {                                                                                                          \
+    if (!Transport::available("nccl"))                                                                          \
+      GTEST_SKIP() << "tapeline was built without c10d's NCCL backend (a CUDA libtorch and nccl.h are needed)"; \
+    const int devices = at::detail::getCUDAHooks().getNumGPUs();                                                \
+    if (devices < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << devices;                                 \
+    if (helper_path().empty()) GTEST_SKIP() << "parallel_dist_helper was not built";                            \
+  } while (0)
+
+// NCCL (label gpu): the same exchange, all-reduce, broadcast and gather as on Gloo, two ranks
+// on devices 0 and 1. Skipped with the reason where NCCL or two devices are missing.
+TEST(TransportGpu, NcclRanksExchangePayloadsExactly) {
+  SKIP_WITHOUT_NCCL_PAIR();
+  expect_exchanged(run_ranks("nccl_exchange", 2, {"exchange", "30"}, 180, {{"TL_BACKEND", "nccl"}}));
+}
+
+TEST(TransportGpu, NcclKilledPeerIsNamedByTheSurvivor) {
+  SKIP_WITHOUT_NCCL_PAIR();
+  auto runs = run_ranks("nccl_die1", 2, {"die", "1"}, 60, {{"TL_TIMEOUT_S", "5"}, {"TL_BACKEND", "nccl"}});
+  EXPECT_NE(runs[0].log.find("CAUGHT peer=1"), std::string::npos) << logs_of(runs);
+}
+
+TEST(RankDevice, RankModDeviceCount) {
+  EXPECT_EQ(cuda_device_for(0, 1), 0);
+  EXPECT_EQ(cuda_device_for(3, 4), 3);
+  EXPECT_EQ(cuda_device_for(5, 4), 1);
+  EXPECT_EQ(cuda_device_for(7, 2), 1);
+  try {
+    cuda_device_for(2, 0);
+    FAIL() << "no error without devices";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("local rank 2: run.device = cuda but no CUDA device is visible"),
+              std::string::npos)
+        << e.what();
   }
 }
 
