@@ -42,7 +42,7 @@ int main() {
       codec::gpu::quantise_pack_host(x.data_ptr<float>(), g,
                                      {bits, false, stochastic, 42, a.data_ptr<float>(), a.data_ptr<float>()},
                                      host.data_ptr<uint8_t>());
-      codec::gpu::quantise_pack_cuda(xd.data_ptr<float>(), g,
+      codec::gpu::quantise_pack_cuda(0, xd.data_ptr<float>(), g,
                                      {bits, false, stochastic, 42, ad.data_ptr<float>(), ad.data_ptr<float>()},
                                      dev.data_ptr<uint8_t>());
       if (!at::equal(host, dev.cpu())) {
@@ -52,8 +52,9 @@ int main() {
       at::Tensor yh = at::empty({n}), yd = at::empty({n}, xd.options());
       codec::gpu::unpack_dequantise_host(
           host.data_ptr<uint8_t>(), g, {bits, true, step.data_ptr<float>(), a.data_ptr<float>()}, yh.data_ptr<float>());
-      codec::gpu::unpack_dequantise_cuda(
-          dev.data_ptr<uint8_t>(), g, {bits, true, sd.data_ptr<float>(), ad.data_ptr<float>()}, yd.data_ptr<float>());
+      codec::gpu::unpack_dequantise_cuda(0, dev.data_ptr<uint8_t>(), g,
+                                         {bits, true, sd.data_ptr<float>(), ad.data_ptr<float>()},
+                                         yd.data_ptr<float>());
       if (!at::equal(yh, yd.cpu())) {
         std::printf("FAIL unpack_dequantise bits=%d: values differ\n", bits);
         ++failures;

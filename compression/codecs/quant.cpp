@@ -216,7 +216,7 @@ Payload Quantize::encode(const at::Tensor& x, const CodecContext& ctx) {
     uint8_t* codes = body.data_ptr<uint8_t>() + scale_bytes;
     if (n == 0) {
     } else if (cuda) {
-      codec::gpu::quantise_pack_cuda(xf.data_ptr<float>(), geo.g, q, codes);
+      codec::gpu::quantise_pack_cuda(xf.get_device(), xf.data_ptr<float>(), geo.g, q, codes);
     } else if (codec::gpu::host_emulation()) {
       codec::gpu::quantise_pack_host(xf.data_ptr<float>(), geo.g, q, codes);
     } else {
@@ -303,7 +303,7 @@ at::Tensor Quantize::decode(const Payload& p, const CodecContext& ctx) {
     const uint8_t* in = packed.data_ptr<uint8_t>();
     if (n == 0) {
     } else if (cuda) {
-      codec::gpu::unpack_dequantise_cuda(in, geo.g, q, out.data_ptr<float>());
+      codec::gpu::unpack_dequantise_cuda(packed.get_device(), in, geo.g, q, out.data_ptr<float>());
     } else if (codec::gpu::host_emulation()) {
       codec::gpu::unpack_dequantise_host(in, geo.g, q, out.data_ptr<float>());
     } else {

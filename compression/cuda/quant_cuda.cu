@@ -3,6 +3,7 @@
 // libtorch (compression/CMakeLists.txt), for the architectures in TAPELINE_CUDA_ARCHITECTURES.
 
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
@@ -37,16 +38,19 @@ __global__ void unpack_dequantise_kernel(const uint8_t* in, QuantGeometry g, Deq
 
 }  // namespace
 
-void quantise_pack_cuda(const float* x, const QuantGeometry& g, const QuantParams& q, uint8_t* out) {
+// The tensors' device, which need not be the current one (rank r of a run uses device r).
+void quantise_pack_cuda(int device, const float* x, const QuantGeometry& g, const QuantParams& q, uint8_t* out) {
   if (g.n == 0) return;
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
   quantise_pack_kernel<<<grid_for(pack_groups(g.n)), kThreads, 0, stream>>>(x, g, q, out);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-void unpack_dequantise_cuda(const uint8_t* in, const QuantGeometry& g, const DequantParams& q, float* out) {
+void unpack_dequantise_cuda(int device, const uint8_t* in, const QuantGeometry& g, const DequantParams& q, float* out) {
   if (g.n == 0) return;
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
   unpack_dequantise_kernel<<<grid_for(pack_groups(g.n)), kThreads, 0, stream>>>(in, g, q, out);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

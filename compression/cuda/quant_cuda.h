@@ -21,10 +21,10 @@ bool kernels_built();
 /// Codecs ask codec::use_cuda_kernel (common.h), which also honours PortableKernelsGuard.
 bool kernels_enabled();
 
-/// Device pointers; runs on the current CUDA stream of the current device. Error in a build
-/// without the kernels.
-void quantise_pack_cuda(const float* x, const QuantGeometry& g, const QuantParams& q, uint8_t* out);
-void unpack_dequantise_cuda(const uint8_t* in, const QuantGeometry& g, const DequantParams& q, float* out);
+/// Pointers into the memory of CUDA device `device`; runs on that device's current stream (no
+/// host synchronisation). Error in a build without the kernels.
+void quantise_pack_cuda(int device, const float* x, const QuantGeometry& g, const QuantParams& q, uint8_t* out);
+void unpack_dequantise_cuda(int device, const uint8_t* in, const QuantGeometry& g, const DequantParams& q, float* out);
 
 /// The kernels' logic on host pointers, one group of 8 elements after another (what each CUDA
 /// thread does, in sequence). Same bytes and values as the kernels.

@@ -28,12 +28,12 @@ bool kernels_enabled() {
 }
 
 #ifndef TAPELINE_CUDA_KERNELS
-void quantise_pack_cuda(const float*, const QuantGeometry&, const QuantParams&, uint8_t*) {
+void quantise_pack_cuda(int, const float*, const QuantGeometry&, const QuantParams&, uint8_t*) {
   TORCH_CHECK(false,
               "quant: this build of tapeline has no CUDA kernels (configure against a CUDA libtorch with nvcc "
               "on PATH, docs/GPU.md); CUDA tensors take the ATen path");
 }
-void unpack_dequantise_cuda(const uint8_t*, const QuantGeometry&, const DequantParams&, float*) {
+void unpack_dequantise_cuda(int, const uint8_t*, const QuantGeometry&, const DequantParams&, float*) {
   TORCH_CHECK(false,
               "quant: this build of tapeline has no CUDA kernels (configure against a CUDA libtorch with nvcc "
               "on PATH, docs/GPU.md); CUDA tensors take the ATen path");

@@ -122,7 +122,7 @@ TEST(QuantKernelLogic, KernelsFollowTheBuildAndTheEnvironment) {
     at::Tensor x = at::zeros({8});
     codec::QuantGeometry g{8, 8, 1};
     codec::QuantParams q{4, false, false, 0, nullptr, nullptr};
-    EXPECT_ERROR_CONTAINS(codec::gpu::quantise_pack_cuda(x.data_ptr<float>(), g, q, nullptr),
+    EXPECT_ERROR_CONTAINS(codec::gpu::quantise_pack_cuda(0, x.data_ptr<float>(), g, q, nullptr),
                           "this build of tapeline has no CUDA kernels");
   }
 }
