@@ -146,7 +146,14 @@ int64_t Quantize::channel_dim(int64_t ndim) const {
   return d < 0 ? d + ndim : d;
 }
 
-Payload Quantize::encode(const at::Tensor& x, const CodecContext& ctx) {
+Payload Quantize::encode(const at::Tensor& x, const CodecContext& ctx) { return encode_impl(x, ctx, nullptr); }
+
+Payload Quantize::encode_with_residual(const at::Tensor& x, const CodecContext& ctx, at::Tensor* residual) {
+  return encode_impl(x, ctx, residual);
+}
+
+Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::Tensor* residual) {
+  if (residual) *residual = at::Tensor();
   codec::check_input(x, kName);
   const std::vector<int64_t> shape = x.sizes().vec();
   const int64_t dim = o_.scale == Scale::kChannel ? channel_dim(x.dim()) : -1;
@@ -214,7 +221,22 @@ Payload Quantize::encode(const at::Tensor& x, const CodecContext& ctx) {
     codec::QuantParams q{static_cast<int>(o_.bits), o_.mode == Mode::kMinMax, o_.stochastic, seed,
                          a.data_ptr<float>(),       b.data_ptr<float>()};
     uint8_t* codes = body.data_ptr<uint8_t>() + scale_bytes;
-    if (n == 0) {
+    // Error feedback's residual x - decode(payload), written by the fused kernel (float32 x only:
+    // otherwise the residual is of the cast input).
+    const bool fused_residual = residual && x.scalar_type() == at::kFloat && (cuda || codec::gpu::host_emulation());
+    if (fused_residual) {
+      at::Tensor r = at::empty({n}, xf.options());  // (n)
+      at::Tensor step = d.step.contiguous(), lo = o_.mode == Mode::kMinMax ? d.lo.contiguous() : step;
+      codec::DequantParams dq{static_cast<int>(o_.bits), o_.mode == Mode::kMinMax, step.data_ptr<float>(),
+                              lo.data_ptr<float>()};
+      if (n > 0 && cuda) {
+        codec::gpu::quantise_pack_residual_cuda(xf.get_device(), xf.data_ptr<float>(), geo.g, q, dq, codes,
+                                                r.data_ptr<float>());
+      } else if (n > 0) {
+        codec::gpu::quantise_pack_residual_host(xf.data_ptr<float>(), geo.g, q, dq, codes, r.data_ptr<float>());
+      }
+      *residual = r.view(shape);
+    } else if (n == 0) {
     } else if (cuda) {
       codec::gpu::quantise_pack_cuda(xf.get_device(), xf.data_ptr<float>(), geo.g, q, codes);
     } else if (codec::gpu::host_emulation()) {

@@ -29,6 +29,14 @@ __global__ void quantise_pack_kernel(const float* x, QuantGeometry g, QuantParam
     quantise_pack_group(x, grp, g, q, out);
 }
 
+__global__ void quantise_pack_residual_kernel(const float* x, QuantGeometry g, QuantParams q, DequantParams d,
+                                              uint8_t* out, float* residual) {
+  const int64_t groups = pack_groups(g.n);
+  for (int64_t grp = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; grp < groups;
+       grp += int64_t(gridDim.x) * blockDim.x)
+    quantise_pack_residual_group(x, grp, g, q, d, out, residual);
+}
+
 __global__ void unpack_dequantise_kernel(const uint8_t* in, QuantGeometry g, DequantParams q, float* out) {
   const int64_t groups = pack_groups(g.n);
   for (int64_t grp = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; grp < groups;
@@ -44,6 +52,15 @@ void quantise_pack_cuda(int device, const float* x, const QuantGeometry& g, cons
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
   quantise_pack_kernel<<<grid_for(pack_groups(g.n)), kThreads, 0, stream>>>(x, g, q, out);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void quantise_pack_residual_cuda(int device, const float* x, const QuantGeometry& g, const QuantParams& q,
+                                 const DequantParams& d, uint8_t* out, float* residual) {
+  if (g.n == 0) return;
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
+  quantise_pack_residual_kernel<<<grid_for(pack_groups(g.n)), kThreads, 0, stream>>>(x, g, q, d, out, residual);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

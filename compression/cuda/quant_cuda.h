@@ -26,10 +26,16 @@ bool kernels_enabled();
 void quantise_pack_cuda(int device, const float* x, const QuantGeometry& g, const QuantParams& q, uint8_t* out);
 void unpack_dequantise_cuda(int device, const uint8_t* in, const QuantGeometry& g, const DequantParams& q, float* out);
 
+/// quantise_pack_cuda, and also residual = x - dequantised codes (error feedback), in one kernel.
+void quantise_pack_residual_cuda(int device, const float* x, const QuantGeometry& g, const QuantParams& q,
+                                 const DequantParams& d, uint8_t* out, float* residual);
+
 /// The kernels' logic on host pointers, one group of 8 elements after another (what each CUDA
 /// thread does, in sequence). Same bytes and values as the kernels.
 void quantise_pack_host(const float* x, const QuantGeometry& g, const QuantParams& q, uint8_t* out);
 void unpack_dequantise_host(const uint8_t* in, const QuantGeometry& g, const DequantParams& q, float* out);
+void quantise_pack_residual_host(const float* x, const QuantGeometry& g, const QuantParams& q, const DequantParams& d,
+                                 uint8_t* out, float* residual);
 
 /// Forces CPU tensors through quantise_pack_host/unpack_dequantise_host on this thread for its
 /// lifetime (tests: the GPU kernels' logic against the CPU fast path and the ATen path).

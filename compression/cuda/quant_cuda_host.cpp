@@ -38,7 +38,19 @@ void unpack_dequantise_cuda(int, const uint8_t*, const QuantGeometry&, const Deq
               "quant: this build of tapeline has no CUDA kernels (configure against a CUDA libtorch with nvcc "
               "on PATH, docs/GPU.md); CUDA tensors take the ATen path");
 }
+void quantise_pack_residual_cuda(int, const float*, const QuantGeometry&, const QuantParams&, const DequantParams&,
+                                 uint8_t*, float*) {
+  TORCH_CHECK(false,
+              "ef(quant): this build of tapeline has no CUDA kernels (configure against a CUDA libtorch with "
+              "nvcc on PATH, docs/GPU.md); CUDA tensors take the ATen path");
+}
 #endif
+
+void quantise_pack_residual_host(const float* x, const QuantGeometry& g, const QuantParams& q, const DequantParams& d,
+                                 uint8_t* out, float* residual) {
+  for (int64_t grp = 0, e = pack_groups(g.n); grp < e; ++grp)
+    quantise_pack_residual_group(x, grp, g, q, d, out, residual);
+}
 
 void quantise_pack_host(const float* x, const QuantGeometry& g, const QuantParams& q, uint8_t* out) {
   for (int64_t grp = 0, e = pack_groups(g.n); grp < e; ++grp) quantise_pack_group(x, grp, g, q, out);

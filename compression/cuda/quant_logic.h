@@ -140,6 +140,25 @@ TL_HD void quantise_pack_group(const float* x, int64_t grp, const QuantGeometry&
   for (int k = 0; k < bytes; ++k) dst[k] = static_cast<uint8_t>(acc >> (8 * k));
 }
 
+/// quantise_pack_group, and also residual[i] = x[i] - (the value code i decodes to), for error
+/// feedback: encode, decode and the residual update in one pass over x.
+TL_HD void quantise_pack_residual_group(const float* x, int64_t grp, const QuantGeometry& g, const QuantParams& q,
+                                        const DequantParams& d, uint8_t* out, float* residual) {
+  const int64_t i0 = grp * 8;
+  const int count = g.n - i0 < 8 ? static_cast<int>(g.n - i0) : 8;
+  const uint64_t mask = (uint64_t(1) << q.bits) - 1;
+  uint64_t acc = 0;
+  for (int j = 0; j < count; ++j) {
+    const int64_t i = i0 + j, s = scale_group(g, i);
+    const uint8_t code = quant_code(x[i], i, s, q);
+    acc |= (static_cast<uint64_t>(code) & mask) << (j * q.bits);
+    residual[i] = sub_rn(x[i], dequant_value(code, s, d));
+  }
+  const int bytes = (count * q.bits + 7) / 8;
+  uint8_t* dst = out + grp * q.bits;
+  for (int k = 0; k < bytes; ++k) dst[k] = static_cast<uint8_t>(acc >> (8 * k));
+}
+
 /// The inverse: group `grp`'s codes read from in + grp * bits, dequantised into out.
 TL_HD void unpack_dequantise_group(const uint8_t* in, int64_t grp, const QuantGeometry& g, const DequantParams& q,
                                    float* out) {

@@ -1,12 +1,14 @@
 // The fused CUDA quantisation kernels (compression/cuda/). On every machine: their per-group
 // logic (quant_logic.h), run on the host by HostEmulationGuard, gives the same payload bytes as
-// the CPU fast path and the portable ATen path, bit for bit, and decodes to the same values. On a
-// GPU (label gpu): the kernels themselves give those bytes too, and TAPELINE_CUDA_KERNELS=0's
-// ATen path agrees with them.
+// the CPU fast path and the portable ATen path, bit for bit, and decodes to the same values; the
+// fused error-feedback residual equals x - decode(payload) and keeps ef(quant)'s state identical.
+// On a GPU (label gpu): the kernels themselves give those bytes and residuals too, and
+// TAPELINE_CUDA_KERNELS=0's ATen path agrees with them.
 #include "compression/cuda/quant_cuda.h"
 
 #include "compression/codecs/common.h"
 #include "compression/cuda/quant_logic.h"
+#include "compression/stateful/error_feedback.h"
 #include "tests/common/testing.h"
 #include "tests/compression/codec_testing.h"
 
@@ -113,6 +115,63 @@ TEST(QuantKernelLogic, StochasticRoundingSameBytesAsCpuFastPath) {
   }
 }
 
+TEST(QuantKernelLogic, FusedResidualIsXMinusDecodedPayload) {
+  at::manual_seed(20);
+  CodecContext ctx;
+  at::Tensor x = at::randn({6, 333}) * 3;  // (B, D)
+  for (const char* spec : {"quant(2)", "quant(4, scale=channel, mode=minmax, scales=fp32)",
+                           "quant(3, scale=block, block=100, round=stochastic, seed=3)"}) {
+    auto fused = parse_compressor(spec), plain = parse_compressor(spec);
+    at::Tensor r;
+    Payload p;
+    {
+      codec::gpu::HostEmulationGuard guard;
+      p = fused->encode_with_residual(x, ctx, &r);
+    }
+    ASSERT_TRUE(r.defined()) << spec << ": the fused path did not run";
+    EXPECT_TRUE(same_payload(p, plain->encode(x, ctx))) << spec;
+    at::Tensor want = x - plain->decode(p, ctx);
+    EXPECT_TRUE(at::equal(r, want)) << spec << ": max diff " << (r - want).abs().max().item<float>();
+    at::Tensor none;
+    plain->encode_with_residual(x, ctx, &none);  // no fused kernels on the CPU fast path
+    EXPECT_FALSE(none.defined()) << spec;
+  }
+}
+
+TEST(QuantKernelLogic, ErrorFeedbackStateSameAsDecodePath) {
+  // ef(quant) keeps the same residual, step after step, whether the residual comes from the fused
+  // kernels' logic or from decoding the payload (CPU fast path; ATen path for nearest rounding).
+  at::manual_seed(21);
+  CodecContext ctx;
+  for (const char* spec : {"ef(quant(2))", "ef(quant(4, scale=channel, mode=minmax))",
+                           "ef(quant(3, scale=block, block=100, round=stochastic, seed=3))"}) {
+    const bool stochastic = std::string(spec).find("stochastic") != std::string::npos;
+    auto fast = std::dynamic_pointer_cast<ErrorFeedback>(parse_compressor(spec));
+    auto fused = std::dynamic_pointer_cast<ErrorFeedback>(parse_compressor(spec));
+    auto portable = std::dynamic_pointer_cast<ErrorFeedback>(parse_compressor(spec));
+    ASSERT_TRUE(fast && fused && portable) << spec;
+    for (int step = 0; step < 4; ++step) {
+      at::Tensor x = at::randn({6, 333});
+      const std::string where = std::string(spec) + ", step " + std::to_string(step);
+      Payload pf = fast->encode(x, ctx);
+      Payload pe;
+      {
+        codec::gpu::HostEmulationGuard guard;
+        pe = fused->encode(x, ctx);
+      }
+      EXPECT_TRUE(same_payload(pe, pf)) << where;
+      at::Tensor e = fast->residual(x, ctx);
+      EXPECT_TRUE(at::equal(fused->residual(x, ctx), e)) << where;
+      EXPECT_GT(e.abs().max().item<float>(), 0.0f) << where << ": no residual at all";
+      if (!stochastic) {
+        codec::PortableKernelsGuard guard;
+        EXPECT_TRUE(same_payload(portable->encode(x, ctx), pf)) << where << " (ATen path)";
+        EXPECT_TRUE(at::equal(portable->residual(x, ctx), e)) << where << " (ATen path)";
+      }
+    }
+  }
+}
+
 TEST(QuantKernelLogic, KernelsFollowTheBuildAndTheEnvironment) {
   const char* env = std::getenv("TAPELINE_CUDA_KERNELS");
   const bool env_on = env == nullptr || std::string(env) != "0";
@@ -166,6 +225,19 @@ TEST(QuantGpu, KernelPayloadsEqualCpuBytes) {
         EXPECT_TRUE(same_payload(c->encode(x.cuda(), ctx), cpu)) << where << ": ATen path on the GPU";
       }
     }
+  }
+}
+
+TEST(QuantGpu, ErrorFeedbackOnTheDeviceEqualsCpu) {
+  std::string why;
+  if (skip_without_kernels(&why)) GTEST_SKIP() << why;
+  CodecContext ctx;
+  auto cpu = std::dynamic_pointer_cast<ErrorFeedback>(parse_compressor("ef(quant(4, scale=channel))"));
+  auto gpu = std::dynamic_pointer_cast<ErrorFeedback>(parse_compressor("ef(quant(4, scale=channel))"));
+  for (int step = 0; step < 4; ++step) {
+    at::Tensor x = at::randn({6, 333});
+    EXPECT_TRUE(same_payload(gpu->encode(x.cuda(), ctx), cpu->encode(x, ctx))) << "step " << step;
+    EXPECT_TRUE(at::equal(gpu->residual(x.cuda(), ctx).cpu(), cpu->residual(x, ctx))) << "step " << step;
   }
 }
 
