@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <fstream>
 #include <set>
 
 #include "parallel/dist/c10d_compat.h"
@@ -276,12 +277,34 @@ TEST(Transport, UnknownBackendIsAnError) {
 
 // torchrun (Debian's python3-torch ships /usr/bin/torchrun): 2 ranks of the helper rendezvous
 // through torchrun's agent store.
+// The torch version a Python console script (torchrun) imports: its #! interpreter asked.
+std::string torch_of_script(const std::string& script) {
+  std::ifstream f(script);
+  std::string first;
+  std::getline(f, first);
+  if (first.rfind("#!", 0) != 0) return "";
+  const std::string out = temp_log("torch_version");
+  const std::string cmd = first.substr(2) + " -c 'import torch; print(torch.__version__)' >" + out + " 2>/dev/null";
+  const int rc = std::system(cmd.c_str());
+  std::string v = read_file(out);
+  std::remove(out.c_str());
+  if (rc != 0) return "";
+  while (!v.empty() && (v.back() == '\n' || v.back() == ' ')) v.pop_back();
+  return v;
+}
+
 TEST(Transport, TorchrunLaunchesRanksThatRendezvous) {
   SKIP_WITHOUT_TRANSPORT();
   std::string torchrun;
   for (const char* p : {"/usr/bin/torchrun", "/usr/local/bin/torchrun"})
     if (::access(p, X_OK) == 0) torchrun = p;
   if (torchrun.empty()) GTEST_SKIP() << "torchrun not installed (Debian: apt-get install python3-torch)";
+  // torchrun's agent hosts the TCPStore: its torch must speak the store protocol of the libtorch
+  // tapeline is built against (Debian's torchrun 1.13 resets a 2.x client's connection).
+  const std::string theirs = torch_of_script(torchrun), ours = compat::torch_version();
+  if (theirs.empty() || theirs.substr(0, theirs.find('.')) != ours.substr(0, ours.find('.')))
+    GTEST_SKIP() << torchrun << " runs torch '" << theirs << "' but tapeline is built against libtorch " << ours
+                 << ": their TCPStores do not talk; install the matching torchrun";
   ProcessGroupGuard guard;
   const std::string log = temp_log("torchrun");
   // Underscore spellings: torch 1.13's torchrun knows only those, 2.x accepts both.
