@@ -3,7 +3,9 @@
 // at::Tensor::copy_ into a preallocated buffer. One JSON line per codec:
 //   {"bench":"compression","device":"cpu","codec":SPEC,"encode_ms":..,"decode_ms":..,"gbps":..,
 //    "memcpy_gbps":..,"copy_gbps":..,"ratio":..,"target":..,"meets_target":..,"payload_bytes":..,
-//    "compression":..}
+//    "compression":..,"path":..}
+// path: "cpu"; on CUDA "kernel" (the fused kernels of compression/cuda, uniform quantisation) or
+// "aten" (the portable ATen-op path, what TAPELINE_CUDA_KERNELS=0 selects).
 // gbps = input bytes / (encode + decode time); ratio = gbps / memcpy_gbps; compression = input
 // bytes / payload bytes. Times are the best of --repeats runs after one warm-up (encode and decode
 // each); the references are re-timed, the same way, just before each codec, so a drifting machine
@@ -27,9 +29,12 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "compression/codecs/common.h"
+#include "compression/cuda/quant_cuda.h"
 #include "compression/spec.h"
 
 namespace {
@@ -135,23 +140,32 @@ void run_device(const char* device, const at::Tensor& x, int repeats, const std:
   };
   for (const Case& c : cases()) {
     if (!only.empty() && c.spec.find(only) == std::string::npos) continue;
-    tl::CompressorPtr codec = tl::parse_compressor(c.spec);
-    double memcpy_ms = 0, copy_ms = 0;
-    references(memcpy_ms, copy_ms);
-    const Timing t = time_codec(codec, x, repeats, sync);
-    const double memcpy_gbps = bytes / memcpy_ms / 1e6, copy_gbps = bytes / copy_ms / 1e6;
-    const double gbps = bytes / (t.encode_ms + t.decode_ms) / 1e6;
-    const double ratio = gbps / memcpy_gbps;  // on CUDA memcpy_gbps is the device-to-device copy
-    const double target = cuda ? (c.spec.rfind("quant(", 0) == 0 ? 0.5 : 0.0) : c.target;
-    std::printf(
-        "{\"bench\":\"compression\",\"device\":\"%s\",\"codec\":\"%s\",\"encode_ms\":%.3f,\"decode_ms\":%.3f,"
-        "\"gbps\":%.3f,\"memcpy_gbps\":%.2f,\"copy_gbps\":%.2f,\"ratio\":%.4f,\"target\":%s,\"meets_target\":%s,"
-        "\"payload_bytes\":%zu,\"compression\":%.2f,\"threads\":%d,\"allocator\":\"%s\"}\n",
-        device, c.spec.c_str(), t.encode_ms, t.decode_ms, gbps, memcpy_gbps, copy_gbps, ratio,
-        target > 0 ? std::to_string(target).substr(0, 4).c_str() : "null",
-        target > 0 ? (ratio >= target ? "true" : "false") : "null", t.payload_bytes, bytes / t.payload_bytes,
-        at::get_num_threads(), raw_malloc ? "default" : "keep-freed");
-    std::fflush(stdout);
+    // On CUDA, uniform quantisation runs twice: the fused kernels and the ATen path
+    // (TAPELINE_CUDA_KERNELS=0's fallback), each against the same device copy.
+    std::vector<std::string> paths = {cuda ? "aten" : "cpu"};
+    if (cuda && c.spec.rfind("quant(", 0) == 0 && tl::codec::gpu::kernels_enabled())
+      paths.insert(paths.begin(), "kernel");
+    for (const std::string& path : paths) {
+      std::optional<tl::codec::PortableKernelsGuard> portable;
+      if (path == "aten" && c.spec.rfind("quant(", 0) == 0) portable.emplace();
+      tl::CompressorPtr codec = tl::parse_compressor(c.spec);
+      double memcpy_ms = 0, copy_ms = 0;
+      references(memcpy_ms, copy_ms);
+      const Timing t = time_codec(codec, x, repeats, sync);
+      const double memcpy_gbps = bytes / memcpy_ms / 1e6, copy_gbps = bytes / copy_ms / 1e6;
+      const double gbps = bytes / (t.encode_ms + t.decode_ms) / 1e6;
+      const double ratio = gbps / memcpy_gbps;  // on CUDA memcpy_gbps is the device-to-device copy
+      const double target = cuda ? (c.spec.rfind("quant(", 0) == 0 ? 0.5 : 0.0) : c.target;
+      std::printf(
+          "{\"bench\":\"compression\",\"device\":\"%s\",\"codec\":\"%s\",\"encode_ms\":%.3f,\"decode_ms\":%.3f,"
+          "\"gbps\":%.3f,\"memcpy_gbps\":%.2f,\"copy_gbps\":%.2f,\"ratio\":%.4f,\"target\":%s,\"meets_target\":%s,"
+          "\"payload_bytes\":%zu,\"compression\":%.2f,\"threads\":%d,\"allocator\":\"%s\",\"path\":\"%s\"}\n",
+          device, c.spec.c_str(), t.encode_ms, t.decode_ms, gbps, memcpy_gbps, copy_gbps, ratio,
+          target > 0 ? std::to_string(target).substr(0, 4).c_str() : "null",
+          target > 0 ? (ratio >= target ? "true" : "false") : "null", t.payload_bytes, bytes / t.payload_bytes,
+          at::get_num_threads(), raw_malloc ? "default" : "keep-freed", path.c_str());
+      std::fflush(stdout);
+    }
   }
 }
 

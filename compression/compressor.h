@@ -44,6 +44,15 @@ class Compressor : public Module {
   /// A payload this codec did not produce, or a corrupt one, is an error.
   virtual at::Tensor decode(const Payload& p, const CodecContext& ctx) = 0;
 
+  /// encode(x), and where this codec can do it in the same pass (the fused CUDA kernels of
+  /// compression/cuda), also *residual = x - decode(payload) as a float32 tensor of x's shape, for
+  /// error feedback; otherwise *residual is left undefined and the caller decodes. Only asked
+  /// for float32 x.
+  virtual Payload encode_with_residual(const at::Tensor& x, const CodecContext& ctx, at::Tensor* residual) {
+    *residual = at::Tensor();
+    return encode(x, ctx);
+  }
+
   /// Backward mode `shared`: whether the gradient can be sent on the forward payload's support
   /// (TopK/RandK mask) or basis (projection).
   virtual bool supports_shared() const { return false; }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "compression/cuda/quant_cuda.h"
 #include "compression/payload.h"
 
 namespace tl::codec {
@@ -38,6 +39,12 @@ class PortableKernelsGuard {
 };
 /// True when t is a CPU tensor and the fast paths are enabled.
 inline bool use_cpu_kernel(const at::Tensor& t) { return t.device().is_cpu() && cpu_kernels_enabled(); }
+/// True when t is a CUDA tensor, the build has the fused CUDA kernels, TAPELINE_CUDA_KERNELS is
+/// not "0" and the fast paths are enabled (Note [CUDA kernels or ATen ops] in
+/// compression/cuda/quant_cuda.h).
+inline bool use_cuda_kernel(const at::Tensor& t) {
+  return t.is_cuda() && cpu_kernels_enabled() && gpu::kernels_enabled();
+}
 /// True when t lives on a device, or is treated as if it did (PortableKernelsGuard(true)): reading
 /// one of its values on the host would then synchronise.
 inline bool on_device(const at::Tensor& t) { return !t.device().is_cpu() || device_semantics_on_cpu(); }

@@ -5,6 +5,7 @@
 
 #include "compression/codecs/common.h"
 #include "compression/codecs/quant_kernels.h"
+#include "compression/cuda/quant_cuda.h"
 
 namespace tl {
 namespace {
@@ -145,13 +146,22 @@ int64_t Quantize::channel_dim(int64_t ndim) const {
   return d < 0 ? d + ndim : d;
 }
 
-Payload Quantize::encode(const at::Tensor& x, const CodecContext& ctx) {
+Payload Quantize::encode(const at::Tensor& x, const CodecContext& ctx) { return encode_impl(x, ctx, nullptr); }
+
+Payload Quantize::encode_with_residual(const at::Tensor& x, const CodecContext& ctx, at::Tensor* residual) {
+  return encode_impl(x, ctx, residual);
+}
+
+Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::Tensor* residual) {
+  if (residual) *residual = at::Tensor();
   codec::check_input(x, kName);
   const std::vector<int64_t> shape = x.sizes().vec();
   const int64_t dim = o_.scale == Scale::kChannel ? channel_dim(x.dim()) : -1;
   const Geometry geo = geometry(shape, o_.scale, dim, o_.block);
   const int64_t n = geo.g.n, groups = geo.g.groups;
   const bool cpu = codec::use_cpu_kernel(x);
+  // Note [CUDA kernels or ATen ops] (compression/cuda/quant_cuda.h).
+  const bool cuda = codec::use_cuda_kernel(x);
   at::Tensor xf = x.to(at::kFloat).contiguous().reshape({-1});
 
   // Per-group min and max.
@@ -202,7 +212,7 @@ Payload Quantize::encode(const at::Tensor& x, const CodecContext& ctx) {
 
   const int64_t packed_bytes = (n * o_.bits + 7) / 8;
   at::Tensor body;
-  if (cpu) {
+  if (cpu || cuda) {
     // Scales then codes, written in place.
     const int64_t scale_bytes = wire.numel() * static_cast<int64_t>(c10::elementSize(o_.scale_type));
     body = at::empty({scale_bytes + packed_bytes}, xf.options().dtype(at::kByte));
@@ -210,7 +220,30 @@ Payload Quantize::encode(const at::Tensor& x, const CodecContext& ctx) {
     at::Tensor a = d.a.contiguous(), b = o_.mode == Mode::kMinMax ? d.b.contiguous() : a;
     codec::QuantParams q{static_cast<int>(o_.bits), o_.mode == Mode::kMinMax, o_.stochastic, seed,
                          a.data_ptr<float>(),       b.data_ptr<float>()};
-    if (n > 0) codec::quantise_pack_cpu(xf.data_ptr<float>(), geo.g, q, body.data_ptr<uint8_t>() + scale_bytes);
+    uint8_t* codes = body.data_ptr<uint8_t>() + scale_bytes;
+    // Error feedback's residual x - decode(payload), written by the fused kernel (float32 x only:
+    // otherwise the residual is of the cast input).
+    const bool fused_residual = residual && x.scalar_type() == at::kFloat && (cuda || codec::gpu::host_emulation());
+    if (fused_residual) {
+      at::Tensor r = at::empty({n}, xf.options());  // (n)
+      at::Tensor step = d.step.contiguous(), lo = o_.mode == Mode::kMinMax ? d.lo.contiguous() : step;
+      codec::DequantParams dq{static_cast<int>(o_.bits), o_.mode == Mode::kMinMax, step.data_ptr<float>(),
+                              lo.data_ptr<float>()};
+      if (n > 0 && cuda) {
+        codec::gpu::quantise_pack_residual_cuda(xf.get_device(), xf.data_ptr<float>(), geo.g, q, dq, codes,
+                                                r.data_ptr<float>());
+      } else if (n > 0) {
+        codec::gpu::quantise_pack_residual_host(xf.data_ptr<float>(), geo.g, q, dq, codes, r.data_ptr<float>());
+      }
+      *residual = r.view(shape);
+    } else if (n == 0) {
+    } else if (cuda) {
+      codec::gpu::quantise_pack_cuda(xf.get_device(), xf.data_ptr<float>(), geo.g, q, codes);
+    } else if (codec::gpu::host_emulation()) {
+      codec::gpu::quantise_pack_host(xf.data_ptr<float>(), geo.g, q, codes);
+    } else {
+      codec::quantise_pack_cpu(xf.data_ptr<float>(), geo.g, q, codes);
+    }
   } else if (n > 0) {
     // Portable path: the same formulas with broadcasting over the (outer, G, inner) view.
     const int64_t pad = o_.scale == Scale::kBlock ? groups * o_.block - n : 0;
@@ -284,11 +317,20 @@ at::Tensor Quantize::decode(const Payload& p, const CodecContext& ctx) {
   const Derived d = derive(scales, mode, bits, groups);
 
   at::Tensor out;
-  if (codec::use_cpu_kernel(packed)) {
+  const bool cuda = codec::use_cuda_kernel(packed);
+  if (codec::use_cpu_kernel(packed) || cuda) {
     out = at::empty({n}, scales.options());
     at::Tensor step = d.step.contiguous(), lo = mode == Mode::kMinMax ? d.lo.contiguous() : step;
     codec::DequantParams q{static_cast<int>(bits), mode == Mode::kMinMax, step.data_ptr<float>(), lo.data_ptr<float>()};
-    if (n > 0) codec::unpack_dequantise_cpu(packed.data_ptr<uint8_t>(), geo.g, q, out.data_ptr<float>());
+    const uint8_t* in = packed.data_ptr<uint8_t>();
+    if (n == 0) {
+    } else if (cuda) {
+      codec::gpu::unpack_dequantise_cuda(packed.get_device(), in, geo.g, q, out.data_ptr<float>());
+    } else if (codec::gpu::host_emulation()) {
+      codec::gpu::unpack_dequantise_host(in, geo.g, q, out.data_ptr<float>());
+    } else {
+      codec::unpack_dequantise_cpu(in, geo.g, q, out.data_ptr<float>());
+    }
   } else if (n == 0) {
     out = at::empty({0}, scales.options());
   } else {

@@ -48,12 +48,17 @@ class Quantize : public Compressor {
   std::string spec() const override;
   Payload encode(const at::Tensor& x, const CodecContext& ctx) override;
   at::Tensor decode(const Payload& p, const CodecContext& ctx) override;
+  /// With the fused kernels (CUDA tensors, or their host logic under HostEmulationGuard) the
+  /// residual is written by the quantising kernel itself; bit for bit x - decode(payload).
+  Payload encode_with_residual(const at::Tensor& x, const CodecContext& ctx, at::Tensor* residual) override;
   const QuantOptions& options() const { return o_; }
 
   /// The channel dim used for a tensor of `ndim` dims (scale=channel).
   int64_t channel_dim(int64_t ndim) const;
 
  private:
+  Payload encode_impl(const at::Tensor& x, const CodecContext& ctx, at::Tensor* residual);
+
   QuantOptions o_;
   BufferedGenerator generator_;  // stochastic rounding: a CPU generator, its state the buffer "generator"
 };

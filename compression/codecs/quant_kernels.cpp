@@ -8,6 +8,8 @@
 #include <mutex>
 #include <vector>
 
+#include "compression/cuda/quant_logic.h"
+
 // Note [target clones]. The hot loops below are plain C++ written so that GCC vectorises them;
 // `target_clones` builds each for AVX2 and for the baseline x86-64 ISA and dispatches at load
 // time (ifunc), so the binary still runs on any x86-64. Elsewhere the attribute is dropped. FMA
@@ -30,17 +32,9 @@ TL_INLINE float round_even(float v) {
   return (v + m) - m;
 }
 
-// U[0, 1) with 24 bits from a 32-bit integer hash of (seed, i) (Wellons' lowbias32): plain 32-bit
-// multiplies and shifts, so the loop vectorises. The index wraps after 2^32 elements.
-TL_INLINE float uniform01(uint64_t seed, uint64_t i) {
-  uint32_t z = static_cast<uint32_t>(i) * 0x9E3779B9u + static_cast<uint32_t>(seed) + static_cast<uint32_t>(seed >> 32);
-  z ^= z >> 16;
-  z *= 0x7feb352du;
-  z ^= z >> 15;
-  z *= 0x846ca68bu;
-  z ^= z >> 16;
-  return static_cast<float>(static_cast<int32_t>(z >> 8)) * (1.0f / 16777216.0f);  // signed: vectorises
-}
+// U[0, 1) from the counter hash of (seed, i), shared with the CUDA kernels (one definition, so
+// both draw the same stream: Note [one logic, two compilers] in compression/cuda/quant_logic.h).
+using gpu::uniform01;
 
 // Codes of x[0, len): one scale (a, b) for all (Row = false) or one per element (Row = true).
 template <bool Row, bool MinMax, bool Stochastic>

@@ -69,8 +69,19 @@ Payload ErrorFeedback::encode(const at::Tensor& x, const CodecContext& ctx) {
   if (!ctx.training) return inner_->encode(x, ctx);
   const at::ScalarType acc = accumulation_type(x.scalar_type());
   at::Tensor ids = sample_ids(x, ctx);
-  at::Tensor e = residual_for(x, ids);                      // (x shape), acc
-  at::Tensor xs = x.to(acc) + e;                            // x <- x + e
+  at::Tensor e = residual_for(x, ids);  // (x shape), acc
+  at::Tensor xs = x.to(acc) + e;        // x <- x + e
+  if (x.scalar_type() == at::kFloat) {
+    // A codec with fused kernels (quant on CUDA) computes x - c while it encodes.
+    at::Tensor fused;
+    Payload p = inner_->encode_with_residual(xs, ctx, &fused);
+    if (fused.defined()) {
+      store(e, fused, ids);  // e <- x - c
+      return p;
+    }
+    store(e, xs - inner_->decode(p, ctx).to(acc), ids);
+    return p;
+  }
   Payload p = inner_->encode(xs.to(x.scalar_type()), ctx);  // C(x)
   at::Tensor c = inner_->decode(p, ctx).to(acc);            // what the receiver will see
   store(e, xs - c, ids);                                    // e <- x - c

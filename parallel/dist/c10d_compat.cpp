@@ -86,8 +86,21 @@ BackendPtr make_gloo(const StorePtr& store, int rank, int size, std::chrono::mil
 #endif
 }
 
+// Note [nccl.h must match libtorch's NCCL]. ProcessGroupNCCL::Options holds an ncclConfig_t by
+// value and Options::create is inline: this file allocates sizeof(Options) from the nccl.h it was
+// compiled with, and libtorch's out-of-line constructor fills in its own, compiled against the NCCL
+// libtorch was built with. NCCL grows ncclConfig_t between minor versions (2.28 -> 2.30 added four
+// ints), so a different nccl.h (the CUDA toolkit's, say) writes past the object. CMake takes the
+// nccl.h of the libtorch's NCCL (parallel/CMakeLists.txt); here the NCCL actually loaded must be
+// that major.minor too, or there is no process group.
 BackendPtr make_nccl(const StorePtr& store, int rank, int size, std::chrono::milliseconds timeout) {
 #ifdef USE_C10D_NCCL
+  const std::string loaded = c10d::getNcclVersion();  // "2.30.7"
+  const std::string built = std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + ".";
+  TORCH_CHECK(loaded.rfind(built, 0) == 0, "rank ", rank, ": tapeline was compiled against nccl.h ", NCCL_MAJOR, ".",
+              NCCL_MINOR, " but the NCCL loaded is ", loaded,
+              " (Note [nccl.h must match libtorch's NCCL] in parallel/dist/c10d_compat.cpp); rebuild with NCCL_HOME "
+              "pointing at the NCCL this libtorch was built with");
   auto opts = c10d::ProcessGroupNCCL::Options::create();
   opts->timeout = timeout;
   return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);

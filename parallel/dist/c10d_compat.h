@@ -16,6 +16,24 @@
 // parallel/CMakeLists.txt does when it finds gloo's headers), NCCL's by USE_C10D_NCCL (defined only
 // for a libtorch built with CUDA and NCCL; Debian's has no NCCL symbols).
 //
+// Note [gloo headers for libtorch 2.x]. PyTorch's wheels ship ProcessGroupGloo.hpp but not the
+// headers of gloo, which they link statically into libtorch_cpu; ProcessGroupGloo.hpp includes
+// five of them. A 2.x build uses Debian's libgloo-dev headers (gloo of May 2022, older than the
+// gloo inside libtorch 2.15) for declarations only, and never links Debian's libgloo (two gloo's in
+// one process). That is ABI-safe for what tapeline touches, and only that:
+//   - every gloo type in ProcessGroupGloo.hpp sits behind std::shared_ptr / std::unique_ptr
+//     (devices, contexts, store, buffers), so the layouts of ProcessGroupGloo and its Options do
+//     not depend on gloo's structs;
+//   - make_gloo calls only exported libtorch functions (Options::create and its constructor,
+//     createDeviceFor{Interface,Hostname}, createDefaultDevice, the ProcessGroupGloo constructor)
+//     and moves the shared_ptrs they return into Options::devices; it never calls a gloo virtual,
+//     reads a gloo object or constructs a gloo type, so gloo's vtables and layouts never cross;
+//   - the gloo symbols tapeline's objects reference resolve in libtorch_cpu (checked with
+//     `nm -C -u` on the objects: only c10d:: symbols, no gloo:: one).
+// Anything more (a custom gloo device, reading a gloo context) would need the gloo headers of the
+// libtorch's own commit. Where no gloo headers are found, the 2.x build has no Gloo transport and
+// says so (Transport::connect).
+//
 // Include this header only where c10d is needed (transport.cpp, benchmarks): it pulls in c10d and
 // gloo headers. The rest of tapeline uses transport.h, which has no c10d types.
 

@@ -100,4 +100,11 @@ bool is_loopback_address(const std::string& addr) {
   return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
 }
 
+int cuda_device_for(int local_rank, int device_count) {
+  TORCH_CHECK(device_count > 0, "local rank ", local_rank,
+              ": run.device = cuda but no CUDA device is visible (CUDA_VISIBLE_DEVICES, driver); use run.device = cpu");
+  TORCH_CHECK(local_rank >= 0, "local rank ", local_rank, " is negative");
+  return local_rank % device_count;
+}
+
 }  // namespace tl::dist

@@ -52,4 +52,9 @@ int find_free_port(const std::string& host = "127.0.0.1");
 /// True for 127.x.x.x, ::1 and "localhost".
 bool is_loopback_address(const std::string& addr);
 
+/// The CUDA device of the rank with local rank `local_rank` on a machine with `device_count`
+/// devices: local_rank mod device_count (with `tapeline train --nproc N` the local rank is the rank,
+/// so rank r uses device r mod devices). Error naming the rank when there is no device.
+int cuda_device_for(int local_rank, int device_count);
+
 }  // namespace tl::dist

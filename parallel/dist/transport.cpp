@@ -1,5 +1,6 @@
 #include "parallel/dist/transport.h"
 
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/util/Exception.h>
 #include <unistd.h>
 
@@ -661,7 +662,15 @@ std::unique_ptr<Transport> Transport::connect(const DistEnv& env, const Transpor
   impl->timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000.0));
   impl->cuda = options.backend == "nccl";
   if (impl->cuda) impl->inline_max = 0;
-  if (impl->cuda) impl->device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+  if (impl->cuda) {
+    // Note [one device per NCCL rank]: NCCL refuses two ranks of one communicator on one device
+    // ("Duplicate GPU detected"), so ranks wrap round the devices (cuda_device_for) only with Gloo.
+    const int devices = at::detail::getCUDAHooks().getNumGPUs();
+    TORCH_CHECK(devices >= env.local_world_size, "rank ", env.rank, ": backend nccl needs one CUDA device per rank on ",
+                "this machine, but ", env.local_world_size, " ranks share ", devices,
+                " device(s); start at most that many ranks per machine, or use run.device = cpu (Gloo)");
+    impl->device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(cuda_device_for(env.local_rank, devices)));
+  }
   impl->boot_id = read_first_line("/proc/sys/kernel/random/boot_id");
   const std::string where = "rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size);
 

@@ -1,6 +1,7 @@
 #include "tasks/runner/trainer.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 
 #include <algorithm>
 #include <chrono>
@@ -161,7 +162,10 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
   threads_ = choose_threads(config_.run.threads);
   at::set_num_threads(threads_);
   device_ = parse_run_device(config_.run.device);
-  if (env && device_.is_cuda()) device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env->local_rank));
+  if (env && device_.is_cuda()) {  // rank r on device r mod devices (one machine; local rank on several)
+    const int devices = at::detail::getCUDAHooks().getNumGPUs();
+    device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(dist::cuda_device_for(env->local_rank, devices)));
+  }
   at::manual_seed(config_.run.seed);  // the default generator, for anything that uses it
 
   // 1. Task, model, cuts and boundaries: no data read yet. One rank of several builds only its

@@ -31,6 +31,7 @@
 // exits 3. TL_TIMEOUT_S sets dist.timeout_s (default 10). TL_LINK_MBPS and TL_LINK_MS (numbers >= 0;
 // unset: 0) set TransportOptions::link, the link emulated into this rank from every peer (0 Mbit/s:
 // unlimited), for any scenario.
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -90,6 +91,8 @@ TransportOptions options_from_env() {
   o.timeout_s = env_number("TL_TIMEOUT_S", 10.0);
   o.link.bandwidth_mbps = env_number("TL_LINK_MBPS", 0.0);
   o.link.latency_ms = env_number("TL_LINK_MS", 0.0);
+  const char* backend = std::getenv("TL_BACKEND");  // "gloo" (default) or "nccl"
+  if (backend && *backend) o.backend = backend;
   return o;
 }
 
@@ -137,9 +140,12 @@ int run_exchange(const DistEnv& env, int n, bool comm) {
   const TransportStats s = t->stats();  // the exchange's messages only
   // Collectives every runtime needs.
   at::Tensor x = at::full({5}, double(me + 1), at::kFloat);
+  if (o.backend == "nccl")  // NCCL reduces CUDA tensors, on this rank's device
+    x = x.to(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(
+                                       cuda_device_for(env.local_rank, at::detail::getCUDAHooks().getNumGPUs()))));
   t->all_reduce_sum(x, "tied embeddings");
   const float want_sum = t->world_size() * (t->world_size() + 1) / 2.0f;
-  if (!at::allclose(x, at::full({5}, want_sum, at::kFloat))) {
+  if (!at::allclose(x.cpu(), at::full({5}, want_sum, at::kFloat))) {
     std::printf("FAIL all-reduce\n");
     return 1;
   }

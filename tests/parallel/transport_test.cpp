@@ -6,9 +6,11 @@
 // time and reaped.
 #include "parallel/dist/transport.h"
 
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <fstream>
 #include <set>
 
 #include "parallel/dist/c10d_compat.h"
@@ -59,15 +61,19 @@ std::string logs_of(const std::vector<RankRun>& runs) {
   return s;
 }
 
-TEST(Transport, TwoRanksExchangeVariableSizePayloadsExactly) {
-  SKIP_WITHOUT_TRANSPORT();
-  auto runs = run_ranks("exchange", 2, {"exchange", "30"}, 120);
+// Both ranks of the helper's "exchange 30" finished and said so.
+void expect_exchanged(const std::vector<RankRun>& runs) {
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(exit_code(runs[r].status), 0) << logs_of(runs);
     EXPECT_NE(runs[r].log.find("OK exchange rank " + std::to_string(r) + " agent_store=0 sent=30 received=30"),
               std::string::npos)
         << logs_of(runs);
   }
+}
+
+TEST(Transport, TwoRanksExchangeVariableSizePayloadsExactly) {
+  SKIP_WITHOUT_TRANSPORT();
+  expect_exchanged(run_ranks("exchange", 2, {"exchange", "30"}, 120));
 }
 
 TEST(Transport, CommunicationThreadKeepsOrderAndBytes) {
@@ -224,6 +230,43 @@ TEST(Transport, ConnectFailsWhenARankNeverArrives) {
   }
 }
 
+#define SKIP_WITHOUT_NCCL_PAIR()                                                                                \
+  do {                                                                                                          \
+    if (!Transport::available("nccl"))                                                                          \
+      GTEST_SKIP() << "tapeline was built without c10d's NCCL backend (a CUDA libtorch and nccl.h are needed)"; \
+    const int devices = at::detail::getCUDAHooks().getNumGPUs();                                                \
+    if (devices < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << devices;                                 \
+    if (helper_path().empty()) GTEST_SKIP() << "parallel_dist_helper was not built";                            \
+  } while (0)
+
+// NCCL (label gpu): the same exchange, all-reduce, broadcast and gather as on Gloo, two ranks
+// on devices 0 and 1. Skipped with the reason where NCCL or two devices are missing.
+TEST(TransportGpu, NcclRanksExchangePayloadsExactly) {
+  SKIP_WITHOUT_NCCL_PAIR();
+  expect_exchanged(run_ranks("nccl_exchange", 2, {"exchange", "30"}, 180, {{"TL_BACKEND", "nccl"}}));
+}
+
+TEST(TransportGpu, NcclKilledPeerIsNamedByTheSurvivor) {
+  SKIP_WITHOUT_NCCL_PAIR();
+  auto runs = run_ranks("nccl_die1", 2, {"die", "1"}, 60, {{"TL_TIMEOUT_S", "5"}, {"TL_BACKEND", "nccl"}});
+  EXPECT_NE(runs[0].log.find("CAUGHT peer=1"), std::string::npos) << logs_of(runs);
+}
+
+TEST(RankDevice, RankModDeviceCount) {
+  EXPECT_EQ(cuda_device_for(0, 1), 0);
+  EXPECT_EQ(cuda_device_for(3, 4), 3);
+  EXPECT_EQ(cuda_device_for(5, 4), 1);
+  EXPECT_EQ(cuda_device_for(7, 2), 1);
+  try {
+    cuda_device_for(2, 0);
+    FAIL() << "no error without devices";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("local rank 2: run.device = cuda but no CUDA device is visible"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Transport, UnknownBackendIsAnError) {
   DistEnv env;
   TransportOptions o;
@@ -234,12 +277,34 @@ TEST(Transport, UnknownBackendIsAnError) {
 
 // torchrun (Debian's python3-torch ships /usr/bin/torchrun): 2 ranks of the helper rendezvous
 // through torchrun's agent store.
+// The torch version a Python console script (torchrun) imports: its #! interpreter asked.
+std::string torch_of_script(const std::string& script) {
+  std::ifstream f(script);
+  std::string first;
+  std::getline(f, first);
+  if (first.rfind("#!", 0) != 0) return "";
+  const std::string out = temp_log("torch_version");
+  const std::string cmd = first.substr(2) + " -c 'import torch; print(torch.__version__)' >" + out + " 2>/dev/null";
+  const int rc = std::system(cmd.c_str());
+  std::string v = read_file(out);
+  std::remove(out.c_str());
+  if (rc != 0) return "";
+  while (!v.empty() && (v.back() == '\n' || v.back() == ' ')) v.pop_back();
+  return v;
+}
+
 TEST(Transport, TorchrunLaunchesRanksThatRendezvous) {
   SKIP_WITHOUT_TRANSPORT();
   std::string torchrun;
   for (const char* p : {"/usr/bin/torchrun", "/usr/local/bin/torchrun"})
     if (::access(p, X_OK) == 0) torchrun = p;
   if (torchrun.empty()) GTEST_SKIP() << "torchrun not installed (Debian: apt-get install python3-torch)";
+  // torchrun's agent hosts the TCPStore: its torch must speak the store protocol of the libtorch
+  // tapeline is built against (Debian's torchrun 1.13 resets a 2.x client's connection).
+  const std::string theirs = torch_of_script(torchrun), ours = compat::torch_version();
+  if (theirs.empty() || theirs.substr(0, theirs.find('.')) != ours.substr(0, ours.find('.')))
+    GTEST_SKIP() << torchrun << " runs torch '" << theirs << "' but tapeline is built against libtorch " << ours
+                 << ": their TCPStores do not talk; install the matching torchrun";
   ProcessGroupGuard guard;
   const std::string log = temp_log("torchrun");
   // Underscore spellings: torch 1.13's torchrun knows only those, 2.x accepts both.

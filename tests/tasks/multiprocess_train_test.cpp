@@ -667,6 +667,32 @@ TEST(MultiProcessTrain, TensorParallelCheckpointsResumeInAnyGrid) {
   }
 }
 
+// Stateful codecs on the all-reduces keep their state per site, direction and sender rank on every
+// rank (error feedback here), checkpointed under grid.tp.*: resuming with the same grid ends with
+// the uninterrupted run's metrics exactly. With tp.active_at_inference = false, evaluation with
+// compression on runs the all-reduces uncompressed.
+TEST(MultiProcessTrain, TensorParallelCodecStateResumesExactly) {
+  REQUIRE_WORDNET();
+  testing::TempDir dir;
+  const std::string common =
+      tp_lm_args("--model.cuts=none --nproc 2 --parallel.tp=2 --train.epochs=2 --data.train_limit=320 "
+                 "--tp.forward=ef(topk(0.2)) --tp.backward=quant(bits=8) --tp.active_at_inference=false ");
+  const fs::path whole = dir.path() / "whole", resumed = dir.path() / "resumed";
+  auto [s0, o0] = run(common + "--out " + whole.string(), mp::temp_log("tp-ef-whole"));
+  ASSERT_EQ(s0, 0) << o0;
+  auto [s1, o1] = run(common + "--stop-after 1 --out " + resumed.string(), mp::temp_log("tp-ef-1"));
+  ASSERT_EQ(s1, 0) << o1;
+  const TensorMap ckpt = load_safetensors((resumed / "checkpoint.safetensors").string());
+  int64_t residuals = 0;
+  for (const auto& [k, t] : ckpt) residuals += k.rfind("grid.tp.", 0) == 0 && k.find(".forward.") != std::string::npos;
+  EXPECT_GT(residuals, 0) << "no error-feedback state under grid.tp.*";
+  auto [s2, o2] = run(common + "--resume " + resumed.string() + " --out " + resumed.string(), mp::temp_log("tp-ef-2"));
+  ASSERT_EQ(s2, 0) << o2;
+  EXPECT_EQ(metrics_without_times(resumed), metrics_without_times(whole));
+  const auto m = metrics_by_column(whole);
+  EXPECT_EQ(m.at("test_loss_compressed"), m.at("test_loss_uncompressed"));  // tp.active_at_inference = false
+}
+
 // Grids that cannot work are errors before any process starts, naming the numbers.
 TEST(MultiProcessTrain, ImpossibleTensorParallelGridsAreErrorsBeforeAnyProcessStarts) {
   REQUIRE_WORDNET();

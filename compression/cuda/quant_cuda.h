@@ -1,0 +1,55 @@
+#pragma once
+// Fused CUDA kernels of uniform quantisation (one kernel: quantise and bit-pack; one: unpack and
+// dequantise), and the same per-group logic (quant_logic.h) run serially on the host for the CPU
+// tests. Scales are computed with ATen reductions before the kernel (quant.cpp); the kernel writes
+// the packed codes straight into the payload body.
+//
+// Which path a CUDA tensor takes (Note [CUDA kernels or ATen ops]): the fused kernels when the
+// build has them (TAPELINE_CUDA_KERNELS compiled in: a CUDA libtorch and nvcc were found) and the
+// environment variable TAPELINE_CUDA_KERNELS is not "0"; otherwise the portable ATen-op path of
+// Note [two paths] (compression/codecs/common.h), which stays the fallback and the reference.
+
+#include <cstdint>
+
+#include "compression/codecs/quant_kernels.h"
+
+namespace tl::codec::gpu {
+
+/// Whether this build contains the CUDA kernels.
+bool kernels_built();
+/// Whether CUDA tensors take the kernels: built, and TAPELINE_CUDA_KERNELS != "0" (read once).
+/// Codecs ask codec::use_cuda_kernel (common.h), which also honours PortableKernelsGuard.
+bool kernels_enabled();
+
+/// Pointers into the memory of CUDA device `device`; runs on that device's current stream (no
+/// host synchronisation). Error in a build without the kernels.
+void quantise_pack_cuda(int device, const float* x, const QuantGeometry& g, const QuantParams& q, uint8_t* out);
+void unpack_dequantise_cuda(int device, const uint8_t* in, const QuantGeometry& g, const DequantParams& q, float* out);
+
+/// quantise_pack_cuda, and also residual = x - dequantised codes (error feedback), in one kernel.
+void quantise_pack_residual_cuda(int device, const float* x, const QuantGeometry& g, const QuantParams& q,
+                                 const DequantParams& d, uint8_t* out, float* residual);
+
+/// The kernels' logic on host pointers, one group of 8 elements after another (what each CUDA
+/// thread does, in sequence). Same bytes and values as the kernels.
+void quantise_pack_host(const float* x, const QuantGeometry& g, const QuantParams& q, uint8_t* out);
+void unpack_dequantise_host(const uint8_t* in, const QuantGeometry& g, const DequantParams& q, float* out);
+void quantise_pack_residual_host(const float* x, const QuantGeometry& g, const QuantParams& q, const DequantParams& d,
+                                 uint8_t* out, float* residual);
+
+/// Forces CPU tensors through quantise_pack_host/unpack_dequantise_host on this thread for its
+/// lifetime (tests: the GPU kernels' logic against the CPU fast path and the ATen path).
+class HostEmulationGuard {
+ public:
+  HostEmulationGuard();
+  ~HostEmulationGuard();
+  HostEmulationGuard(const HostEmulationGuard&) = delete;
+  HostEmulationGuard& operator=(const HostEmulationGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+/// Whether a HostEmulationGuard is alive on this thread.
+bool host_emulation();
+
+}  // namespace tl::codec::gpu

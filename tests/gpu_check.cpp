@@ -1,0 +1,66 @@
+// tl_gpu_check: built only where CMake enabled CUDA (a CUDA libtorch and nvcc), from the CUDA-only
+// sources and nothing else: the NCCL and Gloo paths of c10d_compat, the fused codec kernels and
+// their host logic. CI builds it against PyTorch 2.x's CUDA libtorch (scripts/build-gpu --check):
+// compiling those sources and resolving every symbol they use is the check. On a machine with a
+// GPU it also runs the quantisation kernels on one tensor and compares their bytes and values with
+// the host logic (docs/GPU.md); the full comparison with the codecs is `ctest -L gpu`.
+#include <ATen/ATen.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "compression/cuda/quant_cuda.h"
+#include "parallel/dist/c10d_compat.h"
+
+using namespace tl;
+
+int main() {
+  std::printf("libtorch %s: gloo %d, nccl %d, CUDA kernels %d (enabled %d)\n", dist::compat::torch_version().c_str(),
+              int(dist::compat::has_gloo()), int(dist::compat::has_nccl()), int(codec::gpu::kernels_built()),
+              int(codec::gpu::kernels_enabled()));
+  // Referenced so that the link resolves them (ProcessGroupNCCL's and ProcessGroupGloo's symbols).
+  volatile auto nccl = &dist::compat::make_nccl;
+  volatile auto gloo = &dist::compat::make_gloo;
+  (void)nccl;
+  (void)gloo;
+  if (!at::hasCUDA()) {
+    std::printf("no CUDA device: compiled and linked only\n");
+    return 0;
+  }
+  // 20011 elements (a partial last group of 8) in 21 scale groups of 1000, every bit width.
+  const int64_t n = 20011, run = 1000, groups = 21;
+  at::Tensor x = at::randn({n});                      // (n)
+  at::Tensor a = at::rand({groups}) * 2 + 0.5;        // (G) max-abs divisors
+  at::Tensor step = at::rand({groups}) * 0.1 + 0.01;  // (G)
+  at::Tensor xd = x.cuda(), ad = a.cuda(), sd = step.cuda();
+  int failures = 0;
+  for (int bits = 1; bits <= 8; ++bits) {
+    const codec::QuantGeometry g{n, run, groups};
+    const int64_t bytes = (n * bits + 7) / 8;
+    for (bool stochastic : {false, true}) {
+      at::Tensor host = at::empty({bytes}, at::kByte), dev = at::empty({bytes}, xd.options().dtype(at::kByte));
+      codec::gpu::quantise_pack_host(x.data_ptr<float>(), g,
+                                     {bits, false, stochastic, 42, a.data_ptr<float>(), a.data_ptr<float>()},
+                                     host.data_ptr<uint8_t>());
+      codec::gpu::quantise_pack_cuda(0, xd.data_ptr<float>(), g,
+                                     {bits, false, stochastic, 42, ad.data_ptr<float>(), ad.data_ptr<float>()},
+                                     dev.data_ptr<uint8_t>());
+      if (!at::equal(host, dev.cpu())) {
+        std::printf("FAIL quantise_pack bits=%d stochastic=%d: bytes differ\n", bits, int(stochastic));
+        ++failures;
+      }
+      at::Tensor yh = at::empty({n}), yd = at::empty({n}, xd.options());
+      codec::gpu::unpack_dequantise_host(
+          host.data_ptr<uint8_t>(), g, {bits, true, step.data_ptr<float>(), a.data_ptr<float>()}, yh.data_ptr<float>());
+      codec::gpu::unpack_dequantise_cuda(0, dev.data_ptr<uint8_t>(), g,
+                                         {bits, true, sd.data_ptr<float>(), ad.data_ptr<float>()},
+                                         yd.data_ptr<float>());
+      if (!at::equal(yh, yd.cpu())) {
+        std::printf("FAIL unpack_dequantise bits=%d: values differ\n", bits);
+        ++failures;
+      }
+    }
+  }
+  std::printf(failures ? "FAIL %d comparisons\n" : "OK kernels equal the host logic bit for bit\n", failures);
+  return failures ? 1 : 0;
+}
