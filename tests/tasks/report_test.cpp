@@ -39,7 +39,7 @@ TEST(Report, MetricsCsvRoundTrip) {
   EXPECT_EQ(header,
             "epoch,train_loss,train_metric,test_loss_compressed,test_loss_uncompressed,test_metric_compressed,"
             "test_metric_uncompressed,bytes_forward,bytes_backward,bytes_uncompressed,steps,lr,wall_s,train_time_s,"
-            "compute_s,comm_s,bubble,bytes_dp,bytes_dp_uncompressed");
+            "compute_s,comm_s,bubble,bytes_dp,bytes_dp_uncompressed,bytes_tp,bytes_tp_uncompressed");
   auto rows = read_metrics_csv(path);
   ASSERT_EQ(rows.size(), 2u);
   EXPECT_EQ(rows[1].epoch, 2);
@@ -49,10 +49,16 @@ TEST(Report, MetricsCsvRoundTrip) {
   EXPECT_DOUBLE_EQ(rows[1].test_metric_uncompressed, 0.375);
   write_file_atomic(path, "epoch,x\n1,2\n");
   expect_error([&] { read_metrics_csv(path); }, {path, "no column 'train_loss'"});
-  write_file_atomic(path, metrics_csv({row(1)}) + "2,abc,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0\n");
+  write_file_atomic(path, metrics_csv({row(1)}) + "2,abc,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0\n");
   expect_error([&] { read_metrics_csv(path); }, {path + ":3", "not a number"});
   write_file_atomic(path, metrics_csv({row(1)}) + "2,1\n");
-  expect_error([&] { read_metrics_csv(path); }, {path + ":3", "expected 19 columns"});
+  expect_error([&] { read_metrics_csv(path); }, {path + ":3", "expected 21 columns"});
+  // Files written before the tensor-parallel columns read with them 0.
+  std::string old = metrics_csv({row(1)});
+  for (const std::string col : {",bytes_tp_uncompressed", ",bytes_tp"}) old.replace(old.find(col), col.size(), "");
+  for (int i = 0; i < 2; ++i) old.erase(old.rfind(','), old.rfind('\n') - old.rfind(','));
+  write_file_atomic(path, old);
+  EXPECT_EQ(read_metrics_csv(path).at(0).bytes_tp, 0);
   // Columns are read by name: an extra one (a later version's) is ignored.
   std::string csv = metrics_csv({row(1)});
   csv.replace(csv.find('\n'), 1, ",extra\n");
