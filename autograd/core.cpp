@@ -92,7 +92,44 @@ void make_edges(const InputList& inputs, EdgeList& edges, c10::SmallVector<bool,
 }
 
 OutputMeta meta_of(const at::Tensor& t) { return OutputMeta{shape_of(t.sizes()), t.options()}; }
+
+void account_forward(const Context& ctx, const InputList& inputs, const at::Tensor* outs, size_t n_outs, Node* node) {
+  NodeCost c;
+  double largest = 0;
+  for (size_t i = 0; i < n_outs; ++i) {
+    const at::Tensor& o = outs[i];
+    if (!o.defined()) continue;
+    c.bytes += tensor_bytes(o);
+    largest = std::max(largest, static_cast<double>(o.numel()));
+    for (const Variable* v : inputs)
+      if (v->defined() && o.is_alias_of(v->data())) c.view = true;
+  }
+  for (const Variable* v : inputs) {
+    if (!v->defined()) continue;
+    c.bytes += tensor_bytes(v->data());
+    largest = std::max(largest, static_cast<double>(v->data().numel()));
+  }
+  if (c.view) {
+    c.bytes = 0;
+  } else {
+    c.flops = ctx.flops_ >= 0 ? ctx.flops_ : largest;
+    for (size_t i = 0; i < inputs.size(); ++i)
+      c.input_flops.push_back(i < ctx.input_flops_.size() ? ctx.input_flops_[i] : c.flops);
+  }
+  if (CostMeter* m = CostMeter::current())
+    m->add(OpCost{c.flops, c.bytes, c.view ? 0 : 1});
+  if (node) node->cost_ = std::move(c);
+}
 }  // namespace detail
+
+// ---- cost meter -----------------------------------------------------------------------------
+namespace {
+thread_local CostMeter* current_meter = nullptr;
+}  // namespace
+
+CostMeter* CostMeter::current() { return current_meter; }
+CostMeterGuard::CostMeterGuard(CostMeter& meter) : prev_(current_meter) { current_meter = &meter; }
+CostMeterGuard::~CostMeterGuard() { current_meter = prev_; }
 
 // ---- Variable -------------------------------------------------------------------------------
 namespace {
@@ -265,6 +302,7 @@ std::string Tape::to_string() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::ostringstream os;
   size_t total = 0;
+  double flops = 0, moved = 0;
   os << "tape: " << nodes_.size() << " ops\n";
   for (size_t i = 0; i < nodes_.size(); ++i) {
     const Node& n = *nodes_[i];
@@ -272,9 +310,15 @@ std::string Tape::to_string() const {
     for (const auto& o : n.outputs()) os << " " << at::IntArrayRef(o.sizes);
     size_t b = n.saved_bytes();
     total += b;
-    os << "  saved " << b << " B" << (n.released() ? " (released)" : "") << "\n";
+    flops += n.cost_.flops, moved += n.cost_.bytes;
+    os << "  saved " << b << " B" << (n.released() ? " (released)" : "");
+    if (n.cost_.view)
+      os << "  view\n";
+    else
+      os << "  " << n.cost_.flops << " FLOPs, " << n.cost_.bytes << " B moved\n";
   }
-  os << "  total saved for backward: " << total << " B\n";
+  os << "  total saved for backward: " << total << " B; forward " << flops << " FLOPs, " << moved
+     << " B moved (Note [op costs])\n";
   return os.str();
 }
 

@@ -80,7 +80,35 @@ void accumulate(at::Tensor& slot, at::Tensor g) {
     slot = std::move(g);
   } else {
     slot = slot + g;  // out of place: `slot` may alias a tensor a hook or the user still holds
+    charge(OpCost{static_cast<double>(g.numel()), 3 * tensor_bytes(g), 1});  // Note [op costs]
   }
+}
+
+double bytes_of(const std::vector<at::Tensor>& ts) {
+  double b = 0;
+  for (const auto& t : ts) b += tensor_bytes(t);
+  return b;
+}
+
+// Runs a node's backward (all of it, or the inputs marked in `wanted`) and charges the thread's
+// CostMeter with it (Note [op costs] in autograd/cost.h): the recorded FLOPs of each gradient
+// computed; the output gradients and saved tensors read, the input gradients written.
+std::vector<at::Tensor> run_backward(Node& node, std::vector<at::Tensor>&& grads,
+                                     const c10::SmallVector<bool, 8>* wanted) {
+  CostMeter* meter = CostMeter::current();
+  const double read = meter && !node.cost_.view ? bytes_of(grads) + static_cast<double>(node.saved_bytes()) : 0;
+  std::vector<at::Tensor> in_grads = wanted ? node.apply_subset(std::move(grads), *wanted) : node.apply(std::move(grads));
+  if (meter && !node.cost_.view) {
+    OpCost c{0, read, 0};
+    for (size_t j = 0; j < in_grads.size(); ++j) {
+      if (!in_grads[j].defined()) continue;
+      c.flops += j < node.cost_.input_flops.size() ? node.cost_.input_flops[j] : node.cost_.flops;
+      c.bytes += tensor_bytes(in_grads[j]);
+      c.kernels += 1;
+    }
+    meter->add(c);
+  }
+  return in_grads;
 }
 
 // Gradients received so far by one pending node, and the node itself (kept alive until it runs).
@@ -106,7 +134,7 @@ class GraphTask {
       std::shared_ptr<Node> node = std::move(op.node);
       TORCH_CHECK(!node->released(), "backward (weights): op '", node->name(),
                   "' was freed before its weight gradients ran (its tape was reset between the two passes)");
-      std::vector<at::Tensor> in_grads = node->apply_subset(std::move(op.grads), op.weights);
+      std::vector<at::Tensor> in_grads = run_backward(*node, std::move(op.grads), &op.weights);
       const auto& edges = node->next_edges();
       TORCH_CHECK(in_grads.size() == edges.size(), "backward of '", node->name(), "' returned ", in_grads.size(),
                   " gradients for ", edges.size(), " inputs");
@@ -278,10 +306,10 @@ class GraphTask {
       if (kept) {
         // The output gradients are kept as handles: a backward reads its gradients, never writes them.
         later_->push_back({node, grads, weights});
-        in_grads = any_now ? node->apply_subset(std::move(grads), now) : std::vector<at::Tensor>(edges.size());
+        in_grads = any_now ? run_backward(*node, std::move(grads), &now) : std::vector<at::Tensor>(edges.size());
       }
     }
-    if (!kept) in_grads = node->apply(std::move(grads));
+    if (!kept) in_grads = run_backward(*node, std::move(grads), nullptr);
     TORCH_CHECK(in_grads.size() == edges.size(), "backward of '", node->name(), "' returned ", in_grads.size(),
                 " gradients for ", edges.size(), " inputs");
     for (size_t j = 0; j < edges.size(); ++j) {

@@ -47,12 +47,14 @@
 #include <ATen/core/ivalue.h>
 #include <c10/util/SmallVector.h>
 
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "autograd/cost.h"
 #include "autograd/grad_mode.h"
 #include "autograd/tape.h"
 #include "autograd/variable.h"
@@ -75,9 +77,19 @@ class Context {
   size_t saved_bytes() const;
   void release();
 
+  /// The op's FLOPs (Note [op costs] in autograd/cost.h): forward, and the gradient of each
+  /// Variable argument in order (missing ones: the forward's again). Ops that do not call it
+  /// count one FLOP per element of their largest operand.
+  void set_flops(double forward, std::initializer_list<double> per_input_gradient = {}) {
+    flops_ = forward;
+    input_flops_.assign(per_input_gradient.begin(), per_input_gradient.end());
+  }
+
   // Set by the Function machinery.
   c10::SmallVector<bool, 8> needs_input_grad_;
   const char* op_name_ = "?";
+  double flops_ = -1;  // -1: not declared
+  c10::SmallVector<double, 3> input_flops_;
 
  private:
   std::vector<at::Tensor> saved_;
@@ -155,6 +167,9 @@ using InputList = c10::SmallVector<const Variable*, 4>;
 
 /// Fills the node's edges to the Variable inputs and the op's needs_input_grad.
 void make_edges(const InputList& inputs, EdgeList& edges, c10::SmallVector<bool, 8>& needs);
+/// The forward cost of an op that ran (Note [op costs]): into `node` when it is recorded, and
+/// to the thread's CostMeter when there is one. `outs`: its outputs.
+void account_forward(const Context& ctx, const InputList& inputs, const at::Tensor* outs, size_t n_outs, Node* node);
 OutputMeta meta_of(const at::Tensor& t);
 
 template <class T>
@@ -226,16 +241,25 @@ struct Function {
       ctx.op_name_ = detail::op_name<T>::get();
       Saved saved;
       Out out = call_forward(ctx, saved, detail::unwrap(std::forward<Args>(args))...);
+      if (CostMeter::current()) account(ctx, inputs, out, nullptr);
       return wrap(std::move(out), nullptr);
     }
     auto node = std::make_shared<detail::FunctionNode<T>>();
     node->ctx.op_name_ = detail::op_name<T>::get();
     detail::make_edges(inputs, node->next_edges_, node->ctx.needs_input_grad_);
     Out out = call_forward(node->ctx, node->saved, detail::unwrap(std::forward<Args>(args))...);
+    account(node->ctx, inputs, out, node.get());
     return wrap(std::move(out), std::move(node));
   }
 
  private:
+  static void account(const Context& ctx, const detail::InputList& inputs, const at::Tensor& out, Node* node) {
+    detail::account_forward(ctx, inputs, &out, 1, node);
+  }
+  static void account(const Context& ctx, const detail::InputList& inputs, const std::vector<at::Tensor>& outs,
+                      Node* node) {
+    detail::account_forward(ctx, inputs, outs.data(), outs.size(), node);
+  }
   template <class Saved, class... U>
   static auto call_forward(Context& ctx, Saved& saved, U&&... u) {
     if constexpr (detail::saved_of<T>::typed) {

@@ -41,6 +41,14 @@ struct Edge {
   bool valid() const { return fn || leaf; }
 };
 
+/// What one recorded op costs (Note [op costs] in autograd/cost.h), filled at forward.
+struct NodeCost {
+  double flops = 0;                          // forward FLOPs
+  double bytes = 0;                          // forward bytes read and written
+  c10::SmallVector<double, 3> input_flops;   // FLOPs of the gradient of each input
+  bool view = false;                         // a view of an input: no kernel, no traffic
+};
+
 /// Shape, dtype and device of one output; used to check gradients and to make zero gradients
 /// for outputs that received none.
 struct OutputMeta {
@@ -85,6 +93,7 @@ class Node {
   EdgeList next_edges_;
   OutputMetaList outputs_;
   std::vector<std::pair<uint32_t, GradHook>> pre_hooks_;
+  NodeCost cost_;
 
   /// Drop saved tensors and edges (after backward without retain_graph, or when the tape is
   /// freed). Idempotent and safe to call from two threads: one of them does the work.

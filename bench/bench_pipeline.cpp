@@ -14,6 +14,11 @@
 // which at::set_num_threads does not reach; without this GPT-2's matmuls use every core "on 1
 // thread"), in process and in every rank, so that the in-process compute is the ranks' reference.
 //
+// 0. Calibration of the timeline's device model (parallel/device_model.h): this machine's GEMM FLOP/s
+//    and elementwise bytes/s on 1 thread against the cpu preset's, then per stage of the 4-stage
+//    1F1B step the measured compute, the compute modelled on the cpu preset from the counted FLOPs
+//    and bytes (ratio = measured / modelled), and the same step modelled on the h100 preset. On a
+//    GPU machine the same lines are how a GPU preset is checked (docs/TIME.md).
 // 1. In process (LocalExecutor: the stages run one after another here), 4 stages, per schedule:
 //   timeline_s  the step on the executor's timeline (each stage's clock advanced by its measured
 //               forwards and backwards and by waits for messages; ideal links)
@@ -196,6 +201,7 @@ struct Options {
   std::vector<int> mp = {4, 2};  // process counts of the multi-process part
   int mp_rounds = -1;            // -1: rounds
   bool links = true;
+  bool calibrate_only = false;  // --calibrate: the device model's calibration lines only
   // Rank workers only.
   bool worker = false;
   std::map<std::string, double> refs;  // in-process results, "model/stages/schedule/field"
@@ -408,6 +414,67 @@ void schedules(const Workload& w, int stages, const Options& o, std::map<std::st
     refs[ref_key(w.name, stages, name, "wall")] = median(wall);
     refs[ref_key(w.name, stages, name, "compute")] = median(compute);
   }
+}
+
+/// Calibration of the device model (Note [device model] in parallel/device_model.h): per stage of
+/// the 4-stage 1F1B step, the measured compute against the compute modelled from the counted
+/// FLOPs and bytes on the "cpu" preset (ratio = measured / modelled; 1 is a calibrated preset),
+/// and what the h100 preset makes of the same step. First this machine's own roofs on 1 thread: a
+/// float32 GEMM's FLOP/s and an elementwise add's bytes/s, the numbers the cpu preset should carry.
+void calibration(const Workload& w, const Options& o) {
+  static bool roofs_printed = false;
+  if (!roofs_printed) {
+    roofs_printed = true;
+    const int64_t n = 512, e = 1 << 22;
+    at::Tensor a = at::randn({n, n}), b = at::randn({n, n}), x = at::randn({e}), y = at::randn({e});
+    std::vector<double> gemm, add;
+    for (int r = 0; r < 7; ++r) {
+      auto t0 = Clock::now();
+      at::Tensor c = at::mm(a, b);
+      gemm.push_back(2.0 * n * n * n / seconds_since(t0));
+      t0 = Clock::now();
+      at::Tensor z = x + y;
+      add.push_back(3.0 * 4 * e / seconds_since(t0));
+    }
+    const DeviceModel cpu = device_model("cpu");
+    std::printf("{\"bench\":\"device_roofs\",\"threads\":%d,\"gemm_flops_per_s\":%.4g,\"cpu_preset_flops_per_s\":%.4g,"
+                "\"add_bytes_per_s\":%.4g,\"cpu_preset_bytes_per_s\":%.4g}\n",
+                at::get_num_threads(), median(gemm), cpu.peak_flops * cpu.flop_efficiency, median(add),
+                cpu.memory_bytes_per_s * cpu.memory_efficiency);
+  }
+  const DeviceModel cpu = device_model("cpu"), h100 = device_model("h100");
+  auto p = build(w, 4, "identity", "identity");
+  p->set_schedule("1f1b");
+  std::vector<std::vector<double>> measured(4), modelled(4), on_h100(4), flops(4);
+  for (int r = -1; r < o.rounds; ++r) {
+    for (auto& param : p->parameters()) param.zero_grad();
+    for (const DeviceModel* m : {&cpu, &h100}) {
+      LocalExecutor ex(*p);
+      ex.set_device_model(*m, /*drives_clock=*/false);
+      StepTiming t;
+      ex.train_step(w.batch, o.m, "1f1b", w.loss, 0, &t);
+      if (r < 0) continue;
+      for (size_t i = 0; i < 4; ++i) {
+        if (m == &cpu) {
+          measured[i].push_back(t.compute_s[i]), modelled[i].push_back(t.modelled_s[i]), flops[i].push_back(t.flops[i]);
+        } else {
+          on_h100[i].push_back(t.modelled_s[i]);
+        }
+      }
+    }
+  }
+  std::vector<double> me, mo, ratio, h, f;
+  for (size_t i = 0; i < 4; ++i) {
+    me.push_back(median(measured[i])), mo.push_back(median(modelled[i])), h.push_back(median(on_h100[i]));
+    f.push_back(median(flops[i]));
+    ratio.push_back(me.back() / mo.back());
+  }
+  std::printf("{\"bench\":\"device_calibration\",\"model\":\"%s\",\"schedule\":\"1f1b\",\"stages\":4,"
+              "\"micro_batches\":%lld,\"stage_flops\":%s,\"measured_s\":%s,\"cpu_modelled_s\":%s,\"ratio\":%s,"
+              "\"h100_modelled_s\":%s}\n",
+              w.name.c_str(), static_cast<long long>(o.m), json_array(f, "%.4g").c_str(), json_array(me).c_str(),
+              json_array(mo).c_str(), json_array(ratio, "%.3f").c_str(), json_array(h, "%.3g").c_str());
+  std::fflush(stdout);
 }
 
 /// 1F1B on 80 Mbit/s links in process (4 stages); records the timelines in `refs`.
@@ -785,6 +852,8 @@ Options parse(int argc, char** argv) {
       o.mp_rounds = std::max(1, std::atoi(value().c_str()));
     } else if (a == "--no-links") {
       o.links = false;
+    } else if (a == "--calibrate") {
+      o.calibrate_only = true;
     } else if (a == "--refs") {
       for (const std::string& kv : split(value(), ';')) {
         const size_t eq = kv.find('=');
@@ -793,7 +862,7 @@ Options parse(int argc, char** argv) {
     } else if (a.rfind("--", 0) == 0) {
       TORCH_CHECK(false, "unknown option '", a,
                   "'; usage: bench_pipeline [rounds] [micro-batches] [--models resnet8,gpt2,resnet18] [--mp 4,2|none] "
-                  "[--mp-rounds R] [--no-links]");
+                  "[--mp-rounds R] [--no-links] [--calibrate]");
     } else if (positional == 0) {
       o.rounds = std::max(1, std::atoi(a.c_str())), ++positional;
     } else if (positional == 1) {
@@ -875,10 +944,13 @@ int main(int argc, char** argv) {
     std::vector<Workload> ws;
     for (const std::string& name : o.models) ws.push_back(make_workload(name));
     for (const Workload& w : ws) {
+      calibration(w, o);
+      if (o.calibrate_only) continue;
       schedules(w, 4, o, refs);
       if (o.links) links(w, o, refs);
       two_ranks(w, o, refs);
     }
+    if (o.calibrate_only) return 0;
     for (int n : o.mp)
       if (n != 4)
         for (const Workload& w : ws)

@@ -259,11 +259,32 @@ Variable Boundary::receiver_transform(const Variable& z, const CodecContext& ctx
   return active() && fwd_->has_transform() ? fwd_->post(z, with_mode(ctx)) : z;
 }
 
+// Note [codec cost]
+// What a codec's work on a message costs on the timeline's device model (Note [op costs] in
+// autograd/cost.h), charged to the thread's CostMeter: the codecs run ATen directly, not ops of
+// the tape, so their cost is modelled from the bytes they touch. An encode reads the message twice
+// (a pass for its statistics: scales, norms, a top-k selection; a pass to pack) and writes the
+// payload, about 4 FLOPs and 2 kernels per pass; a decode reads the payload and writes the
+// message, one pass. An uncompressed message (identity) costs nothing: a transport sends the
+// tensor's memory as it is. Learned codecs' layers (ae) are ops of the engine and counted as such.
+namespace {
+void charge_codec(const Payload& p, int64_t raw_bytes, bool encode) {
+  if (!CostMeter::current() || p.codec == codec_id("identity")) return;
+  const double raw = static_cast<double>(raw_bytes), sent = static_cast<double>(p.nbytes());
+  const double elements = raw / 4.0;
+  if (encode)
+    charge(OpCost{8.0 * elements, 2.0 * raw + sent, 4});
+  else
+    charge(OpCost{2.0 * elements, raw + sent, 2});
+}
+}  // namespace
+
 Payload Boundary::send_forward(const at::Tensor& z, const CodecContext& ctx, int64_t raw_bytes) {
   NoGradGuard no_grad;
   if (!active()) return identity_codec()->encode(z, ctx);
   const CodecContext c = with_mode(ctx);
   Payload p = fwd_->encode(z, c);
+  charge_codec(p, raw_size(z), true);
   fwd_stats_.add_bytes(static_cast<int64_t>(p.nbytes()), raw_bytes >= 0 ? raw_bytes : raw_size(z));
   if (mode_ == BackwardMode::Shared && c.training) sent_forward_[ctx.micro_batch] = p;
   return p;
@@ -274,6 +295,7 @@ at::Tensor Boundary::receive_forward(const Payload& p, const CodecContext& ctx) 
   if (!active()) return identity_codec()->decode(p, ctx);
   const CodecContext c = with_mode(ctx);
   at::Tensor z = fwd_->decode(p, c);
+  charge_codec(p, raw_size(z), false);
   if (mode_ == BackwardMode::Shared && c.training) received_forward_[ctx.micro_batch] = p;
   return z;
 }
@@ -300,6 +322,7 @@ Payload Boundary::send_backward(const at::Tensor& grad, const CodecContext& ctx,
   }
   if (mode_ == BackwardMode::Shared) received_forward_.erase(ctx.micro_batch);
   bwd_stats_.add_bytes(static_cast<int64_t>(p.nbytes()), raw);
+  charge_codec(p, raw_size(grad), true);
   return p;
 }
 
@@ -317,7 +340,9 @@ at::Tensor Boundary::receive_backward(const Payload& p, const CodecContext& ctx)
     return g;
   }
   if (raw || mode_ == BackwardMode::StraightThrough) return identity_codec()->decode(p, c);
-  return bwd_->decode(p, c);
+  at::Tensor g = bwd_->decode(p, c);
+  charge_codec(p, raw_size(g), false);
+  return g;
 }
 
 const CompressorPtr& Boundary::identity_codec() {

@@ -134,6 +134,11 @@ double StepTiming::bubble() const {
 LocalExecutor::LocalExecutor(Pipeline& pipeline)
     : pipeline_(pipeline), layout_(pipeline.layout()), links_(pipeline.boundaries().size()) {}
 
+void LocalExecutor::set_device_model(const DeviceModel& model, bool drives_clock) {
+  model_ = model;
+  model_clock_ = drives_clock;
+}
+
 void LocalExecutor::set_links(std::vector<LinkSpec> links) {
   TORCH_CHECK(links.size() == pipeline_.boundaries().size(), "LocalExecutor: ", links.size(), " link specs for ",
               pipeline_.boundaries().size(), " boundaries");
@@ -173,9 +178,11 @@ StepResult LocalExecutor::train_step(const Batch& batch, int64_t micro_batches, 
   LocalChannel channel;
   for (const auto& [pair, spec] : link_specs_by_rank_pair(layout_, links_)) channel.set_link(pair.first, pair.second, spec);
   std::vector<std::unique_ptr<RankInterpreter>> ranks;
-  for (int r = 0; r < layout_.ranks; ++r)
+  for (int r = 0; r < layout_.ranks; ++r) {
     ranks.push_back(std::make_unique<RankInterpreter>(pipeline_, layout_, r, plan[static_cast<size_t>(r)], split,
                                                       loss_fn, channel, RankInterpreter::Mode::Train));
+    ranks.back()->set_device_model(&model_, model_clock_);
+  }
   run_to_completion(ranks, schedule_name);
   TORCH_CHECK(channel.in_flight() == 0, "executor: the '", schedule_name, "' schedule left ", channel.in_flight(),
               " messages unreceived");
@@ -193,6 +200,8 @@ StepResult LocalExecutor::train_step(const Batch& batch, int64_t micro_batches, 
       timing->forward_s.push_back(rank->forward_s());
       timing->weight_s.push_back(rank->weight_s());
       timing->held_for_weights_bytes.push_back(rank->held_for_weights_peak());
+      timing->flops.push_back(rank->flops());
+      timing->modelled_s.push_back(rank->modelled_s());
     }
   }
   return r;

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "parallel/channel.h"
+#include "parallel/device_model.h"
 #include "parallel/link.h"
 #include "parallel/pipeline.h"
 #include "parallel/schedule.h"
@@ -110,6 +111,8 @@ struct StepTiming {
   std::vector<double> forward_s;    // per pipeline rank: the part of compute_s in forwards
   std::vector<double> weight_s;     // per pipeline rank: the part in W actions (split schedules; else 0)
   std::vector<size_t> held_for_weights_bytes;  // per pipeline rank: the most held between I and W
+  std::vector<double> flops;        // per pipeline rank: FLOPs counted in compute (with a device model)
+  std::vector<double> modelled_s;   // per pipeline rank: compute seconds on the device model (else 0)
   /// Idle fraction: 1 - sum(compute) / (ranks * step).
   double bubble() const;
 };
@@ -131,6 +134,11 @@ class LocalExecutor {
   void set_links(std::vector<LinkSpec> links);
   const std::vector<LinkSpec>& links() const { return links_; }
   const StageLayout& layout() const { return layout_; }
+  /// Compute on a modelled device (parallel/device_model.h): every rank's compute actions are
+  /// metered; with `drives_clock` the timeline advances by the modelled seconds (then step times
+  /// do not depend on this machine and are the same in every run), else by the measured ones
+  /// (calibration: StepTiming has both). Default: "measured", nothing metered.
+  void set_device_model(const DeviceModel& model, bool drives_clock = true);
 
   /// One training step of `batch` split into `micro_batches` under `schedule` (gpipe, 1f1b,
   /// interleaved, zbh1, zbv; one that fits the layout). Gradients accumulate into the parameters (the caller zeroes them before and
@@ -147,6 +155,8 @@ class LocalExecutor {
   Pipeline& pipeline_;
   StageLayout layout_;
   std::vector<LinkSpec> links_;
+  DeviceModel model_;
+  bool model_clock_ = true;
 };
 
 /// The codec context of micro-batch `index` (sample and token ids from the micro-batch).

@@ -3,14 +3,32 @@
 #include <chrono>
 
 #include "autograd/autograd.h"
+#include "autograd/cost.h"
 
 namespace tl {
 
-namespace {
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-}  // namespace
+// One compute action's duration: measured, and metered op by op when a device model is set
+// (Note [device model]); the rank's clock takes the modelled seconds when the model drives it.
+class RankInterpreter::ActionTimer {
+ public:
+  explicit ActionTimer(RankInterpreter& rank)
+      : rank_(rank), t0_(std::chrono::steady_clock::now()),
+        meter_(rank.model_ ? CostMeter([m = rank.model_](const OpCost& c) { return m->seconds(c); }) : CostMeter()),
+        guard_(meter_) {}
+  /// The seconds the action adds to the rank's clock.
+  double finish() {
+    const double measured = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    rank_.flops_ += meter_.total().flops;
+    rank_.modelled_s_ += meter_.seconds();
+    return rank_.model_clock_ ? meter_.seconds() : measured;
+  }
+
+ private:
+  RankInterpreter& rank_;
+  std::chrono::steady_clock::time_point t0_;
+  CostMeter meter_;
+  CostMeterGuard guard_;
+};
 
 RankInterpreter::RankInterpreter(Pipeline& pipeline, const StageLayout& layout, int rank, RankSchedule list,
                                  const MicroBatches& mbs, const Pipeline::LossFn& loss_fn, Channel& channel,
@@ -68,8 +86,13 @@ bool RankInterpreter::run() {
   return true;
 }
 
+void RankInterpreter::set_device_model(const DeviceModel* model, bool drives_clock) {
+  model_ = model && !model->measured() ? model : nullptr;
+  model_clock_ = model_ && drives_clock;
+}
+
 void RankInterpreter::forward(const Action& a) {
-  const auto t0 = std::chrono::steady_clock::now();
+  ActionTimer timer(*this);
   const int s = a.stage, mb = a.micro_batch;
   TORCH_CHECK(mb >= 0 && mb < mbs_.size(), "pipeline: rank ", rank_, " forward of micro-batch ", mb, " of ",
               mbs_.size());
@@ -87,7 +110,7 @@ void RankInterpreter::forward(const Action& a) {
     const MessageKey key{true, s, mb};
     (stages_.count(s + 1) ? inbox_ : outbox_)[key] = std::move(*out);  // a stage of this rank takes it at once
   }
-  const double dt = seconds_since(t0);
+  const double dt = timer.finish();
   clock_s_ += dt, compute_s_ += dt, forward_s_ += dt;
 }
 
@@ -102,7 +125,7 @@ void RankInterpreter::backward(const Action& a) {
     before->set_backward_compression_enabled(flag == compress_backward_.end() ||
                                              (by_graph ? flag->second.second : flag->second.first));
   }
-  const auto t0 = std::chrono::steady_clock::now();
+  ActionTimer timer(*this);
   std::optional<StageMessage> in;
   auto it = inbox_.find({false, s, mb});
   if (it != inbox_.end()) in = std::move(it->second), inbox_.erase(it);
@@ -111,17 +134,17 @@ void RankInterpreter::backward(const Action& a) {
                                         : stages_.at(s)->backward(mb, in ? &*in : nullptr);
   if (before) before->set_backward_compression_enabled(true);
   if (out) (stages_.count(s - 1) ? inbox_ : outbox_)[MessageKey{false, s - 1, mb}] = std::move(*out);
-  const double dt = seconds_since(t0);
+  const double dt = timer.finish();
   clock_s_ += dt, compute_s_ += dt;
 }
 
 void RankInterpreter::backward_weight(const Action& a) {
   TORCH_CHECK(mode_ == Mode::Train, "pipeline: rank ", rank_, ": a backward action in an evaluation list");
-  const auto t0 = std::chrono::steady_clock::now();
+  ActionTimer timer(*this);
   StageRuntime& stage = *stages_.at(a.stage);
   held_for_weights_peak_ = std::max(held_for_weights_peak_, stage.held_for_weights_bytes());
   stage.backward_weight(a.micro_batch);
-  const double dt = seconds_since(t0);
+  const double dt = timer.finish();
   clock_s_ += dt, compute_s_ += dt, weight_s_ += dt;
 }
 

@@ -17,9 +17,11 @@
 //                    that the boundary does not send, backward mode none, is skipped on both
 //                    sides, as is a send of nothing).
 //
-// A rank's clock: the sum of its measured compute times and of its waits for messages (the
-// channel says when a message is ready on the receiver's clock: a virtual delivery time in
-// process, the real end of a blocking receive across processes). compute_s and comm_s split it.
+// A rank's clock: the sum of its compute times and of its waits for messages (the channel says
+// when a message is ready on the receiver's clock: a virtual delivery time in process, the real
+// end of a blocking receive across processes). compute_s and comm_s split it. Compute times are
+// measured, or modelled on a device from the ops' counted costs (set_device_model,
+// parallel/device_model.h).
 
 #include <map>
 #include <memory>
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include "parallel/channel.h"
+#include "parallel/device_model.h"
 #include "parallel/executor.h"
 #include "parallel/schedule.h"
 
@@ -44,6 +47,11 @@ class RankInterpreter {
   RankInterpreter(Pipeline& pipeline, const StageLayout& layout, int rank, RankSchedule list,
                   const MicroBatches& mbs, const Pipeline::LossFn& loss_fn, Channel& channel, Mode mode);
   ~RankInterpreter();
+
+  /// Meters every compute action with `model` (null or "measured": none); with `drives_clock`,
+  /// the clock advances by the modelled seconds instead of the measured ones. `model` must
+  /// outlive the interpreter.
+  void set_device_model(const DeviceModel* model, bool drives_clock);
 
   /// Runs actions until the list is done (true) or a receive finds its message not sent yet
   /// (false: call again after the other ranks ran; only an in-process channel does that).
@@ -66,10 +74,14 @@ class RankInterpreter {
   /// The parts of compute_s() in forwards and in W actions (the rest is backward).
   double forward_s() const { return forward_s_; }
   double weight_s() const { return weight_s_; }
+  /// FLOPs counted and seconds modelled in compute actions (0 without a device model).
+  double flops() const { return flops_; }
+  double modelled_s() const { return modelled_s_; }
   /// The most bytes this rank's stages held for pending weight gradients (split schedules; 0 else).
   size_t held_for_weights_peak() const { return held_for_weights_peak_; }
 
  private:
+  class ActionTimer;
   void forward(const Action& a);
   void backward(const Action& a);
   void backward_weight(const Action& a);
@@ -92,6 +104,9 @@ class RankInterpreter {
   size_t next_ = 0;
   double clock_s_ = 0, compute_s_ = 0, comm_s_ = 0, forward_s_ = 0, weight_s_ = 0;
   size_t held_for_weights_peak_ = 0;
+  const DeviceModel* model_ = nullptr;
+  bool model_clock_ = false;
+  double flops_ = 0, modelled_s_ = 0;
 };
 
 /// The inference toggle for a forward-only pass: the pipeline in eval mode, every boundary's

@@ -77,6 +77,7 @@ StepResult Pipeline::train_step(const Batch& batch, int64_t micro_batches, const
   GradAccumulator acc(parameters());
   LocalExecutor executor(*this);
   if (!links_.empty()) executor.set_links(links_);
+  executor.set_device_model(device_);
   if (!timing_) timing_ = std::make_shared<StepTiming>();
   StepResult r = executor.train_step(batch, micro_batches, schedule_, loss_fn, epoch, timing_.get());
   acc.add_weight(r.units);

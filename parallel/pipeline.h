@@ -34,6 +34,7 @@
 #include "compression/boundary.h"
 #include "layers/models/splittable.h"
 #include "parallel/batch.h"
+#include "parallel/device_model.h"
 #include "parallel/link.h"
 #include "parallel/schedule.h"
 
@@ -130,6 +131,9 @@ class Pipeline : public Module {
   /// Link emulation per boundary (one spec per cut; default ideal), on the executor's virtual
   /// timeline (parallel/executor.h).
   void set_links(const std::vector<LinkSpec>& links);
+  /// The device whose compute the timeline models (parallel/device_model.h; default "measured").
+  void set_device_model(const DeviceModel& model) { device_ = model; }
+  const DeviceModel& device_model() const { return device_; }
   /// Timing of the last train_step on the executor's timeline.
   const StepTiming& last_timing() const;
 
@@ -161,6 +165,7 @@ class Pipeline : public Module {
   std::string schedule_ = "1f1b";
   int virtual_stages_ = 1;
   std::vector<LinkSpec> links_;
+  DeviceModel device_;
   std::shared_ptr<StepTiming> timing_;
 };
 

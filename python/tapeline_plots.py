@@ -49,6 +49,7 @@ _COLUMNS = {
     "steps": ["steps"],
     "lr": ["lr"],
     "wall_s": ["wall_s"],
+    "train_time_s": ["train_time_s"],
 }
 
 
@@ -245,6 +246,51 @@ def metric_per_epoch_figure(runs):
     return fig
 
 
+def has_timeline(run):
+    """Whether the run's metrics.csv carries the pipeline's timeline (train_time_s > 0)."""
+    return any((row.get("train_time_s") or 0) > 0 for row in run.epochs)
+
+
+def time_figure(runs):
+    """Test metric (compression on) against the pipeline's timeline (train_time_s at each epoch's
+    end), one curve per run with a timeline; the target (train.target) as a horizontal line. Left:
+    against time; right: against optimizer steps, so that time per step and steps to target read
+    apart."""
+    timed = [r for r in runs if has_timeline(r)]
+    fig, axes = _figure(2)
+    colors = dict(zip([id(r) for r in timed], _colors(len(timed))))
+    if not timed:
+        axes[0][0].text(0.5, 0.5, "no run with a timeline (train_time_s)", ha="center", va="center")
+        return fig
+    metric = timed[0].metric
+    s = _scale(metric)
+    for r in timed:
+        rows = [row for row in r.epochs if row.get("metric_on") is not None]
+        t = [row["train_time_s"] or 0 for row in rows]
+        steps, total = [], 0
+        for row in rows:
+            total += row.get("steps") or 0
+            steps.append(total)
+        y = [row["metric_on"] * s for row in rows]
+        c = colors[id(r)]
+        axes[0][0].plot([0] + t, [math.nan] + y, color=c, marker="o", label=r.label)
+        axes[0][1].plot(steps, y, color=c, marker="o", label=r.label)
+    target = timed[0].summary.get("target") or 0
+    device = timed[0].summary.get("timeline_device", "measured")
+    for ax, xlabel in ((axes[0][0], f"training time on the pipeline's timeline (s; compute: {device})"),
+                       (axes[0][1], "optimizer steps")):
+        if target > 0:
+            ax.axhline(target * s, color="gray", ls=":", lw=1, label="target")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(_metric_label(metric) + " (compression on)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    if metric == "perplexity":
+        for ax in axes[0]:
+            ax.set_yscale("log")
+    return fig
+
+
 def frontier_figure(runs):
     """Final metric against bytes per training step (log x): the trade-off frontier."""
     groups = _metric_groups(runs)
@@ -422,6 +468,8 @@ def write_compare_plots(run_dirs, out_dir, labels=None):
     written += save(frontier_figure(runs), os.path.join(out_dir, "frontier"))
     written += save(train_loss_figure(runs), os.path.join(out_dir, "train_loss"))
     written += save(boundary_stats_figure(runs), os.path.join(out_dir, "boundary_stats"))
+    if any(has_timeline(r) for r in runs):
+        written += save(time_figure(runs), os.path.join(out_dir, "metric_vs_time"))
     return written
 
 

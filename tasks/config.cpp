@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "compression/spec.h"
+#include "parallel/device_model.h"
 #include "parallel/dist/data_parallel.h"
 #include "parallel/dist/tensor_parallel.h"
 #include "parallel/dist/fault.h"
@@ -335,6 +336,14 @@ const std::vector<Key>& schema() {
         "stages / pipeline.virtual_stages x parallel.dp), started by "
         "`tapeline train` (= --nproc N; under torchrun WORLD_SIZE decides, and this must be 1 or agree)",
         [](Config& c, const std::string& v) { c.pipeline.nproc = parse_int(v, 1, 1024, "an integer in [1, 1024]"); });
+    add("timeline.device", "measured", "measured, h100, a100, cpu",
+        "what the pipeline's timeline (train_time_s, time_to_target_s) takes as a stage's compute time: measured "
+        "on this machine, or modelled on a device from the FLOPs and bytes of every op (a roofline per kernel "
+        "plus a launch cost; parallel/device_model.h, docs/TIME.md); links are emulated either way. One "
+        "process only (pipeline.nproc = 1)",
+        [](Config& c, const std::string& v) {
+          c.timeline.device = parse_choice(v, device_model_names());
+        });
     // [parallel], [dp]
     add("parallel.dp", "1", "integer >= 1",
         "data parallelism: replicas of the whole pipeline, each running train.micro_batches / dp of every step's "

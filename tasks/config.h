@@ -96,6 +96,10 @@ struct PipelineSection {
   int64_t nproc = 1;              // > 1: one process per pipeline rank (tapeline train --nproc, or torchrun)
 };
 
+struct TimelineSection {
+  std::string device = "measured";  // measured | h100 | a100 | cpu (parallel/device_model.h)
+};
+
 struct ParallelSection {
   int64_t dp = 1;  // data-parallel replicas of the pipeline (world = pipeline ranks x dp x tp)
   int64_t tp = 1;  // tensor-parallel ranks per stage (transformer blocks split Megatron's way)
@@ -140,6 +144,7 @@ class Config {
   ModelSection model;
   TrainSection train;
   PipelineSection pipeline;
+  TimelineSection timeline;
   ParallelSection parallel;
   DpSection dp;
   TpSection tp;

@@ -130,6 +130,11 @@ struct ScaledDotProductAttentionFn : Function<ScaledDotProductAttentionFn> {
     }
     saved.scale = scale;
     saved.batched = batched;
+    // Note [op costs]: the two products, 2 Tq Tk D each per batch-head, and about 5 FLOPs per score
+    // for scale, mask and softmax. In backward, dq needs dP = dO V^T and dS K; dk and dv one each.
+    const double scores = static_cast<double>(p.numel());  // N Tq Tk
+    const double product = 2.0 * scores * static_cast<double>(q.size(-1));
+    ctx.set_flops(2.0 * product + 5.0 * scores, {2.0 * product + 5.0 * scores, product, product});
     if (batched) return at::bmm(as_batch(pd), v3).view(out_shape(q, v));  // (..., Tq, Dv)
     return at::matmul(pd, v);                                             // (..., Tq, Dv)
   }

@@ -40,7 +40,12 @@ struct Conv2dFn : Function<Conv2dFn> {
     s.groups = groups;
     s.has_bias = b.defined();
     // (N, O, H', W')
-    return at::convolution(x, w, b, stride, padding, dilation, /*transposed=*/false, /*output_padding=*/{0, 0}, groups);
+    at::Tensor y =
+        at::convolution(x, w, b, stride, padding, dilation, /*transposed=*/false, /*output_padding=*/{0, 0}, groups);
+    // Each output element is a dot product of C/groups * kH * kW pairs; dx and dW cost as much.
+    const double f = 2.0 * static_cast<double>(y.numel()) * static_cast<double>(w.size(1) * w.size(2) * w.size(3));
+    ctx.set_flops(f, {f, f, static_cast<double>(y.numel())});
+    return y;
   }
   static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
     const auto& t = ctx.saved();

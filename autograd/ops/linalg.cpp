@@ -24,8 +24,11 @@ struct MatmulFn : Function<MatmulFn> {
     TORCH_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: both operands need at least 1 dimension, got shapes ", a.sizes(),
                 " and ", b.sizes());
     ctx.save_for_backward({a, b});
-    if (a.dim() == 2 && b.dim() == 2) return at::mm(a, b);  // what matmul would call, one dispatch less
-    return at::matmul(a, b);
+    // what matmul would call, one dispatch less
+    at::Tensor c = a.dim() == 2 && b.dim() == 2 ? at::mm(a, b) : at::matmul(a, b);
+    const double f = 2.0 * static_cast<double>(c.numel()) * static_cast<double>(a.size(-1));  // 2 n p k
+    ctx.set_flops(f, {f, f});
+    return c;
   }
 
   static tensor_list backward(Context& ctx, tensor_list g) {
@@ -81,7 +84,10 @@ struct BmmFn : Function<BmmFn> {
     TORCH_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected 3-D operands (B, n, m) and (B, m, p), got shapes ",
                 a.sizes(), " and ", b.sizes());
     ctx.save_for_backward({a, b});
-    return at::bmm(a, b);  // (B, n, p)
+    at::Tensor c = at::bmm(a, b);  // (B, n, p)
+    const double f = 2.0 * static_cast<double>(c.numel()) * static_cast<double>(a.size(2));  // 2 B n p m
+    ctx.set_flops(f, {f, f});
+    return c;
   }
   static tensor_list backward(Context& ctx, tensor_list g) {
     const auto& s = ctx.saved();
@@ -102,6 +108,9 @@ struct LinearFn : Function<LinearFn> {
     TORCH_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == w.size(0)), "linear: bias must have shape (", w.size(0),
                 "), got ", b.sizes());
     ctx.save_for_backward({x, w});
+    const double rows = static_cast<double>(x.numel() / std::max<int64_t>(x.size(-1), 1));
+    const double f = 2.0 * rows * static_cast<double>(w.size(0)) * static_cast<double>(w.size(1));  // 2 rows out in
+    ctx.set_flops(f, {f, f, rows * static_cast<double>(w.size(0))});  // dx, dW: GEMMs; db: a sum over rows
     if (x.dim() == 2) return b.defined() ? at::addmm(b, x, w.t()) : at::mm(x, w.t());  // (N, out)
     std::vector<int64_t> out_shape = x.sizes().vec();
     out_shape.back() = w.size(0);

@@ -150,7 +150,10 @@ std::string summary_json(const RunSummary& s) {
   j["higher_is_better"] = s.higher_is_better;
   j["target"] = s.target;
   j["time_to_target_s"] = s.time_to_target_s;
+  j["timeline_device"] = s.timeline_device;
   j["wall_to_target_s"] = s.wall_to_target_s;
+  j["steps_to_target"] = s.steps_to_target;
+  j["total_steps"] = s.steps;
   j["forward"] = s.forward;
   j["backward"] = s.backward;
   j["stages"] = s.stages;
@@ -180,7 +183,10 @@ std::optional<RunSummary> read_summary_json(const std::string& path) {
     s.higher_is_better = j.value("higher_is_better", true);
     s.target = j.value("target", 0.0);
     s.time_to_target_s = j.value("time_to_target_s", -1.0);
+    s.timeline_device = j.value("timeline_device", std::string("measured"));
     s.wall_to_target_s = j.value("wall_to_target_s", -1.0);
+    s.steps_to_target = j.value("steps_to_target", int64_t(-1));
+    s.steps = j.value("total_steps", int64_t(0));
     s.forward = j.value("forward", "");
     s.backward = j.value("backward", "");
     s.stages = j.value("stages", int64_t(1));
@@ -250,6 +256,16 @@ std::string comparison_table(const std::vector<std::pair<std::string, RunSummary
   std::vector<std::vector<std::string>> cells = {{"run", "compression (fwd / bwd)", name + ", compression on",
                                                   name + ", compression off", "bytes/step", "uncompressed bytes/step",
                                                   "ratio"}};
+  // Runs with a target: steps to it and time per step apart, then their product (docs/TIME.md).
+  bool targets = false;
+  for (const auto& run : runs) targets = targets || run.second.target > 0;
+  if (targets)
+    for (const char* c : {"steps to target", "time/step", "time to target"}) cells[0].push_back(c);
+  auto seconds = [](double s) {
+    std::ostringstream o;
+    o << std::fixed << std::setprecision(s < 10 ? 3 : 1) << s << " s";
+    return o.str();
+  };
   for (const auto& [label, s] : runs) {
     std::ostringstream r;
     if (s.uncompressed_bytes_per_step() > 0)
@@ -259,6 +275,12 @@ std::string comparison_table(const std::vector<std::pair<std::string, RunSummary
     cells.push_back({label, s.forward + " / " + s.backward, format_metric(s.metric, s.last.test_metric_compressed),
                      format_metric(s.metric, s.last.test_metric_uncompressed), human_bytes(s.bytes_per_step()),
                      human_bytes(s.uncompressed_bytes_per_step()), r.str()});
+    if (targets) {
+      const bool hit = s.target > 0 && s.steps_to_target > 0;
+      cells.back().push_back(hit ? std::to_string(s.steps_to_target) : "not reached");
+      cells.back().push_back(s.time_per_step_s() > 0 ? seconds(s.time_per_step_s()) : "-");
+      cells.back().push_back(hit ? seconds(s.time_to_target_s) : "-");
+    }
   }
   std::vector<size_t> width(cells[0].size(), 0);
   for (const auto& row : cells)

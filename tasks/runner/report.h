@@ -36,7 +36,8 @@ struct EpochMetrics {
   double lr = 0.0;                        // at the end of the epoch
   double wall_s = 0.0;                    // cumulative wall time of the run at the end of the epoch
   // The pipeline's timeline (parallel/executor.h): in-process, each stage's clock advanced by its
-  // measured compute and by emulated link delivery; multi-process, real time. Evaluation excluded.
+  // compute (measured, or modelled on timeline.device) and by emulated link delivery;
+  // multi-process, real time. Evaluation excluded.
   double train_time_s = 0.0;  // cumulative training time of the run at the end of the epoch
   double compute_s = 0.0;     // this epoch: time a stage spent computing (mean over stages)
   double comm_s = 0.0;        // this epoch: time a stage waited for messages (mean over stages)
@@ -70,8 +71,13 @@ struct RunSummary {
   int64_t train_samples = 0, test_samples = 0;
   std::string fingerprint;  // the settings a baseline must share to be comparable (see trainer)
   double target = 0;               // train.target (0: none)
+  std::string timeline_device = "measured";  // timeline.device: what train_time_s counts compute as
   double time_to_target_s = -1;    // train_time_s when the test metric (compression on) first reached it; -1: not
   double wall_to_target_s = -1;    // the same in wall time
+  int64_t steps_to_target = -1;    // optimizer steps up to the end of that epoch; -1: not reached
+  int64_t steps = 0;               // optimizer steps of the whole run
+  /// train_time_s / steps over the whole run (0 when unknown).
+  double time_per_step_s() const { return steps > 0 ? last.train_time_s / double(steps) : 0.0; }
   EpochMetrics last;
   std::vector<int64_t> peak_rss_bytes;  // peak resident memory of each rank (one entry in process)
   std::vector<int64_t> parameter_bytes;  // each rank's parameters (its stages and codec weights)

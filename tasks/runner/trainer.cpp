@@ -244,6 +244,7 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
                 pipeline_->num_stages(), " stages (", cuts.size(), " cuts, model.cuts)");
   }
   pipeline_->set_links(links);
+  pipeline_->set_device_model(device_model(config_.timeline.device));
   pipeline_->set_measure_error(config_.run.measure_error);
   // Links shared by the boundaries between two ranks (interleaved) must agree: checked now.
   link_specs_by_rank_pair(pipeline_->layout(), links);
@@ -260,6 +261,9 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
   TORCH_CHECK(env || (config_.dist.inject_fault.empty() && config_.dist.corrupt_rate == 0),
               "dist.inject_fault and dist.corrupt_rate inject faults into the messages between ranks; this run has one "
               "process: start several with `tapeline train --nproc N` or torchrun (docs/FAULTS.md)");
+  TORCH_CHECK(!env || config_.timeline.device == "measured", "timeline.device = ", config_.timeline.device,
+              " models compute on the in-process pipeline's timeline; a run of several processes measures its "
+              "real time: set timeline.device = measured, or run in one process (pipeline.nproc = 1)");
   if (env) {
     if (!config_.dist.inject_fault.empty()) {  // Note [fault injection]
       dist::arm_fault(dist::parse_fault(config_.dist.inject_fault), env->rank, static_cast<int>(config_.parallel.dp));
@@ -665,12 +669,17 @@ RunSummary run_training(const TrainRequest& req) {
   const std::string metric = summary.metric;
   // Time to target: the first epoch whose test metric with compression on reaches train.target.
   summary.target = cfg.train.target;
+  summary.timeline_device = cfg.timeline.device;
   auto reached = [&](double value) {
     return cfg.train.target > 0 && (summary.higher_is_better ? value >= cfg.train.target : value <= cfg.train.target);
   };
+  int64_t steps_so_far = 0;
   auto note_target = [&](const EpochMetrics& e) {
+    steps_so_far += e.steps;
+    summary.steps = steps_so_far;
     if (summary.time_to_target_s < 0 && reached(e.test_metric_compressed))
-      summary.time_to_target_s = e.train_time_s, summary.wall_to_target_s = e.wall_s;
+      summary.time_to_target_s = e.train_time_s, summary.wall_to_target_s = e.wall_s,
+      summary.steps_to_target = steps_so_far;
   };
   for (const auto& e : history) note_target(e);
   double train_time = history.empty() ? 0.0 : history.back().train_time_s;

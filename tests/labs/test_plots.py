@@ -66,6 +66,18 @@ def write_new_run(d):
         "test_metric_uncompressed": 23.3, "fingerprint": "def"}))
 
 
+def write_timed_run(d, times, perplexities, steps=16):
+    """An lm run whose metrics.csv has the pipeline's timeline (train_time_s) and a target."""
+    d.mkdir(parents=True)
+    rows = [NEW_HEADER + ",train_time_s"]
+    for e, (t, p) in enumerate(zip(times, perplexities), 1):
+        rows.append(f"{e},1.0,{p},1.0,1.0,{p},{p},100,100,400,{steps},0.001,{10.0 * e},{t}")
+    (d / "metrics.csv").write_text("\n".join(rows) + "\n")
+    (d / "summary.json").write_text(json.dumps({
+        "name": d.name, "task": "lm", "metric": "perplexity", "higher_is_better": False, "forward": "bf16",
+        "backward": "bf16", "target": 8.0, "timeline_device": "h100", "fingerprint": "t"}))
+
+
 class PlotModuleTest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
@@ -89,6 +101,22 @@ class PlotModuleTest(unittest.TestCase):
         self.assertEqual([s[0] for s in series], ["cut 1", "cut 2"])  # per boundary when present
         self.assertEqual([s[0] for s in tp._boundary_series(old, "forward_rel_error")], ["all cuts"])
 
+    def test_time_figure_plots_the_metric_against_the_timeline_and_the_steps(self):
+        write_timed_run(self.dir / "dense", [10.0, 20.0, 30.0], [12.0, 9.0, 7.5])
+        write_timed_run(self.dir / "quant4", [5.0, 10.0, 15.0], [13.0, 9.5, 8.0])
+        write_old_run(self.dir / "untimed")
+        runs = tp.load_runs([self.dir / "dense", self.dir / "quant4", self.dir / "untimed"])
+        self.assertEqual([tp.has_timeline(r) for r in runs], [True, True, False])
+        fig = tp.time_figure(runs)
+        by_time, by_steps = fig.axes[0], fig.axes[1]
+        curves = [l for l in by_time.lines if l.get_label() == "quant4"]
+        self.assertEqual(list(curves[0].get_xdata())[1:], [5.0, 10.0, 15.0])
+        steps = [l for l in by_steps.lines if l.get_label() == "dense"][0]
+        self.assertEqual(list(steps.get_xdata()), [16, 32, 48])
+        self.assertTrue(any(l.get_label() == "target" for l in by_time.lines))
+        files = tp.write_compare_plots([self.dir / "dense", self.dir / "quant4"], self.dir / "figs")
+        self.assertIn("metric_vs_time.png", [os.path.basename(f) for f in files])
+
     def test_writes_run_and_compare_figures(self):
         write_old_run(self.dir / "a")
         write_old_run(self.dir / "b", acc_on=(0.7, 0.85), acc_off=(0.7, 0.86), fwd=10000, bwd=10000)
@@ -103,6 +131,7 @@ class PlotModuleTest(unittest.TestCase):
             self.assertIn(stem + ".svg", names)
         for f in files:
             self.assertGreater(os.path.getsize(f), 1000, f)
+        self.assertNotIn("metric_vs_time.png", names)  # none of them has a timeline
         # Two tasks: one metric panel each.
         fig = tp.metric_per_epoch_figure(tp.load_runs([self.dir / "a", self.dir / "lm"]))
         self.assertEqual(len(fig.axes), 2)

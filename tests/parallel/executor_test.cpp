@@ -1,11 +1,14 @@
 // The in-process executor: GPipe and 1F1B give bit-identical training (the per-link order of
 // messages is the same, Note [codec state order]); emulated links delay the pipeline's timeline
 // by exactly what the link model says; Optimus-CC's epilogue-only flag compresses only the
-// critical-path backward sends; a stage's micro-batch tapes are freed after their backward.
+// critical-path backward sends; a stage's micro-batch tapes are freed after their backward; a
+// device model (Note [device model] in parallel/device_model.h) gives step times that do not
+// depend on this machine and add up exactly to the modelled compute and the link model.
 #include "parallel/executor.h"
 
 #include "layers/models/resnet.h"
 #include "layers/optim/sgd.h"
+#include "parallel/device_model.h"
 #include "tests/common/testing.h"
 
 namespace tl {
@@ -237,6 +240,75 @@ TEST(Executor, StageRuntimeFreesEachMicroBatchAfterItsBackward) {
   EXPECT_EQ(first.in_flight(), 1u) << "micro-batch 1 is still waiting for its backward";
   EXPECT_THROW(first.backward(0, &*g0), c10::Error) << "a second backward of the same micro-batch";
   EXPECT_THROW(last.backward(7, nullptr), c10::Error) << "backward before forward";
+}
+
+// ---- the device model ---------------------------------------------------------------------------
+
+TEST(DeviceModel, RooflinePerOp) {
+  const DeviceModel h100 = device_model("h100");
+  // A big GEMM is compute-bound: 2 * 4096^3 FLOPs at half of 989 TFLOP/s, plus one launch.
+  const double n = 4096;
+  const OpCost gemm{2 * n * n * n, 3 * n * n * 4, 1};
+  EXPECT_NEAR(h100.seconds(gemm), 2 * n * n * n / (0.5 * 989e12) + 4e-6, 1e-12);
+  // An elementwise pass is memory-bound: float32 counted, bf16 modelled (half the bytes).
+  const OpCost add{n * n, 3 * n * n * 4, 1};
+  EXPECT_NEAR(h100.seconds(add), 3 * n * n * 2 / (0.8 * 3.35e12) + 4e-6, 1e-12);
+  // A tiny op costs its launch.
+  EXPECT_NEAR(h100.seconds(OpCost{10, 40, 1}), 4e-6, 1e-9);
+  EXPECT_EQ(device_model("measured").seconds(gemm), 0.0);
+  try {
+    device_model("tpu");
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("timeline.device = 'tpu'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("h100"), std::string::npos) << e.what();
+  }
+}
+
+std::shared_ptr<Pipeline> two_stages(const std::string& forward_codec) {
+  auto pipe = Pipeline::build(small_resnet(1), {"layer2"},
+                              {BoundarySpec{forward_codec, "identity"}});
+  pipe->set_device_model(device_model("h100"));
+  return pipe;
+}
+
+TEST(DeviceModel, TimelineIsTheModelledComputePlusTheLinks) {
+  // One micro-batch through two stages runs strictly in sequence: F0, (link), F1, B1, (link), B0.
+  auto pipe = two_stages("identity");
+  const Batch batch = batch_of(8, 3);
+  pipe->train_step(batch, 1, ce, 0);
+  const StepTiming ideal = pipe->last_timing();
+  ASSERT_EQ(ideal.modelled_s.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_GT(ideal.flops[r], 0);
+    EXPECT_GT(ideal.modelled_s[r], 0);
+    EXPECT_DOUBLE_EQ(ideal.compute_s[r], ideal.modelled_s[r]) << "the clock takes the modelled seconds";
+  }
+  EXPECT_NEAR(ideal.step_s, ideal.modelled_s[0] + ideal.modelled_s[1], 1e-12);
+
+  // Another run of the same step: the same times, bit for bit (nothing measured).
+  auto again = two_stages("identity");
+  again->train_step(batch, 1, ce, 0);
+  EXPECT_EQ(again->last_timing().step_s, ideal.step_s);
+
+  // 200 Mbit/s and 50 ms: each message adds its latency and its bytes at the link's rate.
+  pipe->set_links({LinkSpec{200.0, 50.0}});
+  pipe->reset_stats();
+  pipe->train_step(batch, 1, ce, 0);
+  const StepTiming slow = pipe->last_timing();
+  const BoundaryStats s = pipe->total_stats();
+  const double link_s = 2 * 0.05 + 8.0 * static_cast<double>(s.forward.bytes + s.backward.bytes) / 200e6;
+  EXPECT_NEAR(slow.step_s, slow.modelled_s[0] + slow.modelled_s[1] + link_s, 1e-9);
+}
+
+TEST(DeviceModel, CodecsAreChargedByTheBytesTheyTouch) {
+  // The same step with a compressed forward boundary models more compute (Note [codec cost]).
+  auto plain = two_stages("identity"), quant = two_stages("quant(bits=4)");
+  const Batch batch = batch_of(8, 3);
+  plain->train_step(batch, 1, ce, 0);
+  quant->train_step(batch, 1, ce, 0);
+  EXPECT_GT(quant->last_timing().flops[0], plain->last_timing().flops[0]) << "the encode on stage 0";
+  EXPECT_GT(quant->last_timing().flops[1], plain->last_timing().flops[1]) << "the decode on stage 1";
 }
 
 }  // namespace

@@ -108,6 +108,21 @@ TEST(Report, SummaryJsonRoundTripAndTable) {
   std::string lm_table = comparison_table({{"lm", lm}});
   EXPECT_NE(lm_table.find("test perplexity, compression on"), std::string::npos) << lm_table;
   EXPECT_NE(lm_table.find("3.142"), std::string::npos) << lm_table;
+  EXPECT_EQ(lm_table.find("steps to target"), std::string::npos) << "no target, no columns for it";
+  // With a target: steps to it, time per step and time to it (summary.json keeps them).
+  lm.target = 3.5;
+  lm.steps = 64, lm.steps_to_target = 48;
+  lm.last.train_time_s = 64.0, lm.time_to_target_s = 48.0;
+  RunSummary missed = lm;
+  missed.steps_to_target = -1, missed.time_to_target_s = -1;
+  write_file_atomic(path, summary_json(lm));
+  r = read_summary_json(path);
+  EXPECT_EQ(r->steps_to_target, 48);
+  EXPECT_EQ(r->steps, 64);
+  EXPECT_DOUBLE_EQ(r->time_per_step_s(), 1.0);
+  const std::string timed = comparison_table({{"lm", *r}, {"missed", missed}});
+  for (const char* cell : {"steps to target", "time/step", "time to target", "48", "1.000 s", "48.0 s", "not reached"})
+    EXPECT_NE(timed.find(cell), std::string::npos) << cell << " missing from\n" << timed;
 }
 
 TEST(Report, AtomicWriteReplacesAndLeavesNoTemporaries) {

@@ -1,0 +1,40 @@
+#include "parallel/device_model.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+namespace tl {
+
+double DeviceModel::seconds(const OpCost& c) const {
+  if (measured()) return 0.0;
+  const double compute = c.flops / (peak_flops * flop_efficiency);
+  const double memory = c.bytes * bytes_scale / (memory_bytes_per_s * memory_efficiency);
+  return std::max(compute, memory) + static_cast<double>(c.kernels) * launch_s;
+}
+
+const std::vector<std::string>& device_model_names() {
+  static const std::vector<std::string> names = {"measured", "h100", "a100", "cpu"};
+  return names;
+}
+
+DeviceModel device_model(const std::string& name) {
+  DeviceModel m;
+  m.name = name;
+  if (name == "measured") return m;
+  if (name == "h100") {
+    m.peak_flops = 989e12, m.memory_bytes_per_s = 3.35e12;
+  } else if (name == "a100") {
+    m.peak_flops = 312e12, m.memory_bytes_per_s = 2.04e12;
+  } else if (name == "cpu") {
+    // bench_pipeline --calibrate on the 2-core machines, 1 thread (docs/TIME.md): float32 GEMMs
+    // and elementwise passes as ATen runs them there, and ~5 us of dispatch per op.
+    m.peak_flops = 94e9, m.memory_bytes_per_s = 5.7e9;  // 512^3 sgemm; a 16 MB add (read 2, write 1)
+    m.flop_efficiency = 0.85, m.memory_efficiency = 1.0, m.launch_s = 5e-6, m.bytes_scale = 1.0;
+  } else {
+    TORCH_CHECK(false, "timeline.device = '", name, "': unknown device; known: measured, h100, a100, cpu");
+  }
+  return m;
+}
+
+}  // namespace tl
