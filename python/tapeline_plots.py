@@ -254,10 +254,11 @@ def has_timeline(run):
 def time_figure(runs):
     """Test metric (compression on) against the pipeline's timeline (train_time_s at each epoch's
     end), one curve per run with a timeline; the target (train.target) as a horizontal line. Left:
-    against time; right: against optimizer steps, so that time per step and steps to target read
+    against time; middle: against optimizer steps; right: steps to the target against time per
+    step (runs that missed it at the top, hollow), so that the two factors of time to target read
     apart."""
     timed = [r for r in runs if has_timeline(r)]
-    fig, axes = _figure(2)
+    fig, axes = _figure(3)
     colors = dict(zip([id(r) for r in timed], _colors(len(timed))))
     if not timed:
         axes[0][0].text(0.5, 0.5, "no run with a timeline (train_time_s)", ha="center", va="center")
@@ -276,6 +277,31 @@ def time_figure(runs):
         axes[0][0].plot([0] + t, [math.nan] + y, color=c, marker="o", label=r.label)
         axes[0][1].plot(steps, y, color=c, marker="o", label=r.label)
     target = timed[0].summary.get("target") or 0
+    scatter = axes[0][2]
+    if target > 0:
+        better = (lambda v: v >= target) if timed[0].higher_is_better else (lambda v: v <= target)
+        points = []
+        for r in timed:
+            total, reached = 0, None
+            for row in r.epochs:
+                total += row.get("steps") or 0
+                if reached is None and row.get("metric_on") is not None and better(row["metric_on"]):
+                    reached = total
+            per_step = (r.epochs[-1].get("train_time_s") or 0) / total if total else 0
+            points.append((r, per_step, reached, total))
+        top = max(p[3] for p in points) * 1.1
+        for r, per_step, reached, total in points:
+            c = colors[id(r)]
+            if reached is None:
+                scatter.scatter([per_step], [top], edgecolors=c, facecolors="none", s=60, label=f"{r.label} (missed)")
+            else:
+                scatter.scatter([per_step], [reached], color=c, s=60, label=r.label)
+        scatter.set_xlabel("time per step (s)")
+        scatter.set_ylabel("steps to target")
+        scatter.grid(alpha=0.3)
+        scatter.legend(fontsize=7)
+    else:
+        scatter.text(0.5, 0.5, "no train.target", ha="center", va="center")
     device = timed[0].summary.get("timeline_device", "measured")
     for ax, xlabel in ((axes[0][0], f"training time on the pipeline's timeline (s; compute: {device})"),
                        (axes[0][1], "optimizer steps")):
@@ -286,7 +312,7 @@ def time_figure(runs):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     if metric == "perplexity":
-        for ax in axes[0]:
+        for ax in axes[0][:2]:
             ax.set_yscale("log")
     return fig
 

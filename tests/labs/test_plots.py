@@ -103,7 +103,7 @@ class PlotModuleTest(unittest.TestCase):
 
     def test_time_figure_plots_the_metric_against_the_timeline_and_the_steps(self):
         write_timed_run(self.dir / "dense", [10.0, 20.0, 30.0], [12.0, 9.0, 7.5])
-        write_timed_run(self.dir / "quant4", [5.0, 10.0, 15.0], [13.0, 9.5, 8.0])
+        write_timed_run(self.dir / "quant4", [5.0, 10.0, 15.0], [13.0, 9.5, 8.5])
         write_old_run(self.dir / "untimed")
         runs = tp.load_runs([self.dir / "dense", self.dir / "quant4", self.dir / "untimed"])
         self.assertEqual([tp.has_timeline(r) for r in runs], [True, True, False])
@@ -114,6 +114,10 @@ class PlotModuleTest(unittest.TestCase):
         steps = [l for l in by_steps.lines if l.get_label() == "dense"][0]
         self.assertEqual(list(steps.get_xdata()), [16, 32, 48])
         self.assertTrue(any(l.get_label() == "target" for l in by_time.lines))
+        # Steps to the target (8.0: dense at step 48, quant4 never) against time per step.
+        points = {c.get_label(): c.get_offsets()[0] for c in fig.axes[2].collections}
+        self.assertEqual(list(points["dense"]), [30.0 / 48, 48])
+        self.assertIn("quant4 (missed)", points)
         files = tp.write_compare_plots([self.dir / "dense", self.dir / "quant4"], self.dir / "figs")
         self.assertIn("metric_vs_time.png", [os.path.basename(f) for f in files])
 

@@ -39,13 +39,14 @@ TEST(Trainer, ShortFashionMnistRunLearns) {
   REQUIRE_FASHION_MNIST();
   TempDir dir;
   TrainRequest req;
-  req.config = small_config({{"data.train_limit", "6000"}, {"data.test_limit", "1000"}, {"train.epochs", "3"}});
+  // 3000 samples, 2 epochs: 75.6% here (a third of the 6000 x 3 it once ran, for CI time).
+  req.config = small_config({{"data.train_limit", "3000"}, {"data.test_limit", "1000"}, {"train.epochs", "2"}});
   req.out_dir = (dir.path() / "run").string();
   req.quiet = true;
   RunSummary s = run_training(req);
-  EXPECT_EQ(s.last.epoch, 3);
+  EXPECT_EQ(s.last.epoch, 2);
   EXPECT_EQ(s.stages, 4);
-  EXPECT_GE(s.last.test_metric_uncompressed, 0.75) << "ResNet-8 on 6000 Fashion-MNIST samples, 3 epochs";
+  EXPECT_GE(s.last.test_metric_uncompressed, 0.70) << "ResNet-8 on 3000 Fashion-MNIST samples, 2 epochs";
   // Identity boundaries: compression on and off are the same model.
   EXPECT_EQ(s.last.test_metric_compressed, s.last.test_metric_uncompressed);
   // Bytes: an identity payload is the raw tensor plus a 48-byte header (4-D), each way.
@@ -56,8 +57,8 @@ TEST(Trainer, ShortFashionMnistRunLearns) {
   for (const char* f : {"config.ini", "metrics.csv", "metrics.jsonl", "summary.json", "checkpoint.safetensors"})
     EXPECT_TRUE(fs::exists(fs::path(req.out_dir) / f)) << f;
   auto rows = read_metrics_csv((fs::path(req.out_dir) / "metrics.csv").string());
-  ASSERT_EQ(rows.size(), 3u);
-  EXPECT_LT(rows[2].train_loss, rows[0].train_loss);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_LT(rows[1].train_loss, rows[0].train_loss);
   auto summary = read_summary_json((fs::path(req.out_dir) / "summary.json").string());
   ASSERT_TRUE(summary.has_value());
   EXPECT_EQ(summary->last.test_metric_compressed, s.last.test_metric_compressed);
@@ -67,7 +68,7 @@ TEST(Trainer, ShortFashionMnistRunLearns) {
   ASSERT_EQ(acc.size(), 2u);
   EXPECT_DOUBLE_EQ(acc[0], s.last.test_metric_compressed);
   EXPECT_DOUBLE_EQ(acc[1], s.last.test_metric_uncompressed);
-  std::printf("[ short run ] 6000 train / 1000 test samples, 3 epochs: test accuracy %.2f%%\n",
+  std::printf("[ short run ] 3000 train / 1000 test samples, 2 epochs: test accuracy %.2f%%\n",
               100.0 * s.last.test_metric_uncompressed);
 }
 
