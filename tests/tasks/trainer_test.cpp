@@ -123,6 +123,58 @@ TEST(Trainer, ResumeReachesTheSameFinalMetrics) {
   EXPECT_EQ(epoch_lines, 3);
 }
 
+TEST(Trainer, AdaptiveCodecsLogTheirLevelsAndResumeExactly) {
+  REQUIRE_FASHION_MNIST();
+  // The three codecs whose level changes (docs/COMPRESSION.md 4.5): levels.csv has a row per
+  // step, boundary and direction with a level; the schedule switches at 60% of the run's steps;
+  // a run resumed after epoch 1 ends with the same metrics and the same levels.csv.
+  Config cfg = small_config({{"data.train_limit", "160"},
+                             {"data.test_limit", "64"},
+                             {"train.epochs", "2"},
+                             {"train.micro_batches", "2"},
+                             {"boundary.forward", "adaptive(topk, error=0.3)"},
+                             {"boundary.backward", "schedule(quant(bits=4), 0.6, quant(bits=8))"},
+                             {"boundary.3.forward", "budget(quant(bits=2), quant(bits=4), topk(0.3), error=0.2)"}});
+  TempDir dir;
+  TrainRequest full;
+  full.config = cfg;
+  full.out_dir = (dir.path() / "full").string();
+  full.quiet = true;
+  RunSummary a = run_training(full);
+  TrainRequest first = full;
+  first.out_dir = (dir.path() / "part").string();
+  first.stop_after_epochs = 1;
+  run_training(first);
+  TrainRequest rest = full;
+  rest.out_dir = rest.resume_dir = first.out_dir;
+  RunSummary b = run_training(rest);
+  EXPECT_EQ(b.last.test_metric_compressed, a.last.test_metric_compressed);
+  EXPECT_EQ(b.last.bytes_forward, a.last.bytes_forward);
+  EXPECT_EQ(b.last.bytes_backward, a.last.bytes_backward);
+
+  auto read = [](const std::string& run) {
+    std::ifstream in(fs::path(run) / "levels.csv");
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    return lines;
+  };
+  const auto la = read(full.out_dir), lb = read(first.out_dir);
+  const int64_t steps = 2 * a.last.steps;  // 5 steps of 32 samples per epoch
+  ASSERT_EQ(la.size(), static_cast<size_t>(1 + steps * 6));  // 3 cuts x 2 directions, each adaptive
+  EXPECT_EQ(la[0], "step,epoch,boundary,direction,level,label,bytes");
+  EXPECT_EQ(lb, la);
+  ASSERT_EQ(steps, 10);
+  // Step s has progress (s - 1) / 10: steps 1..6 (progress < 0.6) send 4-bit gradients, then 8.
+  for (const std::string& line : la) {
+    if (line.find(",backward,") == std::string::npos) continue;
+    const int64_t step = std::stoll(line);
+    EXPECT_NE(line.find(step <= 6 ? ",0,\"quant(4," : ",1,\"quant(8,"), std::string::npos) << line;
+  }
+  // Adaptive starts at the top of its ladder (k = 1) and walks down from the first messages on.
+  ASSERT_EQ(la[1].rfind("1,1,1,forward,", 0), 0u) << la[1];
+  EXPECT_LT(std::stod(la[1].substr(std::string("1,1,1,forward,").size())), 1.0) << la[1];
+}
+
 TEST(Trainer, ConfigurationErrorsStopBeforeTraining) {
   // These fail while the experiment is assembled (no data read for the first three).
   expect_error([] { Experiment e(small_config({{"model.cuts", "layer1, layer9"}})); }, {"model.cuts", "layer9"});
