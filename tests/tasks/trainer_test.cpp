@@ -35,6 +35,24 @@ Config small_config(std::vector<std::pair<std::string, std::string>> extra) {
   return Config::load("", kv);
 }
 
+// Trains `cfg` uninterrupted into dir/full, and into dir/part stopping after epoch 1 then
+// resuming there; returns both runs' summaries (uninterrupted first).
+std::pair<RunSummary, RunSummary> full_and_resumed(const Config& cfg, const TempDir& dir) {
+  TrainRequest full;
+  full.config = cfg;
+  full.out_dir = (dir.path() / "full").string();
+  full.quiet = true;
+  RunSummary a = run_training(full);
+  TrainRequest first = full;
+  first.out_dir = (dir.path() / "part").string();
+  first.stop_after_epochs = 1;
+  RunSummary partial = run_training(first);
+  EXPECT_EQ(partial.last.epoch, 1);
+  TrainRequest rest = full;
+  rest.out_dir = rest.resume_dir = first.out_dir;
+  return {a, run_training(rest)};
+}
+
 TEST(Trainer, ShortFashionMnistRunLearns) {
   REQUIRE_FASHION_MNIST();
   TempDir dir;
@@ -85,25 +103,12 @@ TEST(Trainer, ResumeReachesTheSameFinalMetrics) {
                              {"boundary.backward", "ef21(topk(0.3))"},
                              {"boundary.2.forward", "quant(bits=4, round=stochastic)"}});
   TempDir dir;
-  TrainRequest full;
-  full.config = cfg;
-  full.out_dir = (dir.path() / "full").string();
-  full.quiet = true;
-  RunSummary a = run_training(full);
-
-  TrainRequest first = full;
-  first.out_dir = (dir.path() / "part").string();
-  first.stop_after_epochs = 1;
-  RunSummary partial = run_training(first);
-  EXPECT_EQ(partial.last.epoch, 1);
-  TrainRequest rest = full;
-  rest.out_dir = first.out_dir;
-  rest.resume_dir = first.out_dir;
-  RunSummary b = run_training(rest);
+  const auto [a, b] = full_and_resumed(cfg, dir);
+  const fs::path full = dir.path() / "full", part = dir.path() / "part";
 
   EXPECT_EQ(b.last.epoch, 3);
-  auto ra = read_metrics_csv((fs::path(full.out_dir) / "metrics.csv").string());
-  auto rb = read_metrics_csv((fs::path(first.out_dir) / "metrics.csv").string());
+  auto ra = read_metrics_csv((full / "metrics.csv").string());
+  auto rb = read_metrics_csv((part / "metrics.csv").string());
   ASSERT_EQ(ra.size(), 3u);
   ASSERT_EQ(rb.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
@@ -116,7 +121,7 @@ TEST(Trainer, ResumeReachesTheSameFinalMetrics) {
     EXPECT_EQ(ra[i].lr, rb[i].lr);
   }
   // metrics.jsonl of the resumed run has each step once.
-  std::ifstream in(fs::path(first.out_dir) / "metrics.jsonl");
+  std::ifstream in(part / "metrics.jsonl");
   std::string line;
   int64_t epoch_lines = 0;
   while (std::getline(in, line)) epoch_lines += line.find("\"epoch_end\"") != std::string::npos;
@@ -136,18 +141,7 @@ TEST(Trainer, AdaptiveCodecsLogTheirLevelsAndResumeExactly) {
                              {"boundary.backward", "schedule(quant(bits=4), 0.6, quant(bits=8))"},
                              {"boundary.3.forward", "budget(quant(bits=2), quant(bits=4), topk(0.3), error=0.2)"}});
   TempDir dir;
-  TrainRequest full;
-  full.config = cfg;
-  full.out_dir = (dir.path() / "full").string();
-  full.quiet = true;
-  RunSummary a = run_training(full);
-  TrainRequest first = full;
-  first.out_dir = (dir.path() / "part").string();
-  first.stop_after_epochs = 1;
-  run_training(first);
-  TrainRequest rest = full;
-  rest.out_dir = rest.resume_dir = first.out_dir;
-  RunSummary b = run_training(rest);
+  const auto [a, b] = full_and_resumed(cfg, dir);
   EXPECT_EQ(b.last.test_metric_compressed, a.last.test_metric_compressed);
   EXPECT_EQ(b.last.bytes_forward, a.last.bytes_forward);
   EXPECT_EQ(b.last.bytes_backward, a.last.bytes_backward);
@@ -158,7 +152,7 @@ TEST(Trainer, AdaptiveCodecsLogTheirLevelsAndResumeExactly) {
     for (std::string line; std::getline(in, line);) lines.push_back(line);
     return lines;
   };
-  const auto la = read(full.out_dir), lb = read(first.out_dir);
+  const auto la = read((dir.path() / "full").string()), lb = read((dir.path() / "part").string());
   const int64_t steps = 2 * a.last.steps;  // 5 steps of 32 samples per epoch
   ASSERT_EQ(la.size(), static_cast<size_t>(1 + steps * 6));  // 3 cuts x 2 directions, each adaptive
   EXPECT_EQ(la[0], "step,epoch,boundary,direction,level,label,bytes");
