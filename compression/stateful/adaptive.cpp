@@ -75,16 +75,14 @@ CandidateSelector::CandidateSelector(std::string type_name, std::string codec, s
 
 size_t CandidateSelector::current() const {
   const int64_t i = level_.data().item<int64_t>();
-  TORCH_CHECK(i >= 0 && i < static_cast<int64_t>(size()), codec_, ": the `level` state holds ", i,
-              ", outside 0..", size() - 1, " (a checkpoint of another spec?)");
+  TORCH_CHECK(i >= 0 && i < static_cast<int64_t>(size()), codec_, ": the `level` state holds ", i, ", outside 0..",
+              size() - 1, " (a checkpoint of another spec?)");
   return static_cast<size_t>(i);
 }
 
 void CandidateSelector::set_current(size_t i) { level_.mutable_data().fill_(static_cast<int64_t>(i)); }
 
-CodecLevel CandidateSelector::level_of(size_t i) const {
-  return {static_cast<double>(i), candidates_.at(i)->spec()};
-}
+CodecLevel CandidateSelector::level_of(size_t i) const { return {static_cast<double>(i), candidates_.at(i)->spec()}; }
 
 Payload CandidateSelector::wrap(size_t i, const Payload& inner) const {
   BodyWriter w;
@@ -164,8 +162,8 @@ CandidateSelector::Trial CandidateSelector::trial(size_t i, const at::Tensor& x,
 
 void CandidateSelector::check_trial_safe() const {
   for (const auto& c : candidates_)
-    TORCH_CHECK(!c->decode_has_state(), codec_, ": the candidate '", c->spec(),
-                "' keeps receiver state in decode(); ", codec_,
+    TORCH_CHECK(!c->decode_has_state(), codec_, ": the candidate '", c->spec(), "' keeps receiver state in decode(); ",
+                codec_,
                 " decodes trial payloads on the sender, which would advance that state for messages never sent. "
                 "Put the stateful codec outside (e.g. ef21(",
                 codec_, "(...))) or use a schedule");
@@ -188,9 +186,11 @@ Schedule::Schedule(std::vector<CompressorPtr> candidates, std::vector<double> th
 CompressorPtr Schedule::from_spec(SpecArgs& a) {
   const size_t n = a.call().positional.size();
   if (n < 3 || n % 2 == 0)
-    TORCH_CHECK(false, "schedule: expected codecs and switch points alternating, C0, p1, C1[, p2, C2 ...], e.g. "
+    TORCH_CHECK(false,
+                "schedule: expected codecs and switch points alternating, C0, p1, C1[, p2, C2 ...], e.g. "
                 "schedule(quant(bits=2), 0.3, quant(bits=4)): C0 while the training progress is below p1, then C1; "
-                "got ", n, " argument", n == 1 ? "" : "s", " in '", a.call().text, "'",
+                "got ",
+                n, " argument", n == 1 ? "" : "s", " in '", a.call().text, "'",
                 n % 2 == 0 && n > 0 ? " (it must end with the codec used after the last switch point)" : "");
   std::vector<CompressorPtr> codecs;
   std::vector<double> until;
@@ -241,9 +241,8 @@ struct Knob {
 };
 const std::map<std::string, Knob>& knobs() {
   static const std::map<std::string, Knob> k = {
-      {"topk", {"k", true, 0.001, 1.0}},      {"randk", {"k", true, 0.001, 1.0}},
-      {"colsparse", {"k", true, 0.01, 1.0}},  {"quant", {"bits", false, 1, 8}},
-      {"hadquant", {"bits", false, 1, 8}},    {"quantile", {"bits", false, 1, 8}},
+      {"topk", {"k", true, 0.001, 1.0}},    {"randk", {"k", true, 0.001, 1.0}},  {"colsparse", {"k", true, 0.01, 1.0}},
+      {"quant", {"bits", false, 1, 8}},     {"hadquant", {"bits", false, 1, 8}}, {"quantile", {"bits", false, 1, 8}},
       {"powersgd", {"rank", false, 1, 16}},
   };
   return k;
@@ -316,17 +315,20 @@ CompressorPtr Adaptive::from_spec(SpecArgs& a) {
     a.fail(kNamed, from > 0 ? "to" : "from", "a positive number (fraction ladders are geometric: 1-2-5 series)");
   ladder.values = ladder_values(from, to, ladder.fraction);
   if (ladder.values.size() > kMaxLevels)
-    a.fail(kNamed, "to", "at most " + std::to_string(kMaxLevels) + " integer levels from from=" +
-                             codec::format_number(from) + " (write the ends with a '.' for a 1-2-5 series)");
+    a.fail(kNamed, "to",
+           "at most " + std::to_string(kMaxLevels) + " integer levels from from=" + codec::format_number(from) +
+               " (write the ends with a '.' for a 1-2-5 series)");
   const double error = error_target(a);
 
   // The base must leave the adapted argument to adaptive: by name, or (a known knob) positionally.
   for (const auto& [k, v] : base->named)
     TORCH_CHECK(k != ladder.arg, "adaptive: '", base->text, "' sets ", ladder.arg, "=", v.text,
-                ", the argument adaptive picks; leave it out, e.g. adaptive(", base->name, ", error=", a.peek(kNamed, "error")->text, ")");
+                ", the argument adaptive picks; leave it out, e.g. adaptive(", base->name,
+                ", error=", a.peek(kNamed, "error")->text, ")");
   TORCH_CHECK(known == knobs().end() || ladder.arg != known->second.arg || base->positional.empty(), "adaptive: '",
-              base->text, "' gives ", ladder.arg, " (argument 1), the argument adaptive picks; leave it out, e.g. adaptive(",
-              base->name, ", error=", a.peek(kNamed, "error")->text, ")");
+              base->text, "' gives ", ladder.arg,
+              " (argument 1), the argument adaptive picks; leave it out, e.g. adaptive(", base->name,
+              ", error=", a.peek(kNamed, "error")->text, ")");
   std::vector<CompressorPtr> candidates;
   for (double x : ladder.values) {
     SpecCall c = *base;

@@ -61,9 +61,9 @@ std::vector<EpochMetrics> read_metrics_csv(const std::string& path);
 /// after a training step (CodecLevel: the phase, the adapted argument's value or the candidate)
 /// and the bytes its boundary direction sent in that step (all its micro-batches).
 struct LevelRow {
-  int64_t step = 0;   // global step, 1-based
-  int64_t epoch = 0;  // 1-based
-  int64_t boundary = 0;  // 1-based, as boundary.N
+  int64_t step = 0;       // global step, 1-based
+  int64_t epoch = 0;      // 1-based
+  int64_t boundary = 0;   // 1-based, as boundary.N
   std::string direction;  // forward | backward
   double level = 0;
   std::string label;  // a spec or "k=0.05": quoted in the file (it may hold commas)

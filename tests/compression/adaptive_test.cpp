@@ -64,7 +64,7 @@ TEST(Adaptive, SpecRoundTrip) {
   EXPECT_EQ(parse_compressor("adaptive(topk, error=0.2)")->spec(),
             "adaptive(topk, error=0.2, arg=k, from=0.001, to=1.0)");
   EXPECT_EQ(make("adaptive(topk, error=0.2)")->size(), 10u);  // 0.001 0.002 0.005 ... 0.5 1.0
-  EXPECT_EQ(make("adaptive(quant, error=0.2)")->size(), 8u);   // bits 1..8
+  EXPECT_EQ(make("adaptive(quant, error=0.2)")->size(), 8u);  // bits 1..8
   EXPECT_EQ(make("adaptive(threshold, arg=t, from=2.0, to=0.01, error=0.1)")->candidate(0)->spec(),
             "threshold(2, values=fp16, index=auto)");
 }
@@ -116,7 +116,7 @@ TEST(Adaptive, ScheduleSwitchesAtTheProgress) {
   eval.training = false;
   EXPECT_EQ(s->encode(x, eval).params[0], 1);
   auto fresh = make("schedule(quant(bits=2), 0.3, quant(bits=4))");
-  EXPECT_EQ(fresh->encode(x, eval).params[0], 0);     // before any training message: the first phase
+  EXPECT_EQ(fresh->encode(x, eval).params[0], 0);  // before any training message: the first phase
   EXPECT_EQ(fresh->encode(x, CodecContext{}).params[0], 0);
   // An evaluation message at a known progress uses it but does not move the level.
   CodecContext eval_late = eval;
@@ -126,15 +126,17 @@ TEST(Adaptive, ScheduleSwitchesAtTheProgress) {
   // The 4-bit phase is the 4-bit codec, byte for byte inside the wrapper.
   Payload late = s->encode(x, training_at(0.5));
   CodecContext none;
-  EXPECT_TRUE(all_close(s->decode(late, none), parse_compressor("quant(bits=4)")->decode(
-                                                    parse_compressor("quant(bits=4)")->encode(x, none), none),
-                        "phase 2 = quant(4)", 0, 0));
+  EXPECT_TRUE(
+      all_close(s->decode(late, none),
+                parse_compressor("quant(bits=4)")->decode(parse_compressor("quant(bits=4)")->encode(x, none), none),
+                "phase 2 = quant(4)", 0, 0));
 }
 
 TEST(Adaptive, ErrorTargetHonouredWithTheLeastLevel) {
-  for (const auto& [spec, target] : std::vector<std::pair<std::string, double>>{
-           {"adaptive(topk, error=0.2)", 0.2}, {"adaptive(quant(scale=channel), error=0.1)", 0.1},
-           {"adaptive(hadquant(tile=32), error=0.1)", 0.1}}) {
+  for (const auto& [spec, target] :
+       std::vector<std::pair<std::string, double>>{{"adaptive(topk, error=0.2)", 0.2},
+                                                   {"adaptive(quant(scale=channel), error=0.1)", 0.1},
+                                                   {"adaptive(hadquant(tile=32), error=0.1)", 0.1}}) {
     SCOPED_TRACE(spec);
     auto a = std::dynamic_pointer_cast<Adaptive>(parse_compressor(spec));
     ASSERT_TRUE(a);
@@ -158,7 +160,7 @@ TEST(Adaptive, ErrorTargetHonouredWithTheLeastLevel) {
         EXPECT_GT(below, target) << "message " << m << " sent at level " << i;
       }
     }
-    EXPECT_GE(levels.front(), a->size() - 2);                           // started at the top
+    EXPECT_GE(levels.front(), a->size() - 2);                                    // started at the top
     EXPECT_LT(*std::min_element(levels.begin(), levels.end()), levels.front());  // and walked down
   }
 }
@@ -221,7 +223,8 @@ TEST(Adaptive, GradientsFlowThroughABoundary) {
   for (const auto& c : std::vector<Case>{
            {"adaptive(topk, error=0.3)", "schedule(quant(bits=4), 0.5, quant(bits=8))", BackwardMode::Independent},
            {"budget(topk(0.1), topk(0.5), error=0.4)", "", BackwardMode::Shared},
-           {"schedule(quant(4), 0.5, identity)", "budget(quant(2), quant(8), error=0.05)", BackwardMode::Independent}}) {
+           {"schedule(quant(4), 0.5, identity)", "budget(quant(2), quant(8), error=0.05)",
+            BackwardMode::Independent}}) {
     SCOPED_TRACE(c.fwd + " / " + c.bwd);
     auto b = std::make_shared<Boundary>("cut", c.fwd, c.bwd, c.mode);
     Variable v(x.clone(), true);
