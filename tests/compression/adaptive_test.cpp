@@ -244,6 +244,27 @@ TEST(Adaptive, GradientsFlowThroughABoundary) {
   }
 }
 
+TEST(Adaptive, CorruptPayloadsAreErrors) {
+  auto s = make("schedule(topk(0.1), 0.5, quant(bits=4))");
+  const at::Tensor x = activations(60);
+  CodecContext ctx;
+  Payload p = s->encode(x, training_at(0.7));
+  const auto wire = [](const Payload& q) {
+    const auto bytes = q.serialize();
+    return Payload::deserialize(bytes.data(), bytes.size());
+  };
+  Payload bad_index = p;
+  bad_index.params[0] = 5;
+  EXPECT_ERROR_CONTAINS(s->decode(wire(bad_index), ctx), "names candidate 5");
+  Payload swapped = p;  // quant's payload announced as candidate 0 (topk)
+  swapped.params[0] = 0;
+  EXPECT_ERROR_CONTAINS(s->decode(wire(swapped), ctx), "topk");
+  EXPECT_ERROR_CONTAINS(s->decode(parse_compressor("quant(bits=4)")->encode(x, ctx), ctx), "schedule");
+  const auto bytes = p.serialize();
+  EXPECT_THROW(Payload::deserialize(bytes.data(), bytes.size() - 1), c10::Error);
+  EXPECT_TRUE(all_close(s->decode(wire(p), ctx), s->decode(p, ctx), "intact payload", 0, 0));
+}
+
 TEST(Adaptive, BadSpecsSayWhatIsAccepted) {
   EXPECT_ERROR_CONTAINS(parse_compressor("adaptive(topk, error=1.5)"), "error=1.5");
   EXPECT_ERROR_CONTAINS(parse_compressor("adaptive(topk, error=1.5)"), "in (0, 1)");
