@@ -298,10 +298,11 @@ CompressorPtr Adaptive::from_spec(SpecArgs& a) {
                 knob_list(), ", or any numeric argument named with arg=NAME, from=A, to=B (most compressed first)");
   Ladder ladder;
   ladder.arg = a.word(kNamed, "arg", {}, known != knobs().end() ? known->second.arg : std::string());
-  const bool default_ends = known != knobs().end() && ladder.arg == known->second.arg;
-  const double from = a.number(kNamed, "from", default_ends ? std::optional<double>(known->second.from) : std::nullopt);
-  const double to = a.number(kNamed, "to", default_ends ? std::optional<double>(known->second.to) : std::nullopt);
-  if (default_ends) {
+  // The codec's own knob: its kind (fraction or integer) and, unless given, its ends.
+  const bool by_knob = known != knobs().end() && ladder.arg == known->second.arg;
+  const double from = a.number(kNamed, "from", by_knob ? std::optional<double>(known->second.from) : std::nullopt);
+  const double to = a.number(kNamed, "to", by_knob ? std::optional<double>(known->second.to) : std::nullopt);
+  if (by_knob) {
     ladder.fraction = known->second.fraction;
   } else {  // a fraction when either end is written with a '.' or is not whole
     for (const char* key : {"from", "to"}) {
