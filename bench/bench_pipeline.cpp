@@ -597,7 +597,7 @@ RankSample mp_step(dist::DistExecutor& ex, Pipeline& p, dist::Transport& t, cons
   const double cpu0 = cpu_s(CLOCK_PROCESS_CPUTIME_ID), thread0 = cpu_s(CLOCK_THREAD_CPUTIME_ID);
   const auto t0 = Clock::now();
   StepTiming timing;
-  ex.train_step(w.batch, m, schedule, w.loss, 0, step_no++, &timing);
+  ex.train_step(w.batch, m, schedule, w.loss, StepPosition(0, step_no++), &timing);
   RankSample r;
   r.wall = seconds_since(t0);
   r.cpu = cpu_s(CLOCK_PROCESS_CPUTIME_ID) - cpu0;

@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,7 +29,22 @@ struct CodecContext {
   at::Tensor token_ids;   // (B, T) int64 token ids travelling with the message (subspace); may be undefined
   int64_t micro_batch = 0;
   int64_t epoch = 0;
+  /// Training progress (schedule(...), docs/COMPRESSION.md section 4.5): the global step, 1-based,
+  /// and the fraction of the run's training steps done before it, (step - 1) / total, in [0, 1).
+  /// Filled by the executors from the trainer's StepPosition. A context made without them (unit
+  /// tests, evaluation batches) has step 0 and progress -1, "unknown": a codec then keeps the
+  /// level of the last training message it saw (its first level before any).
+  int64_t step = 0;
+  double progress = -1;
   bool training = true;
+  bool knows_progress() const { return progress >= 0; }
+};
+
+/// The level an adaptive codec is at (schedule, adaptive, budget): a number to plot (the phase,
+/// the adapted argument's value, the candidate's index) and a short label (a spec).
+struct CodecLevel {
+  double value = 0;
+  std::string label;
 };
 
 class Compressor : public Module {
@@ -66,6 +82,10 @@ class Compressor : public Module {
   virtual bool has_transform() const { return false; }
   virtual Variable pre(const Variable& h, const CodecContext& ctx) { return h; }
   virtual Variable post(const Variable& z, const CodecContext& ctx) { return z; }
+
+  /// The level of an adaptive codec: that of its last message (training or evaluation); nullopt
+  /// for a codec of fixed level. Wrappers report their inner codec's.
+  virtual std::optional<CodecLevel> level() const { return std::nullopt; }
 
   /// Hook for schedules: called after every optimizer step (subspace weight projection).
   virtual void after_optimizer_step() {}

@@ -172,8 +172,8 @@ void run_to_completion(std::vector<std::unique_ptr<RankInterpreter>>& ranks, con
 }  // namespace
 
 StepResult LocalExecutor::train_step(const Batch& batch, int64_t micro_batches, const std::string& schedule_name,
-                                     const Pipeline::LossFn& loss_fn, int64_t epoch, StepTiming* timing) {
-  const MicroBatches split = split_micro_batches(batch, micro_batches, epoch);
+                                     const Pipeline::LossFn& loss_fn, const StepPosition& at, StepTiming* timing) {
+  const MicroBatches split = split_micro_batches(batch, micro_batches, at);
   const std::vector<RankSchedule> plan = make_schedule(schedule_name, layout_, split.size());
   LocalChannel channel;
   for (const auto& [pair, spec] : link_specs_by_rank_pair(layout_, links_)) channel.set_link(pair.first, pair.second, spec);
@@ -267,7 +267,7 @@ MicroBatches evaluation_batch(const Batch& batch) {
   return one;
 }
 
-MicroBatches split_micro_batches(const Batch& batch, int64_t micro_batches, int64_t epoch) {
+MicroBatches split_micro_batches(const Batch& batch, int64_t micro_batches, const StepPosition& at) {
   const int64_t rows = batch.rows();
   TORCH_CHECK(rows > 0 && batch.target.defined() && batch.target.size(0) == rows, "train_step: ",
               batch.input.sizes(), " inputs and ", batch.target.defined() ? batch.target.sizes() : at::IntArrayRef(),
@@ -279,15 +279,17 @@ MicroBatches split_micro_batches(const Batch& batch, int64_t micro_batches, int6
   MicroBatches out;
   for (const auto& [start, size] : Pipeline::micro_batch_slices(rows, micro_batches)) {
     out.batches.push_back(batch.slice(start, size));
-    out.contexts.push_back(micro_batch_context(out.batches.back(), out.size() - 1, epoch));
+    out.contexts.push_back(micro_batch_context(out.batches.back(), out.size() - 1, at));
   }
   return out;
 }
 
-CodecContext micro_batch_context(const Batch& mb, int64_t index, int64_t epoch) {
+CodecContext micro_batch_context(const Batch& mb, int64_t index, const StepPosition& at) {
   CodecContext c;
   c.micro_batch = index;
-  c.epoch = epoch;
+  c.epoch = at.epoch;
+  c.step = at.step;
+  c.progress = at.progress;
   c.sample_ids = mb.sample_ids;
   c.token_ids = mb.side.token_ids;
   return c;

@@ -144,7 +144,7 @@ class LocalExecutor {
   /// interleaved, zbh1, zbv; one that fits the layout). Gradients accumulate into the parameters (the caller zeroes them before and
   /// steps after).
   StepResult train_step(const Batch& batch, int64_t micro_batches, const std::string& schedule,
-                        const Pipeline::LossFn& loss_fn, int64_t epoch, StepTiming* timing = nullptr);
+                        const Pipeline::LossFn& loss_fn, const StepPosition& at, StepTiming* timing = nullptr);
 
   /// Forward-only pass of one evaluation batch through every stage, with the boundaries' forward
   /// codecs on (`compression`) or bypassed (the inference toggle); the task's tally of the last
@@ -159,8 +159,9 @@ class LocalExecutor {
   bool model_clock_ = true;
 };
 
-/// The codec context of micro-batch `index` (sample and token ids from the micro-batch).
-CodecContext micro_batch_context(const Batch& mb, int64_t index, int64_t epoch);
+/// The codec context of micro-batch `index` (sample and token ids from the micro-batch; epoch,
+/// step and progress from `at`).
+CodecContext micro_batch_context(const Batch& mb, int64_t index, const StepPosition& at);
 
 /// A step's batch split into micro-batches (Pipeline::micro_batch_slices) with their codec
 /// contexts, after checking the batch (rows, targets, units, sample ids): what every executor
@@ -170,7 +171,7 @@ struct MicroBatches {
   std::vector<CodecContext> contexts;
   int size() const { return static_cast<int>(batches.size()); }
 };
-MicroBatches split_micro_batches(const Batch& batch, int64_t micro_batches, int64_t epoch);
+MicroBatches split_micro_batches(const Batch& batch, int64_t micro_batches, const StepPosition& at);
 /// An evaluation batch as the one micro-batch of a forward-only pass (its codec context carries
 /// the token ids).
 MicroBatches evaluation_batch(const Batch& batch);

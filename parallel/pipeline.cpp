@@ -71,7 +71,7 @@ std::vector<std::pair<int64_t, int64_t>> Pipeline::micro_batch_slices(int64_t ba
   return out;
 }
 
-StepResult Pipeline::train_step(const Batch& batch, int64_t micro_batches, const LossFn& loss_fn, int64_t epoch) {
+StepResult Pipeline::train_step(const Batch& batch, int64_t micro_batches, const LossFn& loss_fn, const StepPosition& at) {
   // One GradAccumulator over every parameter, so tied parameters (registered in two stages) are
   // divided once: each stage's backward adds its part, seeded with the micro-batch's units.
   GradAccumulator acc(parameters());
@@ -79,7 +79,7 @@ StepResult Pipeline::train_step(const Batch& batch, int64_t micro_batches, const
   if (!links_.empty()) executor.set_links(links_);
   executor.set_device_model(device_);
   if (!timing_) timing_ = std::make_shared<StepTiming>();
-  StepResult r = executor.train_step(batch, micro_batches, schedule_, loss_fn, epoch, timing_.get());
+  StepResult r = executor.train_step(batch, micro_batches, schedule_, loss_fn, at, timing_.get());
   acc.add_weight(r.units);
   acc.finish();
   return r;

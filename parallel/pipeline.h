@@ -74,6 +74,21 @@ struct StepResult {
 
 struct StepTiming;  // parallel/executor.h
 
+/// Where a training step sits in the run: what the executors copy into every micro-batch's codec
+/// context (CodecContext::epoch, step, progress; schedule(...) switches codecs on the progress).
+/// An epoch alone (the implicit conversion, as unit tests pass it) leaves step and progress unknown.
+struct StepPosition {
+  int64_t epoch = 0;
+  int64_t step = 0;      // global step, 1-based; 0: unknown
+  double progress = -1;  // fraction of the run's training steps done before this one, [0, 1); < 0: unknown
+  StepPosition(int64_t epoch = 0, int64_t step = 0, double progress = -1)  // NOLINT: implicit from an epoch
+      : epoch(epoch), step(step), progress(progress) {}
+  /// Step `step` (1-based) of a run of `total_steps` steps.
+  static StepPosition of(int64_t epoch, int64_t step, int64_t total_steps) {
+    return {epoch, step, total_steps > 0 ? static_cast<double>(step - 1) / static_cast<double>(total_steps) : -1.0};
+  }
+};
+
 /// Statistics summed over boundaries (or over the ranks that each saw part of one boundary):
 /// bytes and messages added, relative error and density averaged over the measured messages.
 BoundaryStats sum_boundary_stats(const std::vector<BoundaryStats>& all);
@@ -111,7 +126,7 @@ class Pipeline : public Module {
   /// Gradients are accumulated into the parameters' grad weighted by each micro-batch's loss units,
   /// so the result is the gradient of the mean loss over the batch's units (samples, or tokens);
   /// the caller zeroes them before and steps the optimizer after.
-  StepResult train_step(const Batch& batch, int64_t micro_batches, const LossFn& loss_fn, int64_t epoch = 0);
+  StepResult train_step(const Batch& batch, int64_t micro_batches, const LossFn& loss_fn, const StepPosition& at = {});
 
   /// The schedule of train_step: "1f1b" (default), "gpipe", "interleaved", "zbh1" or "zbv"
   /// (parallel/schedule.h).

@@ -10,6 +10,8 @@ what a run directory holds:
                  "forward_rel_error", ..., optionally "boundaries": [{"index", ...}]} per epoch
   summary.json   the last epoch plus "task", "metric", "higher_is_better" (missing: vision,
                  accuracy, true), "time_to_target_s", "target"
+  levels.csv     (runs with adaptive codecs: schedule, adaptive, budget) one row per training step,
+                 boundary and direction: step, epoch, boundary, direction, level, label, bytes
 
 Figures are built on matplotlib.figure.Figure objects (no pyplot state, any backend) and saved
 as PNG and SVG.
@@ -30,7 +32,8 @@ import sys
 
 __all__ = [
     "Run", "read_run", "load_runs", "run_figure", "metric_per_epoch_figure", "frontier_figure",
-    "train_loss_figure", "boundary_stats_figure", "bytes_figure", "write_run_plot", "write_compare_plots",
+    "train_loss_figure", "boundary_stats_figure", "bytes_figure", "levels_axes", "write_run_plot",
+    "write_compare_plots",
     "have_matplotlib", "save",
 ]
 
@@ -87,6 +90,8 @@ class Run:
     epochs: list of dicts with the keys of _COLUMNS (None where the run lacks a column).
     steps: the jsonl lines with a "step" and a "loss" (training log lines).
     epoch_ends: the jsonl lines with "epoch_end".
+    levels: the rows of levels.csv (empty without one): dicts with step, boundary, level, bytes
+      (numbers), direction and label (text).
     """
 
     def __init__(self, path, label=None):
@@ -95,6 +100,7 @@ class Run:
         self.epochs = []
         self.steps = []
         self.epoch_ends = []
+        self.levels = []
         summary_path = os.path.join(self.path, "summary.json")
         csv_path = os.path.join(self.path, "metrics.csv")
         if not os.path.isdir(self.path):
@@ -129,6 +135,16 @@ class Run:
                         self.epoch_ends.append(obj)
                     elif "step" in obj and "loss" in obj:
                         self.steps.append(obj)
+        levels_path = os.path.join(self.path, "levels.csv")
+        if os.path.exists(levels_path):
+            with open(levels_path, newline="") as f:
+                for n, row in enumerate(csv.DictReader(f), 2):
+                    try:
+                        self.levels.append({"step": int(row["step"]), "boundary": int(row["boundary"]),
+                                            "direction": row["direction"], "level": float(row["level"]),
+                                            "label": row["label"], "bytes": int(row["bytes"])})
+                    except (KeyError, TypeError, ValueError) as e:
+                        raise ValueError(f"{levels_path}:{n}: not a levels.csv row ({e!r})")
         self.label = label or self.summary.get("name") or os.path.basename(self.path)
 
     # What the run measured.
@@ -425,10 +441,41 @@ def bytes_figure(runs):
     return fig
 
 
+def levels_axes(run, ax_level, ax_bytes):
+    """Draws levels.csv: each adaptive codec's level per step (the schedule's phase, adaptive's
+    argument, budget's candidate) on ax_level, and its boundary direction's bytes per step on
+    ax_bytes; one line per boundary and direction."""
+    series = {}
+    for row in run.levels:
+        series.setdefault((row["boundary"], row["direction"]), []).append(row)
+    for (boundary, direction), rows in sorted(series.items()):
+        ls = "-" if direction == "forward" else "--"
+        name = f"{direction}, cut {boundary}"
+        steps = [r["step"] for r in rows]
+        ax_level.step(steps, [r["level"] for r in rows], where="post", ls=ls, label=name)
+        ax_bytes.plot(steps, [r["bytes"] for r in rows], ls=ls, lw=1, label=name)
+        # Name each level where it is first reached (its spec or argument value).
+        seen = set()
+        for r in rows:
+            if r["label"] not in seen:
+                seen.add(r["label"])
+                ax_level.annotate(r["label"], (r["step"], r["level"]), fontsize=5, alpha=0.7,
+                                  xytext=(2, 2), textcoords="offset points")
+    ax_level.set_xlabel("step")
+    ax_level.set_ylabel("codec level (phase, argument or candidate)")
+    ax_level.grid(alpha=0.3)
+    ax_bytes.set_xlabel("step")
+    ax_bytes.set_ylabel("bytes sent per step")
+    ax_bytes.grid(alpha=0.3)
+    if series:
+        ax_level.legend(fontsize=6)
+        ax_bytes.legend(fontsize=6)
+
+
 def run_figure(run):
     """The one-page picture of a run (curves.png): metric per epoch, training loss, relative error
-    and density over training."""
-    fig, axes = _figure(2, 2, width=4.8, height=3.2)
+    and density over training; with a levels.csv, the adaptive codecs' levels and bytes per step."""
+    fig, axes = _figure(2, 3 if run.levels else 2, width=4.8, height=3.2)
     s = _scale(run.metric)
     ax = axes[0][0]
     ep = [row["epoch"] for row in run.epochs]
@@ -463,6 +510,8 @@ def run_figure(run):
         ax.grid(alpha=0.3)
         if drawn:
             ax.legend(fontsize=6)
+    if run.levels:
+        levels_axes(run, axes[2][0], axes[2][1])
     fig.suptitle(f"{run.label}: {run.codecs}", fontsize=10)
     return fig
 

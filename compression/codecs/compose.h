@@ -30,6 +30,11 @@ class Composition : public Compressor {
   Variable pre(const Variable& h, const CodecContext& ctx) override { return outer_->pre(h, ctx); }
   Variable post(const Variable& z, const CodecContext& ctx) override { return outer_->post(z, ctx); }
   void after_optimizer_step() override;
+  /// The outer stage's level, else the inner's (`topk(0.1) | adaptive(quant, error=0.1)`).
+  std::optional<CodecLevel> level() const override {
+    auto l = outer_->level();
+    return l ? l : inner_->level();
+  }
 
   const std::shared_ptr<SectionedCodec>& outer() const { return outer_; }
   const CompressorPtr& inner() const { return inner_; }

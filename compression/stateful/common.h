@@ -47,6 +47,7 @@ class WrappingCompressor : public Compressor {
     return inner_->decode_shared(p, fwd, ctx);
   }
   void after_optimizer_step() override { inner_->after_optimizer_step(); }
+  std::optional<CodecLevel> level() const override { return inner_->level(); }
   bool decode_has_state() const override { return inner_->decode_has_state(); }
 
  protected:

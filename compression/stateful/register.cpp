@@ -1,5 +1,6 @@
 // Spec factories of the stateful and learned codecs; register_stateful_codecs() is called by the
 // registry in compression/spec.cpp. Syntax and formulas: docs/COMPRESSION.md.
+#include "compression/stateful/adaptive.h"
 #include "compression/stateful/aqsgd.h"
 #include "compression/stateful/autoencoder.h"
 #include "compression/stateful/error_feedback.h"
@@ -117,6 +118,16 @@ void register_stateful_codecs() {
                       "subspace(k, d=0, vocab=0, seed=0, token_std=0.02, wire=SPEC): Protocol Models subspace "
                       "projection",
                       37);
+  register_compressor("schedule", Schedule::from_spec,
+                      "schedule(C0, p1, C1, ...): C0 while the training progress is below p1, then C1, ...", 38);
+  register_compressor("adaptive", Adaptive::from_spec,
+                      "adaptive(C, error=E, arg=NAME, from=A, to=B): C's level (topk k, quant bits, powersgd rank, "
+                      "...) picked per message so that ||x - x^|| / ||x|| <= E",
+                      39);
+  register_compressor("budget", Budget::from_spec,
+                      "budget(C0, C1, ..., error=E): per message, the candidate of fewest bytes with relative error "
+                      "<= E (else the most accurate)",
+                      40);
 }
 
 }  // namespace tl

@@ -357,11 +357,12 @@ void run_probe(Pipeline& pipeline, Transport& transport, int replicas, const Bat
 // ---- training -------------------------------------------------------------------------------------
 
 StepResult DistExecutor::train_step(const Batch& batch, int64_t micro_batches, const std::string& schedule_name,
-                                    const Pipeline::LossFn& loss_fn, int64_t epoch, int64_t step,
+                                    const Pipeline::LossFn& loss_fn, const StepPosition& at,
                                     StepTiming* timing) {
   const auto t_step = std::chrono::steady_clock::now();
-  const MicroBatches all = split_micro_batches(batch, micro_batches, epoch);
-  const std::string at_step = where(epoch, step);
+  const int64_t step = at.step;
+  const MicroBatches all = split_micro_batches(batch, micro_batches, at);
+  const std::string at_step = where(at.epoch, step);
   last_step_ = step;
   set_fault_step(step);  // Note [fault injection]
   // Note [data parallelism]: this replica's share of the micro-batches.

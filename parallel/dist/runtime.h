@@ -116,13 +116,13 @@ class DistExecutor {
 
   /// This rank's share of one training step under `schedule` (gpipe, 1f1b, interleaved): every rank passes
   /// the same (global) batch; this replica runs its share of the micro-batches. Returns the step's
-  /// result (over every replica, on every rank). `step` is the global step, used in message tags
-  /// and error messages. Gradients (of the mean loss over the batch's units, tied parameters summed
+  /// result (over every replica, on every rank). `at.step` is the global step, used in message tags
+  /// and error messages; `at` also goes into the codec contexts (StepPosition). Gradients (of the mean loss over the batch's units, tied parameters summed
   /// between their ranks, the rest over the replicas) accumulate into this stage's parameters.
   /// timing: this rank's step (compute_s and comm_s have one entry; the data-parallel exchange
   /// counts as comm).
   StepResult train_step(const Batch& batch, int64_t micro_batches, const std::string& schedule,
-                        const Pipeline::LossFn& loss_fn, int64_t epoch, int64_t step, StepTiming* timing = nullptr);
+                        const Pipeline::LossFn& loss_fn, const StepPosition& at, StepTiming* timing = nullptr);
 
   /// clip_grad_norm (layers/optim/grad_utils.h) over the gradients of every rank, each tied
   /// parameter counted once, summed as one process sums Pipeline::parameters(): returns the

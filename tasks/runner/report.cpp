@@ -203,6 +203,17 @@ std::optional<RunSummary> read_summary_json(const std::string& path) {
   }
 }
 
+std::string levels_csv_header() { return "step,epoch,boundary,direction,level,label,bytes"; }
+
+std::string levels_csv_row(const LevelRow& r) {
+  std::string quoted = "\"";
+  for (char c : r.label) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+  std::ostringstream s;
+  s << r.step << "," << r.epoch << "," << r.boundary << "," << r.direction << "," << std::setprecision(12) << r.level
+    << "," << quoted << "\"," << r.bytes;
+  return s.str();
+}
+
 void write_file_atomic(const std::string& path, const std::string& content) {
   namespace fs = std::filesystem;
   fs::path target(path);

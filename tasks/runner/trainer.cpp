@@ -427,6 +427,47 @@ Experiment::Evaluation Experiment::evaluate(bool compression) {
   return {t.loss(), task_->metric_value(t)};
 }
 
+bool Experiment::has_adaptive_codecs() const {
+  for (const auto& b : pipeline_->boundaries())
+    if (b->forward_codec()->level() || b->backward_codec()->level()) return true;
+  return false;
+}
+
+namespace {
+
+// Bytes sent so far this epoch by each boundary, forward and backward.
+std::vector<std::pair<int64_t, int64_t>> bytes_sent(const Pipeline& p) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const auto& b : p.boundaries()) {
+    const BoundaryStats s = b->stats();
+    out.emplace_back(s.forward.bytes, s.backward.bytes);
+  }
+  return out;
+}
+
+// levels.csv rows of a step: every codec with a level, and what its direction sent since `before`.
+std::vector<LevelRow> level_rows(const Pipeline& p, const std::vector<std::pair<int64_t, int64_t>>& before,
+                                 int64_t step, int64_t epoch) {
+  const auto after = bytes_sent(p);
+  std::vector<LevelRow> rows;
+  for (size_t i = 0; i < p.boundaries().size(); ++i) {
+    const BoundaryPtr& b = p.boundary(i);
+    for (bool forward : {true, false}) {
+      const auto level = (forward ? b->forward_codec() : b->backward_codec())->level();
+      if (!level) continue;
+      LevelRow r;
+      r.step = step, r.epoch = epoch + 1, r.boundary = static_cast<int64_t>(i + 1);
+      r.direction = forward ? "forward" : "backward";
+      r.level = level->value, r.label = level->label;
+      r.bytes = forward ? after[i].first - before[i].first : after[i].second - before[i].second;
+      rows.push_back(r);
+    }
+  }
+  return rows;
+}
+
+}  // namespace
+
 EpochMetrics Experiment::train_epoch(int64_t epoch, const std::function<void(const StepLog&)>& on_step) {
   pipeline_->train();
   pipeline_->reset_stats();
@@ -437,16 +478,20 @@ EpochMetrics Experiment::train_epoch(int64_t epoch, const std::function<void(con
   auto window_start = std::chrono::steady_clock::now();
   double window_units = 0;
   task_->start_epoch(epoch);
+  const int64_t total_steps = config_.train.epochs * steps_per_epoch();  // the run's, for the codecs' progress
+  const bool levels = on_step && logs_levels();
   while (auto batch = task_->next_train_batch()) {
     optimizer_->zero_grad();
+    const auto sent_before = levels ? bytes_sent(*pipeline_) : std::vector<std::pair<int64_t, int64_t>>();
     StepTiming timing;
     StepResult r;
     const int64_t global = scheduler_->step_count() + 1;
+    const StepPosition at = StepPosition::of(epoch, global, total_steps);
     if (dist_) {  // this rank's stage; the result is the last stage's, on every rank
-      r = dist_->train_step(batch->to(device_), config_.train.micro_batches, pipeline_->schedule(), loss_fn, epoch,
-                            global, &timing);
+      r = dist_->train_step(batch->to(device_), config_.train.micro_batches, pipeline_->schedule(), loss_fn, at,
+                            &timing);
     } else {
-      r = pipeline_->train_step(batch->to(device_), config_.train.micro_batches, loss_fn, epoch);
+      r = pipeline_->train_step(batch->to(device_), config_.train.micro_batches, loss_fn, at);
       timing = pipeline_->last_timing();
     }
     TORCH_CHECK(std::isfinite(r.loss), "training diverged at epoch ", epoch + 1, " step ", batch->index + 1,
@@ -481,6 +526,7 @@ EpochMetrics Experiment::train_epoch(int64_t epoch, const std::function<void(con
       double dt = seconds_since(window_start);
       log.units_per_s = dt > 0 ? window_units / dt : 0.0;
       if (dt > 2.0) window_start = std::chrono::steady_clock::now(), window_units = 0;
+      if (levels) log.levels = level_rows(*pipeline_, sent_before, log.step, epoch);
       on_step(log);
     }
   }
@@ -561,6 +607,23 @@ void truncate_jsonl(const std::string& from, const std::string& to, int64_t max_
   write_file_atomic(to, kept.str());
 }
 
+// levels.csv with the rows of steps <= max_step (a resumed run drops what came after its
+// checkpoint); a header alone when `from` does not exist.
+void truncate_levels_csv(const std::string& from, const std::string& to, int64_t max_step) {
+  std::ostringstream kept;
+  kept << levels_csv_header() << "\n";
+  std::ifstream in(from);
+  std::string line;
+  std::getline(in, line);  // the header
+  while (std::getline(in, line)) {
+    if (line.empty() || line.back() == '\r') continue;
+    char* end = nullptr;
+    const long long step = std::strtoll(line.c_str(), &end, 10);
+    if (end != line.c_str() && *end == ',' && step <= max_step) kept << line << "\n";  // else a torn last line
+  }
+  write_file_atomic(to, kept.str());
+}
+
 }  // namespace
 
 RunSummary run_training(const TrainRequest& req) {
@@ -577,6 +640,7 @@ RunSummary run_training(const TrainRequest& req) {
   const std::string ckpt = (fs::path(out) / kCheckpoint).string();
   const std::string csv = (fs::path(out) / "metrics.csv").string();
   const std::string jsonl = (fs::path(out) / "metrics.jsonl").string();
+  const std::string levels = (fs::path(out) / "levels.csv").string();
   auto write_file = [&](const std::string& path, const std::string& text) {
     if (writer) write_file_atomic(path, text);
   };
@@ -609,13 +673,19 @@ RunSummary run_training(const TrainRequest& req) {
       truncate_jsonl(old_jsonl, jsonl, info.step);
     else
       write_file(jsonl, "");
+    if (writer && ex.logs_levels())
+      truncate_levels_csv((fs::path(req.resume_dir) / "levels.csv").string(), levels, info.step);
     progress.line("resuming " + req.resume_dir + " after epoch " + std::to_string(start_epoch) + " (step " +
                   std::to_string(info.step) + ")");
     if (!ex.resume_note().empty())  // Note [grid state in checkpoints] in parallel/dist/runtime.h
       progress.line("note: " + ex.resume_note());
   } else {
     write_file(jsonl, "");
+    if (ex.logs_levels()) write_file(levels, levels_csv_header() + "\n");
   }
+  if (ex.has_adaptive_codecs() && !ex.logs_levels())
+    progress.line("note: levels.csv (the adaptive codecs' level per step) is written by in-process runs only; "
+                  "a multi-process run's codecs live on the ranks that send (docs/COMPRESSION.md section 4.5)");
   // Injected faults are for this invocation (Note [fault injection]): a resumed run does not repeat them.
   write_file((fs::path(out) / "config.ini").string(),
              cfg.to_ini({"dist.inject_fault", "dist.corrupt_rate", "dist.corrupt_seed"}));
@@ -692,6 +762,8 @@ RunSummary run_training(const TrainRequest& req) {
       progress.bar(s.epoch + 1, cfg.train.epochs, s.step_in_epoch, s.steps_in_epoch, s.loss, s.units_per_s, unit);
       loss_window += s.loss;
       ++window;
+      if (writer)
+        for (const LevelRow& row : s.levels) append_line(levels, levels_csv_row(row));
       if (s.step % cfg.run.log_every == 0 || s.step_in_epoch == s.steps_in_epoch) {
         json j{{"step", s.step},
                {"epoch", s.epoch + 1},

@@ -8,6 +8,8 @@
 //   <run>/metrics.csv              one row per epoch (report.h)
 //   <run>/metrics.jsonl            one JSON object per run.log_every steps, plus one per epoch
 //   <run>/summary.json             the last epoch's values and run information
+//   <run>/levels.csv               with adaptive codecs (schedule, adaptive, budget), in-process runs:
+//                                  each codec's level and its direction's bytes, every step
 //   <run>/checkpoint.safetensors   model + boundary state, optimizer, schedule, RNG (atomic)
 //
 // The runner knows nothing of images or tokens: every epoch it trains on the task's batches and
@@ -89,7 +91,14 @@ class Experiment {
   struct StepLog {
     int64_t step = 0, epoch = 0, step_in_epoch = 0, steps_in_epoch = 0;
     double loss = 0, metric = 0, lr = 0, units_per_s = 0;
+    std::vector<LevelRow> levels;  // the adaptive codecs' levels after the step (when logs_levels())
   };
+  /// Whether a boundary codec has a level that changes in training (CodecLevel: schedule,
+  /// adaptive, budget, or a wrapper of one).
+  bool has_adaptive_codecs() const;
+  /// Whether train_epoch reports those levels every step: in-process runs only (a multi-process
+  /// run's codecs live on the ranks that send; docs/COMPRESSION.md section 4.5).
+  bool logs_levels() const { return has_adaptive_codecs() && !distributed(); }
   /// Trains epoch `epoch` (0-based): returns the epoch's metrics without test metrics and
   /// wall time. `on_step` is called after every optimizer step.
   EpochMetrics train_epoch(int64_t epoch, const std::function<void(const StepLog&)>& on_step);

@@ -146,6 +146,27 @@ class PlotModuleTest(unittest.TestCase):
         heights = [p.get_height() for p in fig.axes[0].patches]
         self.assertAlmostEqual(sum(heights), 1.0)
 
+    def test_levels_figure(self):
+        write_new_run(self.dir / "adaptive")
+        rows = ["step,epoch,boundary,direction,level,label,bytes"]
+        for step in range(1, 41):
+            rows.append(f'{step},1,1,forward,{0 if step <= 12 else 1},"{"quant(2, scale=tensor)" if step <= 12 else "quant(4)"}",'
+                        f'{1000 if step <= 12 else 2000}')
+            rows.append(f'{step},1,1,backward,{0.1 * (1 + step % 3)},k=0.{1 + step % 3},{500 + step}')
+        (self.dir / "adaptive" / "levels.csv").write_text("\n".join(rows) + "\n")
+        run = tp.read_run(self.dir / "adaptive")
+        self.assertEqual(len(run.levels), 80)
+        self.assertEqual(run.levels[0]["label"], "quant(2, scale=tensor)")  # quoted commas kept
+        self.assertEqual(run.levels[-1]["bytes"], 540)
+        fig = tp.run_figure(run)
+        self.assertEqual(len(fig.axes), 6)  # a third row: levels and bytes per step
+        self.assertEqual(len(fig.axes[4].get_lines()), 2)  # forward and backward
+        write_old_run(self.dir / "fixed")
+        self.assertEqual(len(tp.run_figure(tp.read_run(self.dir / "fixed")).axes), 4)
+        (self.dir / "adaptive" / "levels.csv").write_text("step,epoch,boundary\n1,1,x\n")
+        with self.assertRaises(ValueError):
+            tp.read_run(self.dir / "adaptive")
+
     def test_command_line(self):
         write_old_run(self.dir / "a")
         script = str(ROOT / "python" / "tapeline_plots.py")

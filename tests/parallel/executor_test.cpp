@@ -222,6 +222,30 @@ TEST(Executor, EvaluationThroughTheInterpreterMatchesPredict) {
   EXPECT_EQ(pipe->total_stats().forward.measured, 0) << "evaluation measures nothing";
 }
 
+TEST(Executor, TrainingProgressReachesEveryMicroBatchsCodecs) {
+  // StepPosition -> CodecContext::step and progress of every micro-batch, forward and backward:
+  // a schedule switching at 50% sends with its second codec from a step at progress 0.5 on.
+  auto pipe = Pipeline::build(small_resnet(2), {"layer2"},
+                              {BoundarySpec{"schedule(quant(bits=2), 0.5, quant(bits=8))",
+                                            "schedule(quant(bits=4), 0.5, identity)"}});
+  const auto level = [&](bool forward) {
+    const BoundaryPtr& b = pipe->boundary(0);
+    return (forward ? b->forward_codec() : b->backward_codec())->level()->value;
+  };
+  const Batch batch = batch_of(8, 4);
+  pipe->train_step(batch, 2, ce, StepPosition(0, 5, 0.4));
+  EXPECT_EQ(level(true), 0);
+  EXPECT_EQ(level(false), 0);
+  const int64_t early = pipe->total_stats().forward.bytes;
+  pipe->train_step(batch, 2, ce, StepPosition::of(0, 6, 10));  // progress (6 - 1) / 10
+  EXPECT_EQ(level(true), 1);
+  EXPECT_EQ(level(false), 1);
+  EXPECT_GT(pipe->total_stats().forward.bytes - early, 3 * early);  // 8 bits instead of 2
+  // An epoch alone (progress unknown) keeps the level of the last training message.
+  pipe->train_step(batch, 2, ce, 0);
+  EXPECT_EQ(level(true), 1);
+}
+
 TEST(Executor, StageRuntimeFreesEachMicroBatchAfterItsBackward) {
   auto pipe = Pipeline::build(small_resnet(3), {"layer1"}, {BoundarySpec{}});
   StageRuntime first(*pipe, 0, ce), last(*pipe, 1, ce);

@@ -35,6 +35,24 @@ Config small_config(std::vector<std::pair<std::string, std::string>> extra) {
   return Config::load("", kv);
 }
 
+// Trains `cfg` uninterrupted into dir/full, and into dir/part stopping after epoch 1 then
+// resuming there; returns both runs' summaries (uninterrupted first).
+std::pair<RunSummary, RunSummary> full_and_resumed(const Config& cfg, const TempDir& dir) {
+  TrainRequest full;
+  full.config = cfg;
+  full.out_dir = (dir.path() / "full").string();
+  full.quiet = true;
+  RunSummary a = run_training(full);
+  TrainRequest first = full;
+  first.out_dir = (dir.path() / "part").string();
+  first.stop_after_epochs = 1;
+  RunSummary partial = run_training(first);
+  EXPECT_EQ(partial.last.epoch, 1);
+  TrainRequest rest = full;
+  rest.out_dir = rest.resume_dir = first.out_dir;
+  return {a, run_training(rest)};
+}
+
 TEST(Trainer, ShortFashionMnistRunLearns) {
   REQUIRE_FASHION_MNIST();
   TempDir dir;
@@ -86,25 +104,12 @@ TEST(Trainer, ResumeReachesTheSameFinalMetrics) {
                              {"boundary.backward", "ef21(topk(0.3))"},
                              {"boundary.2.forward", "quant(bits=4, round=stochastic)"}});
   TempDir dir;
-  TrainRequest full;
-  full.config = cfg;
-  full.out_dir = (dir.path() / "full").string();
-  full.quiet = true;
-  RunSummary a = run_training(full);
-
-  TrainRequest first = full;
-  first.out_dir = (dir.path() / "part").string();
-  first.stop_after_epochs = 1;
-  RunSummary partial = run_training(first);
-  EXPECT_EQ(partial.last.epoch, 1);
-  TrainRequest rest = full;
-  rest.out_dir = first.out_dir;
-  rest.resume_dir = first.out_dir;
-  RunSummary b = run_training(rest);
+  const auto [a, b] = full_and_resumed(cfg, dir);
+  const fs::path full = dir.path() / "full", part = dir.path() / "part";
 
   EXPECT_EQ(b.last.epoch, 3);
-  auto ra = read_metrics_csv((fs::path(full.out_dir) / "metrics.csv").string());
-  auto rb = read_metrics_csv((fs::path(first.out_dir) / "metrics.csv").string());
+  auto ra = read_metrics_csv((full / "metrics.csv").string());
+  auto rb = read_metrics_csv((part / "metrics.csv").string());
   ASSERT_EQ(ra.size(), 3u);
   ASSERT_EQ(rb.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
@@ -117,11 +122,52 @@ TEST(Trainer, ResumeReachesTheSameFinalMetrics) {
     EXPECT_EQ(ra[i].lr, rb[i].lr);
   }
   // metrics.jsonl of the resumed run has each step once.
-  std::ifstream in(fs::path(first.out_dir) / "metrics.jsonl");
+  std::ifstream in(part / "metrics.jsonl");
   std::string line;
   int64_t epoch_lines = 0;
   while (std::getline(in, line)) epoch_lines += line.find("\"epoch_end\"") != std::string::npos;
   EXPECT_EQ(epoch_lines, 3);
+}
+
+TEST(Trainer, AdaptiveCodecsLogTheirLevelsAndResumeExactly) {
+  REQUIRE_FASHION_MNIST();
+  // The three codecs whose level changes (docs/COMPRESSION.md 4.5): levels.csv has a row per
+  // step, boundary and direction with a level; the schedule switches at 60% of the run's steps;
+  // a run resumed after epoch 1 ends with the same metrics and the same levels.csv.
+  Config cfg = small_config({{"data.train_limit", "160"},
+                             {"data.test_limit", "64"},
+                             {"train.epochs", "2"},
+                             {"train.micro_batches", "2"},
+                             {"boundary.forward", "adaptive(topk, error=0.3)"},
+                             {"boundary.backward", "schedule(quant(bits=4), 0.6, quant(bits=8))"},
+                             {"boundary.3.forward", "budget(quant(bits=2), quant(bits=4), topk(0.3), error=0.2)"}});
+  TempDir dir;
+  const auto [a, b] = full_and_resumed(cfg, dir);
+  EXPECT_EQ(b.last.test_metric_compressed, a.last.test_metric_compressed);
+  EXPECT_EQ(b.last.bytes_forward, a.last.bytes_forward);
+  EXPECT_EQ(b.last.bytes_backward, a.last.bytes_backward);
+
+  auto read = [](const std::string& run) {
+    std::ifstream in(fs::path(run) / "levels.csv");
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    return lines;
+  };
+  const auto la = read((dir.path() / "full").string()), lb = read((dir.path() / "part").string());
+  const int64_t steps = 2 * a.last.steps;  // 5 steps of 32 samples per epoch
+  ASSERT_EQ(la.size(), static_cast<size_t>(1 + steps * 6));  // 3 cuts x 2 directions, each adaptive
+  EXPECT_EQ(la[0], "step,epoch,boundary,direction,level,label,bytes");
+  EXPECT_EQ(lb, la);
+  ASSERT_EQ(steps, 10);
+  // Step s has progress (s - 1) / 10: steps 1..6 (progress < 0.6) send 4-bit gradients, then 8.
+  for (const std::string& line : la) {
+    if (line.find(",backward,") == std::string::npos) continue;
+    const int64_t step = std::stoll(line);
+    EXPECT_NE(line.find(step <= 6 ? ",0,\"quant(4," : ",1,\"quant(8,"), std::string::npos) << line;
+  }
+  // Adaptive starts at the top of its ladder (k = 1) and walks down from the first messages on.
+  ASSERT_EQ(la[1].rfind("1,1,1,forward,", 0), 0u) << la[1];
+  EXPECT_LT(std::stod(la[1].substr(std::string("1,1,1,forward,").size())), 1.0) << la[1];
 }
 
 TEST(Trainer, ConfigurationErrorsStopBeforeTraining) {
