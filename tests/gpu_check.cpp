@@ -2,7 +2,7 @@
 // sources and nothing else: the NCCL and Gloo paths of c10d_compat, the fused codec kernels and
 // their host logic. CI builds it against PyTorch 2.x's CUDA libtorch (scripts/build-gpu --check):
 // compiling those sources and resolving every symbol they use is the check. On a machine with a
-// GPU it also runs the quantisation kernels on one tensor and compares their bytes and values with
+// GPU it also runs the quantisation and sparse packing kernels on one tensor and compares their bytes and values with
 // the host logic (docs/GPU.md); the full comparison with the codecs is `ctest -L gpu`.
 #include <ATen/ATen.h>
 
@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "compression/cuda/quant_cuda.h"
+#include "compression/cuda/sparse_cuda.h"
 #include "parallel/dist/c10d_compat.h"
 
 using namespace tl;
@@ -57,6 +58,36 @@ int main() {
                                          yd.data_ptr<float>());
       if (!at::equal(yh, yd.cpu())) {
         std::printf("FAIL unpack_dequantise bits=%d: values differ\n", bits);
+        ++failures;
+      }
+    }
+  }
+  // Sparse packing: every 7th of 20011 elements (int index) and a bitmap, each wire type.
+  at::Tensor idx = at::arange(0, n, 7, at::kLong), idxd = idx.cuda();  // (k)
+  const int64_t k = idx.numel();
+  for (bool bitmap : {false, true}) {
+    for (auto w : {codec::gpu::WireType::kF32, codec::gpu::WireType::kF16, codec::gpu::WireType::kBF16}) {
+      const codec::gpu::SparseLayout s{k, n, bitmap, 4, bitmap ? (n + 7) / 8 : 4 * k, w};
+      const int64_t bytes = s.index_bytes + k * codec::gpu::wire_size(w);
+      at::Tensor host = at::empty({bytes}, at::kByte), dev = at::empty({bytes}, xd.options().dtype(at::kByte));
+      codec::gpu::sparse_pack_host(x.data_ptr<float>(), idx.data_ptr<int64_t>(), s, host.data_ptr<uint8_t>());
+      codec::gpu::sparse_pack_cuda(0, xd.data_ptr<float>(), idxd.data_ptr<int64_t>(), s, dev.data_ptr<uint8_t>());
+      if (!at::equal(host, dev.cpu())) {
+        std::printf("FAIL sparse_pack bitmap=%d wire=%d: bytes differ\n", int(bitmap), int(w));
+        ++failures;
+      }
+      at::Tensor rh = at::zeros({s.index_bytes}, at::kLong), rd = at::zeros({s.index_bytes}, xd.options().dtype(at::kLong));
+      if (bitmap) {
+        codec::gpu::bitmap_counts_host(host.data_ptr<uint8_t>(), s.index_bytes, rh.data_ptr<int64_t>());
+        codec::gpu::bitmap_counts_cuda(0, dev.data_ptr<uint8_t>(), s.index_bytes, rd.data_ptr<int64_t>());
+        rh = rh.cumsum(0);
+        rd = rd.cumsum(0);
+      }
+      at::Tensor yh = at::zeros({n}), yd = at::zeros({n}, xd.options());
+      codec::gpu::sparse_unpack_host(host.data_ptr<uint8_t>(), rh.data_ptr<int64_t>(), s, yh.data_ptr<float>());
+      codec::gpu::sparse_unpack_cuda(0, dev.data_ptr<uint8_t>(), rd.data_ptr<int64_t>(), s, yd.data_ptr<float>());
+      if (!at::equal(yh, yd.cpu())) {
+        std::printf("FAIL sparse_unpack bitmap=%d wire=%d: values differ\n", int(bitmap), int(w));
         ++failures;
       }
     }
