@@ -76,7 +76,8 @@ int main() {
         std::printf("FAIL sparse_pack bitmap=%d wire=%d: bytes differ\n", int(bitmap), int(w));
         ++failures;
       }
-      at::Tensor rh = at::zeros({s.index_bytes}, at::kLong), rd = at::zeros({s.index_bytes}, xd.options().dtype(at::kLong));
+      at::Tensor rh = at::zeros({s.index_bytes}, at::kLong),
+                 rd = at::zeros({s.index_bytes}, xd.options().dtype(at::kLong));
       if (bitmap) {
         codec::gpu::bitmap_counts_host(host.data_ptr<uint8_t>(), s.index_bytes, rh.data_ptr<int64_t>());
         codec::gpu::bitmap_counts_cuda(0, dev.data_ptr<uint8_t>(), s.index_bytes, rd.data_ptr<int64_t>());

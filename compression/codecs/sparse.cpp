@@ -130,8 +130,7 @@ at::Tensor SparseCodec::randk_mask(int64_t rows, int64_t D, int64_t k) {
   return mask;
 }
 
-void SparseCodec::select(const at::Tensor& x, int64_t rows, int64_t D, at::Tensor& idx, at::Tensor& vals,
-                         bool values) {
+void SparseCodec::select(const at::Tensor& x, int64_t rows, int64_t D, at::Tensor& idx, at::Tensor& vals, bool values) {
   const bool cpu = codec::use_cpu_kernel(x);
   at::Tensor flat = x.reshape({-1});
   at::Tensor xf = cpu ? flat.to(at::kFloat).contiguous() : at::Tensor();
@@ -217,13 +216,8 @@ Payload SparseCodec::plain_header(const at::Tensor& x, const Selection& s, codec
   p.codec = codec_id(codec());
   p.dtype = x.scalar_type();
   p.shape = x.sizes().vec();
-  p.params = {kPlain,
-              o_.per_sample ? 1 : 0,
-              s.rows,
-              s.k,
-              codec::wire_type_param(o_.values),
-              static_cast<int64_t>(format),
-              index_bytes};
+  const int64_t scope = o_.per_sample ? 1 : 0, wire = codec::wire_type_param(o_.values);
+  p.params = {kPlain, scope, s.rows, s.k, wire, static_cast<int64_t>(format), index_bytes};
   layout(p);  // validates
   return p;
 }
@@ -364,7 +358,8 @@ at::Tensor SparseCodec::decode(const Payload& p, const CodecContext& ctx) {
   TORCH_CHECK(static_cast<int64_t>(p.body_bytes()) == want, codec(), ": corrupt payload: body of ", p.body_bytes(),
               " bytes, its header announces ", want);
   at::Tensor body = p.body.contiguous();  // (want) uint8
-  if (body.device().is_cpu())  // host emulation: the ATen path's checks of the index first
+  // Host emulation: the ATen path's checks of the index first.
+  if (body.device().is_cpu())
     codec::decode_index(l.format, body.narrow(0, 0, l.index_bytes), n, l.numel, codec(), source_of(p));
   const codec::gpu::SparseLayout kl = kernel_layout(n, l.numel, l.format, l.index_bytes, l.wire);
   at::Tensor out = kl.bitmap ? at::empty({l.numel}, body.options().dtype(at::kFloat))  // (N) every one written

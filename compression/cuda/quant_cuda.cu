@@ -11,8 +11,7 @@ namespace {
 
 __global__ void quantise_pack_kernel(const float* x, QuantGeometry g, QuantParams q, uint8_t* out) {
   const int64_t groups = pack_groups(g.n);
-  for (int64_t grp = first_item(); grp < groups; grp += item_stride())
-    quantise_pack_group(x, grp, g, q, out);
+  for (int64_t grp = first_item(); grp < groups; grp += item_stride()) quantise_pack_group(x, grp, g, q, out);
 }
 
 __global__ void quantise_pack_residual_kernel(const float* x, QuantGeometry g, QuantParams q, DequantParams d,
@@ -24,8 +23,7 @@ __global__ void quantise_pack_residual_kernel(const float* x, QuantGeometry g, Q
 
 __global__ void unpack_dequantise_kernel(const uint8_t* in, QuantGeometry g, DequantParams q, float* out) {
   const int64_t groups = pack_groups(g.n);
-  for (int64_t grp = first_item(); grp < groups; grp += item_stride())
-    unpack_dequantise_group(in, grp, g, q, out);
+  for (int64_t grp = first_item(); grp < groups; grp += item_stride()) unpack_dequantise_group(in, grp, g, q, out);
 }
 
 }  // namespace

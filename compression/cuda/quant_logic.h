@@ -23,7 +23,7 @@
 #include <cstdint>
 
 #include "compression/codecs/quant_kernels.h"  // QuantGeometry, QuantParams, DequantParams
-#include "compression/cuda/hd.h"                  // TL_HD
+#include "compression/cuda/hd.h"               // TL_HD
 
 namespace tl::codec::gpu {
 

@@ -47,7 +47,7 @@ TL_HD float bits_float(uint32_t u) {
 TL_HD uint16_t half_bits(float f) {
   const uint32_t u = float_bits(f), a = u & 0x7fffffffu;
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
-  if (a > 0x7f800000u) return sign | 0x7e00u;  // NaN
+  if (a > 0x7f800000u) return sign | 0x7e00u;   // NaN
   if (a >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520 rounds to inf (and inf itself)
   if (a >= 0x38800000u) {                       // a normal half: exponent >= -14
     const uint32_t rest = a & 0x1fffu;
@@ -132,9 +132,7 @@ TL_HD int64_t lower_bound(const int64_t* idx, int64_t n, int64_t v) {
 }
 
 /// Work items of an encode (Note [sparse packing, one writer per byte]).
-TL_HD int64_t pack_items(const SparseLayout& s) {
-  return s.bitmap && s.index_bytes > s.n ? s.index_bytes : s.n;
-}
+TL_HD int64_t pack_items(const SparseLayout& s) { return s.bitmap && s.index_bytes > s.n ? s.index_bytes : s.n; }
 
 /// Item t of an encode: entry t (its value, and its index for an int index) and bitmap byte t.
 TL_HD void pack_item(const float* x, const int64_t* idx, int64_t t, const SparseLayout& s, uint8_t* body) {
@@ -157,8 +155,7 @@ TL_HD void unpack_entry(const uint8_t* body, int64_t i, const SparseLayout& s, f
 }
 
 /// Bitmap index: the 8 outputs of byte b; `rank` is the inclusive prefix sum of popcounts at b.
-TL_HD void unpack_bitmap_byte(const uint8_t* body, const int64_t* rank, int64_t b, const SparseLayout& s,
-                              float* out) {
+TL_HD void unpack_bitmap_byte(const uint8_t* body, const int64_t* rank, int64_t b, const SparseLayout& s, float* out) {
   const uint32_t byte = body[b];
   int64_t r = rank[b] - popcount8(byte);
   for (int j = 0; j < 8 && 8 * b + j < s.universe; ++j) {

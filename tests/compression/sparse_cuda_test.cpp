@@ -32,12 +32,33 @@ at::Tensor cast_probes() {
   at::Tensor f = raw.view(at::kFloat);
   f = at::where(at::isnan(f), at::zeros_like(f), f);
   const float inf = std::numeric_limits<float>::infinity();
-  std::vector<float> edges = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65505.0f, 65519.996f, 65520.0f, -65520.0f,
-                              1e9f, inf, -inf, std::ldexp(1.0f, -24), std::ldexp(1.0f, -25),
-                              std::ldexp(1.5f, -25), std::ldexp(1.0f, -26), std::ldexp(1.0f, -14),
-                              std::ldexp(1023.5f, -24), std::ldexp(2047.5f, -25), 1.00048828125f, 1.000244140625f,
-                              std::numeric_limits<float>::min(), std::numeric_limits<float>::denorm_min(),
-                              std::numeric_limits<float>::max(), 3.3895314e38f, 1.0039062f, 1.0019531f};
+  std::vector<float> edges = {0.0f,
+                              -0.0f,
+                              1.0f,
+                              -1.0f,
+                              65504.0f,
+                              65505.0f,
+                              65519.996f,
+                              65520.0f,
+                              -65520.0f,
+                              1e9f,
+                              inf,
+                              -inf,
+                              std::ldexp(1.0f, -24),
+                              std::ldexp(1.0f, -25),
+                              std::ldexp(1.5f, -25),
+                              std::ldexp(1.0f, -26),
+                              std::ldexp(1.0f, -14),
+                              std::ldexp(1023.5f, -24),
+                              std::ldexp(2047.5f, -25),
+                              1.00048828125f,
+                              1.000244140625f,
+                              std::numeric_limits<float>::min(),
+                              std::numeric_limits<float>::denorm_min(),
+                              std::numeric_limits<float>::max(),
+                              3.3895314e38f,
+                              1.0039062f,
+                              1.0019531f};
   for (int e = -30; e <= 17; ++e)
     for (float m : {1.0f, 1.0004883f, 1.0009766f, 1.5f, 1.9995117f, 1.9997559f}) edges.push_back(std::ldexp(m, e));
   return at::cat({f, at::tensor(edges), -at::tensor(edges)});
@@ -55,8 +76,10 @@ TEST(SparseKernelLogic, WireCastsAreAtensBitForBit) {
   at::Tensor want_h = bits16(f.to(at::kHalf)), want_b = bits16(f.to(at::kBFloat16));
   at::Tensor got_h = h.to(at::kInt).bitwise_and(0xffff), got_b = b.to(at::kInt).bitwise_and(0xffff);
   at::Tensor bad_h = (got_h != want_h).nonzero(), bad_b = (got_b != want_b).nonzero();
-  EXPECT_EQ(bad_h.numel(), 0) << "fp16: " << bad_h.numel() << " differ, first " << fp[bad_h.numel() ? bad_h[0].item<int64_t>() : 0];
-  EXPECT_EQ(bad_b.numel(), 0) << "bf16: " << bad_b.numel() << " differ, first " << fp[bad_b.numel() ? bad_b[0].item<int64_t>() : 0];
+  EXPECT_EQ(bad_h.numel(), 0) << "fp16: " << bad_h.numel() << " differ, first "
+                              << fp[bad_h.numel() ? bad_h[0].item<int64_t>() : 0];
+  EXPECT_EQ(bad_b.numel(), 0) << "bf16: " << bad_b.numel() << " differ, first "
+                              << fp[bad_b.numel() ? bad_b[0].item<int64_t>() : 0];
   // NaN: c10's rules (0x7e00 with the sign for fp16, 0x7fc0 for bf16).
   EXPECT_EQ(codec::gpu::half_bits(std::nanf("")) & 0x7fff, 0x7e00);
   EXPECT_EQ(codec::gpu::bf16_bits(-std::nanf("")), 0x7fc0);
@@ -67,11 +90,16 @@ TEST(SparseKernelLogic, WireCastsAreAtensBitForBit) {
   int64_t differ = 0;
   for (int64_t v = 0; v < 65536; ++v) {
     const float eh = from_h[v].item<float>(), eb = from_b[v].item<float>();
-    const float gh = codec::gpu::half_to_float(static_cast<uint16_t>(v)), gb = codec::gpu::bf16_to_float(static_cast<uint16_t>(v));
-    if (!std::isnan(eh)) differ += codec::gpu::float_bits(gh) != codec::gpu::float_bits(eh);
-    else differ += !std::isnan(gh);
-    if (!std::isnan(eb)) differ += codec::gpu::float_bits(gb) != codec::gpu::float_bits(eb);
-    else differ += !std::isnan(gb);
+    const float gh = codec::gpu::half_to_float(static_cast<uint16_t>(v)),
+                gb = codec::gpu::bf16_to_float(static_cast<uint16_t>(v));
+    if (!std::isnan(eh))
+      differ += codec::gpu::float_bits(gh) != codec::gpu::float_bits(eh);
+    else
+      differ += !std::isnan(gh);
+    if (!std::isnan(eb))
+      differ += codec::gpu::float_bits(gb) != codec::gpu::float_bits(eb);
+    else
+      differ += !std::isnan(gb);
   }
   EXPECT_EQ(differ, 0);
 }
@@ -158,7 +186,8 @@ TEST(SparseKernelLogic, SamePayloadBytesAsCpuAndAtenPaths) {
       }
       // Delta indices (forced, or auto's pick on the host) stay on the CPU path; the rest is fused.
       const bool delta = emulated.params.size() == 7 && emulated.params[5] == int64_t(codec::IndexFormat::kDelta);
-      EXPECT_EQ(codec::gpu::sparse_host_runs() - runs, delta ? 0 : 2) << where << ": encode + decode on the kernels' logic";
+      EXPECT_EQ(codec::gpu::sparse_host_runs() - runs, delta ? 0 : 2)
+          << where << ": encode + decode on the kernels' logic";
       fused += !delta;
       {
         codec::PortableKernelsGuard guard;
