@@ -2,13 +2,14 @@
 // sources and nothing else: the NCCL and Gloo paths of c10d_compat, the fused codec kernels and
 // their host logic. CI builds it against PyTorch 2.x's CUDA libtorch (scripts/build-gpu --check):
 // compiling those sources and resolving every symbol they use is the check. On a machine with a
-// GPU it also runs the quantisation and sparse packing kernels on one tensor and compares their bytes and values with
-// the host logic (docs/GPU.md); the full comparison with the codecs is `ctest -L gpu`.
+// GPU it also runs the quantisation, sparse packing and AQ-SGD kernels on one tensor and compares their bytes and
+// values with the host logic (docs/GPU.md); the full comparison with the codecs is `ctest -L gpu`.
 #include <ATen/ATen.h>
 
 #include <cstdio>
 #include <cstring>
 
+#include "compression/cuda/aqsgd_cuda.h"
 #include "compression/cuda/quant_cuda.h"
 #include "compression/cuda/sparse_cuda.h"
 #include "parallel/dist/c10d_compat.h"
@@ -92,6 +93,23 @@ int main() {
         ++failures;
       }
     }
+  }
+  // AQ-SGD: a delta and two updates of rows 3, 0, 5 of a (6, 20011) fp16 cache.
+  at::Tensor ids = at::tensor({3, 0, 5}, at::kLong), idsd = ids.cuda();    // (B)
+  at::Tensor xb = at::randn({3, n}), xbd = xb.cuda();                      // (B, D)
+  at::Tensor rows = at::randn({6, n}).to(at::kHalf), rowsd = rows.cuda();  // (N, D)
+  const codec::gpu::CacheRows mh{rows.data_ptr(), codec::gpu::WireType::kF16, n, ids.data_ptr<int64_t>(), 3};
+  const codec::gpu::CacheRows md{rowsd.data_ptr(), codec::gpu::WireType::kF16, n, idsd.data_ptr<int64_t>(), 3};
+  at::Tensor dh = at::empty({3, n}), dd = at::empty({3, n}, xd.options()), oh = at::empty({3, n}), od = dd.clone();
+  codec::gpu::aqsgd_delta_host(xb.data_ptr<float>(), mh, dh.data_ptr<float>());
+  codec::gpu::aqsgd_delta_cuda(0, xbd.data_ptr<float>(), md, dd.data_ptr<float>());
+  codec::gpu::aqsgd_update_host(xb.data_ptr<float>(), mh, nullptr);
+  codec::gpu::aqsgd_update_cuda(0, xbd.data_ptr<float>(), md, nullptr);
+  codec::gpu::aqsgd_update_host(dh.data_ptr<float>(), mh, oh.data_ptr<float>());
+  codec::gpu::aqsgd_update_cuda(0, dd.data_ptr<float>(), md, od.data_ptr<float>());
+  if (!at::equal(dh, dd.cpu()) || !at::equal(oh, od.cpu()) || !at::equal(rows, rowsd.cpu())) {
+    std::printf("FAIL aqsgd: deltas, outputs or cache rows differ\n");
+    ++failures;
   }
   std::printf(failures ? "FAIL %d comparisons\n" : "OK kernels equal the host logic bit for bit\n", failures);
   return failures ? 1 : 0;

@@ -256,22 +256,6 @@ Payload SparseCodec::encode_parts(const at::Tensor& x, const CodecContext& ctx, 
 // Payload bytes are the ATen path's and the CPU path's, bit for bit (tests/compression/
 // sparse_cuda_test.cpp).
 namespace {
-bool fused_device(const at::Tensor& t) {
-  return codec::use_cuda_kernel(t) || (t.device().is_cpu() && codec::gpu::host_emulation());
-}
-
-codec::gpu::WireType kernel_wire(at::ScalarType t) {
-  switch (t) {
-    case at::kHalf:
-      return codec::gpu::WireType::kF16;
-    case at::kBFloat16:
-      return codec::gpu::WireType::kBF16;
-    default:
-      TORCH_CHECK(t == at::kFloat, "sparse: no fused packing for wire type ", t);
-      return codec::gpu::WireType::kF32;
-  }
-}
-
 codec::gpu::SparseLayout kernel_layout(int64_t n, int64_t universe, codec::IndexFormat f, int64_t index_bytes,
                                        at::ScalarType wire) {
   return {n,
@@ -279,12 +263,12 @@ codec::gpu::SparseLayout kernel_layout(int64_t n, int64_t universe, codec::Index
           f == codec::IndexFormat::kBitmap,
           static_cast<int>(codec::index_int_width(universe)),
           index_bytes,
-          kernel_wire(wire)};
+          codec::kernel_wire_type(wire)};
 }
 }  // namespace
 
 bool SparseCodec::fused_encode(const at::Tensor& x) const {
-  return x.scalar_type() == at::kFloat && fused_device(x) && o_.index != codec::IndexFormat::kDelta &&
+  return x.scalar_type() == at::kFloat && codec::use_fused_kernel(x) && o_.index != codec::IndexFormat::kDelta &&
          !(o_.kind == SparseKind::kRandK && o_.rescale);
 }
 
@@ -341,7 +325,7 @@ at::Tensor SparseCodec::decode_parts(const Payload& rest, const std::vector<at::
 }
 
 bool SparseCodec::fused_decode(const Payload& p) const {
-  if (p.dtype != at::kFloat || !p.body.defined() || !fused_device(p.body)) return false;
+  if (p.dtype != at::kFloat || !p.body.defined() || !codec::use_fused_kernel(p.body)) return false;
   // Anything unusual takes the ATen path, which names what is wrong with it.
   if (p.codec != codec_id(codec()) || p.params.size() != 7 || p.params[0] != kPlain) return false;
   const int64_t format = p.params[5];

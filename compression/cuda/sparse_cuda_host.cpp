@@ -1,5 +1,4 @@
-#include <c10/util/Exception.h>
-
+#include "compression/cuda/quant_cuda.h"  // no_cuda_kernels
 #include "compression/cuda/sparse_cuda.h"
 #include "compression/cuda/sparse_logic.h"
 
@@ -9,16 +8,9 @@ thread_local int64_t t_host_runs = 0;
 }  // namespace
 
 #ifndef TAPELINE_CUDA_KERNELS
-namespace {
-[[noreturn]] void no_kernels() {
-  TORCH_CHECK(false,
-              "sparse: this build of tapeline has no CUDA kernels (configure against a CUDA libtorch with nvcc "
-              "on PATH, docs/GPU.md); CUDA tensors take the ATen path");
-}
-}  // namespace
-void sparse_pack_cuda(int, const float*, const int64_t*, const SparseLayout&, uint8_t*) { no_kernels(); }
-void bitmap_counts_cuda(int, const uint8_t*, int64_t, int64_t*) { no_kernels(); }
-void sparse_unpack_cuda(int, const uint8_t*, const int64_t*, const SparseLayout&, float*) { no_kernels(); }
+void sparse_pack_cuda(int, const float*, const int64_t*, const SparseLayout&, uint8_t*) { no_cuda_kernels("sparse"); }
+void bitmap_counts_cuda(int, const uint8_t*, int64_t, int64_t*) { no_cuda_kernels("sparse"); }
+void sparse_unpack_cuda(int, const uint8_t*, const int64_t*, const SparseLayout&, float*) { no_cuda_kernels("sparse"); }
 #endif
 
 void sparse_pack_host(const float* x, const int64_t* idx, const SparseLayout& s, uint8_t* body) {
