@@ -4,8 +4,10 @@
 //   {"bench":"compression","device":"cpu","codec":SPEC,"encode_ms":..,"decode_ms":..,"gbps":..,
 //    "memcpy_gbps":..,"copy_gbps":..,"ratio":..,"target":..,"meets_target":..,"payload_bytes":..,
 //    "compression":..,"path":..}
-// path: "cpu"; on CUDA "kernel" (the fused kernels of compression/cuda, uniform quantisation) or
-// "aten" (the portable ATen-op path, what TAPELINE_CUDA_KERNELS=0 selects).
+// path: "cpu"; on CUDA "kernel" (the fused kernels of compression/cuda: uniform quantisation, and
+// TopK's value/index packing after its ATen selection) or "aten" (the portable ATen-op path, what
+// TAPELINE_CUDA_KERNELS=0 selects). Without a CUDA device, one line says the CUDA rows were
+// skipped and why: {"bench":"compression","device":"cuda","skipped":REASON}.
 // gbps = input bytes / (encode + decode time); ratio = gbps / memcpy_gbps; compression = input
 // bytes / payload bytes. Times are the best of --repeats runs after one warm-up (encode and decode
 // each); the references are re-timed, the same way, just before each codec, so a drifting machine
@@ -84,6 +86,14 @@ std::vector<Case> cases() {
   };
 }
 
+// Codecs whose CUDA encode and decode run fused kernels (compression/cuda): uniform quantisation,
+// and TopK's value/index packing (its selection stays ATen; not inside a composition).
+bool has_cuda_kernels(const std::string& spec) {
+  const bool plain_topk = spec.rfind("topk(", 0) == 0 && spec.find('|') == std::string::npos &&
+                          spec.find("index=delta") == std::string::npos;
+  return spec.rfind("quant(", 0) == 0 || plain_topk;
+}
+
 struct Timing {
   double encode_ms, decode_ms;
   size_t payload_bytes;
@@ -140,14 +150,13 @@ void run_device(const char* device, const at::Tensor& x, int repeats, const std:
   };
   for (const Case& c : cases()) {
     if (!only.empty() && c.spec.find(only) == std::string::npos) continue;
-    // On CUDA, uniform quantisation runs twice: the fused kernels and the ATen path
+    // On CUDA, the codecs with fused kernels run twice: the kernels and the ATen path
     // (TAPELINE_CUDA_KERNELS=0's fallback), each against the same device copy.
     std::vector<std::string> paths = {cuda ? "aten" : "cpu"};
-    if (cuda && c.spec.rfind("quant(", 0) == 0 && tl::codec::gpu::kernels_enabled())
-      paths.insert(paths.begin(), "kernel");
+    if (cuda && has_cuda_kernels(c.spec) && tl::codec::gpu::kernels_enabled()) paths.insert(paths.begin(), "kernel");
     for (const std::string& path : paths) {
       std::optional<tl::codec::PortableKernelsGuard> portable;
-      if (path == "aten" && c.spec.rfind("quant(", 0) == 0) portable.emplace();
+      if (path == "aten" && has_cuda_kernels(c.spec)) portable.emplace();
       tl::CompressorPtr codec = tl::parse_compressor(c.spec);
       double memcpy_ms = 0, copy_ms = 0;
       references(memcpy_ms, copy_ms);
@@ -199,6 +208,9 @@ int main(int argc, char** argv) {
   at::manual_seed(0);
   at::Tensor x = at::randn({64, 262144});  // 16M fp32
   run_device("cpu", x, repeats, only, raw_malloc);
-  if (at::hasCUDA()) run_device("cuda", x.cuda(), repeats, only, raw_malloc);
+  if (at::hasCUDA())
+    run_device("cuda", x.cuda(), repeats, only, raw_malloc);
+  else
+    std::printf("{\"bench\":\"compression\",\"device\":\"cuda\",\"skipped\":\"no CUDA device\"}\n");
   return 0;
 }

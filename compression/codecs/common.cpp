@@ -14,6 +14,18 @@ thread_local bool g_device_semantics = false;
 }  // namespace
 
 bool cpu_kernels_enabled() { return g_cpu_kernels; }
+
+gpu::WireType kernel_wire_type(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf:
+      return gpu::WireType::kF16;
+    case at::kBFloat16:
+      return gpu::WireType::kBF16;
+    default:
+      TORCH_CHECK(t == at::kFloat, "the CUDA kernels know float32, float16 and bfloat16, not ", t);
+      return gpu::WireType::kF32;
+  }
+}
 bool device_semantics_on_cpu() { return g_device_semantics; }
 PortableKernelsGuard::PortableKernelsGuard(bool device_semantics)
     : prev_(g_cpu_kernels), prev_device_(g_device_semantics) {

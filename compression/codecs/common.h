@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "compression/cuda/quant_cuda.h"
+#include "compression/cuda/sparse_cuda.h"
 #include "compression/payload.h"
 
 namespace tl::codec {
@@ -45,6 +46,13 @@ inline bool use_cpu_kernel(const at::Tensor& t) { return t.device().is_cpu() && 
 inline bool use_cuda_kernel(const at::Tensor& t) {
   return t.is_cuda() && cpu_kernels_enabled() && gpu::kernels_enabled();
 }
+/// use_cuda_kernel, or a CPU tensor under gpu::HostEmulationGuard: the kernels' logic run on the
+/// host (tests).
+inline bool use_fused_kernel(const at::Tensor& t) {
+  return use_cuda_kernel(t) || (t.device().is_cpu() && gpu::host_emulation());
+}
+/// A value type as the kernels know it (float32, float16, bfloat16); error for others.
+gpu::WireType kernel_wire_type(at::ScalarType t);
 /// True when t lives on a device, or is treated as if it did (PortableKernelsGuard(true)): reading
 /// one of its values on the host would then synchronise.
 inline bool on_device(const at::Tensor& t) { return !t.device().is_cpu() || device_semantics_on_cpu(); }

@@ -72,13 +72,17 @@ void SectionedCodec::check_payload_codec(const Payload& p) const {
               p.codec, ", expected ", mine, ")");
 }
 
+Payload SectionedCodec::join_parts(Payload rest, const std::vector<at::Tensor>& values) const {
+  Payload header = rest;
+  header.body = at::Tensor();
+  return join(std::move(rest), values, sections(header));
+}
+
 Payload SectionedCodec::encode(const at::Tensor& x, const CodecContext& ctx) {
   codec::check_input(x, codec());
   std::vector<at::Tensor> values;
   Payload rest = encode_parts(x, ctx, values);
-  Payload header = rest;
-  header.body = at::Tensor();
-  return join(std::move(rest), values, sections(header));
+  return join_parts(std::move(rest), values);
 }
 
 at::Tensor SectionedCodec::decode(const Payload& p, const CodecContext& ctx) {

@@ -68,6 +68,8 @@ class SectionedCodec : public Compressor {
  protected:
   /// Error unless p was packed by this codec.
   void check_payload_codec(const Payload& p) const;
+  /// The plain payload of a rest and its sections (what encode returns after encode_parts).
+  Payload join_parts(Payload rest, const std::vector<at::Tensor>& values) const;
 
  private:
   Parts split_with(const Payload& p, const std::vector<Section>& secs) const;

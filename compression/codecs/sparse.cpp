@@ -7,6 +7,7 @@
 
 #include "compression/codecs/common.h"
 #include "compression/codecs/sparse_kernels.h"
+#include "compression/cuda/sparse_cuda.h"
 
 namespace tl {
 namespace {
@@ -129,7 +130,7 @@ at::Tensor SparseCodec::randk_mask(int64_t rows, int64_t D, int64_t k) {
   return mask;
 }
 
-void SparseCodec::select(const at::Tensor& x, int64_t rows, int64_t D, at::Tensor& idx, at::Tensor& vals) {
+void SparseCodec::select(const at::Tensor& x, int64_t rows, int64_t D, at::Tensor& idx, at::Tensor& vals, bool values) {
   const bool cpu = codec::use_cpu_kernel(x);
   at::Tensor flat = x.reshape({-1});
   at::Tensor xf = cpu ? flat.to(at::kFloat).contiguous() : at::Tensor();
@@ -169,7 +170,7 @@ void SparseCodec::select(const at::Tensor& x, int64_t rows, int64_t D, at::Tenso
       for (int64_t i = 0, o = 0; i < rows * D && o < n; ++i)
         if (mp[i]) ip[o++] = i;
       idx = (x.device().is_cpu() ? host_idx : host_idx.pin_memory()).to(x.device(), /*non_blocking=*/true);
-      vals = flat.index_select(0, idx);
+      if (values) vals = flat.index_select(0, idx);
       return;
     }
     case SparseKind::kThreshold: {
@@ -189,39 +190,112 @@ void SparseCodec::select(const at::Tensor& x, int64_t rows, int64_t D, at::Tenso
     // How many entries pass the threshold depends on the data: this nonzero is the one host
     // synchronisation of threshold's device path (Note [host synchronisation], payload.cpp).
     idx = at::nonzero(mask.reshape({-1})).view(-1);
-    vals = flat.index_select(0, idx);
+    if (values) vals = flat.index_select(0, idx);
   } else {
     idx = codec::positions_of(mask, rows * k_for(D));  // exactly k per row: no read-back
-    vals = flat.index_select(0, idx);
+    if (values) vals = flat.index_select(0, idx);
   }
 }
 
-Payload SparseCodec::encode_parts(const at::Tensor& x, const CodecContext& ctx, std::vector<at::Tensor>& values) {
+SparseCodec::Selection SparseCodec::select_rows(const at::Tensor& x, bool values) {
   const int64_t N = x.numel();
-  int64_t rows = o_.per_sample && x.dim() >= 2 ? x.size(0) : 1;
-  if (N == 0) rows = 1;
-  const int64_t D = N / rows;
-  at::Tensor idx, vals;
-  select(x, rows, D, idx, vals);
-  const int64_t n = idx.numel();
-  const int64_t k = o_.kind == SparseKind::kThreshold ? n : k_for(D);
-  TORCH_CHECK(n == rows * k, codec(), ": internal error: selected ", n, " entries, expected ", rows * k);
-  codec::EncodedIndex enc = codec::encode_index(idx, N, o_.index);
+  Selection s;
+  s.rows = o_.per_sample && x.dim() >= 2 ? x.size(0) : 1;
+  if (N == 0) s.rows = 1;
+  const int64_t D = N / s.rows;
+  select(x, s.rows, D, s.idx, s.vals, values);
+  const int64_t n = s.idx.numel();
+  s.k = o_.kind == SparseKind::kThreshold ? n : k_for(D);
+  TORCH_CHECK(n == s.rows * s.k, codec(), ": internal error: selected ", n, " entries, expected ", s.rows * s.k);
+  return s;
+}
+
+Payload SparseCodec::plain_header(const at::Tensor& x, const Selection& s, codec::IndexFormat format,
+                                  int64_t index_bytes) const {
   Payload p;
   p.codec = codec_id(codec());
   p.dtype = x.scalar_type();
   p.shape = x.sizes().vec();
-  p.params = {kPlain,
-              o_.per_sample ? 1 : 0,
-              rows,
-              k,
-              codec::wire_type_param(o_.values),
-              static_cast<int64_t>(enc.format),
-              enc.bytes.numel()};
+  const int64_t scope = o_.per_sample ? 1 : 0, wire = codec::wire_type_param(o_.values);
+  p.params = {kPlain, scope, s.rows, s.k, wire, static_cast<int64_t>(format), index_bytes};
+  layout(p);  // validates
+  return p;
+}
+
+Payload SparseCodec::pack_rest(const at::Tensor& x, const Selection& s, const codec::EncodedIndex& enc,
+                               std::vector<at::Tensor>& values) const {
+  Payload p = plain_header(x, s, enc.format, enc.bytes.numel());
   p.body = enc.bytes;
   Layout l = layout(p);
   const double f = rescale_factor(l);
-  values = {(f == 1.0 ? vals : vals * f).view(l.section_shape())};
+  values = {(f == 1.0 ? s.vals : s.vals * f).view(l.section_shape())};
+  return p;
+}
+
+Payload SparseCodec::encode_parts(const at::Tensor& x, const CodecContext& ctx, std::vector<at::Tensor>& values) {
+  Selection s = select_rows(x, /*values=*/true);
+  return pack_rest(x, s, codec::encode_index(s.idx, x.numel(), o_.index), values);
+}
+
+// Note [fused sparse packing]. On a CUDA float32 tensor, the ATen path packs a selection in
+// several passes: the gather of the kept values (index_select), the fp16 clamp, the cast, the
+// cast of the indices (or a zeroed mask, index_fill and pack_bits for a bitmap) and the copies
+// into the body; decoding runs the inverse plus a zeros and an index_put. The fused kernels
+// (compression/cuda/sparse_*) write the body in one pass over the selection and decode it in one
+// (two for a bitmap: its popcounts, then a cumsum, then the scatter). What stays ATen:
+//   - the selection itself (kthvalue, the tie mask, positions_of; RandK's mask is drawn on the
+//     host): selecting is not a packing pass, and it yields the sorted indices the kernels take;
+//   - delta indices: varints make the body's size and each index's offset a prefix sum over the
+//     data (and knowing the size reads it back to the host), so `index=delta` stays on the ATen
+//     path; auto never picks delta on a device (pick_index_format);
+//   - RandK with rescale=true (values times D/k: the ATen product is kept), other dtypes than
+//     float32, shared (backward) mode and compositions (`topk | quant`: the values go to quant);
+//   - decoding bytes that must be checked first: received from another process, or with their
+//     host copy (decode_index checks them and names the corruption; the kernels only stay in
+//     bounds). Under HostEmulationGuard (CPU tests) the checks run first, then the kernels' logic.
+// Payload bytes are the ATen path's and the CPU path's, bit for bit (tests/compression/
+// sparse_cuda_test.cpp).
+namespace {
+codec::gpu::SparseLayout kernel_layout(int64_t n, int64_t universe, codec::IndexFormat f, int64_t index_bytes,
+                                       at::ScalarType wire) {
+  return {n,
+          universe,
+          f == codec::IndexFormat::kBitmap,
+          static_cast<int>(codec::index_int_width(universe)),
+          index_bytes,
+          codec::kernel_wire_type(wire)};
+}
+}  // namespace
+
+bool SparseCodec::fused_encode(const at::Tensor& x) const {
+  return x.scalar_type() == at::kFloat && codec::use_fused_kernel(x) && o_.index != codec::IndexFormat::kDelta &&
+         !(o_.kind == SparseKind::kRandK && o_.rescale);
+}
+
+Payload SparseCodec::encode(const at::Tensor& x, const CodecContext& ctx) {
+  if (!fused_encode(x)) return SectionedCodec::encode(x, ctx);
+  codec::check_input(x, codec());
+  const int64_t N = x.numel();
+  Selection s = select_rows(x, /*values=*/x.device().is_cpu());
+  const codec::IndexFormat f = codec::pick_index_format(s.idx, N, o_.index);
+  if (f == codec::IndexFormat::kDelta) {  // auto on the host only (host emulation): the CPU path's bytes
+    std::vector<at::Tensor> values;
+    Payload rest = pack_rest(x, s, codec::encode_index(s.idx, N, f), values);
+    return join_parts(std::move(rest), values);
+  }
+  const int64_t n = s.idx.numel();
+  const int64_t index_bytes =
+      f == codec::IndexFormat::kBitmap ? codec::index_bitmap_bytes(N) : codec::index_int_bytes(n, N);
+  const codec::gpu::SparseLayout kl = kernel_layout(n, N, f, index_bytes, o_.values);
+  at::Tensor xf = x.contiguous(), idx = s.idx.contiguous();  // (N) float32, (n) int64
+  at::Tensor body = at::empty({index_bytes + n * codec::gpu::wire_size(kl.wire)}, x.options().dtype(at::kByte));
+  if (x.is_cuda())
+    codec::gpu::sparse_pack_cuda(x.get_device(), xf.data_ptr<float>(), idx.data_ptr<int64_t>(), kl,
+                                 body.data_ptr<uint8_t>());
+  else
+    codec::gpu::sparse_pack_host(xf.data_ptr<float>(), idx.data_ptr<int64_t>(), kl, body.data_ptr<uint8_t>());
+  Payload p = plain_header(x, s, f, index_bytes);
+  p.body = body;
   return p;
 }
 
@@ -248,6 +322,45 @@ at::Tensor SparseCodec::decode_parts(const Payload& rest, const std::vector<at::
   TORCH_CHECK(values.size() == 1, codec(), ": expected one value section, got ", values.size());
   at::Tensor idx = codec::decode_index(l.format, body_or_empty(rest), l.rows * l.k, l.numel, codec(), source_of(rest));
   return scatter(rest, l.numel, idx, values[0]);
+}
+
+bool SparseCodec::fused_decode(const Payload& p) const {
+  if (p.dtype != at::kFloat || !p.body.defined() || !codec::use_fused_kernel(p.body)) return false;
+  // Anything unusual takes the ATen path, which names what is wrong with it.
+  if (p.codec != codec_id(codec()) || p.params.size() != 7 || p.params[0] != kPlain) return false;
+  const int64_t format = p.params[5];
+  if (format != int64_t(codec::IndexFormat::kInt) && format != int64_t(codec::IndexFormat::kBitmap)) return false;
+  // Device bytes that decode_index would check first (Note [fused sparse packing]).
+  return p.body.device().is_cpu() || (!p.from_wire && !p.host_body.defined());
+}
+
+at::Tensor SparseCodec::decode(const Payload& p, const CodecContext& ctx) {
+  if (!fused_decode(p)) return SectionedCodec::decode(p, ctx);
+  Layout l = layout(p);
+  const int64_t n = l.rows * l.k;
+  const int64_t want = l.index_bytes + n * static_cast<int64_t>(c10::elementSize(l.wire));
+  TORCH_CHECK(static_cast<int64_t>(p.body_bytes()) == want, codec(), ": corrupt payload: body of ", p.body_bytes(),
+              " bytes, its header announces ", want);
+  at::Tensor body = p.body.contiguous();  // (want) uint8
+  // Host emulation: the ATen path's checks of the index first.
+  if (body.device().is_cpu())
+    codec::decode_index(l.format, body.narrow(0, 0, l.index_bytes), n, l.numel, codec(), source_of(p));
+  const codec::gpu::SparseLayout kl = kernel_layout(n, l.numel, l.format, l.index_bytes, l.wire);
+  at::Tensor out = kl.bitmap ? at::empty({l.numel}, body.options().dtype(at::kFloat))  // (N) every one written
+                             : at::zeros({l.numel}, body.options().dtype(at::kFloat));
+  at::Tensor ranks = at::empty({kl.bitmap ? l.index_bytes : 0}, body.options().dtype(at::kLong));  // (index bytes)
+  const uint8_t* in = body.data_ptr<uint8_t>();
+  if (body.is_cuda()) {
+    const int device = body.get_device();
+    if (kl.bitmap) codec::gpu::bitmap_counts_cuda(device, in, l.index_bytes, ranks.data_ptr<int64_t>());
+    ranks = ranks.cumsum(0);  // popcounts -> inclusive ranks
+    codec::gpu::sparse_unpack_cuda(device, in, ranks.data_ptr<int64_t>(), kl, out.data_ptr<float>());
+  } else {
+    if (kl.bitmap) codec::gpu::bitmap_counts_host(in, l.index_bytes, ranks.data_ptr<int64_t>());
+    ranks = ranks.cumsum(0);
+    codec::gpu::sparse_unpack_host(in, ranks.data_ptr<int64_t>(), kl, out.data_ptr<float>());
+  }
+  return out.view(p.shape);
 }
 
 Payload SparseCodec::encode_shared_parts(const at::Tensor& g, const Payload& fwd_rest,

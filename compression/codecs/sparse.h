@@ -54,6 +54,10 @@ class SparseCodec : public SectionedCodec {
   /// Elements kept in a row of D (topk, randk); error if a count exceeds D.
   int64_t k_for(int64_t D) const;
 
+  /// Float32 tensors on CUDA take the fused packing kernels (Note [fused sparse packing]).
+  Payload encode(const at::Tensor& x, const CodecContext& ctx) override;
+  at::Tensor decode(const Payload& p, const CodecContext& ctx) override;
+
   Payload encode_parts(const at::Tensor& x, const CodecContext& ctx, std::vector<at::Tensor>& values) override;
   std::vector<Section> sections(const Payload& rest) const override;
   at::Tensor decode_parts(const Payload& rest, const std::vector<at::Tensor>& values, const CodecContext& ctx) override;
@@ -77,8 +81,20 @@ class SparseCodec : public SectionedCodec {
   };
   Layout layout(const Payload& rest) const;  // validated plain params
   // Selected flat indices ((n) int64, sorted) and their values ((n), x's dtype) of x viewed as
-  // (rows, D).
-  void select(const at::Tensor& x, int64_t rows, int64_t D, at::Tensor& idx, at::Tensor& vals);
+  // (rows, D). Without `values`, vals may stay undefined (device paths skip the gather).
+  void select(const at::Tensor& x, int64_t rows, int64_t D, at::Tensor& idx, at::Tensor& vals, bool values = true);
+  struct Selection {
+    int64_t rows, k;
+    at::Tensor idx, vals;  // (rows * k) int64, and values as select gives them
+  };
+  Selection select_rows(const at::Tensor& x, bool values);
+  // The plain payload's header (no body); with pack_rest, the index bytes as its body and the value
+  // section.
+  Payload plain_header(const at::Tensor& x, const Selection& s, codec::IndexFormat format, int64_t index_bytes) const;
+  Payload pack_rest(const at::Tensor& x, const Selection& s, const codec::EncodedIndex& enc,
+                    std::vector<at::Tensor>& values) const;
+  bool fused_encode(const at::Tensor& x) const;
+  bool fused_decode(const Payload& p) const;
   at::Tensor randk_mask(int64_t rows, int64_t D, int64_t k);
   double rescale_factor(const Layout& l) const;
 

@@ -229,22 +229,23 @@ int64_t index_delta_bytes(const at::Tensor& idx) {
   return idx.numel() == 0 ? 0 : varint_lengths(gaps_of(idx)).sum().item<int64_t>();
 }
 
+IndexFormat pick_index_format(const at::Tensor& idx, int64_t universe, std::optional<IndexFormat> forced) {
+  if (forced) return *forced;
+  // Varints take at least one byte per index, so the delta size is only computed when it can win.
+  // Off the CPU it is not computed at all: its size depends on the data, and knowing it would
+  // synchronise with the device (Note [host synchronisation], payload.cpp).
+  const int64_t n = idx.numel();
+  const int64_t plain = index_int_bytes(n, universe), bitmap = index_bitmap_bytes(universe);
+  const int64_t best = std::min(plain, bitmap);
+  if (!on_device(idx) && n < best && index_delta_bytes(idx) < best) return IndexFormat::kDelta;
+  return bitmap < plain ? IndexFormat::kBitmap : IndexFormat::kInt;
+}
+
 EncodedIndex encode_index(const at::Tensor& idx_in, int64_t universe, std::optional<IndexFormat> forced) {
   TORCH_CHECK(idx_in.scalar_type() == at::kLong && idx_in.dim() == 1, "encode_index: expected (n) int64 indices");
   at::Tensor idx = idx_in.contiguous();
   const int64_t n = idx.numel();
-  IndexFormat f;
-  if (forced) {
-    f = *forced;
-  } else {
-    // Varints take at least one byte per index, so the delta size is only computed when it can win.
-    // Off the CPU it is not computed at all: its size depends on the data, and knowing it would
-    // synchronise with the device (Note [host synchronisation], payload.cpp).
-    const int64_t plain = index_int_bytes(n, universe), bitmap = index_bitmap_bytes(universe);
-    f = bitmap < plain ? IndexFormat::kBitmap : IndexFormat::kInt;
-    const int64_t best = std::min(plain, bitmap);
-    if (!on_device(idx) && n < best && index_delta_bytes(idx) < best) f = IndexFormat::kDelta;
-  }
+  const IndexFormat f = pick_index_format(idx, universe, forced);
   const bool cpu = use_cpu_kernel(idx);
   at::Tensor bytes;
   switch (f) {

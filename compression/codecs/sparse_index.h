@@ -35,6 +35,8 @@ struct EncodedIndex {
   at::Tensor bytes;  // (size) uint8, on idx's device
 };
 
+/// The form encode_index writes: `forced`, else the cheapest (delta only where idx is on the host).
+IndexFormat pick_index_format(const at::Tensor& idx, int64_t universe, std::optional<IndexFormat> forced);
 /// idx: (n) int64, strictly increasing, in [0, universe). forced: a fixed form, else the cheapest.
 EncodedIndex encode_index(const at::Tensor& idx, int64_t universe, std::optional<IndexFormat> forced);
 /// Where index bytes came from (see Note [host synchronisation] in compression/payload.cpp).

@@ -21,6 +21,9 @@ bool kernels_built();
 /// Codecs ask codec::use_cuda_kernel (common.h), which also honours PortableKernelsGuard.
 bool kernels_enabled();
 
+/// The error of a kernel entry point in a build without the kernels, naming the codec.
+[[noreturn]] void no_cuda_kernels(const char* codec);
+
 /// Pointers into the memory of CUDA device `device`; runs on that device's current stream (no
 /// host synchronisation). Error in a build without the kernels.
 void quantise_pack_cuda(int device, const float* x, const QuantGeometry& g, const QuantParams& q, uint8_t* out);

@@ -27,22 +27,22 @@ bool kernels_enabled() {
   return kernels_built() && env_on;
 }
 
+void no_cuda_kernels(const char* codec) {
+  TORCH_CHECK(false, codec,
+              ": this build of tapeline has no CUDA kernels (configure against a CUDA libtorch with nvcc on PATH, "
+              "docs/GPU.md); CUDA tensors take the ATen path");
+}
+
 #ifndef TAPELINE_CUDA_KERNELS
 void quantise_pack_cuda(int, const float*, const QuantGeometry&, const QuantParams&, uint8_t*) {
-  TORCH_CHECK(false,
-              "quant: this build of tapeline has no CUDA kernels (configure against a CUDA libtorch with nvcc "
-              "on PATH, docs/GPU.md); CUDA tensors take the ATen path");
+  no_cuda_kernels("quant");
 }
 void unpack_dequantise_cuda(int, const uint8_t*, const QuantGeometry&, const DequantParams&, float*) {
-  TORCH_CHECK(false,
-              "quant: this build of tapeline has no CUDA kernels (configure against a CUDA libtorch with nvcc "
-              "on PATH, docs/GPU.md); CUDA tensors take the ATen path");
+  no_cuda_kernels("quant");
 }
 void quantise_pack_residual_cuda(int, const float*, const QuantGeometry&, const QuantParams&, const DequantParams&,
                                  uint8_t*, float*) {
-  TORCH_CHECK(false,
-              "ef(quant): this build of tapeline has no CUDA kernels (configure against a CUDA libtorch with "
-              "nvcc on PATH, docs/GPU.md); CUDA tensors take the ATen path");
+  no_cuda_kernels("ef(quant)");
 }
 #endif
 

@@ -23,14 +23,7 @@
 #include <cstdint>
 
 #include "compression/codecs/quant_kernels.h"  // QuantGeometry, QuantParams, DequantParams
-
-#if defined(__CUDACC__)
-#define TL_HD __host__ __device__ __forceinline__
-#elif defined(__GNUC__)
-#define TL_HD inline __attribute__((always_inline))  // the CPU fast path's loops must stay vectorised
-#else
-#define TL_HD inline
-#endif
+#include "compression/cuda/hd.h"               // TL_HD
 
 namespace tl::codec::gpu {
 

@@ -2,6 +2,9 @@
 
 #include <cctype>
 
+#include "compression/codecs/common.h"
+#include "compression/cuda/aqsgd_cuda.h"
+
 namespace tl {
 
 using stateful::accumulation_type;
@@ -18,6 +21,27 @@ bool is_spec_word(const std::string& w) {
   return true;
 }
 const char* dtype_word(at::ScalarType t) { return t == at::kHalf ? "fp16" : t == at::kBFloat16 ? "bf16" : "fp32"; }
+
+// Note [fused AQ-SGD passes]. On a CUDA float32 message whose cache rows are in memory on the same
+// device, the ATen path's gather, subtraction, addition, cast and index_copy become two kernels
+// (compression/cuda/aqsgd_*): the sender's x - m(id) in one pass, and m(id) <- m(id) + c in
+// place in one (the receiver's also writes its output). They compute what the ATen path computes,
+// in the same float32 operations and the same rounding to the cache's type, so the caches and the
+// payloads are equal bit for bit (tests/compression/aqsgd_test.cpp, on the host through
+// HostEmulationGuard). File-backed caches (host memory), float64 messages and caches on another
+// device keep the ATen path. The inner codec runs between the two passes as before.
+codec::gpu::CacheRows cache_rows(const at::Tensor& rows, const at::Tensor& ids_on_device, int64_t d) {
+  return {rows.data_ptr(), codec::kernel_wire_type(rows.scalar_type()), d, ids_on_device.data_ptr<int64_t>(),
+          ids_on_device.numel()};
+}
+
+// m(ids) <- m(ids) + c, and out = the new m(ids) when given: the kernel, or its logic on the host.
+void update_rows(const at::Tensor& c, const codec::gpu::CacheRows& m, float* out) {
+  if (c.is_cuda())
+    codec::gpu::aqsgd_update_cuda(c.get_device(), c.data_ptr<float>(), m, out);
+  else
+    codec::gpu::aqsgd_update_host(c.data_ptr<float>(), m, out);
+}
 }  // namespace
 
 AqSgd::AqSgd(CompressorPtr inner, Options opt) : WrappingCompressor("AqSgd", std::move(inner)), opt_(std::move(opt)) {
@@ -73,6 +97,22 @@ Payload AqSgd::encode(const at::Tensor& x, const CodecContext& ctx) {
   }
   const at::ScalarType acc = accumulation_type(x.scalar_type());
   const int64_t d = batch > 0 ? x.numel() / batch : 0;
+  if (x.scalar_type() == at::kFloat && codec::use_fused_kernel(x)) {
+    at::Tensor rows = sender_->rows_in_place(ids, d, x.device());  // (N, D)
+    if (rows.defined()) {
+      // Note [fused AQ-SGD passes].
+      at::Tensor ids_d = ids.to(x.device()).contiguous(), xc = x.contiguous();  // (B), (B, ...)
+      const codec::gpu::CacheRows m = cache_rows(rows, ids_d, d);
+      at::Tensor delta = at::empty_like(xc);  // x - m(id)
+      if (xc.is_cuda())
+        codec::gpu::aqsgd_delta_cuda(xc.get_device(), xc.data_ptr<float>(), m, delta.data_ptr<float>());
+      else
+        codec::gpu::aqsgd_delta_host(xc.data_ptr<float>(), m, delta.data_ptr<float>());
+      Payload p = inner_->encode(delta, ctx);
+      update_rows(inner_->decode(p, ctx).to(at::kFloat).contiguous(), m, nullptr);
+      return p;
+    }
+  }
   at::Tensor m = sender_->gather(ids, d, acc, x.device()).view(x.sizes());  // m(id)
   Payload p = inner_->encode((x.to(acc) - m).to(x.scalar_type()), ctx);     // C(x - m)
   at::Tensor c = inner_->decode(p, ctx).to(acc);
@@ -101,6 +141,16 @@ at::Tensor AqSgd::decode(const Payload& p, const CodecContext& ctx) {
   at::Tensor c = inner_->decode(p, ctx);
   const at::ScalarType acc = accumulation_type(p.dtype);
   const int64_t d = batch > 0 ? c.numel() / batch : 0;
+  if (p.dtype == at::kFloat && codec::use_fused_kernel(c)) {
+    at::Tensor rows = receiver_->rows_in_place(ids, d, c.device());  // (N, D)
+    if (rows.defined()) {
+      // Note [fused AQ-SGD passes].
+      at::Tensor ids_d = ids.to(c.device()).contiguous(), cf = c.to(at::kFloat).contiguous();  // (B), (B, ...)
+      at::Tensor out = at::empty_like(cf);                                                     // the new m(id)
+      update_rows(cf, cache_rows(rows, ids_d, d), out.data_ptr<float>());
+      return out;
+    }
+  }
   at::Tensor m = receiver_->gather(ids, d, acc, c.device()).view(c.sizes()) + c.to(acc);
   at::Tensor stored = m.to(opt_.cache.dtype);  // what the cache holds (rounded like the sender's)
   receiver_->set(ids, stored.reshape({batch, -1}));

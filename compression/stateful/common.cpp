@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstring>
 
-
 namespace tl {
 namespace stateful {
 
@@ -194,6 +193,13 @@ void SampleCache::set(const at::Tensor& ids, const at::Tensor& rows_in) {
   at::Tensor r = rows();
   r.index_copy_(0, ids.to(r.device()), rows_in.to(r.device(), r.scalar_type()));
   seen_.mutable_data().index_fill_(0, ids.to(seen_.device()), 1);
+}
+
+at::Tensor SampleCache::rows_in_place(const at::Tensor& ids, int64_t row_numel, at::Device device) {
+  if (!opt_.file.empty() || ids.numel() == 0) return at::Tensor();
+  ensure(row_numel, ids.max().item<int64_t>(), device);
+  const at::Tensor& r = rows_.data();
+  return r.dim() == 2 && r.device() == device && r.is_contiguous() ? r : at::Tensor();
 }
 
 bool SampleCache::all_seen(const at::Tensor& ids) {

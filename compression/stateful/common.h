@@ -96,6 +96,9 @@ class SampleCache {
   at::Tensor gather(const at::Tensor& ids, int64_t row_numel, at::ScalarType dtype, at::Device device);
   /// rows (B, D): cache[ids] <- rows (stored in the cache dtype), and marks them seen.
   void set(const at::Tensor& ids, const at::Tensor& rows);
+  /// The rows (N, D) themselves, for kernels that update them in place (rows ids, D = row_numel):
+  /// when they are in memory, contiguous and on `device`; else undefined (file-backed, elsewhere).
+  at::Tensor rows_in_place(const at::Tensor& ids, int64_t row_numel, at::Device device);
   /// Whether every id was written before (ids beyond the current size: no).
   bool all_seen(const at::Tensor& ids);
   /// Forgets every row (the file, if any, is kept; its rows count as unwritten).

@@ -1,18 +1,25 @@
 // AQ-SGD: warm-up sends raw, the per-sample cache tracks a fixed input at both ends, unseen samples
-// go raw, missing ids are a clear error, fp16 and memory-mapped caches.
+// go raw, missing ids are a clear error, fp16 and memory-mapped caches. The fused CUDA kernels of
+// its cache passes (compression/cuda/aqsgd_*): their logic, run on the host by HostEmulationGuard,
+// leaves both caches, the payloads and the receiver's outputs equal, bit for bit and step after
+// step, to the ATen path's, for every cache type and a quantising and a sparsifying inner codec; on
+// a GPU (label gpu) the kernels themselves do, against the CPU.
 #include "compression/stateful/aqsgd.h"
 
 #include <unistd.h>
 
 #include <filesystem>
 
+#include "compression/cuda/aqsgd_cuda.h"
 #include "compression/spec.h"
 #include "tests/common/testing.h"
+#include "tests/compression/codec_testing.h"
 
 namespace tl {
 namespace {
 
 using testing::all_close;
+using testing::same_payload;
 
 std::shared_ptr<AqSgd> make_aqsgd(const std::string& spec) {
   auto c = std::dynamic_pointer_cast<AqSgd>(parse_compressor(spec));
@@ -180,6 +187,110 @@ TEST(AqSgd, SpecRoundTrip) {
   }
   EXPECT_THROW(parse_compressor("aqsgd(quant(4), cache=int8)"), c10::Error);
   EXPECT_THROW(parse_compressor("aqsgd(quant(4), warmup=-1)"), c10::Error);
+}
+
+// Every registered buffer of a and b (the caches' rows and seen masks) equal, bit for bit.
+::testing::AssertionResult same_buffers(AqSgd& a, AqSgd& b) {
+  auto ba = a.named_buffers(), bb = b.named_buffers();
+  if (ba.size() != bb.size()) return ::testing::AssertionFailure() << ba.size() << " vs " << bb.size() << " buffers";
+  for (size_t i = 0; i < ba.size(); ++i) {
+    const at::Tensor x = ba[i].second.data(), y = bb[i].second.data();
+    if (ba[i].first != bb[i].first || !x.sizes().equals(y.sizes()) || x.scalar_type() != y.scalar_type() ||
+        !at::equal(x.cpu(), y.cpu()))
+      return ::testing::AssertionFailure() << "buffer " << ba[i].first << " differs";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+const std::vector<std::string>& aqsgd_specs() {
+  static const std::vector<std::string> specs = {
+      "aqsgd(quant(4), warmup=0)", "aqsgd(quant(3, scale=channel), warmup=0, cache=fp16)",
+      "aqsgd(quant(2), warmup=0, cache=bf16)", "aqsgd(topk(0.3), warmup=0, cache=fp16)",
+      "aqsgd(topk(0.3, values=fp32), warmup=0)"};
+  return specs;
+}
+
+// Steps over overlapping micro-batches of ids (new ids go raw, seen ones as deltas), with inputs
+// that drift, so deltas are small and caches change every step. (B, 5, 7) float32 messages.
+struct Step {
+  std::vector<int64_t> ids;
+  at::Tensor x;
+};
+std::vector<Step> aqsgd_steps() {
+  at::manual_seed(41);
+  at::Tensor base = at::randn({12, 5, 7}) * 3;  // one message per sample id
+  const std::vector<std::vector<int64_t>> batches = {{0, 1, 2, 3}, {4, 5, 6, 7},   {2, 0, 3, 1},  {5, 7, 4, 6},
+                                                     {0, 1, 2, 3}, {8, 9, 10, 11}, {11, 1, 6, 8}, {3, 10, 9, 2}};
+  std::vector<Step> steps;
+  for (size_t s = 0; s < batches.size(); ++s) {
+    at::Tensor idx = at::tensor(batches[s], at::kLong);
+    steps.push_back({batches[s], base.index_select(0, idx) + 0.05 * static_cast<double>(s) * at::randn({4, 5, 7})});
+  }
+  return steps;
+}
+
+TEST(AqSgdKernelLogic, SameCachesPayloadsAndOutputsAsAtenPath) {
+  const std::vector<Step> steps = aqsgd_steps();
+  for (const auto& spec : aqsgd_specs()) {
+    auto aten = make_aqsgd(spec), fused = make_aqsgd(spec);
+    int64_t deltas = 0;
+    for (size_t s = 0; s < steps.size(); ++s) {
+      const std::string where = spec + ", step " + std::to_string(s);
+      CodecContext ctx = ctx_for(steps[s].ids, 0);
+      Payload pa = aten->encode(steps[s].x, ctx);
+      at::Tensor ya = aten->decode(pa, ctx);
+      const int64_t runs = codec::gpu::aqsgd_host_runs();
+      Payload pf;
+      at::Tensor yf;
+      {
+        codec::gpu::HostEmulationGuard guard;
+        pf = fused->encode(steps[s].x, ctx);
+        yf = fused->decode(pf, ctx);
+      }
+      const bool raw = AqSgd::is_raw(pa);
+      deltas += !raw;
+      // A delta step runs the delta and update passes at the sender and the update at the receiver.
+      EXPECT_EQ(codec::gpu::aqsgd_host_runs() - runs, raw ? 0 : 3) << where << ": the kernels' logic did not run";
+      EXPECT_TRUE(same_payload(pf, pa)) << where;
+      EXPECT_TRUE(at::equal(yf, ya)) << where << ": receiver outputs differ, max diff "
+                                     << (yf - ya).abs().max().item<float>();
+      EXPECT_TRUE(same_buffers(*fused, *aten)) << where;
+    }
+    EXPECT_EQ(deltas, 5) << spec;
+  }
+}
+
+TEST(AqSgdKernelLogic, CacheRoundingFollowsAtensCasts) {
+  // The update rounds to fp16 as at::Tensor::to does: 65000 + 600 overflows to inf (no clamp).
+  const float big = 65000.0f;
+  at::Tensor rows = at::full({2, 3}, big).to(at::kHalf);  // (N, D)
+  at::Tensor ids = at::tensor({1}, at::kLong);
+  at::Tensor c = at::tensor({600.0f, -0.5f, 1e-8f}).view({1, 3});
+  at::Tensor want = (rows.index_select(0, ids).to(at::kFloat) + c).to(at::kHalf);
+  const codec::gpu::CacheRows m{rows.data_ptr(), codec::gpu::WireType::kF16, 3, ids.data_ptr<int64_t>(), 1};
+  at::Tensor out = at::empty({1, 3});
+  codec::gpu::aqsgd_update_host(c.data_ptr<float>(), m, out.data_ptr<float>());
+  EXPECT_TRUE(at::equal(rows[1].view({1, 3}), want));
+  EXPECT_TRUE(std::isinf(out[0][0].item<float>()));
+  EXPECT_TRUE(at::equal(rows[0], at::full({3}, big).to(at::kHalf))) << "row 0 is not in the batch";
+}
+
+TEST(AqSgdGpu, KernelCachesEqualCpu) {
+  std::string why;
+  if (testing::skip_without_cuda_kernels(&why)) GTEST_SKIP() << why;
+  const std::vector<Step> steps = aqsgd_steps();
+  for (const auto& spec : aqsgd_specs()) {
+    auto cpu = make_aqsgd(spec), gpu = make_aqsgd(spec);
+    for (size_t s = 0; s < steps.size(); ++s) {
+      const std::string where = spec + ", step " + std::to_string(s);
+      CodecContext ctx = ctx_for(steps[s].ids, 0);
+      Payload pc = cpu->encode(steps[s].x, ctx);
+      Payload pg = gpu->encode(steps[s].x.cuda(), ctx);
+      EXPECT_TRUE(same_payload(pg, pc)) << where;
+      EXPECT_TRUE(at::equal(gpu->decode(pg, ctx).cpu(), cpu->decode(pc, ctx))) << where;
+      EXPECT_TRUE(same_buffers(*gpu, *cpu)) << where;
+    }
+  }
 }
 
 }  // namespace

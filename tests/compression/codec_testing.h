@@ -34,6 +34,41 @@ inline ::testing::AssertionResult same_payload(const Payload& a, const Payload& 
   return ::testing::AssertionSuccess();
 }
 
+/// Whether a GPU test of the fused CUDA kernels must skip (no device, a build without the kernels,
+/// TAPELINE_CUDA_KERNELS=0), and why.
+inline bool skip_without_cuda_kernels(std::string* why) {
+  if (!at::hasCUDA()) {
+    *why = "no CUDA device";
+    return true;
+  }
+  if (!codec::gpu::kernels_built()) {
+    *why = "this build has no CUDA kernels (configure against a CUDA libtorch with nvcc, docs/GPU.md)";
+    return true;
+  }
+  if (!codec::gpu::kernels_enabled()) {
+    *why = "TAPELINE_CUDA_KERNELS=0 selects the ATen path";
+    return true;
+  }
+  return false;
+}
+
+/// On a CUDA device: the payload of x.cuda() (the fused kernels) is x's CPU payload, byte for byte,
+/// and decodes to the same values; so is the ATen path's payload on the device. Three codecs of
+/// one spec, for codecs that draw from their own state (RandK), or one thrice.
+inline void expect_cuda_payload_is_cpus(const CompressorPtr& cpu_c, const CompressorPtr& gpu_c,
+                                        const CompressorPtr& aten_c, const at::Tensor& x, const std::string& where) {
+  CodecContext ctx;
+  Payload cpu = cpu_c->encode(x, ctx);
+  Payload gpu = gpu_c->encode(x.cuda(), ctx);
+  EXPECT_TRUE(!gpu.body.defined() || gpu.body.numel() == 0 || gpu.body.is_cuda()) << where;
+  EXPECT_TRUE(same_payload(gpu, cpu)) << where;
+  at::Tensor y = gpu_c->decode(gpu, ctx);
+  EXPECT_TRUE(y.is_cuda()) << where;
+  EXPECT_TRUE(at::equal(y.cpu(), cpu_c->decode(cpu, ctx))) << where;
+  codec::PortableKernelsGuard guard;  // the ATen path on the device
+  EXPECT_TRUE(same_payload(aten_c->encode(x.cuda(), ctx), cpu)) << where << ": ATen path on the GPU";
+}
+
 /// The error message of f(), or "" if it did not throw.
 template <class F>
 std::string error_of(F f) {

@@ -186,43 +186,16 @@ TEST(QuantKernelLogic, KernelsFollowTheBuildAndTheEnvironment) {
   }
 }
 
-// A CUDA device and a build with the kernels: the kernels' payloads are the CPU path's bytes.
-bool skip_without_kernels(std::string* why) {
-  if (!at::hasCUDA()) {
-    *why = "no CUDA device";
-    return true;
-  }
-  if (!codec::gpu::kernels_built()) {
-    *why = "this build has no CUDA kernels (configure against a CUDA libtorch with nvcc, docs/GPU.md)";
-    return true;
-  }
-  if (!codec::gpu::kernels_enabled()) {
-    *why = "TAPELINE_CUDA_KERNELS=0 selects the ATen path";
-    return true;
-  }
-  return false;
-}
-
 TEST(QuantGpu, KernelPayloadsEqualCpuBytes) {
   std::string why;
-  if (skip_without_kernels(&why)) GTEST_SKIP() << why;
+  if (testing::skip_without_cuda_kernels(&why)) GTEST_SKIP() << why;
   at::manual_seed(19);
-  CodecContext ctx;
   for (const auto& shape : quant_shapes()) {
     at::Tensor x = at::randn(shape);
     for (int64_t bits = 1; bits <= 8; ++bits) {
       for (const auto& spec : quant_specs(bits, shape.size() > 1)) {
         auto c = parse_compressor(spec);
-        const std::string where = spec + " shape " + c10::str(c10::IntArrayRef(shape));
-        Payload cpu = c->encode(x, ctx);
-        Payload gpu = c->encode(x.cuda(), ctx);
-        EXPECT_TRUE(gpu.body.is_cuda()) << where;
-        EXPECT_TRUE(same_payload(gpu, cpu)) << where;
-        at::Tensor y = c->decode(gpu, ctx);
-        EXPECT_TRUE(y.is_cuda()) << where;
-        EXPECT_TRUE(at::equal(y.cpu(), c->decode(cpu, ctx))) << where;
-        codec::PortableKernelsGuard guard;  // the ATen path on the device
-        EXPECT_TRUE(same_payload(c->encode(x.cuda(), ctx), cpu)) << where << ": ATen path on the GPU";
+        testing::expect_cuda_payload_is_cpus(c, c, c, x, spec + " shape " + c10::str(c10::IntArrayRef(shape)));
       }
     }
   }
@@ -230,7 +203,7 @@ TEST(QuantGpu, KernelPayloadsEqualCpuBytes) {
 
 TEST(QuantGpu, ErrorFeedbackOnTheDeviceEqualsCpu) {
   std::string why;
-  if (skip_without_kernels(&why)) GTEST_SKIP() << why;
+  if (testing::skip_without_cuda_kernels(&why)) GTEST_SKIP() << why;
   CodecContext ctx;
   auto cpu = std::dynamic_pointer_cast<ErrorFeedback>(parse_compressor("ef(quant(4, scale=channel))"));
   auto gpu = std::dynamic_pointer_cast<ErrorFeedback>(parse_compressor("ef(quant(4, scale=channel))"));
@@ -243,7 +216,7 @@ TEST(QuantGpu, ErrorFeedbackOnTheDeviceEqualsCpu) {
 
 TEST(QuantGpu, StochasticKernelEqualsCpuFastPath) {
   std::string why;
-  if (skip_without_kernels(&why)) GTEST_SKIP() << why;
+  if (testing::skip_without_cuda_kernels(&why)) GTEST_SKIP() << why;
   CodecContext ctx;
   at::Tensor x = at::randn({4, 3001});
   auto a = parse_compressor("quant(3, round=stochastic, seed=9)"),
