@@ -296,6 +296,11 @@ RunRecord read_run_record(const std::string& dir) {
   // target 0: none set; time_to_target_s < 0: not reached (the runner's conventions).
   if (auto t = number_of(j, {"target"}); t && *t > 0) r.target = t;
   if (auto t = number_of(j, {"time_to_target_s"}); t && *t >= 0 && r.target) r.time_to_target_s = t;
+  if (auto n = number_of(j, {"steps_to_target"}); n && *n > 0 && r.time_to_target_s)
+    r.steps_to_target = static_cast<int64_t>(*n);
+  const auto total = number_of(j, {"total_steps"});
+  const auto time = pick({"train_time_s"});
+  if (total && *total > 0 && time && *time > 0) r.time_per_step_s = *time / *total;
   return r;
 }
 
@@ -318,7 +323,9 @@ Comparison compare_runs(const std::vector<RunRecord>& runs) {
                                      "bytes/step",
                                      "ratio",
                                      "wall"};
-  if (any_target) header.push_back("time to target");
+  // Time to target and its two factors (docs/TIME.md): steps to it, and time per step.
+  if (any_target)
+    for (const char* h : {"steps to target", "time/step", "time to target"}) header.push_back(h);
   std::vector<std::vector<std::string>> cells = {header};
   for (const auto& r : runs) {
     std::string config = r.config.empty() ? "?" : fs::path(r.config).filename().string();
@@ -340,6 +347,8 @@ Comparison compare_runs(const std::vector<RunRecord>& runs) {
         std::string goal = metric_text(r.metric, r.target, false);
         t = r.time_to_target_s ? seconds_text(*r.time_to_target_s) + " to " + goal : "not reached (" + goal + ")";
       }
+      row.push_back(r.steps_to_target ? std::to_string(*r.steps_to_target) : "-");
+      row.push_back(r.time_per_step_s ? fixed(*r.time_per_step_s, 3) + " s" : "-");
       row.push_back(t);
     }
     cells.push_back(row);

@@ -40,6 +40,8 @@ struct RunRecord {
   std::optional<double> target;            // summary "target" when > 0 (0: none set)
   std::optional<double> time_to_target_s;  // training time until the metric (compression on) first reached
                                            // the target; unset when not reached (the summary's -1)
+  std::optional<int64_t> steps_to_target;  // optimizer steps until then (summaries that record it)
+  std::optional<double> time_per_step_s;   // the run's train_time_s / its steps (summaries that record them)
 };
 
 /// Reads RUN_DIR/summary.json (required) and RUN_DIR/metrics.csv (optional: the last row fills

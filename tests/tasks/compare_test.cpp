@@ -141,6 +141,28 @@ TEST(Compare, TargetZeroIsNoneAndMinusOneIsNotReached) {
   EXPECT_NE(compare_runs({reached}).table.find("42.0 s to 75.00%"), std::string::npos) << compare_runs({reached}).table;
 }
 
+TEST(Compare, TimeToTargetComesWithStepsToItAndTimePerStep) {
+  // docs/TIME.md: a run on the pipeline's timeline that reached its target after 48 of 64 steps.
+  TempDir dir;
+  fs::path d = dir.path() / "dense";
+  write(d / "metrics.csv",
+        "epoch,train_loss,train_metric,test_loss_compressed,test_loss_uncompressed,test_metric_compressed,"
+        "test_metric_uncompressed,bytes_forward,bytes_backward,bytes_uncompressed,steps,lr,wall_s,train_time_s\n"
+        "4,2.7,15.8,2.7,2.7,15.1,15.1,8000,8000,64000,16,0.0,100.0,64.256\n");
+  write(d / "summary.json", R"J({"name": "dense", "config": "configs/slowlink/dense_bf16.ini", "task": "lm",
+        "metric": "perplexity", "higher_is_better": false, "forward": "bf16", "backward": "bf16", "epochs": 4,
+        "epoch": 4, "target": 15.4, "time_to_target_s": 48.2, "steps_to_target": 48, "total_steps": 64,
+        "fingerprint": "fp"})J");
+  const RunRecord r = read_run_record(d.string());
+  ASSERT_TRUE(r.steps_to_target.has_value());
+  EXPECT_EQ(*r.steps_to_target, 48);
+  ASSERT_TRUE(r.time_per_step_s.has_value());
+  EXPECT_DOUBLE_EQ(*r.time_per_step_s, 64.256 / 64);
+  const std::string table = compare_runs({r}).table;
+  for (const char* cell : {"steps to target", "time/step", "1.004 s", "48.2 s to 15.400"})
+    EXPECT_NE(table.find(cell), std::string::npos) << cell << " missing from\n" << table;
+}
+
 TEST(Compare, ErrorsNameTheDirectory) {
   TempDir dir;
   const std::string missing = (dir.path() / "nope").string();
