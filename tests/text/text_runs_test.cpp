@@ -62,8 +62,8 @@ TEST(TextRuns, MiniLmFineTuningBeatsTheMajorityClass) {
   TempDir dir;
   Config c = config({{"task.name", "text"},
                      {"model.cuts", "layers.1, layers.3"},
-                     {"data.train_limit", "1536"},
-                     {"data.test_limit", "512"},
+                     {"data.train_limit", "1024"},
+                     {"data.test_limit", "256"},
                      {"data.max_length", "32"},
                      {"train.batch_size", "32"},
                      {"train.optimizer", "adamw"},
@@ -79,7 +79,8 @@ TEST(TextRuns, MiniLmFineTuningBeatsTheMajorityClass) {
   EXPECT_EQ(s.task, "text");
   EXPECT_EQ(s.metric, "accuracy");
   EXPECT_EQ(s.stages, 3);
-  std::printf("[ minilm ] 1536 glosses, 1 epoch: test accuracy %.1f%% (majority class %.1f%%)\n",
+  // 1536 / 512 glosses gave 51.4% against 14.1%; 1024 / 256 keep the margin at two thirds of the time.
+  std::printf("[ minilm ] 1024 glosses, 1 epoch: test accuracy %.1f%% (majority class %.1f%%)\n",
               100 * s.last.test_metric_uncompressed, 100 * majority);
   EXPECT_GT(s.last.test_metric_uncompressed, majority + 0.15) << "fine-tuning must beat the majority class clearly";
   EXPECT_EQ(s.last.test_metric_compressed, s.last.test_metric_uncompressed) << "identity boundaries";
