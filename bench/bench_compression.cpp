@@ -24,7 +24,8 @@
 //
 // Usage: bench_compression [--repeats N] [--threads N] [--raw-malloc] [--only SUBSTRING]
 #include <malloc.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <chrono>

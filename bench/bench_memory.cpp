@@ -12,6 +12,8 @@
 // it larger).
 //
 // Usage: bench_memory [stages (default 4)]
+#include <ATen/Parallel.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <set>

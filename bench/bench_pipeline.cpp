@@ -120,7 +120,8 @@
 //          [--no-links]
 #include <dlfcn.h>
 #include <malloc.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <numeric>

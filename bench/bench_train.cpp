@@ -12,9 +12,9 @@
 // The allocator keeps freed memory (as the tapeline CLI does).
 // Usage: bench_train [--rounds N] [--batch B] [--threads N] [--model resnet8|resnet20|resnet18]
 //                    [--width W] [--size HW] [--channels C] [--device cpu|cuda]
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <malloc.h>
-#include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>

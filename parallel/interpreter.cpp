@@ -1,6 +1,7 @@
 #include "parallel/interpreter.h"
 
 #include <chrono>
+#include <optional>
 
 #include "autograd/autograd.h"
 #include "autograd/cost.h"
@@ -9,25 +10,29 @@ namespace tl {
 
 // One compute action's duration: measured, and metered op by op when a device model is set
 // (Note [device model]); the rank's clock takes the modelled seconds when the model drives it.
+// Without a model no meter is installed, so the ops skip their cost accounting (flops() stays 0).
 class RankInterpreter::ActionTimer {
  public:
-  explicit ActionTimer(RankInterpreter& rank)
-      : rank_(rank), t0_(std::chrono::steady_clock::now()),
-        meter_(rank.model_ ? CostMeter([m = rank.model_](const OpCost& c) { return m->seconds(c); }) : CostMeter()),
-        guard_(meter_) {}
+  explicit ActionTimer(RankInterpreter& rank) : rank_(rank), t0_(std::chrono::steady_clock::now()) {
+    if (rank.model_) {
+      meter_.emplace([m = rank.model_](const OpCost& c) { return m->seconds(c); });
+      guard_.emplace(*meter_);
+    }
+  }
   /// The seconds the action adds to the rank's clock.
   double finish() {
     const double measured = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-    rank_.flops_ += meter_.total().flops;
-    rank_.modelled_s_ += meter_.seconds();
-    return rank_.model_clock_ ? meter_.seconds() : measured;
+    if (!meter_) return measured;
+    rank_.flops_ += meter_->total().flops;
+    rank_.modelled_s_ += meter_->seconds();
+    return rank_.model_clock_ ? meter_->seconds() : measured;
   }
 
  private:
   RankInterpreter& rank_;
   std::chrono::steady_clock::time_point t0_;
-  CostMeter meter_;
-  CostMeterGuard guard_;
+  std::optional<CostMeter> meter_;
+  std::optional<CostMeterGuard> guard_;  // after meter_: destroyed first
 };
 
 RankInterpreter::RankInterpreter(Pipeline& pipeline, const StageLayout& layout, int rank, RankSchedule list,

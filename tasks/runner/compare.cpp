@@ -91,13 +91,6 @@ std::string fixed(double v, int digits) {
   return s.str();
 }
 
-std::string bytes_text(double bytes) {
-  const char* units[] = {"B", "kB", "MB", "GB", "TB"};
-  int u = 0;
-  while (std::fabs(bytes) >= 1000.0 && u < 4) bytes /= 1000.0, ++u;
-  return fixed(bytes, u == 0 ? 0 : 2) + " " + units[u];
-}
-
 std::string seconds_text(double s) {
   if (s < 100) return fixed(s, 1) + " s";
   if (s < 3600) return fixed(s, 0) + " s";
@@ -239,6 +232,24 @@ void run_plot_module(const std::vector<std::string>& args, PlotResult& result) {
 }  // namespace
 
 // ---- RunRecord -------------------------------------------------------------------------------------
+RunRecord run_record(const RunSummary& s, const std::string& label, const std::string& dir) {
+  RunRecord r;
+  r.dir = dir.empty() ? label : dir;
+  r.label = label;
+  r.task = s.task, r.metric = s.metric, r.higher_is_better = s.higher_is_better;
+  r.config = s.config, r.forward = s.forward, r.backward = s.backward, r.fingerprint = s.fingerprint;
+  r.epochs = s.epochs, r.last_epoch = s.last.epoch;
+  r.metric_on = s.last.test_metric_compressed, r.metric_off = s.last.test_metric_uncompressed;
+  r.bytes_per_step = s.bytes_per_step(), r.uncompressed_bytes_per_step = s.uncompressed_bytes_per_step();
+  r.wall_s = s.last.wall_s;
+  // The same conventions as summary.json's (read_run_record): target 0 is none, -1 not reached.
+  if (s.target > 0) r.target = s.target;
+  if (r.target && s.time_to_target_s >= 0) r.time_to_target_s = s.time_to_target_s;
+  if (r.time_to_target_s && s.steps_to_target > 0) r.steps_to_target = s.steps_to_target;
+  if (s.time_per_step_s() > 0) r.time_per_step_s = s.time_per_step_s();
+  return r;
+}
+
 RunRecord read_run_record(const std::string& dir) {
   fs::path d(dir);
   if (!fs::is_directory(d))
@@ -338,7 +349,7 @@ Comparison compare_runs(const std::vector<RunRecord>& runs) {
                                     r.forward + " / " + r.backward,
                                     metric_text(r.metric, r.metric_on, name_metric),
                                     metric_text(r.metric, r.metric_off, name_metric),
-                                    bytes_text(r.bytes_per_step),
+                                    human_bytes(r.bytes_per_step),
                                     ratio,
                                     seconds_text(r.wall_s)};
     if (any_target) {

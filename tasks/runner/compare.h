@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "tasks/runner/report.h"
+
 namespace tl {
 
 /// What `tapeline compare` shows of one run directory.
@@ -43,6 +45,9 @@ struct RunRecord {
   std::optional<int64_t> steps_to_target;  // optimizer steps until then (summaries that record it)
   std::optional<double> time_per_step_s;   // the run's train_time_s / its steps (summaries that record them)
 };
+
+/// The record of a run this process has just trained (the table at the end of `tapeline train`).
+RunRecord run_record(const RunSummary& s, const std::string& label, const std::string& dir = "");
 
 /// Reads RUN_DIR/summary.json (required) and RUN_DIR/metrics.csv (optional: the last row fills
 /// what the summary lacks). A missing or malformed file is an error naming it and what was expected.

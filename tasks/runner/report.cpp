@@ -261,60 +261,6 @@ std::string format_metric(const std::string& metric, double value) {
   return s.str();
 }
 
-std::string comparison_table(const std::vector<std::pair<std::string, RunSummary>>& runs) {
-  const std::string metric = runs.empty() ? "accuracy" : runs.front().second.metric;
-  const std::string name = metric == "accuracy" ? "test acc" : "test " + metric;
-  std::vector<std::vector<std::string>> cells = {{"run", "compression (fwd / bwd)", name + ", compression on",
-                                                  name + ", compression off", "bytes/step", "uncompressed bytes/step",
-                                                  "ratio"}};
-  // Runs with a target: steps to it and time per step apart, then their product (docs/TIME.md).
-  bool targets = false;
-  for (const auto& run : runs) targets = targets || run.second.target > 0;
-  if (targets)
-    for (const char* c : {"steps to target", "time/step", "time to target"}) cells[0].push_back(c);
-  auto seconds = [](double s) {
-    std::ostringstream o;
-    o << std::fixed << std::setprecision(s < 10 ? 3 : 1) << s << " s";
-    return o.str();
-  };
-  for (const auto& [label, s] : runs) {
-    std::ostringstream r;
-    if (s.uncompressed_bytes_per_step() > 0)
-      r << std::fixed << std::setprecision(3) << s.bytes_per_step() / s.uncompressed_bytes_per_step() << "x";
-    else
-      r << "-";  // no boundary (model.cuts = none)
-    cells.push_back({label, s.forward + " / " + s.backward, format_metric(s.metric, s.last.test_metric_compressed),
-                     format_metric(s.metric, s.last.test_metric_uncompressed), human_bytes(s.bytes_per_step()),
-                     human_bytes(s.uncompressed_bytes_per_step()), r.str()});
-    if (targets) {
-      const bool hit = s.target > 0 && s.steps_to_target > 0;
-      cells.back().push_back(hit ? std::to_string(s.steps_to_target) : "not reached");
-      cells.back().push_back(s.time_per_step_s() > 0 ? seconds(s.time_per_step_s()) : "-");
-      cells.back().push_back(hit ? seconds(s.time_to_target_s) : "-");
-    }
-  }
-  std::vector<size_t> width(cells[0].size(), 0);
-  for (const auto& row : cells)
-    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
-  std::ostringstream out;
-  for (size_t r = 0; r < cells.size(); ++r) {
-    for (size_t c = 0; c < cells[r].size(); ++c) {
-      out << (c ? "  " : "");
-      if (c < 2)
-        out << std::left << std::setw(int(width[c])) << cells[r][c];
-      else
-        out << std::right << std::setw(int(width[c])) << cells[r][c];
-    }
-    out << "\n";
-    if (r == 0) {
-      size_t total = 0;
-      for (size_t w : width) total += w + 2;
-      out << std::string(total - 2, '-') << "\n";
-    }
-  }
-  return out.str();
-}
-
 Progress::Mode Progress::resolve(const std::string& setting) {
   if (setting == "bar") return Mode::kBar;
   if (setting == "plain") return Mode::kPlain;

@@ -113,9 +113,6 @@ void write_file_atomic(const std::string& path, const std::string& content);
 /// Appends one line (a '\n' is added).
 void append_line(const std::string& path, const std::string& line);
 
-/// The end-of-run table: one row per run (label, summary).
-std::string comparison_table(const std::vector<std::pair<std::string, RunSummary>>& runs);
-
 /// "1.23 MB", "512 B", ...
 std::string human_bytes(double bytes);
 

@@ -2,6 +2,8 @@
 // momentum / dampening / Nesterov / weight decay, Adam with and without amsgrad, AdamW), state
 // dict round trips that resume exactly, the weight-decay group builder, gradient clipping against
 // torch::nn::utils::clip_grad_norm_, and gradient accumulation against the full-batch gradient.
+#include <torch/torch.h>
+
 #include <cmath>
 #include <limits>
 

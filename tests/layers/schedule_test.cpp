@@ -2,6 +2,8 @@
 // against torch::optim::StepLR, the scheduler driving several groups, and its state round trip.
 #include "layers/optim/schedule.h"
 
+#include <torch/torch.h>
+
 #include <cmath>
 
 #include "layers/optim/sgd.h"

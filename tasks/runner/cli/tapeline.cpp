@@ -215,7 +215,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   }
 
   // The comparison table: this run, and the uncompressed baseline when one is available.
-  std::vector<std::pair<std::string, RunSummary>> rows = {{run.name, run}};
+  std::vector<RunRecord> rows = {run_record(run, run.name, req.out_dir)};
   std::vector<std::string> notes;
   fs::path out = fs::absolute(req.out_dir).lexically_normal();
   if (out.filename().empty()) out = out.parent_path();
@@ -248,7 +248,7 @@ int cmd_train(const std::vector<std::string>& argv) {
       usable = true;
     }
     if (usable) {
-      rows.emplace_back(baseline_dir.filename().string() + " (uncompressed)", *cached);
+      rows.push_back(run_record(*cached, baseline_dir.filename().string() + " (uncompressed)", baseline_dir.string()));
     } else if (cached) {
       notes.push_back("the run in " + baseline_dir.string() +
                       " is not comparable (different settings or unfinished); --with-baseline retrains it");
@@ -257,11 +257,11 @@ int cmd_train(const std::vector<std::string>& argv) {
                       "; add --with-baseline to train it (same settings, uncompressed boundaries)");
     }
   }
-  std::cout << "\n" << comparison_table(rows);
+  const Comparison table = compare_runs(rows);
+  std::cout << "\n" << table.table;
+  for (const auto& n : table.notes) std::cout << "note: " << n << "\n";
   for (const auto& n : notes) std::cout << "note: " << n << "\n";
-  if (run.last.epoch < run.epochs)
-    std::cout << "note: stopped after epoch " << run.last.epoch << " of " << run.epochs
-              << "; continue with tapeline train --resume " << req.out_dir << "\n";
+  // (An unfinished run is among compare's notes: "unfinished ...; tapeline train --resume DIR continues it".)
   if (!vm.count("no-plot")) {  // a picture of the run; never fails it
     std::string why;
     if (write_run_plot(req.out_dir, &why))
