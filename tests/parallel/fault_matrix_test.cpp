@@ -43,6 +43,7 @@ namespace {
 namespace fs = std::filesystem;
 namespace mp = tl::testing_mp;
 using Clock = std::chrono::steady_clock;
+using testing::jsonl_without_times;
 using testing::tapeline_path;
 
 constexpr double kTimeoutS = 4;  // dist.timeout_s of the faulty runs
@@ -71,32 +72,6 @@ std::string write_config(const fs::path& dir, const std::string& grid) {
     << "[boundary]\nforward = ef(topk(0.2))\nbackward = quant(bits=8)\n";
   if (grid == "2x2") f << "[parallel]\ndp = 2\n[dp]\ncompression = ef(powersgd(rank=2))\n";
   return path.string();
-}
-
-std::string metrics_without_times(const fs::path& run_dir) {
-  std::ifstream f(run_dir / "metrics.jsonl");
-  std::string out;
-  for (std::string line; std::getline(f, line);) {
-    if (line.empty()) continue;
-    nlohmann::json j = nlohmann::json::parse(line);
-    for (auto it = j.begin(); it != j.end();) {
-      const std::string& k = it.key();
-      const bool time = k == "wall_s" || k == "train_time_s" || k == "compute_s" || k == "comm_s" || k == "bubble" ||
-                        (k.size() > 6 && k.compare(k.size() - 6, 6, "_per_s") == 0);
-      it = time ? j.erase(it) : std::next(it);
-    }
-    out += j.dump() + "\n";
-  }
-  return out;
-}
-
-// `tapeline ARGS...` to its end (300 s at most); returns (exit code, output).
-std::pair<int, std::string> run_tapeline(const std::vector<std::string>& args, const std::string& log) {
-  mp::ProcessGroupGuard guard;
-  const pid_t pid = mp::spawn(tapeline_path().string(), args, {}, log);
-  guard.pids.push_back(pid);
-  const int status = mp::wait_or_kill(pid, 300);
-  return {status < 0 ? -1 : mp::exit_code(status), mp::read_file(log)};
 }
 
 struct Case {
@@ -292,9 +267,10 @@ class FaultMatrix : public ::testing::Test {
     auto it = references_.find(grid);
     if (it != references_.end()) return it->second;
     const fs::path out = dir_.path() / ("reference_" + grid);
-    auto [code, log] = run_tapeline({"train", "--config", write_config(dir_.path(), grid), "--out", out.string(),
-                                     "--no-plot", "--quiet", "--nproc", "4"},
-                                    (dir_.path() / ("reference_" + grid + ".log")).string());
+    auto [code, log] = mp::run_to_end(tapeline_path().string(),
+                                      {"train", "--config", write_config(dir_.path(), grid), "--out", out.string(),
+                                       "--no-plot", "--quiet", "--nproc", "4"},
+                                      (dir_.path() / ("reference_" + grid + ".log")).string());
     EXPECT_EQ(code, 0) << log;
     return references_[grid] = out;
   }
@@ -430,10 +406,11 @@ class FaultMatrix : public ::testing::Test {
   void resume_matches(const Case& c, const fs::path& run_dir) {
     if (!fs::exists(run_dir / "checkpoint.safetensors")) return;
     const fs::path& ref = reference(c.grid);
-    auto [code, log] = run_tapeline({"train", "--resume", run_dir.string(), "--nproc", "4", "--no-plot", "--quiet"},
-                                    (run_dir.parent_path() / "resume.log").string());
+    auto [code, log] = mp::run_to_end(tapeline_path().string(),
+                                      {"train", "--resume", run_dir.string(), "--nproc", "4", "--no-plot", "--quiet"},
+                                      (run_dir.parent_path() / "resume.log").string());
     ASSERT_EQ(code, 0) << log;
-    EXPECT_EQ(metrics_without_times(run_dir), metrics_without_times(ref));
+    EXPECT_EQ(jsonl_without_times(run_dir), jsonl_without_times(ref));
   }
 
   // Every kind at `phase`; corruptions from `corrupter` where the victim sends no message.

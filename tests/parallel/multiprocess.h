@@ -108,6 +108,17 @@ struct ProcessGroupGuard {
   }
 };
 
+/// Runs `exe args` to its end with a hang guard of `limit_s`; returns (exit code, output). The exit
+/// code is -1 when it was killed (by a signal, or by the guard).
+inline std::pair<int, std::string> run_to_end(const std::string& exe, const std::vector<std::string>& args,
+                                              const std::string& log, double limit_s = 300) {
+  ProcessGroupGuard guard;
+  const pid_t pid = spawn(exe, args, {}, log);
+  guard.pids.push_back(pid);
+  const int status = wait_or_kill(pid, limit_s);
+  return {status < 0 ? -1 : exit_code(status), read_file(log)};
+}
+
 /// The torchrun variables of rank r of n with the store at 127.0.0.1:port.
 inline EnvList rank_env(int r, int n, int port, EnvList extra = {}) {
   EnvList e = {{"MASTER_ADDR", "127.0.0.1"},      {"MASTER_PORT", std::to_string(port)},

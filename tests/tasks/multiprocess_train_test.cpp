@@ -31,6 +31,7 @@ namespace fs = std::filesystem;
 namespace mp = tl::testing_mp;
 
 using testing::tapeline_path;
+using testing::jsonl_without_times;
 const fs::path kRoot = fs::path(__FILE__).parent_path().parent_path().parent_path();  // the repository
 
 #define REQUIRE_RANKS()                                                                                         \
@@ -44,14 +45,10 @@ const fs::path kRoot = fs::path(__FILE__).parent_path().parent_path().parent_pat
 
 // Runs `tapeline ARGS` with a hang guard; returns (exit status, output).
 std::pair<int, std::string> run(const std::string& args, const std::string& log) {
-  mp::ProcessGroupGuard guard;
   std::istringstream in(args);
   std::vector<std::string> argv;
   for (std::string a; in >> a;) argv.push_back(a);
-  const pid_t pid = mp::spawn(tapeline_path().string(), argv, {}, log);
-  guard.pids.push_back(pid);
-  const int status = mp::wait_or_kill(pid, 300);
-  return {status < 0 ? -1 : mp::exit_code(status), mp::read_file(log)};
+  return mp::run_to_end(tapeline_path().string(), argv, log);
 }
 
 // A small ResNet-8 run cut into 4 stages with stateful codecs both ways (error feedback forward,
@@ -84,24 +81,6 @@ std::string metrics_without_times(const fs::path& run_dir) {
     for (size_t i = 0; i < cells.size() && i < keep.size(); ++i)
       if (keep[i]) out += cells[i] + ",";
     out += "\n";
-  }
-  return out;
-}
-
-// metrics.jsonl without what measures time: every per-step and per-epoch record with its
-// per-boundary statistics (bytes, relative error, density), one line each.
-std::string jsonl_without_times(const fs::path& run_dir) {
-  std::ifstream f(run_dir / "metrics.jsonl");
-  std::string line, out;
-  while (std::getline(f, line)) {
-    if (line.empty()) continue;
-    nlohmann::json j = nlohmann::json::parse(line);
-    for (const char* k : {"wall_s", "train_time_s", "compute_s", "comm_s", "bubble"}) j.erase(k);
-    for (auto it = j.begin(); it != j.end();) {  // throughput: img_per_s, tokens_per_s, ...
-      const std::string& k = it.key();
-      it = k.size() > 6 && k.compare(k.size() - 6, 6, "_per_s") == 0 ? j.erase(it) : std::next(it);
-    }
-    out += j.dump() + "\n";
   }
   return out;
 }

@@ -6,7 +6,9 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -66,6 +68,26 @@ inline void expect_error(const std::function<void()>& fn, const std::vector<std:
   ASSERT_FALSE(msg.empty()) << "expected an error containing '" << (fragments.empty() ? "" : fragments[0])
                             << "' but nothing was thrown";
   for (const auto& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "'" << f << "' not in: " << msg;
+}
+
+/// RUN_DIR/metrics.jsonl without what measures time (wall_s, train_time_s, compute_s, comm_s,
+/// bubble, throughputs *_per_s): every per-step and per-epoch record with its per-boundary
+/// statistics, one line each. Two runs of the same seed must agree on it exactly.
+inline std::string jsonl_without_times(const std::filesystem::path& run_dir) {
+  std::ifstream f(run_dir / "metrics.jsonl");
+  std::string line, out;
+  while (std::getline(f, line)) {
+    if (line.empty()) continue;
+    nlohmann::json j = nlohmann::json::parse(line);
+    for (auto it = j.begin(); it != j.end();) {
+      const std::string& k = it.key();
+      const bool time = k == "wall_s" || k == "train_time_s" || k == "compute_s" || k == "comm_s" || k == "bubble" ||
+                        (k.size() > 6 && k.compare(k.size() - 6, 6, "_per_s") == 0);
+      it = time ? j.erase(it) : std::next(it);
+    }
+    out += j.dump() + "\n";
+  }
+  return out;
 }
 
 }  // namespace tl::testing
