@@ -216,7 +216,7 @@ TL_INLINE void pack(const uint8_t* codes, int64_t n, int bits, uint8_t* out) {
       pack_t<7>(codes, n, out);
       break;
     default:
-      std::memcpy(out, codes, n);
+      if (n > 0) std::memcpy(out, codes, n);  // an empty tensor's pointers may be null
       break;
   }
 }
@@ -245,7 +245,7 @@ TL_INLINE void unpack(const uint8_t* in, int64_t n, int bits, uint8_t* codes) {
       unpack_t<7>(in, n, codes);
       break;
     default:
-      std::memcpy(codes, in, n);
+      if (n > 0) std::memcpy(codes, in, n);
       break;
   }
 }

@@ -174,6 +174,7 @@ void emit_mask_cpu(const float* x, const uint8_t* mask, int64_t rows, int64_t D,
 }
 
 void randk_mask_cpu(at::CPUGeneratorImpl* gen, int64_t rows, int64_t D, int64_t k, uint8_t* mask) {
+  if (rows * D == 0) return;  // an empty tensor's mask pointer is null, and memset(null, ...) is undefined
   std::memset(mask, 0, static_cast<size_t>(rows * D));
   std::lock_guard<std::mutex> lock(gen->mutex_);
   for (int64_t r = 0; r < rows; ++r) {

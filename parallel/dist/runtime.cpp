@@ -103,6 +103,7 @@ TensorMap unpack(const std::string& bytes, const std::string& what) {
 
 bool same_tensor(const at::Tensor& a0, const at::Tensor& b0) {
   if (a0.scalar_type() != b0.scalar_type() || !a0.sizes().equals(b0.sizes())) return false;
+  if (a0.numel() == 0) return true;  // an empty tensor's data_ptr() is null, and memcmp(null, ...) is undefined
   const at::Tensor a = a0.detach().to(at::kCPU).contiguous(), b = b0.detach().to(at::kCPU).contiguous();
   return std::memcmp(a.data_ptr(), b.data_ptr(), a.numel() * a.element_size()) == 0;  // bitwise (NaN == NaN)
 }

@@ -1,6 +1,5 @@
 // Dataset readers on small generated files of every format, corrupt files rejected with messages
 // that name the file and the expectation, and the loader's determinism and augmentations.
-#define STB_IMAGE_WRITE_IMPLEMENTATION
 #include <stb/stb_image_write.h>
 #include <zlib.h>
 
