@@ -100,7 +100,7 @@ function(tapeline_test name label)
   endif()
   # COST: ctest -j starts the costliest tests first (a clean clone has no timings to go by).
   gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST TEST_FILTER "*-*Cuda*:*Gpu*"
-                       PROPERTIES LABELS ${label} COST ${ARG_COST} DISCOVERY_TIMEOUT 60 ${env})
+                       PROPERTIES LABELS ${label} COST ${ARG_COST} ${env} DISCOVERY_TIMEOUT 60)
   gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST TEST_FILTER "*Cuda*:*Gpu*"
-                       PROPERTIES LABELS gpu DISCOVERY_TIMEOUT 60 ${env})
+                       PROPERTIES LABELS gpu ${env} DISCOVERY_TIMEOUT 60)
 endfunction()
