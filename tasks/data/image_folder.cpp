@@ -3,6 +3,8 @@
 #include <stb/stb_image.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -64,13 +66,52 @@ void check_jpeg_huffman_tables(const std::vector<uint8_t>& b, const std::string&
   }
 }
 
-// The file's bytes; a JPEG's Huffman tables checked (Note [JPEG Huffman tables before stb_image]).
+// Note [PNG, JPEG and BMP only; a BMP holds its pixels]. stb_image decodes whatever format it
+// recognises in the bytes, whatever the file's extension: TGA, PSD, GIF, HDR, PIC and PNM too.
+// The image folder reads PNG, JPEG and BMP, so other decoders are never reached: the first bytes
+// must be one of those three signatures. An uncompressed BMP (stb reads no other kind) declares
+// its size in its header, and stb fills what the file lacks with zeros: a 90-byte file declaring
+// 655408 x 48 pixels at 1 bit took stb over a second (found by tests/fuzz's image harness). Such
+// a file is truncated, and is rejected as one before decoding.
+uint32_t le32(const std::vector<uint8_t>& b, size_t at) {
+  return uint32_t(b[at]) | uint32_t(b[at + 1]) << 8 | uint32_t(b[at + 2]) << 16 | uint32_t(b[at + 3]) << 24;
+}
+uint16_t le16(const std::vector<uint8_t>& b, size_t at) { return uint16_t(b[at] | b[at + 1] << 8); }
+
+void check_bmp_holds_its_pixels(const std::vector<uint8_t>& b, const std::string& path) {
+  TORCH_CHECK(b.size() >= 26, path, ": a BMP file of ", b.size(), " bytes ends inside its headers");
+  const uint32_t offset = le32(b, 10), header = le32(b, 14);
+  int64_t w = 0, h = 0, bpp = 0, compression = 0;
+  if (header == 12) {  // OS/2 BITMAPCOREHEADER
+    w = le16(b, 18), h = le16(b, 20), bpp = le16(b, 24);
+  } else {
+    TORCH_CHECK(b.size() >= 34, path, ": a BMP file of ", b.size(), " bytes ends inside its headers");
+    w = static_cast<int32_t>(le32(b, 18)), h = static_cast<int32_t>(le32(b, 22)), bpp = le16(b, 28);
+    compression = le32(b, 30);
+  }
+  if (compression != 0 && compression != 3) return;  // RLE and others: stb refuses them itself
+  if (w <= 0 || h == 0 || bpp <= 0 || bpp > 32) return;  // stb refuses these itself
+  const int64_t row = (w * bpp + 31) / 32 * 4;  // rows are padded to 4 bytes
+  const int64_t need = int64_t(offset) + row * std::abs(h);
+  TORCH_CHECK(need <= static_cast<int64_t>(b.size()), path, ": truncated BMP: its ", w, "x", std::abs(h), " pixels at ",
+              bpp, " bits need ", need, " bytes, the file has ", b.size());
+}
+
+// The file's bytes, checked: a PNG, JPEG or BMP signature (Note [PNG, JPEG and BMP only; a BMP
+// holds its pixels]) and a JPEG's Huffman tables (Note [JPEG Huffman tables before stb_image]).
 std::vector<uint8_t> read_image_bytes(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in, path.string(), ": cannot open for reading");
   std::vector<uint8_t> b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   TORCH_CHECK(b.size() <= (size_t(1) << 31), path.string(), ": ", b.size(), " bytes; image files over 2 GiB are not read");
-  if (b.size() >= 2 && b[0] == 0xFF && b[1] == 0xD8) check_jpeg_huffman_tables(b, path.string());
+  static const uint8_t kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  const bool png = b.size() >= 8 && std::equal(kPng, kPng + 8, b.begin());
+  const bool jpeg = b.size() >= 2 && b[0] == 0xFF && b[1] == 0xD8;
+  const bool bmp = b.size() >= 2 && b[0] == 'B' && b[1] == 'M';
+  TORCH_CHECK(png || jpeg || bmp, path.string(), ": not a PNG, JPEG or BMP file (its first bytes are none of their ",
+              "signatures); image folders read those three formats");
+  if (jpeg) check_jpeg_huffman_tables(b, path.string());
+  if (bmp) check_bmp_holds_its_pixels(b, path.string());
   return b;
 }
 

@@ -64,6 +64,7 @@ TEST(FuzzRegressions, FoundInputsAreRejectedSayingWhy) {
            {"idx", "oom-header-claims-gigabytes", "the file ends after 12"},
            {"idx", "ubsan-dimensions-overflow", "implausible size"},
            {"image", "crash-jpeg-huffman-over-256", "Huffman table of 517 symbols; at most 256"},
+           {"image", "timeout-bmp-declares-31-mpixels-in-90-bytes", "truncated BMP: its 655408x48 pixels at 1 bits"},
            {"payload", "oom-sparse-huge-shape", "declares 44445139608 elements; accepted at most"},
            {"payload", "ubsan-empty-shape-partial-product-overflow", "overflows int64"},
        }) {

@@ -218,10 +218,23 @@ TEST(ImageFolder, RejectsCorruptImagesAndMixedSizes) {
   write_png(dir.path() / "a" / "1.png", 4, 4, 0);
   write_png(dir.path() / "a" / "2.png", 5, 4, 0);
   expect_error([&] { read_image_folder(dir.path().string(), 3, 0); }, {"2.png", "5x4", "data.image_size"});
-  write_raw(dir.path() / "a" / "2.png", {0x89, 'P', 'N', 'G', 1, 2, 3});
+  write_raw(dir.path() / "a" / "2.png", {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n', 1, 2, 3});
   expect_error([&] { read_image_folder(dir.path().string(), 3, 0); }, {"2.png", "cannot decode"});
-  fs::create_directories(dir.path() / "b");
+  // Another format stb_image reads (a PNM) is refused before any decoder sees it.
+  write_raw(dir.path() / "a" / "2.png", {'P', '5', ' ', '1', ' ', '1', ' ', '2', '5', '5', '\n', 7});
+  expect_error([&] { read_image_folder(dir.path().string(), 3, 0); }, {"2.png", "not a PNG, JPEG or BMP file"});
+  // A BMP whose header declares more pixels than the file holds (Note [PNG, JPEG and BMP only; a
+  // BMP holds its pixels]): a whole 4x4 24-bit BMP, then the same cut short by one byte.
   fs::remove(dir.path() / "a" / "2.png");
+  ASSERT_TRUE(stbi_write_bmp((dir.path() / "a" / "2.bmp").string().c_str(), 4, 4, 3, std::vector<uint8_t>(48, 9).data()));
+  EXPECT_EQ(read_image_folder(dir.path().string(), 3, 0).images.size(0), 2);
+  std::ifstream bmp_in(dir.path() / "a" / "2.bmp", std::ios::binary);
+  std::vector<uint8_t> bmp((std::istreambuf_iterator<char>(bmp_in)), std::istreambuf_iterator<char>());
+  bmp.pop_back();
+  write_raw(dir.path() / "a" / "2.bmp", bmp);
+  expect_error([&] { read_image_folder(dir.path().string(), 3, 0); }, {"2.bmp", "truncated BMP", "4x4 pixels at 24 bits"});
+  fs::remove(dir.path() / "a" / "2.bmp");
+  fs::create_directories(dir.path() / "b");
   expect_error([&] { read_image_folder(dir.path().string(), 3, 0); }, {"b", "no .png"});
 }
 
