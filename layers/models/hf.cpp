@@ -2,8 +2,10 @@
 
 #include <cctype>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <type_traits>
 
 #include "layers/io/safetensors.h"
 
@@ -163,8 +165,22 @@ nlohmann::json read_json(const std::string& path, const char* what) {
 template <class T>
 void read_key(const nlohmann::json& j, const char* key, T& out, const std::string& path) {
   if (!j.contains(key) || j[key].is_null()) return;
+  const nlohmann::json& v = j[key];
+  // An integer key takes a JSON integer that fits: nlohmann converts a float (1e30, or an integer
+  // too long for uint64, which it parses as a double) with a plain cast, which is undefined.
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    using Limits = std::numeric_limits<T>;
+    bool fits = false;
+    if (v.is_number_unsigned()) {
+      fits = v.get<uint64_t>() <= uint64_t(Limits::max());
+    } else if (v.is_number_integer()) {  // negative
+      fits = std::is_signed_v<T> && v.get<int64_t>() >= int64_t(Limits::min());
+    }
+    TORCH_CHECK(fits, "'", path, "': key '", key, "' = ", v.dump(), " is not an integer in [",
+                Limits::min(), ", ", Limits::max(), "]");
+  }
   try {
-    out = j[key].get<T>();
+    out = v.get<T>();
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "'", path, "': key '", key, "' has the wrong type: ", e.what());
   }

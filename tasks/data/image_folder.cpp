@@ -89,7 +89,8 @@ void check_bmp_holds_its_pixels(const std::vector<uint8_t>& b, const std::string
     w = static_cast<int32_t>(le32(b, 18)), h = static_cast<int32_t>(le32(b, 22)), bpp = le16(b, 28);
     compression = le32(b, 30);
   }
-  if (compression != 0 && compression != 3) return;  // RLE and others: stb refuses them itself
+  // stb 2.27 refuses RLE (1, 2) itself and reads every other value as uncompressed rows.
+  if (compression == 1 || compression == 2) return;
   if (w <= 0 || h == 0 || bpp <= 0 || bpp > 32) return;  // stb refuses these itself
   const int64_t row = (w * bpp + 31) / 32 * 4;  // rows are padded to 4 bytes
   const int64_t need = int64_t(offset) + row * std::abs(h);

@@ -61,10 +61,12 @@ TEST(FuzzRegressions, FoundInputsAreRejectedSayingWhy) {
   };
   for (const Case& c : std::vector<Case>{
            {"hf_config", "crash-heads-do-not-divide-width", "hidden_size = 385 is not a multiple of num_attention_heads"},
+           {"hf_config", "ubsan-integer-longer-than-uint64", "key 'intermediate_size' = 1.77777777777"},
            {"idx", "oom-header-claims-gigabytes", "the file ends after 12"},
            {"idx", "ubsan-dimensions-overflow", "implausible size"},
            {"image", "crash-jpeg-huffman-over-256", "Huffman table of 517 symbols; at most 256"},
            {"image", "timeout-bmp-declares-31-mpixels-in-90-bytes", "truncated BMP: its 655408x48 pixels at 1 bits"},
+           {"image", "timeout-bmp-compression-0xa7000000-read-as-uncompressed", "truncated BMP: its 655408x48 pixels at 1 bits"},
            {"payload", "oom-sparse-huge-shape", "declares 44445139608 elements; accepted at most"},
            {"payload", "ubsan-empty-shape-partial-product-overflow", "overflows int64"},
        }) {

@@ -151,6 +151,13 @@ TEST(HfGpt2, LoadsFromSafetensorsAndConfigJson) {
             std::string::npos);
   EXPECT_NE(error_of([&] { gpt2_config_from_hf(dir.file("t.json", R"({"n_layer": "two"})")); }).find("n_layer"),
             std::string::npos);
+  // Integer keys take JSON integers that fit: a fraction, or a number too long for 64 bits (which
+  // the JSON reader holds as a double), is refused before any conversion.
+  for (const char* v : {"2.5", "12.0", "1e30", "177777777777777777777777777522"}) {
+    const std::string json = std::string(R"({"n_layer": )") + v + "}";
+    EXPECT_NE(error_of([&] { gpt2_config_from_hf(dir.file("n.json", json)); }).find("key 'n_layer' = "),
+              std::string::npos) << v;
+  }
 }
 
 // ---- BERT ---------------------------------------------------------------------------------------
