@@ -287,10 +287,31 @@ at::Tensor BodyWriter::finish() {
     out = parts_[nonempty[0]];  // a section nobody else holds becomes the body as is
   } else {
     out = at::empty({bytes_}, at::TensorOptions().dtype(at::kByte).device(device));
-    int64_t offset = 0;
+    // Note [host parts of a device body]. Nested headers are made on the host. Copied from pageable
+    // memory to a device they would wait for the device (a synchronous copy, found by
+    // HostSync.CudaEncodeDecodeNeverSynchronises on an H200); staged in one pinned buffer they
+    // are copied without blocking, and the caching host allocator keeps that buffer until the
+    // copies have run.
+    at::Tensor staged;
+    if (!device.is_cpu()) {
+      int64_t host_bytes = 0;
+      for (size_t i : nonempty)
+        if (parts_[i].is_cpu()) host_bytes += parts_[i].numel();
+      if (host_bytes > 0) staged = at::empty({host_bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+    }
+    int64_t offset = 0, staged_at = 0;
     for (size_t i : nonempty) {
-      out.narrow(0, offset, parts_[i].numel()).copy_(parts_[i]);
-      offset += parts_[i].numel();
+      const at::Tensor& part = parts_[i];
+      const int64_t n = part.numel();
+      if (staged.defined() && part.is_cpu()) {
+        at::Tensor slot = staged.narrow(0, staged_at, n);
+        std::memcpy(slot.data_ptr<uint8_t>(), part.data_ptr<uint8_t>(), static_cast<size_t>(n));
+        out.narrow(0, offset, n).copy_(slot, /*non_blocking=*/true);
+        staged_at += n;
+      } else {
+        out.narrow(0, offset, n).copy_(part);
+      }
+      offset += n;
     }
   }
   parts_.clear();

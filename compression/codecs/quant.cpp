@@ -78,7 +78,10 @@ Derived derive(const at::Tensor& scales, Mode mode, int64_t bits, int64_t groups
     at::Tensor range = hi - d.lo;
     d.a = d.lo;
     d.b = at::where(range > 0, levels / range, at::zeros_like(range));
-    d.step = range / levels;
+    // Divided by a tensor, not a scalar: CUDA's division by a host scalar multiplies by its
+    // reciprocal, one ulp off the CPU's quotient for levels that are not powers of two (found by
+    // QuantGpu.KernelPayloadsEqualCpuBytes on an H200); a tensor divisor is an exact division on both.
+    d.step = range / at::full_like(range, levels);
   }
   return d;
 }

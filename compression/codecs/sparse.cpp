@@ -149,7 +149,10 @@ void SparseCodec::select(const at::Tensor& x, int64_t rows, int64_t D, at::Tenso
       } else {
         // The k-th largest per row, then ties at it taken in index order (as the CPU loop does).
         // Computed unconditionally: testing for ties first would read a value back to the host.
-        at::Tensor t = std::get<0>(at::kthvalue(a, D - k + 1, 1, /*keepdim=*/true));  // (rows, 1)
+        // The smallest of the k largest is that value; CUDA's topk selects it with many blocks
+        // per row where kthvalue runs one block per row: on an H200, 0.29 ms against 1.8 ms for
+        // (64, 262144) and 0.35 ms against 121 ms for one row of 16M (scope=global).
+        at::Tensor t = std::get<0>(at::topk(a, k, 1, /*largest=*/true, /*sorted=*/false)).amin(1, true);  // (rows, 1)
         at::Tensor gt = a > t, eq = a == t;
         at::Tensor need = k - gt.sum(1, /*keepdim=*/true);  // (rows, 1)
         mask = gt | (eq & (eq.to(at::kLong).cumsum(1) <= need));
