@@ -189,14 +189,39 @@ Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::
     mx = padded.amax(1);
   }
 
-  // Wire scales, rounded outward; both ends use exactly these.
-  at::Tensor scales;
-  if (o_.mode == Mode::kMaxAbs)
-    scales = round_outward(at::maximum(-mn, mx), o_.scale_type, /*up=*/true);
-  else
-    scales = at::cat({round_outward(mn, o_.scale_type, false), round_outward(mx, o_.scale_type, true)});
-  at::Tensor wire = scales.to(o_.scale_type);
-  scales = wire.to(at::kFloat);
+  // Wire scales, rounded outward; both ends use exactly these. On the fused path one kernel writes
+  // them into the body and derives a, b, step, lo (Note [fused scales] in quant_logic.h).
+  const bool minmax = o_.mode == Mode::kMinMax;
+  const bool fused_scales = cuda || (cpu && codec::gpu::host_emulation());
+  const int64_t scale_bytes = (minmax ? 2 : 1) * groups * static_cast<int64_t>(c10::elementSize(o_.scale_type));
+  const int64_t packed_bytes = (n * o_.bits + 7) / 8;
+  at::Tensor scales, wire, body;  // scales: float; wire: the scales in the wire type (unfused paths)
+  Derived d;
+  if (fused_scales) {
+    body = at::empty({scale_bytes + packed_bytes}, xf.options().dtype(at::kByte));
+    const at::Tensor v = (minmax ? mn : at::maximum(-mn, mx)).contiguous(), hi = mx.contiguous();  // (G)
+    d.a = at::empty({groups}, xf.options());
+    d.step = at::empty({groups}, xf.options());
+    d.b = minmax ? at::empty({groups}, xf.options()) : d.a;
+    d.lo = minmax ? at::empty({groups}, xf.options()) : d.step;
+    const codec::gpu::ScaleParams sp{static_cast<int>(o_.bits), minmax, codec::kernel_wire_type(o_.scale_type), groups};
+    auto* out = body.data_ptr<uint8_t>();
+    float *a = d.a.data_ptr<float>(), *b = d.b.data_ptr<float>(), *step = d.step.data_ptr<float>(),
+          *lo = d.lo.data_ptr<float>();
+    if (cuda)
+      codec::gpu::quant_scales_cuda(xf.get_device(), v.data_ptr<float>(), hi.data_ptr<float>(), sp, out, a, b, step, lo);
+    else
+      codec::gpu::quant_scales_host(v.data_ptr<float>(), hi.data_ptr<float>(), sp, out, a, b, step, lo);
+    if (!codec::on_device(x)) scales = body.narrow(0, 0, scale_bytes).view(o_.scale_type).to(at::kFloat);
+  } else {
+    if (!minmax)
+      scales = round_outward(at::maximum(-mn, mx), o_.scale_type, /*up=*/true);
+    else
+      scales = at::cat({round_outward(mn, o_.scale_type, false), round_outward(mx, o_.scale_type, true)});
+    wire = scales.to(o_.scale_type);
+    scales = wire.to(at::kFloat);
+    d = derive(scales, o_.mode, o_.bits, groups);
+  }
   // Checked on the host only: on a device the test would synchronise every message, so there a
   // non-finite scale makes its group decode to inf/NaN instead (Note [host synchronisation]).
   if (!codec::on_device(x)) {
@@ -204,7 +229,6 @@ Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::
                 codec::wire_type_word(o_.scale_type), " (the tensor holds inf/NaN, or values beyond the ",
                 "type's range: use scales=fp32)");
   }
-  const Derived d = derive(scales, o_.mode, o_.bits, groups);
 
   uint64_t seed = 0;
   if (o_.stochastic) {
@@ -213,13 +237,12 @@ Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::
     generator_.commit();
   }
 
-  const int64_t packed_bytes = (n * o_.bits + 7) / 8;
-  at::Tensor body;
   if (cpu || cuda) {
     // Scales then codes, written in place.
-    const int64_t scale_bytes = wire.numel() * static_cast<int64_t>(c10::elementSize(o_.scale_type));
-    body = at::empty({scale_bytes + packed_bytes}, xf.options().dtype(at::kByte));
-    body.narrow(0, 0, scale_bytes).copy_(wire.contiguous().view(at::kByte));
+    if (!fused_scales) {
+      body = at::empty({scale_bytes + packed_bytes}, xf.options().dtype(at::kByte));
+      body.narrow(0, 0, scale_bytes).copy_(wire.contiguous().view(at::kByte));
+    }
     at::Tensor a = d.a.contiguous(), b = o_.mode == Mode::kMinMax ? d.b.contiguous() : a;
     codec::QuantParams q{static_cast<int>(o_.bits), o_.mode == Mode::kMinMax, o_.stochastic, seed,
                          a.data_ptr<float>(),       b.data_ptr<float>()};
@@ -314,15 +337,31 @@ at::Tensor Quantize::decode(const Payload& p, const CodecContext& ctx) {
   const int64_t n = geo.g.n, groups = geo.g.groups;
 
   BodyReader r(p, kName);
-  at::Tensor scales = r.take(scale_type, mode == Mode::kMaxAbs ? groups : 2 * groups).to(at::kFloat);
+  const at::Tensor wire = r.take(scale_type, mode == Mode::kMaxAbs ? groups : 2 * groups);
   at::Tensor packed = r.take(at::kByte, (n * bits + 7) / 8);
   r.finish();
-  const Derived d = derive(scales, mode, bits, groups);
+  const at::TensorOptions floats = packed.options().dtype(at::kFloat);
+  const bool cuda = codec::use_cuda_kernel(packed);
+  const bool emulated = codec::use_cpu_kernel(packed) && codec::gpu::host_emulation();
+  Derived d;
+  if (cuda || emulated) {  // one kernel derives step and lo (Note [fused scales] in quant_logic.h)
+    const at::Tensor w = wire.contiguous();
+    d.step = at::empty({groups}, floats);
+    d.lo = mode == Mode::kMinMax ? at::empty({groups}, floats) : d.step;
+    const codec::gpu::ScaleParams sp{static_cast<int>(bits), mode == Mode::kMinMax, codec::kernel_wire_type(scale_type),
+                                     groups};
+    const auto* wp = static_cast<const uint8_t*>(w.data_ptr());
+    if (cuda)
+      codec::gpu::quant_derive_cuda(packed.get_device(), wp, sp, d.step.data_ptr<float>(), d.lo.data_ptr<float>());
+    else
+      codec::gpu::quant_derive_host(wp, sp, d.step.data_ptr<float>(), d.lo.data_ptr<float>());
+  } else {
+    d = derive(wire.to(at::kFloat), mode, bits, groups);
+  }
 
   at::Tensor out;
-  const bool cuda = codec::use_cuda_kernel(packed);
   if (codec::use_cpu_kernel(packed) || cuda) {
-    out = at::empty({n}, scales.options());
+    out = at::empty({n}, floats);
     at::Tensor step = d.step.contiguous(), lo = mode == Mode::kMinMax ? d.lo.contiguous() : step;
     codec::DequantParams q{static_cast<int>(bits), mode == Mode::kMinMax, step.data_ptr<float>(), lo.data_ptr<float>()};
     const uint8_t* in = packed.data_ptr<uint8_t>();
@@ -335,7 +374,7 @@ at::Tensor Quantize::decode(const Payload& p, const CodecContext& ctx) {
       codec::unpack_dequantise_cpu(in, geo.g, q, out.data_ptr<float>());
     }
   } else if (n == 0) {
-    out = at::empty({0}, scales.options());
+    out = at::empty({0}, floats);
   } else {
     const int64_t pad = scale == Scale::kBlock ? groups * block - n : 0;
     at::Tensor c = unpack_bits(packed, bits, n).to(at::kFloat);

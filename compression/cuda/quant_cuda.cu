@@ -26,7 +26,25 @@ __global__ void unpack_dequantise_kernel(const uint8_t* in, QuantGeometry g, Deq
   for (int64_t grp = first_item(); grp < groups; grp += item_stride()) unpack_dequantise_group(in, grp, g, q, out);
 }
 
+__global__ void scales_kernel(const float* v, const float* mx, ScaleParams p, uint8_t* wire, float* a, float* b,
+                              float* step, float* lo) {
+  for (int64_t s = first_item(); s < p.groups; s += item_stride()) scales_group(s, v, mx, p, wire, a, b, step, lo);
+}
+
+__global__ void derive_kernel(const uint8_t* wire, ScaleParams p, float* step, float* lo) {
+  for (int64_t s = first_item(); s < p.groups; s += item_stride()) derive_group(s, wire, p, nullptr, nullptr, step, lo);
+}
+
 }  // namespace
+
+void quant_scales_cuda(int device, const float* v, const float* mx, const ScaleParams& p, uint8_t* wire, float* a,
+                       float* b, float* step, float* lo) {
+  launch(device, p.groups, scales_kernel, v, mx, p, wire, a, b, step, lo);
+}
+
+void quant_derive_cuda(int device, const uint8_t* wire, const ScaleParams& p, float* step, float* lo) {
+  launch(device, p.groups, derive_kernel, wire, p, step, lo);
+}
 
 void quantise_pack_cuda(int device, const float* x, const QuantGeometry& g, const QuantParams& q, uint8_t* out) {
   launch(device, pack_groups(g.n), quantise_pack_kernel, x, g, q, out);

@@ -12,8 +12,17 @@
 #include <cstdint>
 
 #include "compression/codecs/quant_kernels.h"
+#include "compression/cuda/sparse_cuda.h"  // WireType
 
 namespace tl::codec::gpu {
+
+/// How a quant payload's scales are stored and used (Note [fused scales] in quant_logic.h).
+struct ScaleParams {
+  int bits;
+  bool minmax;
+  WireType wire;   // the scales' wire type
+  int64_t groups;  // scale groups: max-abs stores `groups` scales, min-max `groups` lows then highs
+};
 
 /// Whether this build contains the CUDA kernels.
 bool kernels_built();
@@ -33,12 +42,22 @@ void unpack_dequantise_cuda(int device, const uint8_t* in, const QuantGeometry& 
 void quantise_pack_residual_cuda(int device, const float* x, const QuantGeometry& g, const QuantParams& q,
                                  const DequantParams& d, uint8_t* out, float* residual);
 
+/// Per scale group, one thread: the wire scales written to `wire` from v = max(-min, max) (max-abs)
+/// or from v = min and mx (min-max), and a, b, step, lo (float, `groups` each) derived from them.
+void quant_scales_cuda(int device, const float* v, const float* mx, const ScaleParams& p, uint8_t* wire, float* a,
+                       float* b, float* step, float* lo);
+/// step and lo (min-max) derived from the wire scales of a received payload.
+void quant_derive_cuda(int device, const uint8_t* wire, const ScaleParams& p, float* step, float* lo);
+
 /// The kernels' logic on host pointers, one group of 8 elements after another (what each CUDA
 /// thread does, in sequence). Same bytes and values as the kernels.
 void quantise_pack_host(const float* x, const QuantGeometry& g, const QuantParams& q, uint8_t* out);
 void unpack_dequantise_host(const uint8_t* in, const QuantGeometry& g, const DequantParams& q, float* out);
 void quantise_pack_residual_host(const float* x, const QuantGeometry& g, const QuantParams& q, const DequantParams& d,
                                  uint8_t* out, float* residual);
+void quant_scales_host(const float* v, const float* mx, const ScaleParams& p, uint8_t* wire, float* a, float* b,
+                       float* step, float* lo);
+void quant_derive_host(const uint8_t* wire, const ScaleParams& p, float* step, float* lo);
 
 /// Forces CPU tensors through quantise_pack_host/unpack_dequantise_host on this thread for its
 /// lifetime (tests: the GPU kernels' logic against the CPU fast path and the ATen path).

@@ -44,7 +44,20 @@ void quantise_pack_residual_cuda(int, const float*, const QuantGeometry&, const 
                                  uint8_t*, float*) {
   no_cuda_kernels("ef(quant)");
 }
+void quant_scales_cuda(int, const float*, const float*, const ScaleParams&, uint8_t*, float*, float*, float*, float*) {
+  no_cuda_kernels("quant");
+}
+void quant_derive_cuda(int, const uint8_t*, const ScaleParams&, float*, float*) { no_cuda_kernels("quant"); }
 #endif
+
+void quant_scales_host(const float* v, const float* mx, const ScaleParams& p, uint8_t* wire, float* a, float* b,
+                       float* step, float* lo) {
+  for (int64_t s = 0; s < p.groups; ++s) scales_group(s, v, mx, p, wire, a, b, step, lo);
+}
+
+void quant_derive_host(const uint8_t* wire, const ScaleParams& p, float* step, float* lo) {
+  for (int64_t s = 0; s < p.groups; ++s) derive_group(s, wire, p, nullptr, nullptr, step, lo);
+}
 
 void quantise_pack_residual_host(const float* x, const QuantGeometry& g, const QuantParams& q, const DequantParams& d,
                                  uint8_t* out, float* residual) {

@@ -24,6 +24,8 @@
 
 #include "compression/codecs/quant_kernels.h"  // QuantGeometry, QuantParams, DequantParams
 #include "compression/cuda/hd.h"               // TL_HD
+#include "compression/cuda/quant_cuda.h"       // ScaleParams
+#include "compression/cuda/sparse_logic.h"     // the fp16/bf16 casts (ATen's, bit for bit)
 
 namespace tl::codec::gpu {
 
@@ -154,6 +156,66 @@ TL_HD float dequant_value(uint8_t c, int64_t s, const DequantParams& q) {
   const float cf = static_cast<float>(c);
   if (q.minmax) return add_rn(mul_rn(cf, q.step[s]), q.lo[s]);
   return mul_rn(sub_rn(cf, static_cast<float>(1 << (q.bits - 1))), q.step[s]);
+}
+
+// Note [fused scales]. Between the reductions (per-group min and max) and the packing kernel, the
+// ATen path turns G values into wire scales and per-group quantities with some twenty tiny ops:
+// round_outward (a cast, a comparison, integer steps, a where), the cast to the wire type and
+// back, and derive. On an H200 each costs a launch and a few microseconds of host time, which was
+// most of quant's encode time on 64 MiB. One thread per scale group does the same arithmetic,
+// op for op (the casts are sparse_logic.h's, checked against ATen's bit for bit), so the payload
+// bytes do not change: QuantKernelLogic.* compare them with the CPU fast path.
+
+/// v rounded to the wire type outward: up (>= v) or down (<= v), as round_outward in quant.cpp: a
+/// cast to nearest even, then one step in the type's bit pattern if it went the wrong way. The
+/// wire value's bits (fp32: v's own).
+TL_HD uint32_t round_outward_bits(float v, WireType w, bool up) {
+  if (w == WireType::kF32) return float_bits(v);
+  const bool bf16 = w == WireType::kBF16;
+  uint16_t r = bf16 ? bf16_bits(v) : half_bits(v);
+  const float rf = bf16 ? bf16_to_float(r) : half_to_float(r);
+  if (up ? rf < v : rf > v) {
+    const int32_t bits = static_cast<int16_t>(r);
+    const int32_t step = up ? (bits < 0 ? -1 : 1) : (bits < 0 ? 1 : -1);
+    r = static_cast<uint16_t>(static_cast<int16_t>(bits + step));
+  }
+  return r;
+}
+
+/// The per-group quantities of scale group s from the wire scales (derive in quant.cpp, op for
+/// op): max-abs a = w + 1e-6, step = w / 2^(bits-1); min-max (lo at s, hi at groups + s) a = lo,
+/// b = range > 0 ? levels / range : 0, step = range / levels, with range = hi - lo. a and b may be
+/// null (decoding needs step and lo only); lo is written for min-max only.
+TL_HD void derive_group(int64_t s, const uint8_t* wire, const ScaleParams& p, float* a, float* b, float* step,
+                        float* lo) {
+  const int size = wire_size(p.wire);
+  const float w = load_wire(wire + s * size, p.wire);
+  if (!p.minmax) {
+    if (a) a[s] = add_rn(w, 1e-6f);
+    step[s] = div_rn(w, static_cast<float>(1 << (p.bits - 1)));
+    return;
+  }
+  const float hi = load_wire(wire + (p.groups + s) * size, p.wire);
+  const float levels = static_cast<float>((1 << p.bits) - 1);
+  const float range = sub_rn(hi, w);
+  if (a) a[s] = w;
+  if (b) b[s] = range > 0 ? div_rn(levels, range) : 0.0f;
+  step[s] = div_rn(range, levels);
+  lo[s] = w;
+}
+
+/// Scale group s: its wire scales written (max-abs: outward-up of v[s] = max(-min, max) at s;
+/// min-max: outward-down of mn[s] at s and outward-up of mx[s] at groups + s), then derive_group.
+TL_HD void scales_group(int64_t s, const float* v, const float* mx, const ScaleParams& p, uint8_t* wire, float* a,
+                        float* b, float* step, float* lo) {
+  const int size = wire_size(p.wire);
+  if (p.minmax) {
+    store_le(wire + s * size, round_outward_bits(v[s], p.wire, /*up=*/false), size);
+    store_le(wire + (p.groups + s) * size, round_outward_bits(mx[s], p.wire, /*up=*/true), size);
+  } else {
+    store_le(wire + s * size, round_outward_bits(v[s], p.wire, /*up=*/true), size);
+  }
+  derive_group(s, wire, p, a, b, step, lo);
 }
 
 /// The number of 8-element groups of n elements (the last may be partial).
