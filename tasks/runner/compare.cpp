@@ -99,8 +99,9 @@ std::string seconds_text(double s) {
 
 std::string metric_text(const std::string& metric, std::optional<double> v, bool name_it) {
   if (!v) return "-";
-  if (metric == "accuracy") return fixed(100.0 * *v, 2) + "%";
-  std::string text = std::fabs(*v) >= 100 ? fixed(*v, 1) : fixed(*v, 3);
+  if (metric == "accuracy") return format_metric(metric, *v);
+  // The training log's format, with one decimal from 100 on (perplexities early in training).
+  const std::string text = std::fabs(*v) >= 100 ? fixed(*v, 1) : format_metric(metric, *v);
   return name_it ? metric + " " + text : text;
 }
 
