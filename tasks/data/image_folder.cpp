@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <tuple>
 
 #include "tasks/data/dataset.h"
 
@@ -30,11 +31,16 @@ constexpr int64_t kMaxPixels = int64_t(1) << 26;
 // stbi__build_huffman writes past its 257-entry size array (found by tests/fuzz's image harness
 // under UBSan; upstream 2.28 rejects such tables). The file is checked here first: every DHT
 // table, in the header and between the scans of a progressive JPEG, must declare at most 256
-// symbols and fit in its segment. Anything else malformed is left to stb, which rejects it.
+// symbols and fit in its segment. stb also decodes a scan with a table no DHT segment defined,
+// whose zeroed lookup arrays send its decoder far out of bounds (a read 9.9 MB past a 256-byte
+// array, found the same way): every table a scan uses must be defined before it. Anything else
+// malformed is left to stb, which rejects it.
 void check_jpeg_huffman_tables(const std::vector<uint8_t>& b, const std::string& path) {
   auto bad = [&](size_t at, const std::string& why) {
     TORCH_CHECK(false, path, ": corrupt JPEG (", why, " at byte ", at, ")");
   };
+  bool defined[2][4] = {};  // [DC, AC][table id]
+  bool progressive = false;
   size_t i = 2;  // after SOI (FF D8)
   while (i + 1 < b.size()) {
     if (b[i] != 0xFF) bad(i, "expected a marker");
@@ -52,11 +58,31 @@ void check_jpeg_huffman_tables(const std::vector<uint8_t>& b, const std::string&
       const size_t end = i + len;
       while (t < end) {
         if (t + 17 > end) bad(t, "Huffman table header past its segment");
+        const int table_class = b[t] >> 4, id = b[t] & 15;
+        if (table_class > 1 || id > 3) bad(t, "Huffman table class " + std::to_string(table_class) + " id " +
+                                                  std::to_string(id) + "; accepted: class 0 or 1, id 0 to 3");
+        defined[table_class][id] = true;
         size_t n = 0;
         for (size_t k = 1; k <= 16; ++k) n += b[t + k];
         if (n > 256) bad(t, "Huffman table of " + std::to_string(n) + " symbols; at most 256");
         t += 17 + n;
         if (t > end) bad(t, "Huffman table symbols past its segment");
+      }
+    }
+    if (m == 0xC2) progressive = true;
+    if (m == 0xDA) {  // SOS: the tables its components use must exist
+      const size_t ns = len >= 3 ? b[i + 2] : 0;
+      if (len < 6 + 2 * ns) bad(i, "scan header of " + std::to_string(len) + " bytes for " + std::to_string(ns) +
+                                       " components");
+      const uint8_t ss = b[i + 3 + 2 * ns], ah = b[i + 5 + 2 * ns] >> 4;
+      const bool uses_dc = !progressive || (ss == 0 && ah == 0), uses_ac = !progressive || ss > 0;
+      for (size_t c = 0; c < ns; ++c) {
+        const int dc = b[i + 4 + 2 * c] >> 4, ac = b[i + 4 + 2 * c] & 15;
+        for (const auto& [used, table_class, id] : {std::tuple{uses_dc, 0, dc}, std::tuple{uses_ac, 1, ac}}) {
+          if (used && (id > 3 || !defined[table_class][id]))
+            bad(i, std::string("scan uses ") + (table_class ? "AC" : "DC") + " Huffman table " + std::to_string(id) +
+                       ", which no DHT segment before it defines");
+        }
       }
     }
     i += len;
@@ -98,8 +124,30 @@ void check_bmp_holds_its_pixels(const std::vector<uint8_t>& b, const std::string
               bpp, " bits need ", need, " bytes, the file has ", b.size());
 }
 
+// Note [a PNG's chunks fit in the file]. stb_image grows its buffer for the compressed data to
+// each IDAT chunk's declared length before reading the chunk, so a 603-byte PNG declaring an IDAT
+// of 1.8 GB made it allocate that much (found by tests/fuzz's image harness). Every chunk's
+// declared length, its type and its CRC must fit in the file; the compressed data is then bounded
+// by the file's size.
+uint32_t be32(const std::vector<uint8_t>& b, size_t at) {
+  return uint32_t(b[at]) << 24 | uint32_t(b[at + 1]) << 16 | uint32_t(b[at + 2]) << 8 | uint32_t(b[at + 3]);
+}
+
+void check_png_chunks_fit(const std::vector<uint8_t>& b, const std::string& path) {
+  for (size_t at = 8; at + 8 <= b.size();) {
+    const uint64_t length = be32(b, at);
+    const std::string type(b.begin() + at + 4, b.begin() + at + 8);
+    const uint64_t left = b.size() - at - 8;  // the chunk's data and CRC must follow
+    TORCH_CHECK(length + 4 <= left, path, ": truncated PNG: chunk '", type, "' at byte ", at, " declares ", length,
+                " bytes of data, the file has ", left, " bytes after its header");
+    if (type == "IEND") return;
+    at += 12 + length;
+  }
+}
+
 // The file's bytes, checked: a PNG, JPEG or BMP signature (Note [PNG, JPEG and BMP only; a BMP
-// holds its pixels]) and a JPEG's Huffman tables (Note [JPEG Huffman tables before stb_image]).
+// holds its pixels]), a PNG's chunk lengths (Note [a PNG's chunks fit in the file]) and a JPEG's
+// Huffman tables (Note [JPEG Huffman tables before stb_image]).
 std::vector<uint8_t> read_image_bytes(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in, path.string(), ": cannot open for reading");
@@ -113,6 +161,7 @@ std::vector<uint8_t> read_image_bytes(const fs::path& path) {
               "signatures); image folders read those three formats");
   if (jpeg) check_jpeg_huffman_tables(b, path.string());
   if (bmp) check_bmp_holds_its_pixels(b, path.string());
+  if (png) check_png_chunks_fit(b, path.string());
   return b;
 }
 

@@ -3,6 +3,7 @@
 #include <stb/stb_image_write.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -234,6 +235,17 @@ TEST(ImageFolder, RejectsCorruptImagesAndMixedSizes) {
   write_raw(dir.path() / "a" / "2.bmp", bmp);
   expect_error([&] { read_image_folder(dir.path().string(), 3, 0); }, {"2.bmp", "truncated BMP", "4x4 pixels at 24 bits"});
   fs::remove(dir.path() / "a" / "2.bmp");
+  // A PNG chunk that declares more bytes than the file has (Note [a PNG's chunks fit in the file]).
+  write_png(dir.path() / "a" / "2.png", 4, 4, 0);
+  std::ifstream png_in(dir.path() / "a" / "2.png", std::ios::binary);
+  std::vector<uint8_t> png((std::istreambuf_iterator<char>(png_in)), std::istreambuf_iterator<char>());
+  png_in.close();
+  const auto idat = std::search(png.begin(), png.end(), std::begin("IDAT"), std::end("IDAT") - 1);
+  ASSERT_NE(idat, png.end());
+  std::fill(idat - 4, idat, uint8_t(0x6c));  // length 0x6c6c6c6c
+  write_raw(dir.path() / "a" / "2.png", png);
+  expect_error([&] { read_image_folder(dir.path().string(), 3, 0); }, {"2.png", "truncated PNG", "'IDAT'", "1819044972"});
+  fs::remove(dir.path() / "a" / "2.png");
   fs::create_directories(dir.path() / "b");
   expect_error([&] { read_image_folder(dir.path().string(), 3, 0); }, {"b", "no .png"});
 }

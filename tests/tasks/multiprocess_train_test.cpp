@@ -405,15 +405,22 @@ TEST(MultiProcessTrain, GridsOfReplicasComputeTheNumbersOfOneProcess) {
     auto [s3, o3] = run(common + grid.string() + " --nproc 4 " + c.grid, mp::temp_log("grid"));
     ASSERT_EQ(s3, 0) << o3;
     auto a = metrics_by_column(one), b = metrics_by_column(grid);
+    // Where the replicas' sum runs in another order than one process's, the metrics may differ as
+    // much as one process's differ between 1 and 2 threads (the parameters' rule below). Against
+    // libtorch 2.11 a fixed 1e-5 failed: the test loss differed by 3e-5 to 9e-5, while one
+    // process's parameters moved 3.6% (a batch-norm bias) between 1 and 2 threads.
+    auto t = c.one_process_order ? a : metrics_by_column(two);
     ASSERT_FALSE(a["epoch"].empty());
     EXPECT_EQ(b["steps"], a["steps"]);
     EXPECT_EQ(b["bytes_forward"], a["bytes_forward"]);  // every micro-batch crosses every cut once
     EXPECT_EQ(b["bytes_backward"], a["bytes_backward"]);
     for (const auto& [column, values] : a) {
       if (column.rfind("bytes", 0) == 0) continue;
-      for (size_t e = 0; e < values.size(); ++e)
-        EXPECT_NEAR(b[column].at(e), values[e], 1e-5 * std::max(1.0, std::abs(values[e])))
+      for (size_t e = 0; e < values.size(); ++e) {
+        const double floor = std::abs(t[column].at(e) - values[e]);
+        EXPECT_NEAR(b[column].at(e), values[e], std::max(1e-5 * std::max(1.0, std::abs(values[e])), 2 * floor))
             << column << " epoch " << e + 1;
+      }
     }
     // Data-parallel bytes: each replica sends every untied gradient to every other replica per
     // step, raw float32, plus the payloads' headers.
