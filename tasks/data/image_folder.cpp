@@ -124,6 +124,17 @@ void check_bmp_holds_its_pixels(const std::vector<uint8_t>& b, const std::string
               bpp, " bits need ", need, " bytes, the file has ", b.size());
 }
 
+// Note [a JPEG holds its pixels]. stb fills a JPEG's missing entropy-coded data with zeros and
+// decodes the whole declared image: a 718-byte progressive JPEG declaring 493 x 64307 pixels took
+// over a second (found by tests/fuzz's image harness). Huffman coding spends at least one bit per
+// 8x8 luma block on its DC coefficient, so a JPEG holding w x h pixels has at least w h / 512
+// bytes; one with fewer than w h / 1024 (half that, for safety) is truncated, and is refused.
+void check_jpeg_holds_its_pixels(size_t bytes, int64_t w, int64_t h, const std::string& path) {
+  const int64_t least = w * h / 1024;
+  TORCH_CHECK(static_cast<int64_t>(bytes) >= least, path, ": truncated JPEG: its ", w, "x", h,
+              " pixels need at least ", least, " bytes of coded data, the file has ", bytes);
+}
+
 // Note [a PNG's chunks fit in the file]. stb_image grows its buffer for the compressed data to
 // each IDAT chunk's declared length before reading the chunk, so a 603-byte PNG declaring an IDAT
 // of 1.8 GB made it allocate that much (found by tests/fuzz's image harness). Every chunk's
@@ -224,6 +235,7 @@ ImageDataset read_image_folder(const std::string& root, int64_t channels, int64_
                   ": cannot decode image (", stbi_failure_reason(), "); expected a valid PNG, JPEG or BMP file");
       TORCH_CHECK(int64_t(w) * h <= kMaxPixels, path.string(), ": a ", w, "x", h, " image; at most ", kMaxPixels,
                   " pixels are decoded");
+      if (bytes[0] == 0xFF) check_jpeg_holds_its_pixels(bytes.size(), w, h, path.string());
       std::unique_ptr<uint8_t, void (*)(void*)> pixels(
           stbi_load_from_memory(bytes.data(), static_cast<int>(bytes.size()), &w, &h, &n, static_cast<int>(channels)),
           stbi_image_free);

@@ -67,6 +67,7 @@ TEST(FuzzRegressions, FoundInputsAreRejectedSayingWhy) {
            {"image", "asan-jpeg-scan-uses-an-undefined-huffman-table", "Huffman table 0, which no DHT segment before it defines"},
            {"image", "crash-jpeg-huffman-over-256", "Huffman table of 517 symbols; at most 256"},
            {"image", "timeout-bmp-declares-31-mpixels-in-90-bytes", "truncated BMP: its 655408x48 pixels at 1 bits"},
+           {"image", "timeout-jpeg-declares-31-mpixels-in-718-bytes", "truncated JPEG: its 493x64307 pixels need at least 30960 bytes"},
            {"image", "oom-png-idat-declares-1.8-gb", "truncated PNG: chunk 'IDAT' at byte 145 declares 1824049146 bytes"},
            {"image", "timeout-bmp-compression-0xa7000000-read-as-uncompressed", "truncated BMP: its 655408x48 pixels at 1 bits"},
            {"payload", "oom-sparse-huge-shape", "declares 44445139608 elements; accepted at most"},
