@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "compression/codecs/common.h"
@@ -113,11 +114,13 @@ Payload ColumnSparse::encode_parts(const at::Tensor& x, const CodecContext& ctx,
     channels = at::empty({blocks, k}, x.options().dtype(at::kLong));
   } else {
     // Squared L2 norm of each channel over each block of tokens; the short last block is padded
-    // with zero tokens, which add nothing.
+    // with zero tokens, which add nothing. A block longer than the message is one block of all its
+    // tokens, not padded to `block` (block=444444444408 asked for terabytes: the spec fuzzer).
     at::Tensor sq = xt.to(at::kFloat).square();
-    const int64_t pad = blocks * o_.block - tokens;
+    const int64_t span = std::min(o_.block, tokens);
+    const int64_t pad = blocks * span - tokens;
     if (pad > 0) sq = at::constant_pad_nd(sq, {0, 0, 0, pad}, 0);
-    at::Tensor norms = sq.view({blocks, o_.block, hidden}).sum(1);  // (blocks, H)
+    at::Tensor norms = sq.view({blocks, span, hidden}).sum(1);  // (blocks, H)
     channels = std::get<0>(at::sort(std::get<1>(at::topk(norms, k, 1, /*largest=*/true, /*sorted=*/false)), 1));
   }
   at::Tensor flat = (channels + at::arange(blocks, channels.options()).unsqueeze(1) * hidden).reshape({-1});

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "autograd/ops.h"
+#include "compression/stateful/common.h"
 
 namespace tl {
 
@@ -17,6 +18,8 @@ const char* layout_word(Autoencoder::Layout l) {
 Autoencoder::Autoencoder(Options opt) : Compressor("Autoencoder"), opt_(std::move(opt)) {
   TORCH_CHECK(opt_.d_code >= 1, "ae: the code width d_code must be >= 1, got ", opt_.d_code);
   TORCH_CHECK(opt_.d >= 0, "ae: the input width d must be >= 0 (0: from the first input), got ", opt_.d);
+  TORCH_CHECK(opt_.d_code <= stateful::kMaxWidth && opt_.d <= stateful::kMaxWidth, "ae: d_code=", opt_.d_code,
+              ", d=", opt_.d, " is too large; accepted: up to ", stateful::kMaxWidth);
   wire_ = opt_.wire ? opt_.wire : parse_compressor("identity");
   TORCH_CHECK(!wire_->has_transform(), "ae: the wire codec '", wire_->spec(), "' cannot itself be ae or subspace");
   register_module("wire", wire_);
@@ -42,6 +45,9 @@ void Autoencoder::materialize(int64_t d, at::Device device, at::ScalarType dtype
               " but the input now has width ", d, " (", opt_.layout == Layout::Auto ? "layout=auto" : "",
               "); one ae codec serves one boundary shape");
   TORCH_CHECK(opt_.d == 0 || opt_.d == d, "ae: declared d=", opt_.d, " but the input has width ", d);
+  TORCH_CHECK(d <= stateful::kMaxWidth && d * opt_.d_code <= stateful::kMaxTableElements, "ae: input width d=", d,
+              " with d_code=", opt_.d_code, " is too large; accepted: d up to ", stateful::kMaxWidth,
+              " and weights of d x d_code up to ", stateful::kMaxTableElements, " elements");
   // Xavier-uniform: U(-b, b), b = sqrt(6 / (fan_in + fan_out)); the same bound for both matrices.
   const double bound = std::sqrt(6.0 / static_cast<double>(d + opt_.d_code));
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opt_.seed);

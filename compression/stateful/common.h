@@ -21,6 +21,13 @@
 namespace tl {
 namespace stateful {
 
+/// Sizes a learned codec (ae, subspace) may declare, so that a spec cannot ask for terabytes: widths
+/// up to 65,536, vocabularies up to 4,194,304, and a weight or embedding table of at most 2^26
+/// elements (256 MB in float32; GPT-2 large's 50257 x 1280 fits).
+constexpr int64_t kMaxWidth = int64_t(1) << 16;
+constexpr int64_t kMaxVocab = int64_t(1) << 22;
+constexpr int64_t kMaxTableElements = int64_t(1) << 26;
+
 /// Builds the nested codec argument `key` (or positional `pos`) of a wrapper's spec.
 CompressorPtr build_inner(SpecArgs& args, size_t pos, const std::string& key, const std::string& wrapper);
 

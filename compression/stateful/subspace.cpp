@@ -4,6 +4,7 @@
 
 #include "autograd/ops.h"
 #include "compression/codecs/common.h"
+#include "compression/stateful/common.h"
 
 namespace tl {
 
@@ -14,6 +15,9 @@ Subspace::Subspace(Options opt) : Compressor("Subspace"), opt_(std::move(opt)) {
               "embedding), got d=",
               opt_.d, ", vocab=", opt_.vocab);
   TORCH_CHECK(opt_.token_std > 0, "subspace: token_std must be > 0, got ", opt_.token_std);
+  TORCH_CHECK(opt_.k <= stateful::kMaxWidth && opt_.d <= stateful::kMaxWidth && opt_.vocab <= stateful::kMaxVocab,
+              "subspace: k=", opt_.k, ", d=", opt_.d, ", vocab=", opt_.vocab, " is too large; accepted: k and d up to ",
+              stateful::kMaxWidth, ", vocab up to ", stateful::kMaxVocab);
   wire_ = opt_.wire ? opt_.wire : parse_compressor("identity");
   TORCH_CHECK(!wire_->has_transform(), "subspace: the wire codec '", wire_->spec(),
               "' cannot itself be ae or subspace");
@@ -41,6 +45,9 @@ void Subspace::materialize(int64_t d) {
               " but the input now has width ", d);
   TORCH_CHECK(opt_.d == 0 || opt_.d == d, "subspace: declared d=", opt_.d, " but the input has width ", d);
   TORCH_CHECK(opt_.k <= d, "subspace: k=", opt_.k, " exceeds the width d=", d);
+  TORCH_CHECK(d <= stateful::kMaxWidth && opt_.vocab * d <= stateful::kMaxTableElements, "subspace: width d=", d,
+              " with vocab=", opt_.vocab, " is too large; accepted: d up to ", stateful::kMaxWidth,
+              " and a token embedding of vocab x d up to ", stateful::kMaxTableElements, " elements");
   // Generated on the CPU in float64 for a well-conditioned QR, then stored as float32.
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opt_.seed);
   at::Tensor g = at::randn({d, opt_.k}, gen, at::TensorOptions().dtype(at::kDouble));

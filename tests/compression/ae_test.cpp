@@ -5,6 +5,7 @@
 #include "compression/spec.h"
 #include "compression/stateful/autoencoder.h"
 #include "tests/common/testing.h"
+#include "tests/compression/codec_testing.h"
 
 namespace tl {
 namespace {
@@ -135,6 +136,9 @@ TEST(Autoencoder, MisuseIsAnError) {
     EXPECT_NE(std::string(e.what()).find("pre"), std::string::npos) << e.what();
   }
   EXPECT_THROW(parse_compressor("ae(0)"), c10::Error);
+  // Sizes are bounded, so a spec cannot ask for terabytes of weights.
+  EXPECT_ERROR_CONTAINS(parse_compressor("ae(99999999, d=64)"), "d_code=99999999, d=64 is too large");
+  EXPECT_ERROR_CONTAINS(parse_compressor("ae(60000, d=60000)"), "weights of d x d_code up to 67108864");
   EXPECT_THROW(parse_compressor("ef(ae(4))"), c10::Error) << "transforms cannot be wrapped";
   EXPECT_THROW(std::make_shared<Boundary>("cut", "topk(0.5)", "ae(4)"), c10::Error) << "ae is a forward codec";
 }

@@ -59,6 +59,10 @@ TEST(ColSparse, KeepsTheChannelsOfLargestBlockNorm) {
     EXPECT_TRUE(at::equal(per_token.narrow(0, 0, 8), per_token[0].expand({8, 40}))) << spec;
     EXPECT_TRUE(at::equal(per_token.narrow(0, 16, 4), per_token[16].expand({4, 40}))) << spec;
   }
+  // A block longer than the message is one block of all its tokens (nothing padded to its length).
+  at::Tensor whole = reference_mask(x.reshape({20, 40}), 20, 4).view(x.sizes());
+  for (const char* spec : {"colsparse(0.1, block=20, values=fp32)", "colsparse(0.1, block=444444444408, values=fp32)"})
+    EXPECT_TRUE(at::equal(round_trip(parse_compressor(spec), x), x * whole)) << spec;
   // k = ceil(fraction * hidden): 0.1 * 30 is 3 (not 4 from float rounding), 0.11 * 30 is 4.
   auto c = std::dynamic_pointer_cast<ColumnSparse>(parse_compressor("colsparse(0.1)"));
   EXPECT_EQ(c->k_for(30), 3);

@@ -7,6 +7,7 @@
 #include "compression/boundary.h"
 #include "compression/spec.h"
 #include "tests/common/testing.h"
+#include "tests/compression/codec_testing.h"
 
 namespace tl {
 namespace {
@@ -118,6 +119,9 @@ TEST(Subspace, ErrorsAndSpec) {
   }
   EXPECT_THROW(parse_compressor("subspace(32, d=16)"), c10::Error) << "k > d";
   EXPECT_THROW(parse_compressor("subspace(0)"), c10::Error);
+  // Sizes are bounded (the spec fuzzer asked for vocab=9999999256: a 2.5 TB embedding).
+  EXPECT_ERROR_CONTAINS(parse_compressor("subspace(8, d=64, vocab=9999999256)"), "vocab up to 4194304");
+  EXPECT_ERROR_CONTAINS(parse_compressor("subspace(8, d=64000, vocab=4000000)"), "vocab x d up to 67108864");
   auto c = parse_compressor("subspace(k=8, d=64, vocab=100, seed=2, wire=fp16)");
   EXPECT_EQ(parse_compressor(c->spec())->spec(), c->spec());
   // Without a vocabulary it is a plain projection: lossless on span(U).

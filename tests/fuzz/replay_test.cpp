@@ -70,6 +70,7 @@ TEST(FuzzRegressions, FoundInputsAreRejectedSayingWhy) {
            {"image", "timeout-jpeg-declares-31-mpixels-in-718-bytes", "truncated JPEG: its 493x64307 pixels need at least 30960 bytes"},
            {"image", "oom-png-idat-declares-1.8-gb", "truncated PNG: chunk 'IDAT' at byte 145 declares 1824049146 bytes"},
            {"image", "timeout-bmp-compression-0xa7000000-read-as-uncompressed", "truncated BMP: its 655408x48 pixels at 1 bits"},
+           {"spec", "oom-subspace-vocab-9999999256", "vocab up to 4194304"},
            {"payload", "oom-sparse-huge-shape", "declares 44445139608 elements; accepted at most"},
            {"payload", "ubsan-empty-shape-partial-product-overflow", "overflows int64"},
        }) {

@@ -379,9 +379,10 @@ class FaultMatrix : public ::testing::Test {
     }
 
     // A rank that raised mid-write removed its temporary file (a killed or stopped one cannot).
-    if (c.kind == "exit" && fs::exists(run_dir))
+    if (c.kind == "exit" && fs::exists(run_dir)) {
       for (const auto& e : fs::directory_iterator(run_dir))
         EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << "left behind: " << e.path();
+    }
 
     // The row of the table, and the message the others saw first.
     std::string message;
