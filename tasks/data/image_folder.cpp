@@ -26,6 +26,17 @@ namespace fs = std::filesystem;
 // allocates it before reading the pixels.
 constexpr int64_t kMaxPixels = int64_t(1) << 26;
 
+// Note [a JPEG holds its pixels]. stb fills a JPEG's missing entropy-coded data with zeros and
+// decodes the whole declared image: a 718-byte progressive JPEG declaring 493 x 64307 pixels took
+// over a second (found by tests/fuzz's image harness). Huffman coding spends at least one bit per
+// 8x8 luma block on its DC coefficient, so a JPEG holding w x h pixels has at least w h / 512
+// bytes; one with fewer than w h / 1024 (half that, for safety) is truncated, and is refused.
+void check_jpeg_holds_its_pixels(size_t bytes, int64_t w, int64_t h, const std::string& path) {
+  const int64_t least = w * h / 1024;
+  TORCH_CHECK(static_cast<int64_t>(bytes) >= least, path, ": truncated JPEG: its ", w, "x", h,
+              " pixels need at least ", least, " bytes of coded data, the file has ", bytes);
+}
+
 // Note [JPEG Huffman tables before stb_image]. Debian's stb_image (2.27, 2022) trusts the 16 code
 // counts of a JPEG Huffman table (DHT segment): when they add up to more than 256 symbols,
 // stbi__build_huffman writes past its 257-entry size array (found by tests/fuzz's image harness
@@ -35,7 +46,7 @@ constexpr int64_t kMaxPixels = int64_t(1) << 26;
 // whose zeroed lookup arrays send its decoder far out of bounds (a read 9.9 MB past a 256-byte
 // array, found the same way): every table a scan uses must be defined before it. Anything else
 // malformed is left to stb, which rejects it.
-void check_jpeg_huffman_tables(const std::vector<uint8_t>& b, const std::string& path) {
+void check_jpeg_headers(const std::vector<uint8_t>& b, const std::string& path) {
   auto bad = [&](size_t at, const std::string& why) {
     TORCH_CHECK(false, path, ": corrupt JPEG (", why, " at byte ", at, ")");
   };
@@ -70,6 +81,10 @@ void check_jpeg_huffman_tables(const std::vector<uint8_t>& b, const std::string&
       }
     }
     if (m == 0xC2) progressive = true;
+    if (m >= 0xC0 && m <= 0xC2 && len >= 7) {  // SOF: precision, height, width
+      const int64_t h = (int64_t(b[i + 3]) << 8) | b[i + 4], w = (int64_t(b[i + 5]) << 8) | b[i + 6];
+      check_jpeg_holds_its_pixels(b.size(), w, h, path);
+    }
     if (m == 0xDA) {  // SOS: the tables its components use must exist
       const size_t ns = len >= 3 ? b[i + 2] : 0;
       if (len < 6 + 2 * ns) bad(i, "scan header of " + std::to_string(len) + " bytes for " + std::to_string(ns) +
@@ -124,17 +139,6 @@ void check_bmp_holds_its_pixels(const std::vector<uint8_t>& b, const std::string
               bpp, " bits need ", need, " bytes, the file has ", b.size());
 }
 
-// Note [a JPEG holds its pixels]. stb fills a JPEG's missing entropy-coded data with zeros and
-// decodes the whole declared image: a 718-byte progressive JPEG declaring 493 x 64307 pixels took
-// over a second (found by tests/fuzz's image harness). Huffman coding spends at least one bit per
-// 8x8 luma block on its DC coefficient, so a JPEG holding w x h pixels has at least w h / 512
-// bytes; one with fewer than w h / 1024 (half that, for safety) is truncated, and is refused.
-void check_jpeg_holds_its_pixels(size_t bytes, int64_t w, int64_t h, const std::string& path) {
-  const int64_t least = w * h / 1024;
-  TORCH_CHECK(static_cast<int64_t>(bytes) >= least, path, ": truncated JPEG: its ", w, "x", h,
-              " pixels need at least ", least, " bytes of coded data, the file has ", bytes);
-}
-
 // Note [a PNG's chunks fit in the file]. stb_image grows its buffer for the compressed data to
 // each IDAT chunk's declared length before reading the chunk, so a 603-byte PNG declaring an IDAT
 // of 1.8 GB made it allocate that much (found by tests/fuzz's image harness). Every chunk's
@@ -158,7 +162,8 @@ void check_png_chunks_fit(const std::vector<uint8_t>& b, const std::string& path
 
 // The file's bytes, checked: a PNG, JPEG or BMP signature (Note [PNG, JPEG and BMP only; a BMP
 // holds its pixels]), a PNG's chunk lengths (Note [a PNG's chunks fit in the file]) and a JPEG's
-// Huffman tables (Note [JPEG Huffman tables before stb_image]).
+// Huffman tables and size (Note [JPEG Huffman tables before stb_image], Note [a JPEG holds its
+// pixels]).
 std::vector<uint8_t> read_image_bytes(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in, path.string(), ": cannot open for reading");
@@ -170,7 +175,7 @@ std::vector<uint8_t> read_image_bytes(const fs::path& path) {
   const bool bmp = b.size() >= 2 && b[0] == 'B' && b[1] == 'M';
   TORCH_CHECK(png || jpeg || bmp, path.string(), ": not a PNG, JPEG or BMP file (its first bytes are none of their ",
               "signatures); image folders read those three formats");
-  if (jpeg) check_jpeg_huffman_tables(b, path.string());
+  if (jpeg) check_jpeg_headers(b, path.string());
   if (bmp) check_bmp_holds_its_pixels(b, path.string());
   if (png) check_png_chunks_fit(b, path.string());
   return b;
@@ -235,7 +240,6 @@ ImageDataset read_image_folder(const std::string& root, int64_t channels, int64_
                   ": cannot decode image (", stbi_failure_reason(), "); expected a valid PNG, JPEG or BMP file");
       TORCH_CHECK(int64_t(w) * h <= kMaxPixels, path.string(), ": a ", w, "x", h, " image; at most ", kMaxPixels,
                   " pixels are decoded");
-      if (bytes[0] == 0xFF) check_jpeg_holds_its_pixels(bytes.size(), w, h, path.string());
       std::unique_ptr<uint8_t, void (*)(void*)> pixels(
           stbi_load_from_memory(bytes.data(), static_cast<int>(bytes.size()), &w, &h, &n, static_cast<int>(channels)),
           stbi_image_free);
