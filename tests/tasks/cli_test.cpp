@@ -23,9 +23,9 @@ struct Result {
   std::string output;  // stdout and stderr
 };
 
-Result run(const std::string& args) {
+Result run(const std::string& args, const fs::path& exe = tapeline_path()) {
   Result r;
-  std::string cmd = tapeline_path().string() + " " + args + " 2>&1";
+  std::string cmd = exe.string() + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
   std::array<char, 4096> buf{};
@@ -122,6 +122,26 @@ TEST(Cli, ATrainRunEndsWithItsCurvesOrANote) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(fs::exists(quiet / "summary.json"));
   EXPECT_FALSE(fs::exists(quiet / "curves.png"));
+}
+
+// An executable outside the source tree (a build directory made with cmake -B /elsewhere, or a
+// copy) still finds python/tapeline_plots.py: through the source path compiled into it, not only
+// through its own directory's ancestors.
+TEST(Cli, AnExecutableOutsideTheSourceTreeFindsThePlotModule) {
+  REQUIRE_TAPELINE();
+  if (!fs::exists(fs::path(default_dataset_root("fashion-mnist")) / "train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "Fashion-MNIST not installed (Debian package dataset-fashion-mnist)";
+  if (std::getenv("TAPELINE_PLOTS")) GTEST_SKIP() << "TAPELINE_PLOTS is set: the module is the user's choice";
+  testing::TempDir dir;  // under the temporary directory, outside any source tree
+  const fs::path exe = dir.path() / "bin" / "tapeline";
+  fs::create_directories(exe.parent_path());
+  fs::copy_file(tapeline_path(), exe);
+  const fs::path out = dir.path() / "run";
+  Result r = run("train --config " + (kConfigs / "default.ini").string() + " --out " + out.string() +
+                     " --data.train_limit=64 --data.test_limit=64 --train.epochs=1 --train.batch_size=64 --quiet",
+                 exe);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.find("tapeline_plots.py was not found"), std::string::npos) << r.output;
 }
 
 }  // namespace
