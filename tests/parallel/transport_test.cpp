@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <fstream>
+#include <filesystem>
 #include <set>
 
 #include "parallel/dist/c10d_compat.h"
@@ -275,16 +275,14 @@ TEST(Transport, UnknownBackendIsAnError) {
   EXPECT_FALSE(Transport::available("mpi"));
 }
 
-// torchrun (Debian's python3-torch ships /usr/bin/torchrun): 2 ranks of the helper rendezvous
-// through torchrun's agent store.
-// The torch version a Python console script (torchrun) imports: its #! interpreter asked.
-std::string torch_of_script(const std::string& script) {
-  std::ifstream f(script);
-  std::string first;
-  std::getline(f, first);
-  if (first.rfind("#!", 0) != 0) return "";
+// torchrun (scripts/torchrun: the one of the libtorch the scripts build against): 2 ranks of the
+// helper rendezvous through torchrun's agent store.
+const std::filesystem::path kScripts = std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "scripts";
+
+// The version of the torch scripts/torchrun runs, or "" when it has none.
+std::string torch_of_torchrun() {
   const std::string out = temp_log("torch_version");
-  const std::string cmd = first.substr(2) + " -c 'import torch; print(torch.__version__)' >" + out + " 2>/dev/null";
+  const std::string cmd = (kScripts / "torchrun").string() + " --torch-version >" + out + " 2>/dev/null";
   const int rc = std::system(cmd.c_str());
   std::string v = read_file(out);
   std::remove(out.c_str());
@@ -295,16 +293,15 @@ std::string torch_of_script(const std::string& script) {
 
 TEST(Transport, TorchrunLaunchesRanksThatRendezvous) {
   SKIP_WITHOUT_TRANSPORT();
-  std::string torchrun;
-  for (const char* p : {"/usr/bin/torchrun", "/usr/local/bin/torchrun"})
-    if (::access(p, X_OK) == 0) torchrun = p;
-  if (torchrun.empty()) GTEST_SKIP() << "torchrun not installed (Debian: apt-get install python3-torch)";
+  const std::string torchrun = (kScripts / "torchrun").string();
   // torchrun's agent hosts the TCPStore: its torch must speak the store protocol of the libtorch
   // tapeline is built against (Debian's torchrun 1.13 resets a 2.x client's connection).
-  const std::string theirs = torch_of_script(torchrun), ours = compat::torch_version();
-  if (theirs.empty() || theirs.substr(0, theirs.find('.')) != ours.substr(0, ours.find('.')))
+  const std::string theirs = torch_of_torchrun(), ours = compat::torch_version();
+  if (theirs.empty())
+    GTEST_SKIP() << torchrun << " has no torch (scripts/setup unpacks the wheel's; Debian: python3-torch)";
+  if (theirs.substr(0, theirs.find('.')) != ours.substr(0, ours.find('.')))
     GTEST_SKIP() << torchrun << " runs torch '" << theirs << "' but tapeline is built against libtorch " << ours
-                 << ": their TCPStores do not talk; install the matching torchrun";
+                 << ": their TCPStores do not talk (TAPELINE_LIBTORCH chooses both: README.md)";
   ProcessGroupGuard guard;
   const std::string log = temp_log("torchrun");
   // Underscore spellings: torch 1.13's torchrun knows only those, 2.x accepts both.
@@ -312,19 +309,8 @@ TEST(Transport, TorchrunLaunchesRanksThatRendezvous) {
       "--no_python", "--nproc_per_node", "2", "--master_port", std::to_string(find_free_port()),
       helper_path(), "exchange",         "10"};
   guard.pids.push_back(spawn(torchrun, args, {}, log));
-  int st = wait_or_kill(guard.pids.back(), 180);
-  std::string out = read_file(log);
-  if (exit_code(st) != 0 && out.find("'NoneType' object has no attribute 'get'") != std::string::npos) {
-    // torch 1.13's torchrun under Python >= 3.11 cannot parse its own default --redirects/--tee
-    // ("0": IntFlag no longer lists the zero member). A mapping for a local rank that does not
-    // exist parses, and leaves every real rank at "no redirect".
-    args.insert(args.begin(), {"--redirects", "9:1", "--tee", "9:1"});
-    args[args.size() - 4] = std::to_string(find_free_port());  // the --master_port value
-    guard.pids.push_back(spawn(torchrun, args, {}, log));
-    st = wait_or_kill(guard.pids.back(), 180);
-    out = read_file(log);
-    std::cout << "(torchrun needed the --redirects/--tee workaround of torch 1.13 on Python 3.11)\n";
-  }
+  const int st = wait_or_kill(guard.pids.back(), 180);
+  const std::string out = read_file(log);
   std::remove(log.c_str());
   EXPECT_EQ(exit_code(st), 0) << out;
   for (int r = 0; r < 2; ++r)
