@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -142,6 +144,30 @@ inline std::string sh_quote(const std::string& s) {
   std::string q = "'";
   for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return q + "'";
+}
+
+/// scripts/torchrun: the torchrun of the libtorch the scripts build against (README.md, "Which
+/// libtorch"). `why_not` is "" when it can launch ranks of a build against libtorch `ours`
+/// (its torch has the same major version, so torchrun's agent store and the ranks' TCPStore
+/// speak one protocol), else the reason, for a skip or a note.
+struct Torchrun {
+  std::string path, version, why_not;
+};
+inline Torchrun torchrun_for(const std::string& ours) {
+  Torchrun t;
+  t.path = (std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "scripts" / "torchrun").string();
+  const std::string out = temp_log("torch_version");
+  const int rc = std::system((sh_quote(t.path) + " --torch-version >" + sh_quote(out) + " 2>/dev/null").c_str());
+  t.version = read_file(out);
+  std::remove(out.c_str());
+  while (!t.version.empty() && (t.version.back() == '\n' || t.version.back() == ' ')) t.version.pop_back();
+  const auto major = [](const std::string& v) { return v.substr(0, v.find('.')); };
+  if (rc != 0 || t.version.empty())
+    t.why_not = t.path + " has no torch (scripts/setup unpacks the wheel's; Debian: python3-torch)";
+  else if (major(t.version) != major(ours))
+    t.why_not = t.path + " runs torch '" + t.version + "' but tapeline is built against libtorch " + ours +
+                ": their TCPStores do not talk (TAPELINE_LIBTORCH chooses both: README.md)";
+  return t;
 }
 
 }  // namespace tl::testing_mp

@@ -277,38 +277,19 @@ TEST(Transport, UnknownBackendIsAnError) {
 
 // torchrun (scripts/torchrun: the one of the libtorch the scripts build against): 2 ranks of the
 // helper rendezvous through torchrun's agent store.
-const std::filesystem::path kScripts = std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "scripts";
-
-// The version of the torch scripts/torchrun runs, or "" when it has none.
-std::string torch_of_torchrun() {
-  const std::string out = temp_log("torch_version");
-  const std::string cmd = (kScripts / "torchrun").string() + " --torch-version >" + out + " 2>/dev/null";
-  const int rc = std::system(cmd.c_str());
-  std::string v = read_file(out);
-  std::remove(out.c_str());
-  if (rc != 0) return "";
-  while (!v.empty() && (v.back() == '\n' || v.back() == ' ')) v.pop_back();
-  return v;
-}
-
 TEST(Transport, TorchrunLaunchesRanksThatRendezvous) {
   SKIP_WITHOUT_TRANSPORT();
-  const std::string torchrun = (kScripts / "torchrun").string();
   // torchrun's agent hosts the TCPStore: its torch must speak the store protocol of the libtorch
   // tapeline is built against (Debian's torchrun 1.13 resets a 2.x client's connection).
-  const std::string theirs = torch_of_torchrun(), ours = compat::torch_version();
-  if (theirs.empty())
-    GTEST_SKIP() << torchrun << " has no torch (scripts/setup unpacks the wheel's; Debian: python3-torch)";
-  if (theirs.substr(0, theirs.find('.')) != ours.substr(0, ours.find('.')))
-    GTEST_SKIP() << torchrun << " runs torch '" << theirs << "' but tapeline is built against libtorch " << ours
-                 << ": their TCPStores do not talk (TAPELINE_LIBTORCH chooses both: README.md)";
+  const Torchrun torchrun = torchrun_for(compat::torch_version());
+  if (!torchrun.why_not.empty()) GTEST_SKIP() << torchrun.why_not;
   ProcessGroupGuard guard;
   const std::string log = temp_log("torchrun");
   // Underscore spellings: torch 1.13's torchrun knows only those, 2.x accepts both.
   std::vector<std::string> args = {
       "--no_python", "--nproc_per_node", "2", "--master_port", std::to_string(find_free_port()),
       helper_path(), "exchange",         "10"};
-  guard.pids.push_back(spawn(torchrun, args, {}, log));
+  guard.pids.push_back(spawn(torchrun.path, args, {}, log));
   const int st = wait_or_kill(guard.pids.back(), 180);
   const std::string out = read_file(log);
   std::remove(log.c_str());

@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "layers/io/safetensors.h"
+#include "parallel/dist/c10d_compat.h"
 #include "parallel/dist/rendezvous.h"
 #include "parallel/dist/transport.h"
 #include "tasks/data/dataset.h"
@@ -159,12 +160,11 @@ TEST(MultiProcessTrain, FourProcessesComputeTheSameNumbersAsOne) {
   }
   // Under torchrun (with --standalone rank 0 hosts the store), through scripts/torchrun: the
   // torchrun of the libtorch the scripts build against.
-  const std::string has_torchrun = (kRoot / "scripts" / "torchrun").string() + " --torch-version >/dev/null 2>&1";
-  if (std::system(has_torchrun.c_str()) == 0) {
+  const mp::Torchrun torchrun = mp::torchrun_for(dist::compat::torch_version());
+  if (torchrun.why_not.empty()) {
     mp::ProcessGroupGuard guard;
-    const fs::path torchrun = kRoot / "scripts" / "torchrun";
     const std::string log = mp::temp_log("torchrun");
-    guard.pids.push_back(mp::spawn(torchrun.string(),
+    guard.pids.push_back(mp::spawn(torchrun.path,
                                    {"--standalone", "--no_python", "--nproc_per_node", "4", tapeline_path().string(),
                                     "train", "--config", cfg, "--no-plot", "--quiet", "--out",
                                     (dir.path() / "torchrun").string()},
@@ -173,8 +173,7 @@ TEST(MultiProcessTrain, FourProcessesComputeTheSameNumbersAsOne) {
     ASSERT_EQ(mp::exit_code(status), 0) << mp::read_file(log);
     EXPECT_EQ(metrics_without_times(dir.path() / "torchrun"), reference);
   } else {
-    std::cout << "[ NOTE ] torchrun part skipped: scripts/torchrun has no torch (scripts/setup unpacks the wheel's; "
-                 "Debian: python3-torch)\n";
+    std::cout << "[ NOTE ] torchrun part skipped: " << torchrun.why_not << "\n";
   }
   auto e1 = run("eval --run " + (dir.path() / "1f1b").string(), mp::temp_log("eval1"));
   auto e3 = run("eval --run " + (dir.path() / "mp").string(), mp::temp_log("eval3"));
