@@ -138,7 +138,17 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   if (o.threads > 0) at::set_num_threads(static_cast<int>(o.threads));
-  at::Device device(o.device);
+  at::Device device = at::kCPU;
+  try {
+    device = at::Device(o.device);
+  } catch (const c10::Error&) {
+    std::fprintf(stderr, "bench_train: --device '%s' is not a device; accepted: cpu, cuda, cuda:N\n", o.device.c_str());
+    return 2;
+  }
+  if (device.is_cuda() && !at::hasCUDA()) {
+    std::printf("{\"bench\":\"train_step\",\"device\":\"%s\",\"skipped\":\"no CUDA device\"}\n", o.device.c_str());
+    return 0;
+  }
   at::manual_seed(0);
   at::Tensor x = at::randn({o.batch, o.channels, o.size, o.size}).to(device);
   at::Tensor y = at::randint(0, 10, {o.batch}, at::kLong).to(device);

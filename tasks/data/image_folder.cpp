@@ -189,9 +189,10 @@ bool is_image(const std::filesystem::path& p) {
 
 // (H, W, C) uint8 -> (C, size, size) uint8.
 at::Tensor resize_hwc(const at::Tensor& hwc, int64_t size) {
-  const int64_t h = hwc.size(0), w = hwc.size(1), c = hwc.size(2);
+  const int64_t h = hwc.size(0), w = hwc.size(1);
   if (size == 0 || (h == size && w == size)) return hwc.permute({2, 0, 1}).contiguous();
 #ifdef TL_HAVE_OPENCV
+  const int64_t c = hwc.size(2);
   cv::Mat src(static_cast<int>(h), static_cast<int>(w), CV_8UC(static_cast<int>(c)), hwc.data_ptr<uint8_t>());
   at::Tensor out = at::empty({size, size, c}, at::kByte);
   cv::Mat dst(static_cast<int>(size), static_cast<int>(size), CV_8UC(static_cast<int>(c)), out.data_ptr<uint8_t>());
