@@ -6,8 +6,12 @@
 
 #include "tasks/data/dataset.h"
 
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "tests/tasks/task_testing.h"
 
@@ -190,6 +194,25 @@ TEST(Trainer, ConfigurationErrorsStopBeforeTraining) {
   req.out_dir = "/tmp/never-written";
   req.resume_dir = "/nonexistent/run";
   if (have_fashion_mnist()) expect_error([&] { run_training(req); }, {"--resume /nonexistent/run", "no checkpoint"});
+}
+
+// Note [OpenBLAS threads]: where the process's BLAS is OpenBLAS (Debian's libtorch), run.threads
+// reaches its worker pool too, not only ATen's.
+TEST(Trainer, RunThreadsReachOpenBlas) {
+  using Getter = int (*)();
+  using Setter = void (*)(int);
+  auto get = reinterpret_cast<Getter>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  auto set = reinterpret_cast<Setter>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (!get || !set) GTEST_SKIP() << "this libtorch's BLAS is not OpenBLAS (PyTorch's wheels use MKL)";
+  const int blas_before = get(), aten_before = at::get_num_threads();
+  set(static_cast<int>(std::max(2u, std::thread::hardware_concurrency())));
+  {
+    Experiment e(small_config({{"run.threads", "1"}}));
+    EXPECT_EQ(get(), 1);
+    EXPECT_EQ(at::get_num_threads(), 1);
+  }
+  set(blas_before);
+  at::set_num_threads(aten_before);
 }
 
 TEST(Trainer, BaselineConfigAndFingerprint) {
