@@ -12,11 +12,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include <cstdlib>
 #include <thread>
+#include <tuple>
 
 #include "layers/io/checkpoint.h"
 #include "layers/optim/adam.h"
@@ -480,6 +482,40 @@ std::vector<LevelRow> level_rows(const Pipeline& p, const std::vector<std::pair<
   return rows;
 }
 
+// Note [levels of a multi-process run]: each direction's codec lives on the rank that sends with
+// it, so every rank keeps the rows of the directions it sent (a direction it did not send moved 0
+// bytes there) and rank 0 gathers them once per epoch: no collective per step. Merged as one
+// process would report them: bytes summed over the replicas (each sends its share of the
+// micro-batches), the level and label of replica 0's codec (whose state the checkpoint holds; the
+// replicas' codecs see different messages and may differ), a stage's tensor ranks once (they send
+// the same messages). With one replica the rows equal the in-process run's
+// (MultiProcessTrain.AdaptiveLevelsAreThoseOfOneProcess).
+std::vector<LevelRow> gather_level_rows(dist::DistExecutor& d, const std::vector<LevelRow>& mine, int64_t epoch) {
+  json out = json::array();
+  if (d.tensor_rank() == 0)
+    for (const LevelRow& r : mine)
+      out.push_back({r.step, r.epoch, r.boundary, r.direction == "forward", r.level, r.label, r.bytes});
+  const std::vector<std::string> all = d.transport().gather_bytes(
+      out.dump(), 0, "end of epoch " + std::to_string(epoch + 1) + ", gathering the codecs' levels");
+  std::map<std::tuple<int64_t, int64_t, bool>, LevelRow> merged;  // (step, boundary, backward)
+  for (size_t rank = 0; rank < all.size(); ++rank) {
+    const bool replica0 = d.grid().replica(static_cast<int>(rank)) == 0;
+    for (const json& j : json::parse(all[rank])) {
+      LevelRow r;
+      r.step = j[0], r.epoch = j[1], r.boundary = j[2];
+      r.direction = j[3].get<bool>() ? "forward" : "backward";
+      r.level = j[4], r.label = j[5], r.bytes = j[6];
+      auto [it, fresh] = merged.try_emplace({r.step, r.boundary, r.direction == "backward"}, r);
+      if (fresh) continue;
+      it->second.bytes += r.bytes;
+      if (replica0) it->second.level = r.level, it->second.label = r.label;
+    }
+  }
+  std::vector<LevelRow> rows;
+  for (auto& [key, r] : merged) rows.push_back(std::move(r));
+  return rows;
+}
+
 }  // namespace
 
 EpochMetrics Experiment::train_epoch(int64_t epoch, const std::function<void(const StepLog&)>& on_step) {
@@ -494,6 +530,8 @@ EpochMetrics Experiment::train_epoch(int64_t epoch, const std::function<void(con
   task_->start_epoch(epoch);
   const int64_t total_steps = config_.train.epochs * steps_per_epoch();  // the run's, for the codecs' progress
   const bool levels = on_step && logs_levels();
+  std::vector<LevelRow> sent_levels;  // multi-process: this rank's rows (Note [levels of a multi-process run])
+  epoch_levels_.clear();
   while (auto batch = task_->next_train_batch()) {
     optimizer_->zero_grad();
     const auto sent_before = levels ? bytes_sent(*pipeline_) : std::vector<std::pair<int64_t, int64_t>>();
@@ -528,6 +566,11 @@ EpochMetrics Experiment::train_epoch(int64_t epoch, const std::function<void(con
     total.loss_sum += step.loss_sum, total.units += step.units, total.correct += step.correct;
     window_units += r.units;
     ++m.steps;
+    std::vector<LevelRow> step_levels;
+    if (levels) step_levels = level_rows(*pipeline_, sent_before, scheduler_->step_count(), epoch);
+    if (dist_)
+      for (LevelRow& row : step_levels)
+        if (row.bytes > 0) sent_levels.push_back(std::move(row));
     if (on_step) {
       StepLog log;
       log.step = scheduler_->step_count();
@@ -540,12 +583,13 @@ EpochMetrics Experiment::train_epoch(int64_t epoch, const std::function<void(con
       double dt = seconds_since(window_start);
       log.units_per_s = dt > 0 ? window_units / dt : 0.0;
       if (dt > 2.0) window_start = std::chrono::steady_clock::now(), window_units = 0;
-      if (levels) log.levels = level_rows(*pipeline_, sent_before, log.step, epoch);
+      if (!dist_) log.levels = std::move(step_levels);
       on_step(log);
     }
   }
   TORCH_CHECK(total.units > 0, "epoch ", epoch + 1, ": the task produced no training batch");
   std::vector<BoundaryStats> per_boundary;
+  if (dist_ && levels) epoch_levels_ = gather_level_rows(*dist_, sent_levels, epoch);
   if (dist_) {
     // Rank 0 gets every rank's part: bytes are counted by each direction's sender. Pipeline time
     // is the slowest rank's; compute and comm are averaged over the ranks (stages), as in process.
@@ -697,9 +741,6 @@ RunSummary run_training(const TrainRequest& req) {
     write_file(jsonl, "");
     if (ex.logs_levels()) write_file(levels, levels_csv_header() + "\n");
   }
-  if (ex.has_adaptive_codecs() && !ex.logs_levels())
-    progress.line("note: levels.csv (the adaptive codecs' level per step) is written by in-process runs only; "
-                  "a multi-process run's codecs live on the ranks that send (docs/COMPRESSION.md section 4.5)");
   // Injected faults are for this invocation (Note [fault injection]): a resumed run does not repeat them.
   write_file((fs::path(out) / "config.ini").string(),
              cfg.to_ini({"dist.inject_fault", "dist.corrupt_rate", "dist.corrupt_seed"}));
@@ -799,6 +840,8 @@ RunSummary run_training(const TrainRequest& req) {
         window = 0;
       }
     });
+    if (writer)  // a multi-process run's rows, once per epoch (Note [levels of a multi-process run])
+      for (const LevelRow& row : ex.epoch_levels()) append_line(levels, levels_csv_row(row));
     const Experiment::Evaluation on = ex.evaluate(true), off = ex.evaluate(false);
     m.test_loss_compressed = on.loss, m.test_metric_compressed = on.metric;
     m.test_loss_uncompressed = off.loss, m.test_metric_uncompressed = off.metric;

@@ -91,14 +91,18 @@ class Experiment {
   struct StepLog {
     int64_t step = 0, epoch = 0, step_in_epoch = 0, steps_in_epoch = 0;
     double loss = 0, metric = 0, lr = 0, units_per_s = 0;
-    std::vector<LevelRow> levels;  // the adaptive codecs' levels after the step (when logs_levels())
+    std::vector<LevelRow> levels;  // the adaptive codecs' levels after the step (in-process runs)
   };
   /// Whether a boundary codec has a level that changes in training (CodecLevel: schedule,
   /// adaptive, budget, or a wrapper of one).
   bool has_adaptive_codecs() const;
-  /// Whether train_epoch reports those levels every step: in-process runs only (a multi-process
-  /// run's codecs live on the ranks that send; docs/COMPRESSION.md section 4.5).
-  bool logs_levels() const { return has_adaptive_codecs() && !distributed(); }
+  /// Whether the run reports those levels (levels.csv): an in-process run in every StepLog, a
+  /// multi-process one once per epoch on rank 0 (epoch_levels(); Note [levels of a multi-process
+  /// run]).
+  bool logs_levels() const { return has_adaptive_codecs(); }
+  /// Multi-process runs, rank 0: the levels.csv rows of the epoch train_epoch last ran (every
+  /// rank's, merged); empty elsewhere.
+  const std::vector<LevelRow>& epoch_levels() const { return epoch_levels_; }
   /// Trains epoch `epoch` (0-based): returns the epoch's metrics without test metrics and
   /// wall time. `on_step` is called after every optimizer step.
   EpochMetrics train_epoch(int64_t epoch, const std::function<void(const StepLog&)>& on_step);
@@ -136,6 +140,7 @@ class Experiment {
   std::shared_ptr<dist::TensorParallelSync> tp_sync_;      // ... and its all-reduces over the transport
   std::vector<int64_t> peak_rss_bytes_, parameter_bytes_, optimizer_bytes_;
   std::string resume_note_;
+  std::vector<LevelRow> epoch_levels_;  // multi-process runs, rank 0: the last epoch's levels.csv rows
 };
 
 /// What `tapeline train` asks for.

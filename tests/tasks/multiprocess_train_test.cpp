@@ -466,6 +466,51 @@ TEST(MultiProcessTrain, CompressedDataParallelSendsFewerBytesAndTrains) {
   EXPECT_GT(all["test_metric_compressed"][1], 0.2);  // 10 classes: chance is 0.1
 }
 
+// Codecs whose level changes (docs/COMPRESSION.md 4.5) live on the ranks that send with them;
+// rank 0 gathers their levels once per epoch (Note [levels of a multi-process run] in
+// tasks/runner/trainer.cpp). With one replica, levels.csv is the in-process run's, row for row;
+// with two replicas, every step has its rows, bytes summed over the replicas.
+TEST(MultiProcessTrain, AdaptiveLevelsAreThoseOfOneProcess) {
+  REQUIRE_MULTIPROCESS();
+  testing::TempDir dir;
+  std::string ini = mp::read_file(write_config(dir.path(), 1));
+  ini = ini.substr(0, ini.find("[boundary]")) +
+        "[boundary]\nforward = adaptive(topk, error=0.3)\nbackward = schedule(quant(bits=4), 0.6, quant(bits=8))\n";
+  const fs::path cfg = dir.path() / "adaptive.ini", grid_cfg = dir.path() / "adaptive_grid.ini";
+  std::ofstream(grid_cfg) << ini;
+  std::ofstream(cfg) << ini << "3.forward = budget(quant(bits=2), quant(bits=4), topk(0.3), error=0.2)\n";
+  const std::string common = "train --config " + cfg.string() + " --no-plot --quiet --out ";
+  auto [s1, o1] = run(common + (dir.path() / "one").string(), mp::temp_log("levels-one"));
+  ASSERT_EQ(s1, 0) << o1;
+  auto [s4, o4] = run(common + (dir.path() / "four").string() + " --nproc 4", mp::temp_log("levels-four"));
+  ASSERT_EQ(s4, 0) << o4;
+  const std::string one = mp::read_file((dir.path() / "one" / "levels.csv").string());
+  ASSERT_EQ(std::count(one.begin(), one.end(), '\n'), 1 + 8 * 6) << one;  // 8 steps x 3 cuts x 2 directions
+  EXPECT_EQ(mp::read_file((dir.path() / "four" / "levels.csv").string()), one);
+
+  auto [s2, o2] = run("train --config " + grid_cfg.string() + " --no-plot --quiet --out " +
+                          (dir.path() / "grid").string() + " --nproc 4 --parallel.dp=2 --model.cuts=layer2",
+                      mp::temp_log("levels-grid"));
+  ASSERT_EQ(s2, 0) << o2;
+  std::ifstream grid(dir.path() / "grid" / "levels.csv");
+  std::string line;
+  std::getline(grid, line);
+  EXPECT_EQ(line, "step,epoch,boundary,direction,level,label,bytes");
+  std::vector<std::string> expected;  // the one cut's two directions, every step
+  for (int step = 1; step <= 8; ++step)
+    for (const char* d : {",forward,", ",backward,"}) expected.push_back(std::to_string(step) + ",1,1" + d);
+  std::vector<std::string> rows;
+  while (std::getline(grid, line)) rows.push_back(line);
+  ASSERT_EQ(rows.size(), expected.size());
+  const auto bytes = metrics_by_column(dir.path() / "grid");
+  int64_t forward = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i].rfind(expected[i], 0), 0u) << rows[i];
+    if (i % 2 == 0) forward += std::stoll(rows[i].substr(rows[i].rfind(',') + 1));
+  }
+  EXPECT_EQ(forward, static_cast<int64_t>(bytes.at("bytes_forward").at(0)));  // the replicas' sum
+}
+
 // GPT-2 ties its input embedding (stage 0) to its output layer (the last stage): each of the two
 // ranks holds the parameter, and their gradients are summed between them every step. Three
 // processes give the in-process run's numbers up to the order of that sum.
