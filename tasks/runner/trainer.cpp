@@ -529,7 +529,7 @@ EpochMetrics Experiment::train_epoch(int64_t epoch, const std::function<void(con
   double window_units = 0;
   task_->start_epoch(epoch);
   const int64_t total_steps = config_.train.epochs * steps_per_epoch();  // the run's, for the codecs' progress
-  const bool levels = on_step && logs_levels();
+  const bool levels = on_step && has_adaptive_codecs();
   std::vector<LevelRow> sent_levels;  // multi-process: this rank's rows (Note [levels of a multi-process run])
   epoch_levels_.clear();
   while (auto batch = task_->next_train_batch()) {
@@ -731,7 +731,7 @@ RunSummary run_training(const TrainRequest& req) {
       truncate_jsonl(old_jsonl, jsonl, info.step);
     else
       write_file(jsonl, "");
-    if (writer && ex.logs_levels())
+    if (writer && ex.has_adaptive_codecs())
       truncate_levels_csv((fs::path(req.resume_dir) / "levels.csv").string(), levels, info.step);
     progress.line("resuming " + req.resume_dir + " after epoch " + std::to_string(start_epoch) + " (step " +
                   std::to_string(info.step) + ")");
@@ -739,7 +739,7 @@ RunSummary run_training(const TrainRequest& req) {
       progress.line("note: " + ex.resume_note());
   } else {
     write_file(jsonl, "");
-    if (ex.logs_levels()) write_file(levels, levels_csv_header() + "\n");
+    if (ex.has_adaptive_codecs()) write_file(levels, levels_csv_header() + "\n");
   }
   // Injected faults are for this invocation (Note [fault injection]): a resumed run does not repeat them.
   write_file((fs::path(out) / "config.ini").string(),

@@ -94,12 +94,10 @@ class Experiment {
     std::vector<LevelRow> levels;  // the adaptive codecs' levels after the step (in-process runs)
   };
   /// Whether a boundary codec has a level that changes in training (CodecLevel: schedule,
-  /// adaptive, budget, or a wrapper of one).
+  /// adaptive, budget, or a wrapper of one). Such a run reports the levels (levels.csv): an
+  /// in-process run in every StepLog, a multi-process one once per epoch on rank 0
+  /// (epoch_levels(); Note [levels of a multi-process run]).
   bool has_adaptive_codecs() const;
-  /// Whether the run reports those levels (levels.csv): an in-process run in every StepLog, a
-  /// multi-process one once per epoch on rank 0 (epoch_levels(); Note [levels of a multi-process
-  /// run]).
-  bool logs_levels() const { return has_adaptive_codecs(); }
   /// Multi-process runs, rank 0: the levels.csv rows of the epoch train_epoch last ran (every
   /// rank's, merged); empty elsewhere.
   const std::vector<LevelRow>& epoch_levels() const { return epoch_levels_; }

@@ -151,21 +151,21 @@ inline std::string sh_quote(const std::string& s) {
 /// (its torch has the same major version, so torchrun's agent store and the ranks' TCPStore
 /// speak one protocol), else the reason, for a skip or a note.
 struct Torchrun {
-  std::string path, version, why_not;
+  std::string path, why_not;
 };
 inline Torchrun torchrun_for(const std::string& ours) {
   Torchrun t;
   t.path = (std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "scripts" / "torchrun").string();
   const std::string out = temp_log("torch_version");
   const int rc = std::system((sh_quote(t.path) + " --torch-version >" + sh_quote(out) + " 2>/dev/null").c_str());
-  t.version = read_file(out);
+  std::string version = read_file(out);
   std::remove(out.c_str());
-  while (!t.version.empty() && (t.version.back() == '\n' || t.version.back() == ' ')) t.version.pop_back();
+  while (!version.empty() && (version.back() == '\n' || version.back() == ' ')) version.pop_back();
   const auto major = [](const std::string& v) { return v.substr(0, v.find('.')); };
-  if (rc != 0 || t.version.empty())
+  if (rc != 0 || version.empty())
     t.why_not = t.path + " has no torch (scripts/setup unpacks the wheel's; Debian: python3-torch)";
-  else if (major(t.version) != major(ours))
-    t.why_not = t.path + " runs torch '" + t.version + "' but tapeline is built against libtorch " + ours +
+  else if (major(version) != major(ours))
+    t.why_not = t.path + " runs torch '" + version + "' but tapeline is built against libtorch " + ours +
                 ": their TCPStores do not talk (TAPELINE_LIBTORCH chooses both: README.md)";
   return t;
 }
