@@ -1,6 +1,6 @@
-// bench_grid: the data-parallel gradient sum of a process grid (parallel/dist/data_parallel.h)
+// bench_grid: the data-parallel gradient sum of a process grid (parallel/ranks/data_parallel.h)
 // against raw c10d all-reduce of the same float32 bytes, between D local processes over Gloo.
-// Run without arguments: it launches its own D ranks (parallel/dist/launch.h).
+// Run without arguments: it launches its own D ranks (parallel/ranks/launch.h).
 //
 // Per gradient size (a list of parameters of the shape a layer has, 256 KiB .. 16 MiB of float32 in
 // all): each rank fills its gradients, then K times either (raw) ProcessGroupGloo::allreduce of one
@@ -24,14 +24,14 @@
 
 #include "autograd/autograd.h"
 #include "bench/bench_util.h"
-#include "parallel/dist/c10d_compat.h"
-#include "parallel/dist/data_parallel.h"
-#include "parallel/dist/launch.h"
-#include "parallel/dist/rendezvous.h"
-#include "parallel/dist/transport.h"
+#include "parallel/ranks/c10d_compat.h"
+#include "parallel/ranks/data_parallel.h"
+#include "parallel/ranks/launch.h"
+#include "parallel/ranks/rendezvous.h"
+#include "parallel/ranks/transport.h"
 
 using namespace tl;
-using namespace tl::dist;
+using namespace tl::ranks;
 
 namespace {
 

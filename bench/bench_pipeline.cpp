@@ -54,7 +54,7 @@
 // on rank 1) and speedup_over_1f1b (1F1B of the same link and case / this schedule).
 //
 // 2. Multi-process (DistExecutor on a Gloo Transport with its communication thread, as `tapeline
-// train --nproc N` runs): bench_pipeline launches N ranks of itself (parallel/dist/launch.h, with a
+// train --nproc N` runs): bench_pipeline launches N ranks of itself (parallel/ranks/launch.h, with a
 // hidden --rank-worker argument and OPENBLAS/OMP_NUM_THREADS=1); every rank builds the same models,
 // batches and Pipelines (same seeds) and runs its stage of the same steps: a barrier, then
 // DistExecutor::train_step (the rank's action list, the last stage's tally broadcast, GPT-2's tied
@@ -140,10 +140,10 @@
 #include "bench/bench_util.h"
 #include "layers/models/gpt2.h"
 #include "layers/models/resnet.h"
-#include "parallel/dist/launch.h"
-#include "parallel/dist/rendezvous.h"
-#include "parallel/dist/runtime.h"
-#include "parallel/dist/transport.h"
+#include "parallel/ranks/launch.h"
+#include "parallel/ranks/rendezvous.h"
+#include "parallel/ranks/runtime.h"
+#include "parallel/ranks/transport.h"
 #include "parallel/executor.h"
 #include "parallel/pipeline.h"
 #include "tasks/task.h"
@@ -590,11 +590,11 @@ struct RankSample {
 };
 
 /// One rank's step: barrier, then DistExecutor::train_step.
-RankSample mp_step(dist::DistExecutor& ex, Pipeline& p, dist::Transport& t, const Workload& w, int64_t m,
+RankSample mp_step(ranks::DistExecutor& ex, Pipeline& p, ranks::Transport& t, const Workload& w, int64_t m,
                    const std::string& schedule, int64_t& step_no) {
   for (auto& param : p.parameters()) param.zero_grad();
   t.barrier("before step " + std::to_string(step_no));
-  const dist::TransportStats s0 = t.stats();
+  const ranks::TransportStats s0 = t.stats();
   const double cpu0 = cpu_s(CLOCK_PROCESS_CPUTIME_ID), thread0 = cpu_s(CLOCK_THREAD_CPUTIME_ID);
   const auto t0 = Clock::now();
   StepTiming timing;
@@ -605,7 +605,7 @@ RankSample mp_step(dist::DistExecutor& ex, Pipeline& p, dist::Transport& t, cons
   r.thread_cpu = cpu_s(CLOCK_THREAD_CPUTIME_ID) - thread0;
   r.compute = timing.compute_s.empty() ? 0.0 : timing.compute_s[0];
   r.comm = timing.comm_s.empty() ? 0.0 : timing.comm_s[0];
-  const dist::TransportStats s1 = t.stats();
+  const ranks::TransportStats s1 = t.stats();
   r.bytes = static_cast<double>(s1.bytes_sent - s0.bytes_sent);
   r.link = s1.link_s - s0.link_s;
   return r;
@@ -614,11 +614,11 @@ RankSample mp_step(dist::DistExecutor& ex, Pipeline& p, dist::Transport& t, cons
 /// Runs every case for `rounds` (+1 warm-up) rounds, cases alternating; returns, on rank 0,
 /// samples[case][round][rank] (empty elsewhere).
 using AllSamples = std::vector<std::vector<std::vector<RankSample>>>;
-AllSamples mp_rounds(dist::Transport& t, const Workload& w, const Options& o, int rounds,
+AllSamples mp_rounds(ranks::Transport& t, const Workload& w, const Options& o, int rounds,
                      const std::vector<std::shared_ptr<Pipeline>>& ps, const std::vector<std::string>& schedules,
                      int64_t& step_no) {
-  std::vector<std::unique_ptr<dist::DistExecutor>> ex;
-  for (const auto& p : ps) ex.push_back(std::make_unique<dist::DistExecutor>(*p, t));
+  std::vector<std::unique_ptr<ranks::DistExecutor>> ex;
+  for (const auto& p : ps) ex.push_back(std::make_unique<ranks::DistExecutor>(*p, t));
   std::vector<std::vector<RankSample>> mine(ps.size());
   for (int r = -1; r < rounds; ++r)
     for (size_t i = 0; i < ps.size(); ++i) {
@@ -651,7 +651,7 @@ double ref_or_nan(const Options& o, const std::string& key) {
 }
 
 /// GPipe and 1F1B on this rank's stage (N ranks = N stages).
-void mp_schedules(dist::Transport& t, const Workload& w, const Options& o, int rounds, int64_t& step_no) {
+void mp_schedules(ranks::Transport& t, const Workload& w, const Options& o, int rounds, int64_t& step_no) {
   const int n = t.world_size();
   std::vector<std::string> names = {"gpipe", "1f1b", "zbh1"};
   std::vector<std::shared_ptr<Pipeline>> ps = {build(w, n, "identity", "identity"), build(w, n, "identity", "identity"),
@@ -713,7 +713,7 @@ void mp_schedules(dist::Transport& t, const Workload& w, const Options& o, int r
 }
 
 /// 1F1B on 80 Mbit/s links emulated at the receivers (`t` was connected with them).
-void mp_links(dist::Transport& t, const Workload& w, const Options& o, int rounds, int64_t& step_no) {
+void mp_links(ranks::Transport& t, const Workload& w, const Options& o, int rounds, int64_t& step_no) {
   const int n = t.world_size();
   const auto& cases = link_cases();
   std::vector<std::shared_ptr<Pipeline>> ps;
@@ -896,23 +896,23 @@ std::vector<std::string> worker_args(const Options& o, int n, const std::map<std
 
 /// One rank of an N-process run (launched by main with --rank-worker).
 int rank_worker(const Options& o) {
-  const dist::DistEnv env = dist::DistEnv::from_env();
-  dist::TransportOptions opts;
+  const ranks::DistEnv env = ranks::DistEnv::from_env();
+  ranks::TransportOptions opts;
   opts.timeout_s = 300;
   opts.comm_thread = true;  // as tasks/runner/trainer.cpp: sends overlap compute
-  auto plain = dist::Transport::connect(env, opts);
-  std::unique_ptr<dist::Transport> slow;
+  auto plain = ranks::Transport::connect(env, opts);
+  std::unique_ptr<ranks::Transport> slow;
   const bool with_links = o.links && env.world_size == 4;
   if (with_links) {
     // A second transport (its own store prefix) whose receivers emulate 80 Mbit/s links.
-    dist::DistEnv env_link = env;
+    ranks::DistEnv env_link = env;
     env_link.restart_count = env.restart_count + 1000;
     env_link.agent_store = true;  // the launcher's store, or rank 0's first transport's
-    dist::TransportOptions lo = opts;
+    ranks::TransportOptions lo = opts;
     const int r = env.rank;
     if (r > 0) lo.link_from[r - 1] = bench_link();                   // activations in
     if (r + 1 < env.world_size) lo.link_from[r + 1] = bench_link();  // gradients in
-    slow = dist::Transport::connect(env_link, lo);
+    slow = ranks::Transport::connect(env_link, lo);
   }
   int64_t step_plain = 0, step_slow = 0;
   for (const std::string& name : o.models) {
@@ -959,11 +959,11 @@ int main(int argc, char** argv) {
 
     int status = 0;
     for (int n : o.mp) {
-      if (!dist::Transport::available("gloo")) {
+      if (!ranks::Transport::available("gloo")) {
         std::printf("{\"bench\":\"pipeline_mp\",\"skipped\":\"built without c10d Gloo (libgloo-dev)\"}\n");
         break;
       }
-      dist::LaunchOptions lo;
+      ranks::LaunchOptions lo;
       lo.nproc = n;
       lo.args = worker_args(o, n, refs);
       // One thread per rank for BLAS too: at::set_num_threads does not reach OpenBLAS (Debian's
@@ -971,7 +971,7 @@ int main(int argc, char** argv) {
       // spinning between calls on the cores the other ranks need.
       lo.env = {{"OPENBLAS_NUM_THREADS", "1"}, {"OMP_NUM_THREADS", "1"}, {"MKL_NUM_THREADS", "1"}};
       lo.on_line = bench::print_rank_line;
-      const dist::LaunchResult r = dist::launch_local(lo);
+      const ranks::LaunchResult r = ranks::launch_local(lo);
       if (!r.ok()) {
         std::fprintf(stderr, "bench_pipeline: %d processes: %s\n", n, r.message.c_str());
         status = r.exit_code;

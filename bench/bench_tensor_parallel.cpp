@@ -1,6 +1,6 @@
-// bench_tensor_parallel: tensor parallelism (layers/nn/tensor_parallel.h, parallel/dist/
+// bench_tensor_parallel: tensor parallelism (layers/nn/tensor_parallel.h, parallel/ranks/
 // tensor_parallel.h) between T local processes over Gloo. Run without arguments: it launches its
-// own T ranks (parallel/dist/launch.h).
+// own T ranks (parallel/ranks/launch.h).
 //
 // 1. Compute (rank 0): one GPT-2-small-sized transformer block (C = 768, 12 heads, MLP 3072) on
 //    (8, 128, C), forward + backward, unsplit against rank 0's part at T with the all-reduces
@@ -28,14 +28,14 @@
 #include "bench/bench_util.h"
 #include "layers/nn/tensor_parallel.h"
 #include "layers/nn/transformer.h"
-#include "parallel/dist/c10d_compat.h"
-#include "parallel/dist/launch.h"
-#include "parallel/dist/rendezvous.h"
-#include "parallel/dist/tensor_parallel.h"
-#include "parallel/dist/transport.h"
+#include "parallel/ranks/c10d_compat.h"
+#include "parallel/ranks/launch.h"
+#include "parallel/ranks/rendezvous.h"
+#include "parallel/ranks/tensor_parallel.h"
+#include "parallel/ranks/transport.h"
 
 using namespace tl;
-using namespace tl::dist;
+using namespace tl::ranks;
 
 namespace {
 

@@ -1,7 +1,7 @@
-// bench_transport: throughput of tapeline's Transport (header + body messages, parallel/dist/)
+// bench_transport: throughput of tapeline's Transport (header + body messages, parallel/ranks/)
 // against raw c10d send/recv of the same bytes (one preallocated tensor of a size both sides
 // know), between 2 local processes over Gloo. Run without arguments: it launches its own 2 ranks
-// (parallel/dist/launch.h); under torchrun it is one of them.
+// (parallel/ranks/launch.h); under torchrun it is one of them.
 //
 // Per message size (64 KiB .. 64 MiB): rank 0 streams K messages to rank 1, which then sends a
 // 1-byte ack; throughput = K * size / (time until the ack). Raw and tapeline runs alternate; the
@@ -24,12 +24,12 @@
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "parallel/dist/c10d_compat.h"
-#include "parallel/dist/launch.h"
-#include "parallel/dist/rendezvous.h"
-#include "parallel/dist/transport.h"
+#include "parallel/ranks/c10d_compat.h"
+#include "parallel/ranks/launch.h"
+#include "parallel/ranks/rendezvous.h"
+#include "parallel/ranks/transport.h"
 
-using namespace tl::dist;
+using namespace tl::ranks;
 
 namespace {
 

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "parallel/dist/c10d_compat.h"
-#include "parallel/dist/launch.h"
-#include "parallel/dist/rendezvous.h"
-#include "parallel/dist/transport.h"
+#include "parallel/ranks/c10d_compat.h"
+#include "parallel/ranks/launch.h"
+#include "parallel/ranks/rendezvous.h"
+#include "parallel/ranks/transport.h"
 
 namespace tl::bench {
 
@@ -64,33 +64,33 @@ inline void print_rank_line(int rank, bool is_stderr, const std::string& line) {
 
 /// A raw ProcessGroupGloo over the world of `env`, on rank 0's store (which a Transport connected
 /// first hosts) under a key prefix of its own: the reference the benchmarks time against.
-inline dist::compat::BackendPtr raw_gloo(const dist::DistEnv& env, double timeout_s) {
-  dist::DistEnv raw = env;
+inline ranks::compat::BackendPtr raw_gloo(const ranks::DistEnv& env, double timeout_s) {
+  ranks::DistEnv raw = env;
   raw.restart_count = 1001;  // its own key prefix
   raw.agent_store = true;
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-  return dist::compat::make_gloo(
-      dist::compat::make_prefix_store(raw.store_prefix(), dist::compat::make_tcp_store(env.master_addr, env.master_port,
+  return ranks::compat::make_gloo(
+      ranks::compat::make_prefix_store(raw.store_prefix(), ranks::compat::make_tcp_store(env.master_addr, env.master_port,
                                                                                        false, env.world_size, timeout)),
       env.rank, env.world_size, timeout, env.master_addr);
 }
 
 /// main() of a benchmark that runs as `nproc` ranks of itself over Gloo: under a launcher this
-/// process is one rank (`rank_main`); otherwise it starts the ranks (parallel/dist/launch.h), or
+/// process is one rank (`rank_main`); otherwise it starts the ranks (parallel/ranks/launch.h), or
 /// prints a skip line for `bench` where the build has no Gloo. Errors exit non-zero, naming `bench`.
 template <class RankMain>
 int run_as_ranks(const char* bench, int nproc, int argc, char** argv, RankMain&& rank_main) {
   try {
-    if (dist::DistEnv::launched()) return rank_main();
-    if (!dist::Transport::available("gloo")) {
+    if (ranks::DistEnv::launched()) return rank_main();
+    if (!ranks::Transport::available("gloo")) {
       std::printf("{\"bench\":\"%s\",\"skipped\":\"built without c10d Gloo (libgloo-dev)\"}\n", bench);
       return 0;
     }
-    dist::LaunchOptions lo;
+    ranks::LaunchOptions lo;
     lo.nproc = nproc;
     lo.args.assign(argv + 1, argv + argc);
     lo.on_line = print_rank_line;
-    const dist::LaunchResult r = dist::launch_local(lo);
+    const ranks::LaunchResult r = ranks::launch_local(lo);
     if (!r.ok()) std::fprintf(stderr, "%s: %s\n", bench, r.message.c_str());
     return r.exit_code;
   } catch (const std::exception& e) {

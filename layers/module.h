@@ -49,7 +49,7 @@ class Module : public std::enable_shared_from_this<Module> {
   /// a shape mismatch. The Variable handle stays the same.
   void mark_resizable(const std::string& name);
   /// Marks a registered parameter of this module as rank t's part of a tensor split over a
-  /// tensor-parallel group (checkpoints hold the whole tensor: parallel/dist/runtime.h).
+  /// tensor-parallel group (checkpoints hold the whole tensor: parallel/ranks/runtime.h).
   void mark_sharded(const std::string& name, TensorShard shard);
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {

@@ -4,7 +4,7 @@
 // implementations exist:
 //   - LocalChannel (this file): every rank in this process, messages handed over in memory, each
 //     rank on its own virtual clock, links emulated on those clocks (parallel/link.h);
-//   - C10dChannel (parallel/dist/c10d_channel.h): one process per rank, messages on a c10d
+//   - C10dChannel (parallel/ranks/c10d_channel.h): one process per rank, messages on a c10d
 //     Transport, real clocks, links emulated at the receiver.
 // Both deliver the messages of one (src, dst) rank pair in send order and check that each
 // receive gets the message it expects, so a schedule whose two ends disagree fails the same way

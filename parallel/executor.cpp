@@ -124,13 +124,6 @@ size_t StageRuntime::held_for_weights_bytes() const {
 
 // ---- LocalExecutor -------------------------------------------------------------------------------
 
-double StepTiming::bubble() const {
-  double compute = 0;
-  for (double c : compute_s) compute += c;
-  const double total = step_s * static_cast<double>(compute_s.size());
-  return total > 0 ? std::max(0.0, 1.0 - compute / total) : 0.0;
-}
-
 LocalExecutor::LocalExecutor(Pipeline& pipeline)
     : pipeline_(pipeline), layout_(pipeline.layout()), links_(pipeline.boundaries().size()) {}
 

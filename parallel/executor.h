@@ -4,7 +4,7 @@
 //
 // StageRuntime is one stage's side of the protocol, used by the one schedule interpreter
 // (parallel/interpreter.h) that both executors run: this file's in-process LocalExecutor and the
-// multi-process DistExecutor (parallel/dist/runtime.h).
+// multi-process DistExecutor (parallel/ranks/runtime.h).
 //
 //   forward(mb):   stage 0 reads the micro-batch's input; stage i > 0 decodes the payload from
 //                  boundary i (receive_forward) into a fresh leaf that requires grad (cut from the
@@ -101,20 +101,6 @@ class StageRuntime {
   std::map<int64_t, InFlight> awaiting_weights_;  // backward_input ran, backward_weight not yet
   at::Tensor tally_;
   double units_ = 0;
-};
-
-/// Timing of one executed step (seconds).
-struct StepTiming {
-  double step_s = 0;                // the step's duration on the executor's timeline
-  std::vector<double> compute_s;    // per pipeline rank: time spent in forward and backward actions
-  std::vector<double> comm_s;       // per pipeline rank: time spent waiting on messages (links, peers)
-  std::vector<double> forward_s;    // per pipeline rank: the part of compute_s in forwards
-  std::vector<double> weight_s;     // per pipeline rank: the part in W actions (split schedules; else 0)
-  std::vector<size_t> held_for_weights_bytes;  // per pipeline rank: the most held between I and W
-  std::vector<double> flops;        // per pipeline rank: FLOPs counted in compute (with a device model)
-  std::vector<double> modelled_s;   // per pipeline rank: compute seconds on the device model (else 0)
-  /// Idle fraction: 1 - sum(compute) / (ranks * step).
-  double bubble() const;
 };
 
 /// Runs every stage of a Pipeline in this process: one RankInterpreter per pipeline rank over a

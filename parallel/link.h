@@ -16,7 +16,7 @@
 // std::chrono::steady_clock, which on Linux is CLOCK_MONOTONIC: one clock for the whole machine
 // (seconds since boot), so timestamps of different processes on one machine compare directly.
 // Across machines they do not: there the receiver must use its own arrival time as t_sent (the
-// transport does so when the peer's boot id differs; see parallel/dist/transport.h), which
+// transport does so when the peer's boot id differs; see parallel/ranks/transport.h), which
 // charges the real network's time on top of the emulated one.
 
 #include <cstdint>

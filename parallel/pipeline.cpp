@@ -116,14 +116,6 @@ const StepTiming& Pipeline::last_timing() const {
   return *timing_;
 }
 
-Tally Tally::from(const at::Tensor& t) {
-  TORCH_CHECK(t.defined() && t.numel() == kTallySize, "Tally: expected ", kTallySize, " sums, got ",
-              t.defined() ? t.numel() : 0);
-  at::Tensor c = t.to(at::kCPU, at::kDouble).contiguous();
-  const double* p = c.data_ptr<double>();
-  return {p[0], p[1], p[2]};
-}
-
 at::Tensor Pipeline::predict(const at::Tensor& x, bool compression, const StageInputs& inputs) {
   NoGradGuard no_grad;
   std::vector<bool> saved;

@@ -10,9 +10,9 @@
 
 #include "compression/spec.h"
 #include "parallel/device_model.h"
-#include "parallel/dist/data_parallel.h"
-#include "parallel/dist/tensor_parallel.h"
-#include "parallel/dist/fault.h"
+#include "parallel/ranks/data_parallel.h"
+#include "parallel/ranks/tensor_parallel.h"
+#include "parallel/ranks/fault.h"
 #include "tasks/data/dataset.h"
 
 namespace tl {
@@ -379,7 +379,7 @@ const std::vector<Key>& schema() {
         "ef(topk(0.01)); each parameter of 2 or more dims is compressed as a (shape[0], rest) matrix",
         [](Config& c, const std::string& v) {
           c.dp.compression = parse_spec_string(v);
-          const std::string problem = dist::dp_codec_problem(v);
+          const std::string problem = ranks::dp_codec_problem(v);
           if (!problem.empty()) throw std::invalid_argument(problem);
         });
     add("dp.compress_stages", "all", "all, or comma-separated stage indices (0-based)",
@@ -413,7 +413,7 @@ const std::vector<Key>& schema() {
         "debugging, multi-process: the rank does KIND (kill, stop, exit, partition, truncate, bitflip, oversize) at "
         "PHASE (rendezvous, forward, backward, allreduce, evaluate, checkpoint) of step STEP; the run fails on purpose",
         [](Config& c, const std::string& v) {
-          if (!v.empty()) dist::parse_fault(v);  // the error names what is accepted
+          if (!v.empty()) ranks::parse_fault(v);  // the error names what is accepted
           c.dist.inject_fault = v;
         });
     add("dist.corrupt_rate", "0", "number in [0, 1]",
@@ -646,7 +646,7 @@ Config Config::load(const std::string& ini_path, const std::vector<std::pair<std
                                 " does not split evenly among parallel.dp = " + std::to_string(c.parallel.dp) +
                                 " replicas; expected a multiple of " + std::to_string(c.parallel.dp));
   for (const auto& [key, spec] : {std::pair{"tp.forward", c.tp.forward}, {"tp.backward", c.tp.backward}}) {
-    const std::string problem = dist::tp_codec_problem(spec, c.tp.algorithm);
+    const std::string problem = ranks::tp_codec_problem(spec, c.tp.algorithm);
     if (!problem.empty()) throw std::invalid_argument(std::string(key) + " = " + spec + ": " + problem);
   }
   if (c.train.min_lr > c.train.lr)

@@ -121,8 +121,8 @@ struct DpSection {
 
 struct DistSection {
   double timeout_s = 60;  // a peer silent this long is an error naming it
-  bool checksum = true;   // CRC-32C of every message body (Note [body checksum] in parallel/dist/transport.h)
-  // Debugging: fault injection (Note [fault injection] in parallel/dist/fault.h, docs/FAULTS.md).
+  bool checksum = true;   // CRC-32C of every message body (Note [body checksum] in parallel/ranks/transport.h)
+  // Debugging: fault injection (Note [fault injection] in parallel/ranks/fault.h, docs/FAULTS.md).
   std::string inject_fault;  // RANK:PHASE:STEP:KIND, empty: none
   double corrupt_rate = 0;   // probability that a sent message has a bit flipped after its checksum
   int64_t corrupt_seed = 0;

@@ -21,7 +21,8 @@
 #include <optional>
 #include <string>
 
-#include "parallel/pipeline.h"
+#include "parallel/batch.h"
+#include "parallel/step.h"
 #include "tasks/config.h"
 
 namespace tl {

@@ -12,17 +12,17 @@
 #include "compression/cuda/aqsgd_cuda.h"
 #include "compression/cuda/quant_cuda.h"
 #include "compression/cuda/sparse_cuda.h"
-#include "parallel/dist/c10d_compat.h"
+#include "parallel/ranks/c10d_compat.h"
 
 using namespace tl;
 
 int main() {
-  std::printf("libtorch %s: gloo %d, nccl %d, CUDA kernels %d (enabled %d)\n", dist::compat::torch_version().c_str(),
-              int(dist::compat::has_gloo()), int(dist::compat::has_nccl()), int(codec::gpu::kernels_built()),
+  std::printf("libtorch %s: gloo %d, nccl %d, CUDA kernels %d (enabled %d)\n", ranks::compat::torch_version().c_str(),
+              int(ranks::compat::has_gloo()), int(ranks::compat::has_nccl()), int(codec::gpu::kernels_built()),
               int(codec::gpu::kernels_enabled()));
   // Referenced so that the link resolves them (ProcessGroupNCCL's and ProcessGroupGloo's symbols).
-  volatile auto nccl = &dist::compat::make_nccl;
-  volatile auto gloo = &dist::compat::make_gloo;
+  volatile auto nccl = &ranks::compat::make_nccl;
+  volatile auto gloo = &ranks::compat::make_gloo;
   (void)nccl;
   (void)gloo;
   if (!at::hasCUDA()) {

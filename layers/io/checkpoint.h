@@ -8,7 +8,7 @@
 //   sched.<key>      LRScheduler::state_dict() (step, base_lrs)
 //   rng.cpu          the default CPU generator's state (uint8), rng.cuda.<i> for each CUDA device
 //   grid.<key>       multi-process runs only: state that differs between the ranks of a grid
-//                    (parallel/dist/runtime.h, Note [grid state in checkpoints]); load_checkpoint
+//                    (parallel/ranks/runtime.h, Note [grid state in checkpoints]); load_checkpoint
 //                    leaves it to the multi-process runtime
 // JSON metadata ("__metadata__"): format = tapeline.checkpoint, version = 1, step, epoch,
 // optimizer (its name), schedule (its description), and the caller's entries as user.<key>.
@@ -58,7 +58,7 @@ void save_checkpoint(const std::string& path, const Module& model, const Optimiz
 
 /// What save_checkpoint writes, in memory: the named tensors (model.*, optim.*, sched.*, rng.*)
 /// and the metadata. Multi-process runs assemble one checkpoint from every rank's contents
-/// (parallel/dist/runtime.h) and write it with write_checkpoint.
+/// (parallel/ranks/runtime.h) and write it with write_checkpoint.
 struct CheckpointContents {
   TensorMap tensors;
   std::map<std::string, std::string> metadata;

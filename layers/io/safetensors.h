@@ -57,7 +57,7 @@ std::map<std::string, std::string> safetensors_metadata(const std::string& path)
 void save_safetensors(const std::string& path, const TensorMap& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
-/// Fault injection (parallel/dist/fault.h): while one exists on this thread, save_safetensors calls
+/// Fault injection (parallel/ranks/fault.h): while one exists on this thread, save_safetensors calls
 /// `hook` once halfway through writing its temporary file (after half of the tensors), so that a
 /// test can kill the writer there. Nests; the newest wins.
 class MidWriteHook {

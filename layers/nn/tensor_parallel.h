@@ -1,7 +1,7 @@
 #pragma once
 // Tensor parallelism inside transformer blocks (Megatron-LM's column/row split), as the layers see
 // it: the split of the weights, and the two differentiable collectives. The collectives themselves
-// (over the transport, compressed or not) are parallel/dist/tensor_parallel.h's.
+// (over the transport, compressed or not) are parallel/ranks/tensor_parallel.h's.
 //
 // Note [tensor-parallel blocks]. With T ranks in a tensor-parallel group, rank t holds of every
 // transformer block:

@@ -25,10 +25,10 @@
 #include "layers/optim/grad_utils.h"
 #include "layers/optim/sgd.h"
 #include "tasks/data/loader.h"
-#include "parallel/dist/rendezvous.h"
-#include "parallel/dist/fault.h"
-#include "parallel/dist/runtime.h"
-#include "parallel/dist/transport.h"
+#include "parallel/ranks/rendezvous.h"
+#include "parallel/ranks/fault.h"
+#include "parallel/ranks/runtime.h"
+#include "parallel/ranks/transport.h"
 #include "parallel/executor.h"
 #include "tasks/models.h"
 
@@ -82,7 +82,7 @@ std::string fnv1a_hex(const std::string& text) {
 }
 
 // Keys that do not change what a run computes (presentation, placement, file locations; one process
-// or one per stage compute the same numbers, parallel/dist/runtime.h).
+// or one per stage compute the same numbers, parallel/ranks/runtime.h).
 bool outside_fingerprint(const std::string& key) {
   static const std::vector<std::string> keys = {"run.progress", "run.log_every", "run.checkpoint_every", "run.threads",
                                                 "run.measure_error",
@@ -159,8 +159,8 @@ std::unique_ptr<Optimizer> build_optimizer(const TrainSection& t, Module& model)
 
 Experiment::Experiment(const Config& config, bool allow_distributed) : config_(config) {
   // One rank of several (torchrun, tapeline train --nproc): the environment says so.
-  std::optional<dist::DistEnv> env;
-  if (allow_distributed && dist::DistEnv::one_of_several()) env = dist::DistEnv::from_env();
+  std::optional<ranks::DistEnv> env;
+  if (allow_distributed && ranks::DistEnv::one_of_several()) env = ranks::DistEnv::from_env();
   if (allow_distributed && !env)
     TORCH_CHECK(config_.pipeline.nproc == 1, "pipeline.nproc = ", config_.pipeline.nproc,
                 ": this process is not one of several ranks (RANK and WORLD_SIZE are not set); start the ranks with "
@@ -180,7 +180,7 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
   device_ = parse_run_device(config_.run.device);
   if (env && device_.is_cuda()) {  // rank r on device r mod devices (one machine; local rank on several)
     const int devices = at::detail::getCUDAHooks().getNumGPUs();
-    device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(dist::cuda_device_for(env->local_rank, devices)));
+    device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(ranks::cuda_device_for(env->local_rank, devices)));
   }
   at::manual_seed(config_.run.seed);  // the default generator, for anything that uses it
 
@@ -282,13 +282,13 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
               "real time: set timeline.device = measured, or run in one process (pipeline.nproc = 1)");
   if (env) {
     if (!config_.dist.inject_fault.empty()) {  // Note [fault injection]
-      dist::arm_fault(dist::parse_fault(config_.dist.inject_fault), env->rank, static_cast<int>(config_.parallel.dp));
-      dist::fault_point(dist::FaultPhase::Rendezvous, 0, nullptr, false, "before meeting the other ranks");
+      ranks::arm_fault(ranks::parse_fault(config_.dist.inject_fault), env->rank, static_cast<int>(config_.parallel.dp));
+      ranks::fault_point(ranks::FaultPhase::Rendezvous, 0, nullptr, false, "before meeting the other ranks");
     }
     const int pipeline_ranks = static_cast<int>(pipeline_->num_stages() / config_.pipeline.virtual_stages);
     const Grid grid = Grid::of(env->world_size, pipeline_ranks, static_cast<int>(config_.parallel.dp),
                                static_cast<int>(config_.parallel.tp));
-    dist::TransportOptions o;
+    ranks::TransportOptions o;
     o.backend = device_.is_cuda() ? "nccl" : "gloo";
     o.timeout_s = config_.dist.timeout_s;
     o.comm_thread = true;  // sends overlap compute
@@ -302,15 +302,15 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
       if (grid.rank_of(pair.second, replica, t) == r) o.link_from[grid.rank_of(pair.first, replica, t)] = spec;
     for (int peer : grid.data_group(grid.pipeline_rank(r), t))  // the other replicas of this pipeline rank
       if (peer != r) o.link_from[peer] = LinkSpec{config_.dp.bandwidth_mbps, config_.dp.latency_ms};
-    transport_ = dist::Transport::connect(*env, o);
+    transport_ = ranks::Transport::connect(*env, o);
     if (tensor_parallel_) {  // the blocks' all-reduces go over the transport from now on
-      dist::TensorParallelOptions tp;
+      ranks::TensorParallelOptions tp;
       tp.size = static_cast<int>(config_.parallel.tp);
       tp.forward = config_.tp.forward;
       tp.backward = config_.tp.backward;
       tp.active_at_inference = config_.tp.active_at_inference;
       tp.algorithm = config_.tp.algorithm;
-      tp_sync_ = std::make_shared<dist::TensorParallelSync>(
+      tp_sync_ = std::make_shared<ranks::TensorParallelSync>(
           *transport_, grid.tensor_group(grid.pipeline_rank(r), replica), t, tensor_parallel_->sites(), tp);
       tensor_parallel_->bind(tp_sync_);
     }
@@ -330,7 +330,7 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
     if (transport_) {  // each rank holds only its stages: the probe crosses the ranks
       const auto loss_fn = [this](const Variable& out, const Batch& mb) { return task_->loss(out, mb); };
       if (tp_sync_) tp_sync_->set_phase(0, "before training: checking the model on two training samples", false, true);
-      dist::run_probe(*pipeline_, *transport_, static_cast<int>(config_.parallel.dp), probe, loss_fn,
+      ranks::run_probe(*pipeline_, *transport_, static_cast<int>(config_.parallel.dp), probe, loss_fn,
                       static_cast<int>(config_.parallel.tp));
     } else {
       pipeline_->predict(probe.input, true, probe.side);
@@ -343,7 +343,7 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
   optimizer_ = build_optimizer(config_.train, *pipeline_);
   scheduler_ = std::make_unique<LRScheduler>(*optimizer_, build_schedule(config_.train, steps_per_epoch()));
   if (transport_) {
-    dist::DataParallelOptions dp;
+    ranks::DataParallelOptions dp;
     dp.replicas = static_cast<int>(config_.parallel.dp);
     dp.compression = config_.dp.compression;
     dp.compress_stages = config_.dp.compress_stages;
@@ -351,7 +351,7 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
       TORCH_CHECK(s < static_cast<int64_t>(pipeline_->num_stages()), "dp.compress_stages: stage ", s,
                   " does not exist; the model has ", pipeline_->num_stages(), " stages (0 .. ",
                   pipeline_->num_stages() - 1, ")");
-    dist_ = std::make_unique<dist::DistExecutor>(*pipeline_, *transport_, dp, tp_sync_.get());
+    dist_ = std::make_unique<ranks::DistExecutor>(*pipeline_, *transport_, dp, tp_sync_.get());
     dist_->synchronized(*optimizer_);
   }
   model_description_ = built.describe(dist_ ? dist_->model_parameters() : built.model->num_parameters());
@@ -490,7 +490,7 @@ std::vector<LevelRow> level_rows(const Pipeline& p, const std::vector<std::pair<
 // replicas' codecs see different messages and may differ), a stage's tensor ranks once (they send
 // the same messages). With one replica the rows equal the in-process run's
 // (MultiProcessTrain.AdaptiveLevelsAreThoseOfOneProcess).
-std::vector<LevelRow> gather_level_rows(dist::DistExecutor& d, const std::vector<LevelRow>& mine, int64_t epoch) {
+std::vector<LevelRow> gather_level_rows(ranks::DistExecutor& d, const std::vector<LevelRow>& mine, int64_t epoch) {
   json out = json::array();
   if (d.tensor_rank() == 0)
     for (const LevelRow& r : mine)
@@ -594,7 +594,7 @@ EpochMetrics Experiment::train_epoch(int64_t epoch, const std::function<void(con
     // Rank 0 gets every rank's part: bytes are counted by each direction's sender. Pipeline time
     // is the slowest rank's; compute and comm are averaged over the ranks (stages), as in process.
     auto totals =
-        dist_->gather_epoch(m.train_time_s, m.compute_s, m.comm_s, epoch, dist::optimizer_state_bytes(*optimizer_));
+        dist_->gather_epoch(m.train_time_s, m.compute_s, m.comm_s, epoch, ranks::optimizer_state_bytes(*optimizer_));
     if (!totals.train_time_s.empty()) {
       const double n = static_cast<double>(totals.train_time_s.size());
       m.train_time_s = *std::max_element(totals.train_time_s.begin(), totals.train_time_s.end());
@@ -614,9 +614,9 @@ EpochMetrics Experiment::train_epoch(int64_t epoch, const std::function<void(con
     m.bytes_dp_uncompressed = totals.data_parallel.raw_bytes;
   } else {
     for (const auto& b : pipeline_->boundaries()) per_boundary.push_back(b->stats());
-    peak_rss_bytes_ = {dist::peak_resident_bytes()};
-    parameter_bytes_ = {dist::parameter_bytes(*pipeline_)};
-    optimizer_bytes_ = {dist::optimizer_state_bytes(*optimizer_)};
+    peak_rss_bytes_ = {ranks::peak_resident_bytes()};
+    parameter_bytes_ = {ranks::parameter_bytes(*pipeline_)};
+    optimizer_bytes_ = {ranks::optimizer_state_bytes(*optimizer_)};
   }
   const BoundaryStats stats = sum_boundary_stats(per_boundary);
   m.bubble = m.train_time_s > 0 ? std::max(0.0, 1.0 - m.compute_s / m.train_time_s) : 0.0;
@@ -735,7 +735,7 @@ RunSummary run_training(const TrainRequest& req) {
       truncate_levels_csv((fs::path(req.resume_dir) / "levels.csv").string(), levels, info.step);
     progress.line("resuming " + req.resume_dir + " after epoch " + std::to_string(start_epoch) + " (step " +
                   std::to_string(info.step) + ")");
-    if (!ex.resume_note().empty())  // Note [grid state in checkpoints] in parallel/dist/runtime.h
+    if (!ex.resume_note().empty())  // Note [grid state in checkpoints] in parallel/ranks/runtime.h
       progress.line("note: " + ex.resume_note());
   } else {
     write_file(jsonl, "");
@@ -912,9 +912,9 @@ RunSummary run_training(const TrainRequest& req) {
          << " s, bubble " << std::setprecision(0) << 100 * m.bubble << "%)";
     progress.line(line.str());
   }
-  if (auto f = dist::unfired_fault())
+  if (auto f = ranks::unfired_fault())
     TORCH_CHECK(false, "dist.inject_fault = ", f->text, ": the fault never fired: rank ", f->rank, " met no ",
-                dist::phase_name(f->phase), " hook at or after step ", f->step,
+                ranks::phase_name(f->phase), " hook at or after step ", f->step,
                 " (docs/FAULTS.md says which ranks have which hooks)");
   return summary;
 }

@@ -40,11 +40,11 @@
 
 namespace tl {
 
-namespace dist {
+namespace ranks {
 class Transport;
 class DistExecutor;
 class TensorParallelSync;
-}  // namespace dist
+}  // namespace ranks
 
 /// Why `world` processes cannot run `config` as a grid of pipeline ranks x parallel.dp x
 /// parallel.tp ("" if they can): the launcher's check before it starts any process (the ranks
@@ -57,9 +57,9 @@ std::string grid_problem(const Config& config, int world);
 /// optimizer is built. Nothing is trained here.
 ///
 /// Multi-process (this process is one rank of several: torchrun or `tapeline train --nproc`, see
-/// parallel/dist/rendezvous.h): every rank builds the same experiment from the same config and
+/// parallel/ranks/rendezvous.h): every rank builds the same experiment from the same config and
 /// seed, connects to the others (dist.timeout_s), and trains and evaluates only its own stage
-/// (parallel/dist/runtime.h); the step results, evaluations and epoch metrics are the same on
+/// (parallel/ranks/runtime.h); the step results, evaluations and epoch metrics are the same on
 /// every rank (gathered to rank 0 where only rank 0 needs them). With `allow_distributed` false
 /// the experiment runs in this process whatever the environment says (evaluation of a run).
 class Experiment {
@@ -118,7 +118,7 @@ class Experiment {
   const std::vector<int64_t>& optimizer_bytes() const { return optimizer_bytes_; }
   int world_size() const;
   /// Saves a checkpoint of the whole pipeline (multi-process: collective, written by rank 0 from
-  /// every rank's state; Note [one checkpoint] in parallel/dist/runtime.h).
+  /// every rank's state; Note [one checkpoint] in parallel/ranks/runtime.h).
   void save_checkpoint(const std::string& path, const CheckpointInfo& info);
   /// Loads one (every rank reads the same file) and returns its counters.
   CheckpointInfo load_checkpoint(const std::string& path);
@@ -132,10 +132,10 @@ class Experiment {
   std::shared_ptr<Pipeline> pipeline_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<LRScheduler> scheduler_;
-  std::unique_ptr<dist::Transport> transport_;
-  std::unique_ptr<dist::DistExecutor> dist_;
+  std::unique_ptr<ranks::Transport> transport_;
+  std::unique_ptr<ranks::DistExecutor> dist_;
   TensorParallelPtr tensor_parallel_;                      // parallel.tp > 1: this rank's group, as the blocks see it
-  std::shared_ptr<dist::TensorParallelSync> tp_sync_;      // ... and its all-reduces over the transport
+  std::shared_ptr<ranks::TensorParallelSync> tp_sync_;      // ... and its all-reduces over the transport
   std::vector<int64_t> peak_rss_bytes_, parameter_bytes_, optimizer_bytes_;
   std::string resume_note_;
   std::vector<LevelRow> epoch_levels_;  // multi-process runs, rank 0: the last epoch's levels.csv rows

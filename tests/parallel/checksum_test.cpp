@@ -1,14 +1,14 @@
-// CRC-32C of message bodies (Note [body checksum] in parallel/dist/transport.h).
+// CRC-32C of message bodies (Note [body checksum] in parallel/ranks/transport.h).
 #include <gtest/gtest.h>
 
 #include <random>
 #include <vector>
 
-#include "parallel/dist/checksum.h"
+#include "parallel/ranks/checksum.h"
 
 namespace {
-using tl::dist::crc32c;
-using tl::dist::crc32c_portable;
+using tl::ranks::crc32c;
+using tl::ranks::crc32c_portable;
 
 TEST(Checksum, Crc32cMatchesTheStandardCheckValue) {
   const uint8_t s[] = {'1', '2', '3', '4', '5', '6', '7', '8', '9'};

@@ -49,11 +49,11 @@
 #include <vector>
 
 #include "compression/payload.h"
-#include "parallel/dist/rendezvous.h"
-#include "parallel/dist/transport.h"
+#include "parallel/ranks/rendezvous.h"
+#include "parallel/ranks/transport.h"
 
 using namespace tl;
-using namespace tl::dist;
+using namespace tl::ranks;
 
 namespace {
 

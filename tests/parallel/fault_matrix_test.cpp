@@ -1,5 +1,5 @@
 // The fault matrix (issue 19; docs/FAULTS.md): 4 ranks of `tapeline train` on Gloo, one of them
-// made to fail by dist.inject_fault (parallel/dist/fault.h) at each phase of a run (rendezvous,
+// made to fail by dist.inject_fault (parallel/ranks/fault.h) at each phase of a run (rendezvous,
 // forward send, backward send, all-reduce, evaluation, checkpoint writing) in each way (killed,
 // stopped, exiting with an error, cut off the network, sending a truncated, bit-flipped or
 // oversized message). For every case:
@@ -32,8 +32,8 @@
 
 #include "layers/io/checkpoint.h"
 #include "layers/io/safetensors.h"
-#include "parallel/dist/rendezvous.h"
-#include "parallel/dist/transport.h"
+#include "parallel/ranks/rendezvous.h"
+#include "parallel/ranks/transport.h"
 #include "tasks/data/dataset.h"
 #include "tests/parallel/multiprocess.h"
 #include "tests/tasks/task_testing.h"
@@ -54,7 +54,7 @@ constexpr int kStepsPerEpoch = 4;  // train_limit 128 / batch 32
 
 #define REQUIRE_FAULT_MATRIX()                                                                                 \
   if (!fs::exists(tapeline_path())) GTEST_SKIP() << tapeline_path() << " not built (make tapeline)";          \
-  if (!dist::Transport::available("gloo")) GTEST_SKIP() << "built without c10d's Gloo backend (libgloo-dev)"; \
+  if (!ranks::Transport::available("gloo")) GTEST_SKIP() << "built without c10d's Gloo backend (libgloo-dev)"; \
   if (!fs::exists(fs::path(default_dataset_root("fashion-mnist")) / "train-images-idx3-ubyte.gz"))            \
   GTEST_SKIP() << "Fashion-MNIST not installed (Debian package dataset-fashion-mnist)"
 
@@ -106,7 +106,7 @@ class Ranks {
 class DirectRanks : public Ranks {
  public:
   DirectRanks(const std::vector<std::string>& args, const fs::path& dir) {
-    const int port = dist::find_free_port();
+    const int port = ranks::find_free_port();
     for (int r = 0; r < kRanks; ++r) {
       logs_.push_back((dir / ("rank" + std::to_string(r) + ".log")).string());
       guard_.pids.push_back(mp::spawn(tapeline_path().string(), args, mp::rank_env(r, kRanks, port), logs_.back()));

@@ -1,7 +1,7 @@
 // The local launcher: N ranks of a program with the torchrun variables, output prefixed per rank,
 // a failing or killed rank stops the others (SIGTERM, then SIGKILL after the grace period) and is
 // named in the result; ranks it starts can talk through the transport.
-#include "parallel/dist/launch.h"
+#include "parallel/ranks/launch.h"
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -11,10 +11,10 @@
 #include <set>
 #include <tuple>
 
-#include "parallel/dist/transport.h"
+#include "parallel/ranks/transport.h"
 #include "tests/parallel/multiprocess.h"
 
-namespace tl::dist {
+namespace tl::ranks {
 namespace {
 using tl::testing_mp::helper_path;
 
@@ -169,4 +169,4 @@ TEST(Launch, BadOptionsAreErrors) {
 }
 
 }  // namespace
-}  // namespace tl::dist
+}  // namespace tl::ranks

@@ -48,11 +48,11 @@
 #include <string>
 #include <vector>
 
-#include "parallel/dist/transport.h"
+#include "parallel/ranks/transport.h"
 #include "parallel/link.h"
 #include "tests/parallel/multiprocess.h"
 
-namespace tl::dist {
+namespace tl::ranks {
 namespace {
 using namespace tl::testing_mp;
 
@@ -205,4 +205,4 @@ TEST(NetnsLoopback, TbfRateMatchesLinkEmulation) {
 }
 
 }  // namespace
-}  // namespace tl::dist
+}  // namespace tl::ranks

@@ -1,12 +1,12 @@
 // DistEnv: the torchrun variables, parsed with errors that name the variable and what is accepted.
-#include "parallel/dist/rendezvous.h"
+#include "parallel/ranks/rendezvous.h"
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
 #include <map>
 
-namespace tl::dist {
+namespace tl::ranks {
 namespace {
 
 DistEnv parse(const std::map<std::string, std::string>& vars) {
@@ -89,4 +89,4 @@ TEST(DistEnv, FreePortAndLoopback) {
 }
 
 }  // namespace
-}  // namespace tl::dist
+}  // namespace tl::ranks

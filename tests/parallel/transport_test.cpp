@@ -4,7 +4,7 @@
 // SIGKILL or a silent one makes the survivor fail within dist.timeout_s with an error naming it;
 // forged headers are rejected; the emulated link never delivers early. Every process is bounded in
 // time and reaped.
-#include "parallel/dist/transport.h"
+#include "parallel/ranks/transport.h"
 
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <gtest/gtest.h>
@@ -13,11 +13,11 @@
 #include <filesystem>
 #include <set>
 
-#include "parallel/dist/c10d_compat.h"
-#include "parallel/dist/rendezvous.h"
+#include "parallel/ranks/c10d_compat.h"
+#include "parallel/ranks/rendezvous.h"
 #include "tests/parallel/multiprocess.h"
 
-namespace tl::dist {
+namespace tl::ranks {
 namespace {
 using namespace tl::testing_mp;
 
@@ -299,4 +299,4 @@ TEST(Transport, TorchrunLaunchesRanksThatRendezvous) {
 }
 
 }  // namespace
-}  // namespace tl::dist
+}  // namespace tl::ranks

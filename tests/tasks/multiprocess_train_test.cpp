@@ -1,4 +1,4 @@
-// `tapeline train` with one process per stage (parallel/dist/runtime.h), on Gloo over 127.0.0.1:
+// `tapeline train` with one process per stage (parallel/ranks/runtime.h), on Gloo over 127.0.0.1:
 // the same numbers as in one process, and a rank killed mid-epoch. Skipped without the tapeline
 // executable, c10d's Gloo backend or Fashion-MNIST.
 #include <signal.h>
@@ -19,9 +19,9 @@
 #include <sstream>
 
 #include "layers/io/safetensors.h"
-#include "parallel/dist/c10d_compat.h"
-#include "parallel/dist/rendezvous.h"
-#include "parallel/dist/transport.h"
+#include "parallel/ranks/c10d_compat.h"
+#include "parallel/ranks/rendezvous.h"
+#include "parallel/ranks/transport.h"
 #include "tasks/data/dataset.h"
 #include "tests/parallel/multiprocess.h"
 #include "tests/tasks/task_testing.h"
@@ -37,7 +37,7 @@ const fs::path kRoot = fs::path(__FILE__).parent_path().parent_path().parent_pat
 
 #define REQUIRE_RANKS()                                                                                         \
   if (!fs::exists(tapeline_path())) GTEST_SKIP() << tapeline_path() << " not built (make tapeline)";           \
-  if (!dist::Transport::available("gloo")) GTEST_SKIP() << "built without c10d's Gloo backend (libgloo-dev)"
+  if (!ranks::Transport::available("gloo")) GTEST_SKIP() << "built without c10d's Gloo backend (libgloo-dev)"
 
 #define REQUIRE_MULTIPROCESS()                                                                      \
   REQUIRE_RANKS();                                                                                  \
@@ -160,7 +160,7 @@ TEST(MultiProcessTrain, FourProcessesComputeTheSameNumbersAsOne) {
   }
   // Under torchrun (with --standalone rank 0 hosts the store), through scripts/torchrun: the
   // torchrun of the libtorch the scripts build against.
-  const mp::Torchrun torchrun = mp::torchrun_for(dist::compat::torch_version());
+  const mp::Torchrun torchrun = mp::torchrun_for(ranks::compat::torch_version());
   if (torchrun.why_not.empty()) {
     mp::ProcessGroupGuard guard;
     const std::string log = mp::temp_log("torchrun");
@@ -198,7 +198,7 @@ void kill_and_resume(const std::string& grid, int victim, const std::vector<int>
 
   // The ranks, started as torchrun would (rank 0 hosts the store). 5 ms link latency keeps a step
   // long enough (~0.1 s) to kill a rank in the middle of an epoch.
-  const int port = dist::find_free_port();
+  const int port = ranks::find_free_port();
   mp::ProcessGroupGuard guard;
   std::vector<std::string> logs;
   std::vector<std::string> args = {"train",     "--config", cfg,       "--out", run_dir.string(), "--no-plot",
@@ -270,7 +270,7 @@ TEST(MultiProcessTrain, AKilledRankStopsATwoByTwoGridAndTheRunResumesExactly) {
   REQUIRE_MULTIPROCESS();
   // Stateful codecs at the boundary (error feedback) and on the data-parallel gradients (error
   // feedback, PowerSGD's warm start): each replica's own state is in the checkpoint (Note [grid
-  // state in checkpoints] in parallel/dist/runtime.h), so the resumed run is the uninterrupted one.
+  // state in checkpoints] in parallel/ranks/runtime.h), so the resumed run is the uninterrupted one.
   kill_and_resume("--parallel.dp=2 --model.cuts=layer2 --dp.compression=ef(powersgd(rank=2))", 3, {1, 2}, SIGKILL, 20,
                   "stage 1 of replica 1");
 }

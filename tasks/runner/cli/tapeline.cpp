@@ -15,8 +15,8 @@
 #include <sstream>
 #include <thread>
 
-#include "parallel/dist/launch.h"
-#include "parallel/dist/rendezvous.h"
+#include "parallel/ranks/launch.h"
+#include "parallel/ranks/rendezvous.h"
 #include "parallel/schedule.h"
 #include "tasks/runner/compare.h"
 #include "tasks/config.h"
@@ -129,7 +129,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   std::vector<std::string> args = argv;
   int nproc = 0;
   try {
-    nproc = dist::take_nproc_flag(args);
+    nproc = ranks::take_nproc_flag(args);
   } catch (const std::exception& e) {
     throw UsageError(e.what());
   }
@@ -170,14 +170,14 @@ int cmd_train(const std::vector<std::string>& argv) {
   }
 
   // One process per stage. Started by torchrun (or by us): this process is one rank.
-  const bool is_rank = dist::DistEnv::one_of_several();
+  const bool is_rank = ranks::DistEnv::one_of_several();
   if (!is_rank && nproc == 0) nproc = static_cast<int>(req.config.pipeline.nproc);
   if (is_rank && vm.count("with-baseline") && !std::getenv(kLaunchedByUs))
     throw UsageError("--with-baseline is not available under torchrun; train the baseline as its own run "
                      "(same config with --boundary.forward=identity --boundary.backward=identity)");
   RunSummary run;
   if (!is_rank && nproc > 1) {
-    dist::LaunchOptions launch;
+    ranks::LaunchOptions launch;
     launch.nproc = nproc;
     launch.args = {"train"};
     for (const auto& a : args)
@@ -201,7 +201,7 @@ int cmd_train(const std::vector<std::string>& argv) {
                                                      " tensor-parallel ranks"
                                                : std::string())
                 << " (output prefixed [rank r])\n";
-    const dist::LaunchResult result = dist::launch_local(launch);
+    const ranks::LaunchResult result = ranks::launch_local(launch);
     if (!result.ok()) {
       std::cerr << "tapeline train: " << result.message << "\n";
       return result.exit_code == 2 ? 2 : 1;
@@ -211,7 +211,7 @@ int cmd_train(const std::vector<std::string>& argv) {
     run = *summary;
   } else {
     run = run_training(req);
-    if (is_rank && (dist::DistEnv::from_env().rank != 0 || std::getenv(kLaunchedByUs))) return 0;
+    if (is_rank && (ranks::DistEnv::from_env().rank != 0 || std::getenv(kLaunchedByUs))) return 0;
   }
 
   // The comparison table: this run, and the uncompressed baseline when one is available.
@@ -400,7 +400,7 @@ int cmd_eval(const std::vector<std::string>& argv) {
 // to write (run files are written whole, by temp file and rename), so such a rank leaves with
 // _Exit once its output is flushed. Single-process runs exit normally.
 int failed(int code) {
-  if (!dist::DistEnv::one_of_several()) return code;
+  if (!ranks::DistEnv::one_of_several()) return code;
   std::cout.flush();
   std::cerr.flush();
   std::fflush(nullptr);

@@ -1,10 +1,10 @@
-#include "parallel/dist/tensor_parallel.h"
+#include "parallel/ranks/tensor_parallel.h"
 
 #include "autograd/autograd.h"
 #include "compression/spec.h"
-#include "parallel/dist/fault.h"
+#include "parallel/ranks/fault.h"
 
-namespace tl::dist {
+namespace tl::ranks {
 
 namespace {
 
@@ -200,4 +200,4 @@ void TensorParallelSync::load_codec_state(const TensorMap& state) {
       }
 }
 
-}  // namespace tl::dist
+}  // namespace tl::ranks

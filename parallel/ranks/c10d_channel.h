@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "parallel/channel.h"
-#include "parallel/dist/transport.h"
+#include "parallel/ranks/transport.h"
 
-namespace tl::dist {
+namespace tl::ranks {
 
 class C10dChannel final : public Channel {
  public:
@@ -41,4 +41,4 @@ class C10dChannel final : public Channel {
   at::Device device_;
 };
 
-}  // namespace tl::dist
+}  // namespace tl::ranks

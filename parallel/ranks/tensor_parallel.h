@@ -36,9 +36,9 @@
 
 #include "compression/compressor.h"
 #include "layers/nn/tensor_parallel.h"
-#include "parallel/dist/transport.h"
+#include "parallel/ranks/transport.h"
 
-namespace tl::dist {
+namespace tl::ranks {
 
 /// Config [parallel] tp and [tp].
 struct TensorParallelOptions {
@@ -109,4 +109,4 @@ class TensorParallelSync : public TensorParallelComm {
   TensorParallelStats stats_;
 };
 
-}  // namespace tl::dist
+}  // namespace tl::ranks

@@ -35,9 +35,9 @@
 #include <optional>
 #include <string>
 
-#include "parallel/dist/transport.h"
+#include "parallel/ranks/transport.h"
 
-namespace tl::dist {
+namespace tl::ranks {
 
 enum class FaultPhase { Rendezvous, Forward, Backward, AllReduce, Evaluate, Checkpoint };
 enum class FaultKind { Kill, Stop, Exit, Partition, Truncate, BitFlip, Oversize };
@@ -77,4 +77,4 @@ std::optional<Fault> unfired_fault();
 /// (partition); throws, saying why, where there is none or the process may not.
 void take_network_down();
 
-}  // namespace tl::dist
+}  // namespace tl::ranks

@@ -1,9 +1,9 @@
-#include "parallel/dist/c10d_channel.h"
+#include "parallel/ranks/c10d_channel.h"
 
 #include "compression/spec.h"
-#include "parallel/dist/fault.h"
+#include "parallel/ranks/fault.h"
 
-namespace tl::dist {
+namespace tl::ranks {
 
 namespace {
 // The reference's wire format: an identity payload (the one byte format of every message).
@@ -61,4 +61,4 @@ std::optional<Delivered> C10dChannel::recv(int src, int dst, const MessageKey& k
   return d;
 }
 
-}  // namespace tl::dist
+}  // namespace tl::ranks

@@ -31,9 +31,9 @@
 #include <vector>
 
 #include "compression/compressor.h"
-#include "parallel/dist/transport.h"
+#include "parallel/ranks/transport.h"
 
-namespace tl::dist {
+namespace tl::ranks {
 
 /// Why `spec` cannot compress data-parallel gradients (empty: it can).
 std::string dp_codec_problem(const std::string& spec);
@@ -109,4 +109,4 @@ class DataParallelSync {
   DataParallelStats stats_;
 };
 
-}  // namespace tl::dist
+}  // namespace tl::ranks

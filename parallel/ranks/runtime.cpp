@@ -1,4 +1,4 @@
-#include "parallel/dist/runtime.h"
+#include "parallel/ranks/runtime.h"
 
 #include <sys/resource.h>
 
@@ -12,11 +12,11 @@
 #include "layers/io/safetensors.h"
 #include "layers/nn/norm.h"
 #include "layers/optim/grad_utils.h"
-#include "parallel/dist/c10d_channel.h"
-#include "parallel/dist/fault.h"
+#include "parallel/ranks/c10d_channel.h"
+#include "parallel/ranks/fault.h"
 #include "parallel/interpreter.h"
 
-namespace tl::dist {
+namespace tl::ranks {
 
 namespace {
 
@@ -811,4 +811,4 @@ void DistExecutor::save_checkpoint(const std::string& path, const CheckpointCont
   transport_.barrier(what + " written by rank 0");
 }
 
-}  // namespace tl::dist
+}  // namespace tl::ranks

@@ -1,4 +1,4 @@
-#include "parallel/dist/checksum.h"
+#include "parallel/ranks/checksum.h"
 
 #include <array>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include <nmmintrin.h>
 #endif
 
-namespace tl::dist {
+namespace tl::ranks {
 namespace {
 
 constexpr uint32_t kPoly = 0x82F63B78u;  // Castagnoli, reflected
@@ -119,4 +119,4 @@ uint32_t crc32c(const uint8_t* p, size_t n, uint32_t crc) {
   return crc32c_portable(p, n, crc);
 }
 
-}  // namespace tl::dist
+}  // namespace tl::ranks

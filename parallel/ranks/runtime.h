@@ -72,13 +72,13 @@
 #include <vector>
 
 #include "layers/io/checkpoint.h"
-#include "parallel/dist/data_parallel.h"
-#include "parallel/dist/tensor_parallel.h"
-#include "parallel/dist/transport.h"
+#include "parallel/ranks/data_parallel.h"
+#include "parallel/ranks/tensor_parallel.h"
+#include "parallel/ranks/transport.h"
 #include "parallel/executor.h"
 #include "parallel/grid.h"
 
-namespace tl::dist {
+namespace tl::ranks {
 
 /// This process's peak resident memory (getrusage's ru_maxrss), in bytes.
 int64_t peak_resident_bytes();
@@ -216,4 +216,4 @@ class DistExecutor {
   std::set<std::string> restored_;             // entries restored for this replica (always saved)
 };
 
-}  // namespace tl::dist
+}  // namespace tl::ranks

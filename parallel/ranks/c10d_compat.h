@@ -52,7 +52,7 @@
 #include <chrono>
 #include <string>
 
-namespace tl::dist::compat {
+namespace tl::ranks::compat {
 
 #if TORCH_VERSION_MAJOR >= 2
 using CommBackend = c10d::Backend;
@@ -91,4 +91,4 @@ BackendPtr make_nccl(const StorePtr& store, int rank, int size, std::chrono::mil
 /// Waits for `work`; throws what the backend reports, or a timeout after `timeout`.
 void wait(const WorkPtr& work, std::chrono::milliseconds timeout);
 
-}  // namespace tl::dist::compat
+}  // namespace tl::ranks::compat

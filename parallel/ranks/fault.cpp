@@ -1,4 +1,4 @@
-#include "parallel/dist/fault.h"
+#include "parallel/ranks/fault.h"
 
 #include <net/if.h>
 #include <signal.h>
@@ -17,7 +17,7 @@
 #include <sstream>
 #include <vector>
 
-namespace tl::dist {
+namespace tl::ranks {
 
 namespace {
 
@@ -227,4 +227,4 @@ void take_network_down() {
   std::cerr << "partition: took down" << list_down << std::endl;
 }
 
-}  // namespace tl::dist
+}  // namespace tl::ranks

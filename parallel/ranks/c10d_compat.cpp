@@ -1,10 +1,10 @@
-#include "parallel/dist/c10d_compat.h"
+#include "parallel/ranks/c10d_compat.h"
 
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
 
-#include "parallel/dist/rendezvous.h"
+#include "parallel/ranks/rendezvous.h"
 
 #ifdef USE_C10D_GLOO
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -13,7 +13,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
-namespace tl::dist::compat {
+namespace tl::ranks::compat {
 
 bool has_gloo() {
 #ifdef USE_C10D_GLOO
@@ -99,7 +99,7 @@ BackendPtr make_nccl(const StorePtr& store, int rank, int size, std::chrono::mil
   const std::string built = std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + ".";
   TORCH_CHECK(loaded.rfind(built, 0) == 0, "rank ", rank, ": tapeline was compiled against nccl.h ", NCCL_MAJOR, ".",
               NCCL_MINOR, " but the NCCL loaded is ", loaded,
-              " (Note [nccl.h must match libtorch's NCCL] in parallel/dist/c10d_compat.cpp); rebuild with NCCL_HOME "
+              " (Note [nccl.h must match libtorch's NCCL] in parallel/ranks/c10d_compat.cpp); rebuild with NCCL_HOME "
               "pointing at the NCCL this libtorch was built with");
   auto opts = c10d::ProcessGroupNCCL::Options::create();
   opts->timeout = timeout;
@@ -112,4 +112,4 @@ BackendPtr make_nccl(const StorePtr& store, int rank, int size, std::chrono::mil
 
 void wait(const WorkPtr& work, std::chrono::milliseconds timeout) { work->wait(timeout); }
 
-}  // namespace tl::dist::compat
+}  // namespace tl::ranks::compat

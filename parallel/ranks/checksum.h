@@ -6,11 +6,11 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace tl::dist {
+namespace tl::ranks {
 
 /// CRC-32C of `n` bytes, continuing from `crc` (0 to start).
 uint32_t crc32c(const uint8_t* data, size_t n, uint32_t crc = 0);
 /// The table implementation (portable reference; what crc32c uses without SSE4.2).
 uint32_t crc32c_portable(const uint8_t* data, size_t n, uint32_t crc = 0);
 
-}  // namespace tl::dist
+}  // namespace tl::ranks

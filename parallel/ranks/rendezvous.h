@@ -1,6 +1,6 @@
 #pragma once
 // Where a rank is and whom it meets: the torchrun environment (RESEARCH.md, "Facts for the
-// distributed runtime"). torchrun, `tapeline train --nproc N` (parallel/dist/launch.h) and a
+// distributed runtime"). torchrun, `tapeline train --nproc N` (parallel/ranks/launch.h) and a
 // hand-written launch script all set the same variables:
 //   RANK, WORLD_SIZE                       required
 //   MASTER_ADDR, MASTER_PORT               required: where the TCPStore listens
@@ -15,7 +15,7 @@
 #include <functional>
 #include <string>
 
-namespace tl::dist {
+namespace tl::ranks {
 
 struct DistEnv {
   int rank = 0;
@@ -57,4 +57,4 @@ bool is_loopback_address(const std::string& addr);
 /// so rank r uses device r mod devices). Error naming the rank when there is no device.
 int cuda_device_for(int local_rank, int device_count);
 
-}  // namespace tl::dist
+}  // namespace tl::ranks

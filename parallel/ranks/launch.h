@@ -25,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-namespace tl::dist {
+namespace tl::ranks {
 
 struct LaunchOptions {
   int nproc = 1;
@@ -65,4 +65,4 @@ LaunchResult launch_local(const LaunchOptions& options);
 /// 0 when absent. N must be an integer >= 1: an error names the value otherwise.
 int take_nproc_flag(std::vector<std::string>& args, const std::string& flag = "--nproc");
 
-}  // namespace tl::dist
+}  // namespace tl::ranks

@@ -26,7 +26,7 @@
 // bit flipped anywhere between the two (a faulty NIC, memory or switch that the 16-bit TCP
 // checksum misses, or a frame shorter than its header says) is an error naming the peer and the
 // message, never a wrong tensor. Bodies on a CUDA device (NCCL) carry no checksum (word 0) and are
-// not checked. Cost: one pass over the body at each end (SSE4.2, parallel/dist/checksum.h).
+// not checked. Cost: one pass over the body at each end (SSE4.2, parallel/ranks/checksum.h).
 //
 // Note [failures are errors, never hangs]. Every operation waits at most timeout_s
 // (config dist.timeout_s). A dead peer (its socket closes) fails the pending operation at once; a
@@ -81,10 +81,10 @@
 #include <vector>
 
 #include "compression/payload.h"
-#include "parallel/dist/rendezvous.h"
+#include "parallel/ranks/rendezvous.h"
 #include "parallel/link.h"
 
-namespace tl::dist {
+namespace tl::ranks {
 
 /// Note [wire protocol]'s header, for tools and tests that speak it.
 namespace wire {
@@ -136,7 +136,7 @@ class TransportError : public std::runtime_error {
 };
 
 /// What Transport::corrupt_next_send does to a message, after its checksum was taken (fault
-/// injection, parallel/dist/fault.h): half of the body is sent, one bit of it is flipped, or the
+/// injection, parallel/ranks/fault.h): half of the body is sent, one bit of it is flipped, or the
 /// header announces more bytes than a receiver accepts.
 enum class Corruption { None, Truncate, BitFlip, Oversize };
 
@@ -232,7 +232,7 @@ class Transport {
   void inject_raw_header_for_testing(int dst, const std::vector<int64_t>& words, const std::string& context,
                                      const std::vector<uint8_t>& inline_body = {});
 
-  /// Fault injection (Note [fault injection] in parallel/dist/fault.h): the next message this
+  /// Fault injection (Note [fault injection] in parallel/ranks/fault.h): the next message this
   /// rank sends, from any thread, is corrupted as `kind` says after its checksum was taken.
   void corrupt_next_send(Corruption kind);
 
@@ -243,4 +243,4 @@ class Transport {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace tl::dist
+}  // namespace tl::ranks

@@ -1,4 +1,4 @@
-#include "parallel/dist/transport.h"
+#include "parallel/ranks/transport.h"
 
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/util/Exception.h>
@@ -16,10 +16,10 @@
 #include <sstream>
 #include <thread>
 
-#include "parallel/dist/c10d_compat.h"
-#include "parallel/dist/checksum.h"
+#include "parallel/ranks/c10d_compat.h"
+#include "parallel/ranks/checksum.h"
 
-namespace tl::dist {
+namespace tl::ranks {
 namespace {
 
 using namespace wire;  // Note [wire protocol]: header words.
@@ -361,7 +361,7 @@ struct Transport::Impl {
     return f;
   }
 
-  // Fault injection (Note [fault injection] in parallel/dist/fault.h), after the checksum was
+  // Fault injection (Note [fault injection] in parallel/ranks/fault.h), after the checksum was
   // taken: `h` (the header, check word not yet set), `frame` (header + inlined body) and `body`
   // (the large body to send) are changed; p.body, the caller's bytes, never is. Returns whether a
   // bit of the header is to be flipped once its check word is set (a bit flip of an empty body).
@@ -921,4 +921,4 @@ void Transport::reset_stats() {
   impl_->stats = TransportStats();
 }
 
-}  // namespace tl::dist
+}  // namespace tl::ranks

@@ -1,4 +1,4 @@
-#include "parallel/dist/rendezvous.h"
+#include "parallel/ranks/rendezvous.h"
 
 #include <arpa/inet.h>
 #include <c10/util/Exception.h>
@@ -11,7 +11,7 @@
 #include <cstring>
 #include <sstream>
 
-namespace tl::dist {
+namespace tl::ranks {
 namespace {
 
 const char* kHow =
@@ -107,4 +107,4 @@ int cuda_device_for(int local_rank, int device_count) {
   return local_rank % device_count;
 }
 
-}  // namespace tl::dist
+}  // namespace tl::ranks

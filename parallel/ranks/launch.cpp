@@ -1,4 +1,4 @@
-#include "parallel/dist/launch.h"
+#include "parallel/ranks/launch.h"
 
 #include <c10/util/Exception.h>
 #include <fcntl.h>
@@ -18,12 +18,12 @@
 #include <set>
 #include <sstream>
 
-#include "parallel/dist/c10d_compat.h"
-#include "parallel/dist/rendezvous.h"
+#include "parallel/ranks/c10d_compat.h"
+#include "parallel/ranks/rendezvous.h"
 
 extern char** environ;
 
-namespace tl::dist {
+namespace tl::ranks {
 namespace {
 
 std::string signal_name(int sig) {
@@ -327,4 +327,4 @@ LaunchResult launch_local(const LaunchOptions& o) {
   return result;
 }
 
-}  // namespace tl::dist
+}  // namespace tl::ranks

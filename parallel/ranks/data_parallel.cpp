@@ -1,6 +1,6 @@
-#include "parallel/dist/data_parallel.h"
+#include "parallel/ranks/data_parallel.h"
 
-#include "parallel/dist/fault.h"
+#include "parallel/ranks/fault.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include "autograd/autograd.h"
 #include "compression/spec.h"
 
-namespace tl::dist {
+namespace tl::ranks {
 
 namespace {
 
@@ -256,4 +256,4 @@ void DataParallelSync::load_codec_state(const TensorMap& state) {
   }
 }
 
-}  // namespace tl::dist
+}  // namespace tl::ranks
