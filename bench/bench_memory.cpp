@@ -22,7 +22,7 @@
 
 #include "layers/models/gpt2.h"
 #include "layers/optim/adam.h"
-#include "parallel/ranks/runtime.h"
+#include "parallel/executor.h"
 
 namespace {
 using namespace tl;
@@ -57,9 +57,9 @@ Held run_case(int stages, int stage) {
   sum(x).backward();
   opt.step();
   Held h;
-  h.parameter_bytes = ranks::parameter_bytes(*model);
-  h.optimizer_bytes = ranks::optimizer_state_bytes(opt);
-  h.peak_rss_bytes = ranks::peak_resident_bytes();
+  h.parameter_bytes = parameter_bytes(*model);
+  h.optimizer_bytes = optimizer_state_bytes(opt);
+  h.peak_rss_bytes = peak_resident_bytes();
   return h;
 }
 

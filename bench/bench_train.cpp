@@ -27,7 +27,7 @@
 #include "layers/models/resnet.h"
 #include "layers/optim/sgd.h"
 #include "bench/bench_util.h"
-#include "parallel/pipeline.h"
+#include "parallel/local_executor.h"
 #include "tasks/task.h"
 
 namespace {
@@ -48,6 +48,7 @@ struct Options {
 struct Runner {
   std::shared_ptr<ResNet> model;
   std::shared_ptr<Pipeline> pipeline;  // null: unsplit
+  std::unique_ptr<LocalExecutor> executor;  // runs `pipeline`
   std::unique_ptr<SGD> opt;
   int64_t micro_batches = 1;
 
@@ -57,7 +58,7 @@ struct Runner {
     if (pipeline) {
       Batch b;
       b.input = x, b.target = y, b.sample_ids = ids, b.units = at::ones({x.size(0)}, at::kLong);
-      pipeline->train_step(b, micro_batches, classification_loss);
+      executor->train_step(b, micro_batches, {});
     } else {
       Variable loss = cross_entropy(model->forward(Variable(x)), y);
       loss.backward();
@@ -81,6 +82,7 @@ Runner make_runner(const Options& o, at::Device device, const std::vector<std::s
     s.forward = fwd;
     s.backward = bwd;
     r.pipeline = Pipeline::build(r.model, cuts, std::vector<BoundarySpec>(cuts.size(), s));
+    r.executor = std::make_unique<LocalExecutor>(*r.pipeline, classification_loss);
     params = r.pipeline.get();
   }
   params->to(device);

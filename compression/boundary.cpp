@@ -300,13 +300,14 @@ at::Tensor Boundary::receive_forward(const Payload& p, const CodecContext& ctx) 
   return z;
 }
 
-Payload Boundary::send_backward(const at::Tensor& grad, const CodecContext& ctx, int64_t raw_bytes) {
+Payload Boundary::send_backward(const at::Tensor& grad, const CodecContext& ctx, int64_t raw_bytes,
+                                GradSendPlace place) {
   NoGradGuard no_grad;
   TORCH_CHECK(sends_gradient(), "boundary '", name_, "': backward mode 'none' sends no gradient (check ",
               "sends_gradient() and use a zero gradient on the sender)");
   const CodecContext c = with_mode(ctx);
   const int64_t raw = raw_bytes >= 0 ? raw_bytes : raw_size(grad);
-  const bool compress = backward_enabled_ && mode_ != BackwardMode::StraightThrough &&
+  const bool compress = backward_enabled_ && compresses_backward_at(place) && mode_ != BackwardMode::StraightThrough &&
                         !(mode_ == BackwardMode::Independent && bwd_identity_);
   Payload p;
   if (!compress) {

@@ -22,9 +22,9 @@
 // counted); otherwise it compresses as in training (forward only; stateful codecs then act as
 // their inner codec and leave their state untouched).
 //
-// Epilogue-only compression (Optimus-CC): schedules call set_backward_compression_enabled(false)
-// for backward sends off the critical path when epilogue_only() is set; such sends go uncompressed,
-// and an error-feedback backward codec (ef, lazy) delivers its pending residual with them. Which
+// Epilogue-only compression (Optimus-CC): with epilogue_only() set, a backward send that the
+// schedule places off the critical path (send_backward's GradSendPlace) goes uncompressed, and an
+// error-feedback backward codec (ef, lazy) delivers its pending residual with them. Which
 // sends are critical: Optimus-CC's rule for 1F1B (EpilogueRule::Optimus), or zero slack on the
 // step's dependency graph (CriticalPath; Note [slack of a gradient send] in parallel/schedule.h).
 //
@@ -49,6 +49,13 @@ namespace tl {
 enum class BackwardMode { Independent, Shared, StraightThrough, None };
 /// Epilogue-only compression: which backward sends are on the critical path.
 enum class EpilogueRule { Optimus, CriticalPath };
+/// Where the lowered schedule places one backward send (parallel/schedule.h marks every gradient
+/// send with both): in Optimus-CC's epilogue (1F1B's cool-down and the last steady-state send),
+/// and on the step's critical path (zero slack). The boundary's epilogue rule picks which counts.
+struct GradSendPlace {
+  bool epilogue = true;
+  bool critical = true;
+};
 /// "independent", "shared", "straight-through" (or "straight_through", "ste"), "none".
 BackwardMode parse_backward_mode(const std::string& text);
 std::string to_string(BackwardMode mode);
@@ -104,8 +111,14 @@ class Boundary : public Module {
   /// Whether a gradient crosses back (false in mode none: the sender uses a zero gradient).
   bool sends_gradient() const { return mode_ != BackwardMode::None; }
   /// Receiver side of the forward message: encodes the gradient w.r.t. the received wire tensor
-  /// (raw_bytes as in send_forward).
-  Payload send_backward(const at::Tensor& grad, const CodecContext& ctx, int64_t raw_bytes = -1);
+  /// (raw_bytes as in send_forward). `place`: where the schedule puts this send; with
+  /// epilogue_only() a send off the critical path (by the epilogue rule) goes uncompressed.
+  Payload send_backward(const at::Tensor& grad, const CodecContext& ctx, int64_t raw_bytes = -1,
+                        GradSendPlace place = {});
+  /// Whether a backward send at `place` is compressed by the epilogue-only policy.
+  bool compresses_backward_at(GradSendPlace place) const {
+    return !epilogue_only_ || (epilogue_rule_ == EpilogueRule::CriticalPath ? place.critical : place.epilogue);
+  }
   /// Sender side: decodes the gradient w.r.t. z.
   at::Tensor receive_backward(const Payload& p, const CodecContext& ctx);
 
@@ -117,7 +130,8 @@ class Boundary : public Module {
   /// With epilogue_only: which sends count as critical (the lowered schedule carries both flags).
   void set_epilogue_rule(EpilogueRule rule) { epilogue_rule_ = rule; }
   EpilogueRule epilogue_rule() const { return epilogue_rule_; }
-  /// Read when a gradient is sent (so schedules flip it per backward send); default true.
+  /// Off: every gradient goes uncompressed, whatever its place (the in-process autograd path has no
+  /// place, so tests switch it by hand); default true.
   void set_backward_compression_enabled(bool on) { backward_enabled_ = on; }
   bool backward_compression_enabled() const { return backward_enabled_; }
   /// Whether error and density are measured (a few reductions per message); default true.

@@ -36,7 +36,7 @@ class RankInterpreter::ActionTimer {
 };
 
 RankInterpreter::RankInterpreter(Pipeline& pipeline, const StageLayout& layout, int rank, RankSchedule list,
-                                 const MicroBatches& mbs, const Pipeline::LossFn& loss_fn, Channel& channel,
+                                 const MicroBatches& mbs, const LossFn& loss_fn, Channel& channel,
                                  Mode mode)
     : pipeline_(pipeline), layout_(layout), rank_(rank), list_(std::move(list)), mbs_(mbs), channel_(channel),
       mode_(mode) {
@@ -45,7 +45,7 @@ RankInterpreter::RankInterpreter(Pipeline& pipeline, const StageLayout& layout, 
   TORCH_CHECK(rank >= 0 && rank < layout.ranks, "pipeline: rank ", rank, " of ", layout.ranks, " pipeline ranks");
   for (int s : layout.stages_of(rank)) stages_[s] = std::make_unique<StageRuntime>(pipeline, s, loss_fn);
   for (const Action& a : list_)
-    if (a.type == ActionType::SendGrad) compress_backward_[{a.stage, a.micro_batch}] = {a.compress_backward, a.critical};
+    if (a.type == ActionType::SendGrad) grad_send_place_[{a.stage, a.micro_batch}] = {a.compress_backward, a.critical};
 }
 
 RankInterpreter::~RankInterpreter() = default;
@@ -122,22 +122,15 @@ void RankInterpreter::forward(const Action& a) {
 void RankInterpreter::backward(const Action& a) {
   TORCH_CHECK(mode_ == Mode::Train, "pipeline: rank ", rank_, ": a backward action in an evaluation list");
   const int s = a.stage, mb = a.micro_batch;
-  // Optimus-CC epilogue-only: the flag the lowering gave this send (a stage of this rank: none).
-  BoundaryPtr before = s > 0 ? pipeline_.boundary(static_cast<size_t>(s - 1)) : nullptr;
-  if (before && before->epilogue_only()) {
-    auto flag = compress_backward_.find({s, mb});
-    const bool by_graph = before->epilogue_rule() == EpilogueRule::CriticalPath;
-    before->set_backward_compression_enabled(flag == compress_backward_.end() ||
-                                             (by_graph ? flag->second.second : flag->second.first));
-  }
+  auto place = grad_send_place_.find({s, mb});  // none: a stage of this rank takes it
+  const GradSendPlace where = place == grad_send_place_.end() ? GradSendPlace{} : place->second;
   ActionTimer timer(*this);
   std::optional<StageMessage> in;
   auto it = inbox_.find({false, s, mb});
   if (it != inbox_.end()) in = std::move(it->second), inbox_.erase(it);
   std::optional<StageMessage> out = a.type == ActionType::BackwardInput
-                                        ? stages_.at(s)->backward_input(mb, in ? &*in : nullptr)
-                                        : stages_.at(s)->backward(mb, in ? &*in : nullptr);
-  if (before) before->set_backward_compression_enabled(true);
+                                        ? stages_.at(s)->backward_input(mb, in ? &*in : nullptr, where)
+                                        : stages_.at(s)->backward(mb, in ? &*in : nullptr, where);
   if (out) (stages_.count(s - 1) ? inbox_ : outbox_)[MessageKey{false, s - 1, mb}] = std::move(*out);
   const double dt = timer.finish();
   clock_s_ += dt, compute_s_ += dt;

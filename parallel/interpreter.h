@@ -8,8 +8,9 @@
 //                    (a received message, or the payload a stage of this rank handed over);
 //                    its output goes to the outbox (a Send follows) or straight to the inbox of
 //                    the next stage when that stage lives on this rank (no message);
-//   Backward(s, mb)  likewise with gradients; before it, Optimus-CC's epilogue-only switch of the
-//                    boundary before s is set from the lowered list's flag for this send;
+//   Backward(s, mb)  likewise with gradients; the gradient it sends carries the place the lowered
+//                    list gives that send (GradSendPlace: in Optimus-CC's epilogue, on the
+//                    critical path), from which the boundary's epilogue-only policy decides;
 //   BackwardInput(s, mb), BackwardWeight(s, mb): the same backward in two parts (zero-bubble
 //                    schedules): the first as Backward but leaving the weight gradients, which
 //                    the second computes;
@@ -30,7 +31,8 @@
 
 #include "parallel/channel.h"
 #include "parallel/device_model.h"
-#include "parallel/executor.h"
+#include "parallel/pipeline.h"
+#include "parallel/stage_runtime.h"
 #include "parallel/schedule.h"
 
 namespace tl {
@@ -45,7 +47,7 @@ class RankInterpreter {
   /// `rank`: this pipeline rank of `layout`; `list`: its lowered actions; `mbs`: the step's
   /// micro-batches (indexed by the actions' micro_batch). References must outlive the interpreter.
   RankInterpreter(Pipeline& pipeline, const StageLayout& layout, int rank, RankSchedule list,
-                  const MicroBatches& mbs, const Pipeline::LossFn& loss_fn, Channel& channel, Mode mode);
+                  const MicroBatches& mbs, const LossFn& loss_fn, Channel& channel, Mode mode);
   ~RankInterpreter();
 
   /// Meters every compute action with `model` (null or "measured": none); with `drives_clock`,
@@ -98,9 +100,8 @@ class RankInterpreter {
   Mode mode_;
   std::map<int, std::unique_ptr<StageRuntime>> stages_;  // this rank's stages
   std::map<MessageKey, StageMessage> inbox_, outbox_;
-  // Note [epilogue-only]: per (stage, micro-batch), whether the gradient it sends is critical, by
-  // Optimus-CC's rule and by the dependency graph (the boundary's EpilogueRule picks).
-  std::map<std::pair<int, int>, std::pair<bool, bool>> compress_backward_;
+  // Per (stage, micro-batch): where the lowered list places the gradient it sends.
+  std::map<std::pair<int, int>, GradSendPlace> grad_send_place_;
   size_t next_ = 0;
   double clock_s_ = 0, compute_s_ = 0, comm_s_ = 0, forward_s_ = 0, weight_s_ = 0;
   size_t held_for_weights_peak_ = 0;

@@ -2,7 +2,6 @@
 
 #include "autograd/autograd.h"
 #include "layers/optim/grad_utils.h"
-#include "parallel/executor.h"
 
 namespace tl {
 
@@ -60,60 +59,6 @@ Variable Pipeline::forward(const Variable& x, const CodecContext& ctx, const Sta
     if (i < boundaries_.size()) h = boundaries_[i]->forward(h, c);
   }
   return h;
-}
-
-std::vector<std::pair<int64_t, int64_t>> Pipeline::micro_batch_slices(int64_t batch, int64_t micro_batches) {
-  TORCH_CHECK(micro_batches >= 1, "Pipeline: micro_batches must be >= 1, got ", micro_batches);
-  // at::chunk's rule: ceil(B / M) rows per chunk, the last one smaller (so possibly fewer chunks).
-  const int64_t size = (batch + micro_batches - 1) / micro_batches;
-  std::vector<std::pair<int64_t, int64_t>> out;
-  for (int64_t start = 0; start < batch; start += size) out.emplace_back(start, std::min(size, batch - start));
-  return out;
-}
-
-StepResult Pipeline::train_step(const Batch& batch, int64_t micro_batches, const LossFn& loss_fn, const StepPosition& at) {
-  // One GradAccumulator over every parameter, so tied parameters (registered in two stages) are
-  // divided once: each stage's backward adds its part, seeded with the micro-batch's units.
-  GradAccumulator acc(parameters());
-  LocalExecutor executor(*this);
-  if (!links_.empty()) executor.set_links(links_);
-  executor.set_device_model(device_);
-  if (!timing_) timing_ = std::make_shared<StepTiming>();
-  StepResult r = executor.train_step(batch, micro_batches, schedule_, loss_fn, at, timing_.get());
-  acc.add_weight(r.units);
-  acc.finish();
-  return r;
-}
-
-void Pipeline::set_schedule(const std::string& name) {
-  // Validates the name (on the smallest layout the schedule runs on).
-  compute_schedule(name, StageLayout{1, name == "interleaved" || name == "zbv" ? 2 : 1, placement_of(name)}, 1);
-  schedule_ = name;
-}
-
-StageLayout Pipeline::layout() const {
-  return StageLayout::of(static_cast<int>(num_stages()), virtual_stages_, placement_of(schedule_));
-}
-
-void Pipeline::set_virtual_stages(int virtual_stages) {
-  StageLayout::of(static_cast<int>(num_stages()), virtual_stages);  // validates the count
-  virtual_stages_ = virtual_stages;
-}
-
-at::Tensor Pipeline::evaluate_batch(const Batch& batch, bool compression, const LossFn& loss_fn) {
-  LocalExecutor executor(*this);
-  return executor.evaluate_batch(batch, compression, loss_fn);
-}
-
-void Pipeline::set_links(const std::vector<LinkSpec>& links) {
-  TORCH_CHECK(links.size() == boundaries_.size(), "Pipeline: ", links.size(), " link specs for ", boundaries_.size(),
-              " boundaries");
-  links_ = links;
-}
-
-const StepTiming& Pipeline::last_timing() const {
-  TORCH_CHECK(timing_, "Pipeline: no train_step has run yet");
-  return *timing_;
 }
 
 at::Tensor Pipeline::predict(const at::Tensor& x, bool compression, const StageInputs& inputs) {

@@ -10,10 +10,10 @@
 // checkpoints hold every parameter exactly once, under the model's own dotted names, and
 // train()/eval()/to() reach every stage and boundary.
 //
-// Multi-process reuse: a worker for stage i keeps the same Pipeline object (built identically on
-// every worker from the same config and seed) and uses stage(i) with boundary(i) / boundary(i+1)
-// through the Boundary's sender/receiver halves; micro_batch_slices() and context() define the
-// split and the codec context every worker must agree on.
+// The pipeline is what is run, and nothing of running it: an executor (parallel/executor.h) runs
+// its stages under a schedule, in this process or one process per rank. A rank builds the same
+// Pipeline from the same config and seed (only its own stages' modules) and its executor uses
+// stage(i) with boundary(i) / boundary(i+1) through the Boundary's sender/receiver halves.
 //
 // Note [micro-batches and BatchNorm]. A step's batch is split into M micro-batches run one after
 // another (forward and backward of micro-batch i before micro-batch i+1: activation memory of one
@@ -34,9 +34,6 @@
 #include "compression/boundary.h"
 #include "layers/models/splittable.h"
 #include "parallel/batch.h"
-#include "parallel/device_model.h"
-#include "parallel/link.h"
-#include "parallel/schedule.h"
 #include "parallel/step.h"
 
 namespace tl {
@@ -55,9 +52,6 @@ BoundaryStats sum_boundary_stats(const std::vector<BoundaryStats>& all);
 
 class Pipeline : public Module {
  public:
-  /// The task's loss of one micro-batch's output (the last stage's).
-  using LossFn = std::function<MicroBatchLoss(const Variable& output, const Batch& micro_batch)>;
-
   /// Splits `model` (which must implement Splittable) at `cuts` and places boundaries[i] at
   /// cut i. Errors name a model that cannot be split and a count mismatch.
   Pipeline(ModulePtr model, std::vector<std::string> cuts, std::vector<BoundaryPtr> boundaries);
@@ -79,39 +73,6 @@ class Pipeline : public Module {
   Variable forward(const Variable& x, const CodecContext& ctx, const StageInputs& inputs = {});
   Variable forward(const Variable& x) override { return forward(x, CodecContext{}); }
 
-  /// Forward and backward of one step over `micro_batches` micro-batches (at::chunk along dim 0:
-  /// fewer when the batch has fewer rows), run stage by stage under the pipeline's schedule by the
-  /// in-process executor (parallel/executor.h): each stage and micro-batch records on its own
-  /// tape, freed after its backward, and the boundaries' real payloads cross between stages.
-  /// Gradients are accumulated into the parameters' grad weighted by each micro-batch's loss units,
-  /// so the result is the gradient of the mean loss over the batch's units (samples, or tokens);
-  /// the caller zeroes them before and steps the optimizer after.
-  StepResult train_step(const Batch& batch, int64_t micro_batches, const LossFn& loss_fn, const StepPosition& at = {});
-
-  /// The schedule of train_step: "1f1b" (default), "gpipe", "interleaved", "zbh1" or "zbv"
-  /// (parallel/schedule.h).
-  void set_schedule(const std::string& name);
-  const std::string& schedule() const { return schedule_; }
-  /// Stages per pipeline rank (pipeline.virtual_stages; > 1 with the interleaved schedule, 2 with
-  /// zbv). An error names a count that does not divide the stages.
-  void set_virtual_stages(int virtual_stages);
-  int virtual_stages() const { return virtual_stages_; }
-  /// Where the stages live: virtual_stages() per rank, placed as the schedule needs (a V for zbv,
-  /// round robin otherwise). An error says what does not fit.
-  StageLayout layout() const;
-
-  /// The task's tally (loss_fn's) of one evaluation batch run forward through every stage by the
-  /// in-process executor, the boundaries' forward codecs on (`compression`) or bypassed.
-  at::Tensor evaluate_batch(const Batch& batch, bool compression, const LossFn& loss_fn);
-  /// Link emulation per boundary (one spec per cut; default ideal), on the executor's virtual
-  /// timeline (parallel/executor.h).
-  void set_links(const std::vector<LinkSpec>& links);
-  /// The device whose compute the timeline models (parallel/device_model.h; default "measured").
-  void set_device_model(const DeviceModel& model) { device_ = model; }
-  const DeviceModel& device_model() const { return device_; }
-  /// Timing of the last train_step on the executor's timeline.
-  const StepTiming& last_timing() const;
-
   /// The last stage's output under NoGradGuard in the current mode; `compression` false bypasses
   /// every boundary's forward codec in eval mode (the inference toggle), true keeps them on. The
   /// boundaries' configured toggles are restored afterwards.
@@ -128,20 +89,12 @@ class Pipeline : public Module {
   /// measuring it would be the only cost of the split). Never measured in predict().
   void set_measure_error(bool on);
 
-  /// The micro-batch row ranges of a batch of `batch` rows: (start, size) pairs, as at::chunk.
-  static std::vector<std::pair<int64_t, int64_t>> micro_batch_slices(int64_t batch, int64_t micro_batches);
-
  private:
   ModulePtr model_;
   std::vector<std::string> cuts_;
   std::vector<ModulePtr> stages_;
   std::vector<BoundaryPtr> boundaries_;
   std::vector<bool> measure_;  // per boundary, restored after predict()
-  std::string schedule_ = "1f1b";
-  int virtual_stages_ = 1;
-  std::vector<LinkSpec> links_;
-  DeviceModel device_;
-  std::shared_ptr<StepTiming> timing_;
 };
 
 }  // namespace tl

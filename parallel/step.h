@@ -6,10 +6,14 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "autograd/variable.h"
+#include "parallel/batch.h"
 
 namespace tl {
 
@@ -20,6 +24,9 @@ struct MicroBatchLoss {
 };
 /// Tally layout shared by tasks and runner: [loss sum, units, correct units].
 constexpr int64_t kTallySize = 3;
+
+/// The task's loss of one micro-batch's output (the last stage's).
+using LossFn = std::function<MicroBatchLoss(const Variable& output, const Batch& micro_batch)>;
 
 /// Sums of a tally (Note [loss units] in tasks/task.h), read back on the host.
 struct Tally {
@@ -65,5 +72,23 @@ struct StepTiming {
   /// Idle fraction: 1 - sum(compute) / (ranks * step).
   double bubble() const;
 };
+
+/// One row of levels.csv (runs with adaptive codecs: schedule, adaptive, budget): a codec's level
+/// after a training step (CodecLevel: the phase, the adapted argument's value or the candidate)
+/// and the bytes its boundary direction sent in that step (all its micro-batches).
+struct LevelRow {
+  int64_t step = 0;       // global step, 1-based
+  int64_t epoch = 0;      // 1-based
+  int64_t boundary = 0;   // 1-based, as boundary.N
+  std::string direction;  // forward | backward
+  double level = 0;
+  std::string label;  // a spec or "k=0.05": quoted in the file (it may hold commas)
+  int64_t bytes = 0;
+};
+
+/// Seconds of wall time since `t0` (steady clock).
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 }  // namespace tl

@@ -6,12 +6,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include "autograd/autograd.h"
-#include "layers/io/safetensors.h"
 #include "layers/nn/norm.h"
 #include "layers/optim/grad_utils.h"
+#include "parallel/ranks/bytes.h"
 #include "parallel/ranks/c10d_channel.h"
 #include "parallel/ranks/fault.h"
 #include "parallel/interpreter.h"
@@ -20,37 +22,9 @@ namespace tl::ranks {
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 std::string where(int64_t epoch, int64_t step) {
   return "epoch " + std::to_string(epoch + 1) + " step " + std::to_string(step);
 }
-
-// ---- byte strings for the gathers: a few doubles, boundary statistics, tensor maps --------------
-
-void put(std::string& out, const void* p, size_t n) { out.append(static_cast<const char*>(p), n); }
-template <class T>
-void put(std::string& out, T v) {
-  put(out, &v, sizeof(T));
-}
-struct Reader {
-  const std::string& s;
-  size_t at = 0;
-  const std::string& what;
-  void get(void* p, size_t n) {
-    TORCH_CHECK(at + n <= s.size(), "rank 0: ", what, ": a rank sent ", s.size(), " bytes, too few (garbled)");
-    std::memcpy(p, s.data() + at, n);
-    at += n;
-  }
-  template <class T>
-  T get() {
-    T v;
-    get(&v, sizeof(T));
-    return v;
-  }
-};
 
 void put_stats(std::string& out, const DirectionStats& d) {
   for (int64_t v : {d.messages, d.bytes, d.raw_bytes, d.last_bytes, d.last_raw_bytes, d.measured}) put(out, v);
@@ -65,49 +39,6 @@ DirectionStats get_stats(Reader& r) {
 }
 
 // A tensor map between ranks of one build: name, dtype, shape, bytes (CPU copies).
-std::string pack(const TensorMap& map) {
-  std::string out;
-  put(out, static_cast<int64_t>(map.size()));
-  for (const auto& [name, t0] : map) {
-    const at::Tensor t = t0.detach().to(at::kCPU).contiguous();
-    put(out, static_cast<int64_t>(name.size()));
-    put(out, name.data(), name.size());
-    put(out, static_cast<int64_t>(t.scalar_type()));
-    put(out, static_cast<int64_t>(t.dim()));
-    for (int64_t s : t.sizes()) put(out, s);
-    const size_t n = t.numel() * t.element_size();
-    put(out, static_cast<int64_t>(n));
-    if (n) put(out, t.data_ptr(), n);
-  }
-  return out;
-}
-TensorMap unpack(const std::string& bytes, const std::string& what) {
-  Reader r{bytes, 0, what};
-  TensorMap map;
-  const int64_t count = r.get<int64_t>();
-  for (int64_t i = 0; i < count; ++i) {
-    std::string name(static_cast<size_t>(r.get<int64_t>()), '\0');
-    r.get(name.data(), name.size());
-    const auto dtype = static_cast<at::ScalarType>(r.get<int64_t>());
-    std::vector<int64_t> shape(static_cast<size_t>(r.get<int64_t>()));
-    for (auto& s : shape) s = r.get<int64_t>();
-    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));
-    const auto n = static_cast<size_t>(r.get<int64_t>());
-    TORCH_CHECK(n == static_cast<size_t>(t.numel() * t.element_size()), "rank 0: ", what, ": entry '", name,
-                "' has ", n, " bytes for shape ", t.sizes(), " (garbled)");
-    if (n) r.get(t.data_ptr(), n);
-    map[name] = t;
-  }
-  return map;
-}
-
-bool same_tensor(const at::Tensor& a0, const at::Tensor& b0) {
-  if (a0.scalar_type() != b0.scalar_type() || !a0.sizes().equals(b0.sizes())) return false;
-  if (a0.numel() == 0) return true;  // an empty tensor's data_ptr() is null, and memcmp(null, ...) is undefined
-  const at::Tensor a = a0.detach().to(at::kCPU).contiguous(), b = b0.detach().to(at::kCPU).contiguous();
-  return std::memcmp(a.data_ptr(), b.data_ptr(), a.numel() * a.element_size()) == 0;  // bitwise (NaN == NaN)
-}
-
 const at::TensorImpl* impl_of(const Variable& v) { return v.data().unsafeGetTensorImpl(); }
 
 // Transport errors say where the ranks they name sit in the grid (Note [rank layout]):
@@ -124,29 +55,10 @@ void name_ranks(Transport& transport, const Grid& grid, const StageLayout& layou
 
 }  // namespace
 
-int64_t peak_resident_bytes() {
-  struct rusage u {};
-  ::getrusage(RUSAGE_SELF, &u);
-  return static_cast<int64_t>(u.ru_maxrss) * 1024;  // Linux: KiB
-}
-
-int64_t parameter_bytes(const Module& module) {
-  int64_t n = 0;
-  for (const auto& p : module.parameters()) n += static_cast<int64_t>(p.numel() * p.data().element_size());
-  return n;
-}
-
-int64_t optimizer_state_bytes(const Optimizer& optimizer) {
-  int64_t n = 0;
-  for (const auto& [k, t] : optimizer.state_dict())
-    if (k.rfind("state.", 0) == 0) n += static_cast<int64_t>(t.numel() * t.element_size());
-  return n;
-}
-
-DistExecutor::DistExecutor(Pipeline& pipeline, Transport& transport, const DataParallelOptions& dp,
-                           TensorParallelSync* tp)
-    : pipeline_(pipeline), transport_(transport), tp_(tp) {
-  const int stages = static_cast<int>(pipeline.num_stages()), v = pipeline.virtual_stages();
+DistExecutor::DistExecutor(Pipeline& pipeline, Transport& transport, LossFn loss_fn, const ScheduleSettings& settings,
+                           const DataParallelOptions& dp, TensorParallelSync* tp)
+    : pipeline_(pipeline), transport_(transport), loss_fn_(std::move(loss_fn)), schedule_(settings.schedule), tp_(tp) {
+  const int stages = static_cast<int>(pipeline.num_stages()), v = settings.virtual_stages;
   TORCH_CHECK(stages % v == 0, "multi-process pipeline: ", v, " virtual stages per rank do not divide the model's ",
               stages, " stages");
   grid_ = Grid::of(transport.world_size(), stages / v, dp.replicas, tp ? tp->size() : 1);
@@ -154,9 +66,10 @@ DistExecutor::DistExecutor(Pipeline& pipeline, Transport& transport, const DataP
   replica_ = grid_.replica(transport.rank());
   tensor_rank_ = grid_.tensor_rank(transport.rank());
   shards_ = pipeline.named_shards();
+  std::map<std::string, std::vector<int64_t>> split_shape;  // this rank's parts of split parameters
   for (const auto& [n, p] : pipeline.named_parameters())
-    if (shards_.count(n)) split_shape_[n] = p.sizes().vec();
-  layout_ = pipeline.layout();
+    if (shards_.count(n)) split_shape[n] = p.sizes().vec();
+  layout_ = settings.layout(stages);
   name_ranks(transport_, grid_, layout_);
   if (!pipeline.parameters().empty()) device_ = pipeline.parameters().front().device();
   ranks_ = grid_.pipeline_group(replica_, tensor_rank_);
@@ -204,6 +117,8 @@ DistExecutor::DistExecutor(Pipeline& pipeline, Transport& transport, const DataP
     const std::string problem = dp_codec_problem(dp.compression);
     TORCH_CHECK(problem.empty(), "dp.compression = ", dp.compression, ": ", problem);
   }
+  checkpoint_ = std::make_unique<GridCheckpoint>(pipeline_, transport_, grid_, layout_, owner_, shards_,
+                                                 std::move(split_shape), dp_.get(), tp_);
 }
 
 void DistExecutor::learn_structure() {
@@ -334,12 +249,10 @@ void DistExecutor::learn_structure() {
   for (size_t i = 0; i < order_.size(); ++i) slot_[order_[i]] = static_cast<int64_t>(i);
 }
 
-void run_probe(Pipeline& pipeline, Transport& transport, int replicas, const Batch& batch,
-               const Pipeline::LossFn& loss_fn, int tensor) try {
+void run_probe(Pipeline& pipeline, const StageLayout& layout, Transport& transport, int replicas, const Batch& batch,
+               const LossFn& loss_fn, int tensor) try {
   NoGradGuard no_grad;
-  const int stages = static_cast<int>(pipeline.num_stages()), v = pipeline.virtual_stages();
-  const Grid grid = Grid::of(transport.world_size(), stages / v, replicas, tensor);
-  const StageLayout layout = pipeline.layout();
+  const Grid grid = Grid::of(transport.world_size(), layout.ranks, replicas, tensor);
   const int rank = grid.pipeline_rank(transport.rank());
   name_ranks(transport, grid, layout);
   C10dChannel channel(transport, grid.pipeline_group(grid.replica(transport.rank()), grid.tensor_rank(transport.rank())), 0,
@@ -357,8 +270,13 @@ void run_probe(Pipeline& pipeline, Transport& transport, int replicas, const Bat
 
 // ---- training -------------------------------------------------------------------------------------
 
-StepResult DistExecutor::train_step(const Batch& batch, int64_t micro_batches, const std::string& schedule_name,
-                                    const Pipeline::LossFn& loss_fn, const StepPosition& at,
+const std::vector<RankSchedule>& DistExecutor::plan(int micro_batches) {
+  auto it = plans_.find(micro_batches);
+  if (it == plans_.end()) it = plans_.emplace(micro_batches, make_schedule(schedule_, layout_, micro_batches)).first;
+  return it->second;
+}
+
+StepResult DistExecutor::train_step(const Batch& batch, int64_t micro_batches, const StepPosition& at,
                                     StepTiming* timing) {
   const auto t_step = std::chrono::steady_clock::now();
   const int64_t step = at.step;
@@ -382,9 +300,8 @@ StepResult DistExecutor::train_step(const Batch& batch, int64_t micro_batches, c
   for (const auto& b : pipeline_.boundaries()) measured.push_back(b->measures_error());
   C10dChannel channel(transport_, ranks_, step, C10dChannel::Phase::Train, measured, at_step, batch.input.device());
   if (tp_) tp_->set_phase(step, at_step, true, true);
-  RankInterpreter interpreter(pipeline_, layout_, rank_,
-                              make_schedule(schedule_name, layout_, split.size()).at(static_cast<size_t>(rank_)), split,
-                              loss_fn, channel, RankInterpreter::Mode::Train);
+  RankInterpreter interpreter(pipeline_, layout_, rank_, plan(split.size()).at(static_cast<size_t>(rank_)), split,
+                              loss_fn_, channel, RankInterpreter::Mode::Train);
   interpreter.run();  // a process waits for its messages: it returns when the list is done
 
   // As Pipeline::train_step: the gradient of the mean loss over the batch's units (of every
@@ -503,8 +420,17 @@ double DistExecutor::clip_grad_norm(double max_norm, int64_t step) {
 
 // ---- evaluation -----------------------------------------------------------------------------------
 
-at::Tensor DistExecutor::evaluate_batch(const Batch& batch, bool compression, const Pipeline::LossFn& loss_fn,
-                                        int64_t index) {
+Tally DistExecutor::evaluate(int64_t count, const std::function<Batch(int64_t)>& batch_at, bool compression) {
+  at::Tensor tally;
+  for (int64_t b = 0; b < count; ++b) {
+    if (!evaluates(b)) continue;  // another replica's share
+    const at::Tensor t = evaluate_batch(batch_at(b), compression, b);
+    if (t.defined()) tally = tally.defined() ? tally + t : t;
+  }
+  return share_tally(tally, std::string("evaluation with compression ") + (compression ? "on" : "off"));
+}
+
+at::Tensor DistExecutor::evaluate_batch(const Batch& batch, bool compression, int64_t index) {
   NoGradGuard no_grad;
   ScopedInference inference(pipeline_, compression);
   const MicroBatches one = evaluation_batch(batch);
@@ -516,7 +442,7 @@ at::Tensor DistExecutor::evaluate_batch(const Batch& batch, bool compression, co
     tp_->set_phase(index, "evaluation batch " + std::to_string(index + 1) + " after step " + std::to_string(last_step_),
                    false, compression);
   RankInterpreter interpreter(pipeline_, layout_, rank_, forward_only_schedule(layout_).at(static_cast<size_t>(rank_)),
-                              one, loss_fn, channel, RankInterpreter::Mode::Evaluate);
+                              one, loss_fn_, channel, RankInterpreter::Mode::Evaluate);
   interpreter.run();
   return interpreter.tally();
 }
@@ -546,10 +472,9 @@ std::pair<Tally, double> DistExecutor::sum_tallies(const at::Tensor& tally, doub
   return {t, r[3]};
 }
 
-DistExecutor::EpochTotals DistExecutor::gather_epoch(double train_time_s, double compute_s, double comm_s,
-                                                     int64_t epoch, int64_t optimizer_bytes) {
+EpochTotals DistExecutor::finish_epoch(const RankEpoch& epoch_here, int64_t epoch) {
   std::string mine;
-  for (double v : {train_time_s, compute_s, comm_s}) put(mine, v);
+  for (double v : {epoch_here.train_time_s, epoch_here.compute_s, epoch_here.comm_s}) put(mine, v);
   const DataParallelStats dp = dp_ ? dp_->stats() : DataParallelStats{};
   for (int64_t v : {dp.messages, dp.bytes, dp.raw_bytes}) put(mine, v);
   const TensorParallelStats tps = tp_ ? tp_->stats() : TensorParallelStats{};
@@ -557,7 +482,7 @@ DistExecutor::EpochTotals DistExecutor::gather_epoch(double train_time_s, double
   put(mine, stages_hash());
   put(mine, peak_resident_bytes());
   put(mine, parameter_bytes(pipeline_));
-  put(mine, optimizer_bytes);
+  put(mine, epoch_here.optimizer_bytes);
   for (const auto& b : pipeline_.boundaries()) {
     const BoundaryStats s = b->stats();
     put_stats(mine, s.forward);
@@ -583,7 +508,7 @@ DistExecutor::EpochTotals DistExecutor::gather_epoch(double train_time_s, double
       out.tensor_parallel.messages += r.get<int64_t>();
       out.tensor_parallel.bytes += r.get<int64_t>();
       out.tensor_parallel.raw_bytes += r.get<int64_t>();
-      out.tensor_parallel.all_reduces += r.get<int64_t>();
+      r.get<int64_t>();  // the tensor-parallel all-reduces: counted, not reported per epoch
       hashes.push_back(r.get<uint64_t>());
       out.peak_rss_bytes.push_back(r.get<int64_t>());
       out.parameter_bytes.push_back(r.get<int64_t>());
@@ -614,11 +539,47 @@ DistExecutor::EpochTotals DistExecutor::gather_epoch(double train_time_s, double
   return out;
 }
 
-at::Tensor DistExecutor::grid_shape() const {
-  std::vector<int64_t> shape{grid_.pipeline, grid_.data, pipeline_.virtual_stages(),
-                             static_cast<int64_t>(layout_.placement)};
-  if (grid_.tensor > 1) shape.push_back(grid_.tensor);
-  return at::tensor(shape, at::kLong);
+// Note [levels of a multi-process run]: each direction's codec lives on the rank that sends with
+// it, so every rank keeps the rows of the directions it sent (a direction it did not send moved 0
+// bytes there) and rank 0 gathers them once per epoch: no collective per step. Merged as one
+// process would report them: bytes summed over the replicas (each sends its share of the
+// micro-batches), the level and label of replica 0's codec (whose state the checkpoint holds; the
+// replicas' codecs see different messages and may differ), a stage's tensor ranks once (they send
+// the same messages). With one replica the rows equal the in-process run's
+// (MultiProcessTrain.AdaptiveLevelsAreThoseOfOneProcess).
+void DistExecutor::synchronized(const Optimizer& optimizer) { checkpoint_->synchronized(optimizer); }
+
+void DistExecutor::save_checkpoint(const std::string& path, const CheckpointContents& mine) {
+  checkpoint_->save(path, mine, last_step_);
+}
+
+std::string DistExecutor::restore_rank_state(const std::string& path) { return checkpoint_->restore(path); }
+
+std::vector<LevelRow> DistExecutor::gather_levels(std::vector<LevelRow> mine, int64_t epoch) {
+  using json = nlohmann::json;
+  json out = json::array();
+  if (tensor_rank_ == 0)
+    for (const LevelRow& r : mine)
+      if (r.bytes > 0) out.push_back({r.step, r.epoch, r.boundary, r.direction == "forward", r.level, r.label, r.bytes});
+  const std::vector<std::string> all = transport_.gather_bytes(
+      out.dump(), 0, "end of epoch " + std::to_string(epoch + 1) + ", gathering the codecs' levels");
+  std::map<std::tuple<int64_t, int64_t, bool>, LevelRow> merged;  // (step, boundary, backward)
+  for (size_t rank = 0; rank < all.size(); ++rank) {
+    const bool replica0 = grid_.replica(static_cast<int>(rank)) == 0;
+    for (const json& j : json::parse(all[rank])) {
+      LevelRow r;
+      r.step = j[0], r.epoch = j[1], r.boundary = j[2];
+      r.direction = j[3].get<bool>() ? "forward" : "backward";
+      r.level = j[4], r.label = j[5], r.bytes = j[6];
+      auto [it, fresh] = merged.try_emplace({r.step, r.boundary, r.direction == "backward"}, r);
+      if (fresh) continue;
+      it->second.bytes += r.bytes;
+      if (replica0) it->second.level = r.level, it->second.label = r.label;
+    }
+  }
+  std::vector<LevelRow> rows;
+  for (auto& [key, r] : merged) rows.push_back(std::move(r));
+  return rows;
 }
 
 uint64_t DistExecutor::stages_hash() const {
@@ -634,181 +595,6 @@ uint64_t DistExecutor::stages_hash() const {
     for (const auto& [n, b] : pipeline_.stage(s)->named_buffers()) mix(b.data());
   }
   return h;
-}
-
-// ---- checkpoints ----------------------------------------------------------------------------------
-
-int DistExecutor::structural_owner(const std::string& key) const {
-  if (key.rfind("model.", 0) == 0) {
-    auto it = owner_.find(key.substr(6));
-    return it == owner_.end() ? -1 : it->second;
-  }
-  static const std::string state = "optim.state.";
-  if (key.rfind(state, 0) == 0) {
-    const size_t dot = key.rfind('.');  // state.<parameter>.<slot>: slots have no dots
-    auto it = owner_.find(key.substr(state.size(), dot - state.size()));
-    return it == owner_.end() ? -1 : it->second;
-  }
-  return -1;
-}
-
-std::string DistExecutor::split_parameter(const std::string& key, const at::Tensor& value) const {
-  if (shards_.empty()) return "";
-  if (key.rfind("model.", 0) == 0) return shards_.count(key.substr(6)) ? key.substr(6) : "";
-  static const std::string state = "optim.state.";
-  if (key.rfind(state, 0) != 0) return "";
-  const size_t dot = key.rfind('.');
-  const std::string name = key.substr(state.size(), dot - state.size());
-  auto it = split_shape_.find(name);
-  return it != split_shape_.end() && value.sizes().equals(it->second) ? name : "";
-}
-
-void DistExecutor::synchronized(const Optimizer& optimizer) {
-  reference_.clear();
-  const CheckpointContents c = checkpoint_contents(pipeline_, &optimizer, nullptr, CheckpointInfo{}, false);
-  for (const auto& [k, t] : c.tensors)
-    if (structural_owner(k) < 0 && k.rfind("optim.groups.", 0) != 0) reference_[k] = t.detach().to(at::kCPU).clone();
-}
-
-TensorMap DistExecutor::part_for_checkpoint(const TensorMap& all) const {
-  // Note [grid state in checkpoints]. Replica 0's state is the checkpoint's ordinary entries.
-  // What other replicas hold differently, their boundary codecs' state, goes under
-  // grid.replica<d>., and every rank's data-parallel codec state under grid.dp.<p>.<d>.
-  TensorMap part;
-  const std::string prefix = replica_ == 0 ? "" : "grid.replica" + std::to_string(replica_) + ".";
-  for (const auto& [k, t] : all) {
-    if (k.rfind("optim.groups.", 0) == 0 || k.rfind("sched.", 0) == 0 || k.rfind("rng.", 0) == 0) continue;
-    const int owner = structural_owner(k);
-    if (owner >= 0) {  // parameters, buffers, their optimizer state: equal on every replica
-      if (owner != rank_ || replica_ != 0) continue;
-      const std::string split = split_parameter(k, t);
-      if (!split.empty())  // every tensor rank's part, assembled by rank 0
-        part["grid.tpshard." + std::to_string(tensor_rank_) + "." + k] = t;
-      else if (tensor_rank_ == 0)
-        part[k] = t;
-      continue;
-    }
-    if (tensor_rank_ != 0) continue;  // codec state: the same on every tensor rank of a stage
-    if (replica_ != 0 && k.rfind("model.", 0) != 0) continue;  // codec weights' optimizer state: equal too
-    auto ref = reference_.find(k);
-    if (ref == reference_.end() || !same_tensor(ref->second, t))
-      part[prefix + k] = t;  // changed here
-    else if (restored_.count(k))
-      part["grid.base." + prefix.substr(5) + k] = t;  // as resumed: kept unless a rank of the replica changed it
-  }
-  if (dp_)
-    for (const auto& [k, t] : dp_->codec_state())
-      part["grid.dp." + std::to_string(rank_) + "." + std::to_string(replica_) +
-           (grid_.tensor > 1 ? "." + std::to_string(tensor_rank_) : std::string()) + "." + k] = t;
-  if (tp_)
-    for (const auto& [k, t] : tp_->codec_state()) part["grid.tp." + std::to_string(transport_.rank()) + "." + k] = t;
-  return part;
-}
-
-std::string DistExecutor::restore_grid_state(const std::string& path) {
-  restored_.clear();
-  TensorMap mine, dp, tp;
-  at::Tensor shape;
-  const std::string replica_prefix = "grid.replica" + std::to_string(replica_) + ".";
-  const std::string dp_prefix = "grid.dp." + std::to_string(rank_) + "." + std::to_string(replica_) +
-                                (grid_.tensor > 1 ? "." + std::to_string(tensor_rank_) : std::string()) + ".";
-  const std::string tp_prefix = "grid.tp." + std::to_string(transport_.rank()) + ".";
-  for (auto& [k, t] : load_safetensors(path)) {
-    if (k == "grid.shape") shape = t;
-    if (replica_ != 0 && k.rfind(replica_prefix, 0) == 0) mine[k.substr(replica_prefix.size())] = t;
-    if (k.rfind(dp_prefix, 0) == 0) dp[k.substr(dp_prefix.size())] = t;
-    if (k.rfind(tp_prefix, 0) == 0) tp[k.substr(tp_prefix.size())] = t;
-  }
-  // (P, D, v, placement, T); checkpoints written before ZB-V have no placement (round robin),
-  // before tensor parallelism no T (1).
-  const int v = pipeline_.virtual_stages();
-  const bool known = shape.defined() && shape.numel() >= 3 && shape.numel() <= 5;
-  const int64_t placement = known && shape.numel() >= 4 ? shape[3].item<int64_t>() : 0;
-  const int64_t saved_tensor = known && shape.numel() == 5 ? shape[4].item<int64_t>() : 1;
-  const bool same_grid = known && shape[0].item<int64_t>() == grid_.pipeline && shape[1].item<int64_t>() == grid_.data &&
-                         shape[2].item<int64_t>() == v && placement == static_cast<int64_t>(layout_.placement) &&
-                         saved_tensor == grid_.tensor;
-  const int64_t saved_replicas = known ? shape[1].item<int64_t>() : 1;
-  if (!same_grid) {
-    if (grid_.data == 1 && saved_replicas == 1 && grid_.tensor == 1 && saved_tensor == 1) return "";  // nothing per rank
-    return "the checkpoint was written by " +
-           (shape.defined() ? std::to_string(saved_replicas) + " replica(s) x " + std::to_string(saved_tensor) +
-                                  " tensor rank(s) of another grid"
-                            : std::string("one replica of one tensor rank")) +
-           ", this run has " + std::to_string(grid_.data) + " replica(s) x " + std::to_string(grid_.tensor) +
-           " tensor rank(s): every replica continues from replica 0's boundary codec state, and the state of "
-           "dp.compression and tp.forward / tp.backward (error feedback, PowerSGD warm starts) starts from zero; "
-           "resuming with the same grid, or with stateless codecs, is exact (docs/GRID.md)";
-  }
-  if (tp_) tp_->load_codec_state(tp);
-  if (!mine.empty()) {
-    TensorMap model_part;
-    for (auto& [k, t] : mine) {
-      TORCH_CHECK(k.rfind("model.", 0) == 0, "checkpoint ", path, ": grid entry '", replica_prefix, k,
-                  "' is not a model entry");
-      model_part[k.substr(6)] = t;
-      restored_.insert(k);
-    }
-    try {
-      pipeline_.load_state_dict(model_part, /*strict=*/false);
-    } catch (const c10::Error& e) {
-      TORCH_CHECK(false, "checkpoint ", path, ": replica ", replica_, "'s codec state: ", e.what_without_backtrace());
-    }
-  }
-  if (dp_) dp_->load_codec_state(dp);
-  return "";
-}
-
-void DistExecutor::save_checkpoint(const std::string& path, const CheckpointContents& mine) {
-  const std::string what = "checkpoint " + path + " after step " + std::to_string(last_step_);
-  // Note [fault injection]: rank 0 halfway through writing the file, the others as they send.
-  if (transport_.rank() != 0) fault_point(FaultPhase::Checkpoint, -1, &transport_, true, what);
-  const std::vector<std::string> parts = transport_.gather_bytes(pack(part_for_checkpoint(mine.tensors)), 0, what);
-  if (transport_.rank() == 0) {
-    CheckpointContents merged = mine;  // entries nobody changed, counters, rank 0's RNG state
-    if (grid_.data > 1)  // one replica: nothing differs between ranks, the in-process file exactly
-      merged.tensors["grid.shape"] = grid_shape();
-    if (grid_.tensor > 1) merged.tensors["grid.shape"] = grid_shape();
-    std::map<std::string, int> changed_by;
-    TensorMap base;  // grid.base.<key>: a replica's state as resumed, under what its ranks changed
-    std::map<std::string, std::vector<at::Tensor>> split;  // key -> every tensor rank's part
-    for (int r = 0; r < grid_.world(); ++r) {
-      for (auto& [k, t] : unpack(parts[static_cast<size_t>(r)], what)) {
-        if (k.rfind("grid.base.", 0) == 0) {
-          base["grid." + k.substr(10)] = t;
-          continue;
-        }
-        if (k.rfind("grid.tpshard.", 0) == 0) {  // grid.tpshard.<t>.<key>
-          const size_t dot = k.find('.', 13);
-          auto& ps = split[k.substr(dot + 1)];
-          ps.resize(static_cast<size_t>(grid_.tensor));
-          ps.at(std::stoul(k.substr(13, dot - 13))) = t;
-          continue;
-        }
-        if (structural_owner(k) < 0) {
-          auto prev = changed_by.find(k);
-          TORCH_CHECK(prev == changed_by.end() || same_tensor(merged.tensors.at(k), t), what, ": '", k,
-                      "' was changed on rank ", prev == changed_by.end() ? -1 : prev->second, " and on rank ", r,
-                      " to different values; a codec keeps one state entry on both ends of a boundary but updates "
-                      "it differently, so no single checkpoint can hold it");
-          changed_by[k] = r;
-        }
-        merged.tensors[k] = t;
-      }
-    }
-    for (auto& [k, t] : base) merged.tensors.emplace(k, t);  // only where no rank sent a change
-    for (auto& [k, ps] : split) {  // whole tensors (Note [tensor-parallel blocks])
-      const std::string name = k.rfind("model.", 0) == 0 ? k.substr(6) : k.substr(12, k.rfind('.') - 12);
-      for (size_t t = 0; t < ps.size(); ++t)
-        TORCH_CHECK(ps[t].defined(), what, ": tensor rank ", t, " sent no part of '", k, "'");
-      auto shard = shards_.find(name);
-      TORCH_CHECK(shard != shards_.end(), what, ": '", k, "' came in parts but '", name, "' is not split here");
-      merged.tensors[k] = unshard_tensor(ps, shard->second);
-    }
-    MidWriteHook hook([&] { fault_point(FaultPhase::Checkpoint, -1, &transport_, false, what + ", half written"); });
-    write_checkpoint(path, merged);
-  }
-  transport_.barrier(what + " written by rank 0");
 }
 
 }  // namespace tl::ranks

@@ -1,7 +1,8 @@
 #pragma once
-// DistExecutor: this rank's stages of a multi-process pipeline (one process per pipeline rank,
-// holding stage = rank, or with pipeline.virtual_stages = v the stages rank, rank + P, ...), running
-// the one schedule interpreter (parallel/interpreter.h) that the in-process LocalExecutor runs,
+// DistExecutor: the multi-process implementation of the step's seam (parallel/executor.h): this
+// rank's stages of a multi-process pipeline (one process per pipeline rank, holding stage = rank,
+// or with pipeline.virtual_stages = v the stages rank, rank + P, ...), running the one schedule
+// interpreter (parallel/interpreter.h) that the in-process LocalExecutor runs,
 // over a C10dChannel (c10d_channel.h) instead of in-memory queues. With parallel.dp = D the world
 // is a grid of D replicas of the P-rank pipeline (parallel/grid.h, Note [rank layout]).
 //
@@ -73,103 +74,96 @@
 
 #include "layers/io/checkpoint.h"
 #include "parallel/ranks/data_parallel.h"
+#include "parallel/ranks/grid_checkpoint.h"
 #include "parallel/ranks/tensor_parallel.h"
 #include "parallel/ranks/transport.h"
 #include "parallel/executor.h"
+#include "parallel/stage_runtime.h"
 #include "parallel/grid.h"
 
 namespace tl::ranks {
-
-/// This process's peak resident memory (getrusage's ru_maxrss), in bytes.
-int64_t peak_resident_bytes();
-/// Bytes of a module's parameters, and of an optimizer's state (every slot of every parameter).
-int64_t parameter_bytes(const Module& module);
-int64_t optimizer_state_bytes(const Optimizer& optimizer);
 
 /// Before training, with every rank's model built in part (Note [building only some stages]): one
 /// forward-only pass of `batch` (a couple of training samples) through each replica's pipeline in
 /// eval mode, codecs on. It checks that the model accepts the task's batches and lets codecs that
 /// size their weights at their first input (ae with d = 0) create them on the ranks that use them,
 /// before the optimizer collects the parameters. Collective over the world.
-void run_probe(Pipeline& pipeline, Transport& transport, int replicas, const Batch& batch,
-               const Pipeline::LossFn& loss_fn, int tensor = 1);
+void run_probe(Pipeline& pipeline, const StageLayout& layout, Transport& transport, int replicas, const Batch& batch,
+               const LossFn& loss_fn, int tensor = 1);
 
-class DistExecutor {
+class DistExecutor : public Executor {
  public:
-  /// Pipeline rank, replica and tensor rank from transport.rank() (Note [rank layout]). `tp`: the
-  /// tensor-parallel group's communicator when parallel.tp > 1 (its blocks already split), else
-  /// null. Error when the world size is not (stages / virtual stages) x dp.replicas x T, or
+  /// Pipeline rank, replica and tensor rank from transport.rank() (Note [rank layout]), the stages'
+  /// placement from `settings` (its links are emulated by the transport, at the receiver). `tp`:
+  /// the tensor-parallel group's communicator when parallel.tp > 1 (its blocks already split),
+  /// else null. Error when the world size is not (stages / virtual stages) x dp.replicas x T, or
   /// dp.compression cannot compress gradients.
-  DistExecutor(Pipeline& pipeline, Transport& transport, const DataParallelOptions& dp = {},
-               TensorParallelSync* tp = nullptr);
+  DistExecutor(Pipeline& pipeline, Transport& transport, LossFn loss_fn, const ScheduleSettings& settings,
+               const DataParallelOptions& dp = {}, TensorParallelSync* tp = nullptr);
 
   /// Pipeline rank (0 .. P - 1), replica (0 .. D - 1) and tensor rank (0 .. T - 1) of this process.
-  int rank() const { return rank_; }
+  int pipeline_rank() const { return rank_; }
   int replica() const { return replica_; }
   int tensor_rank() const { return tensor_rank_; }
   const Grid& grid() const { return grid_; }
   /// Whether this rank holds the last stage.
   bool last() const { return layout_.rank_of(layout_.stages() - 1) == rank_; }
-  const StageLayout& layout() const { return layout_; }
   /// Whether this replica evaluates evaluation batch `index` (Note [data parallelism]).
   bool evaluates(int64_t index) const { return index % grid_.data == replica_; }
 
-  /// This rank's share of one training step under `schedule` (gpipe, 1f1b, interleaved): every rank passes
-  /// the same (global) batch; this replica runs its share of the micro-batches. Returns the step's
-  /// result (over every replica, on every rank). `at.step` is the global step, used in message tags
-  /// and error messages; `at` also goes into the codec contexts (StepPosition). Gradients (of the mean loss over the batch's units, tied parameters summed
-  /// between their ranks, the rest over the replicas) accumulate into this stage's parameters.
-  /// timing: this rank's step (compute_s and comm_s have one entry; the data-parallel exchange
-  /// counts as comm).
-  StepResult train_step(const Batch& batch, int64_t micro_batches, const std::string& schedule,
-                        const Pipeline::LossFn& loss_fn, const StepPosition& at, StepTiming* timing = nullptr);
+  // ---- Executor ----------------------------------------------------------------------------------
+  int rank() const override { return transport_.rank(); }
+  int world_size() const override { return transport_.world_size(); }
+  const StageLayout& layout() const override { return layout_; }
+  bool holds_part() const override { return true; }
+  /// Parameters of the whole model (every rank's stages, tied ones once; Note [the grid's
+  /// parameters]).
+  int64_t model_parameters() const override { return model_parameters_; }
 
+  /// This rank's share of one training step: every rank passes the same (global) batch; this
+  /// replica runs its share of the micro-batches. Returns the step's result (over every replica,
+  /// on every rank). `at.step` is the global step, used in message tags and error messages.
+  /// Gradients (of the mean loss over the batch's units, tied parameters summed between their
+  /// ranks, the rest over the replicas) accumulate into this stage's parameters. timing: this
+  /// rank's step (compute_s and comm_s have one entry; the data-parallel exchange counts as comm).
+  StepResult train_step(const Batch& batch, int64_t micro_batches, const StepPosition& at,
+                        StepTiming* timing = nullptr) override;
   /// clip_grad_norm (layers/optim/grad_utils.h) over the gradients of every rank, each tied
   /// parameter counted once, summed as one process sums Pipeline::parameters(): returns the
   /// global norm and scales this rank's gradients.
-  double clip_grad_norm(double max_norm, int64_t step);
-
-  /// Parameters of the whole model (every rank's stages, tied ones once; Note [the grid's
-  /// parameters]).
-  int64_t model_parameters() const { return model_parameters_; }
+  double clip_grad_norm(double max_norm, int64_t step) override;
+  /// This replica's share of the evaluation batches (batch i on replica i % D), the tallies summed
+  /// over the replicas on every rank.
+  Tally evaluate(int64_t count, const std::function<Batch(int64_t)>& batch_at, bool compression) override;
 
   /// Forward-only pass of evaluation batch `index` with the boundaries' forward codecs on
   /// (`compression`) or bypassed (ScopedInference). Returns the task's tally (loss_fn's, of the
   /// last stage's output) on the last rank, undefined elsewhere.
-  at::Tensor evaluate_batch(const Batch& batch, bool compression, const Pipeline::LossFn& loss_fn, int64_t index);
+  at::Tensor evaluate_batch(const Batch& batch, bool compression, int64_t index);
   /// The sum of the last pipeline rank's tallies over the replicas, on every rank (`tally` ignored
   /// elsewhere; undefined: nothing tallied).
   Tally share_tally(const at::Tensor& tally, const std::string& context);
 
   /// Per-epoch gather to rank 0: each boundary's statistics (forward bytes are counted on the
   /// sending rank, gradient bytes on the next) and each rank's (train time, compute, comm)
-  /// seconds. On other ranks the result is empty.
-  /// Also checks that the replicas of every pipeline rank hold bitwise equal stages (every rank
-  /// throws if not, naming the pipeline rank and the replicas).
-  struct EpochTotals {
-    std::vector<BoundaryStats> boundaries;
-    std::vector<double> train_time_s, compute_s, comm_s;  // per rank
-    DataParallelStats data_parallel;                      // summed over the ranks
-    TensorParallelStats tensor_parallel;                  // summed over the ranks
-    std::vector<int64_t> peak_rss_bytes;                  // per rank: peak resident memory so far
-    std::vector<int64_t> parameter_bytes;                 // per rank: its parameters (stages, codecs)
-    std::vector<int64_t> optimizer_bytes;                 // per rank: its optimizer state
-  };
-  /// `optimizer_bytes`: this rank's optimizer state (optimizer_state_bytes).
-  EpochTotals gather_epoch(double train_time_s, double compute_s, double comm_s, int64_t epoch,
-                           int64_t optimizer_bytes);
+  /// seconds. On other ranks the result is empty. Also checks that the replicas of every pipeline
+  /// rank hold bitwise equal stages (every rank throws if not, naming the pipeline rank and the
+  /// replicas).
+  EpochTotals finish_epoch(const RankEpoch& mine, int64_t epoch) override;
+  /// Note [levels of a multi-process run].
+  std::vector<LevelRow> gather_levels(std::vector<LevelRow> mine, int64_t epoch) override;
 
   /// Note [one checkpoint]: marks the current state as identical on every rank (after building or
   /// resuming).
-  void synchronized(const Optimizer& optimizer);
+  void synchronized(const Optimizer& optimizer) override;
   /// Collective: rank 0 assembles `mine` with the other ranks' parts and writes it to `path`
   /// atomically; other ranks send their part. Every rank returns once rank 0 has written.
-  void save_checkpoint(const std::string& path, const CheckpointContents& mine);
+  void save_checkpoint(const std::string& path, const CheckpointContents& mine) override;
   /// After loading the checkpoint's ordinary entries (replica 0's state) on resume: this rank's
   /// own state of Note [grid state in checkpoints] (replica d's boundary codec state, this rank's
   /// data-parallel codec state). Returns "" when restored (or when there is nothing per replica),
   /// else why not (a checkpoint of another grid shape): what the run continues from.
-  std::string restore_grid_state(const std::string& path);
+  std::string restore_rank_state(const std::string& path) override;
 
   Transport& transport() { return transport_; }
 
@@ -178,28 +172,24 @@ class DistExecutor {
   void learn_structure();
   // Sums the gradients of parameters held by several stages between their ranks.
   void reduce_tied_grads(int64_t step);
-  // Entries of this rank's contents that rank 0 takes from it (Note [one checkpoint]).
-  TensorMap part_for_checkpoint(const TensorMap& all) const;
-  // -1: not a model/optimizer entry owned by structure; else the owning rank.
-  int structural_owner(const std::string& key) const;
-  // The parameter whose part (split over the tensor ranks) checkpoint entry `key` holds ("" if
-  // none): the parameter itself, or optimizer state of its shape.
-  std::string split_parameter(const std::string& key, const at::Tensor& value) const;
 
   // share_tally, plus the sum of pipeline rank 0's `first_units` over the replicas.
   std::pair<Tally, double> sum_tallies(const at::Tensor& tally, double first_units, const std::string& context);
-  // (P, D, virtual stages, placement[, T]): checkpoints' grid.shape.
-  at::Tensor grid_shape() const;
   // FNV-1a of this rank's stages' parameters and buffers (replica agreement).
   uint64_t stages_hash() const;
 
+  // The lowered lists of a step of `micro_batches` (Note [plans are made once]).
+  const std::vector<RankSchedule>& plan(int micro_batches);
+
   Pipeline& pipeline_;
   Transport& transport_;
+  LossFn loss_fn_;
+  std::string schedule_;
+  std::map<int, std::vector<RankSchedule>> plans_;  // by micro-batch count
   Grid grid_;
   int rank_ = 0, replica_ = 0, tensor_rank_ = 0;  // pipeline rank, replica, tensor rank
   TensorParallelSync* tp_ = nullptr;              // T > 1
   std::map<std::string, TensorShard> shards_;     // parameters split over the tensor ranks, by name
-  std::map<std::string, std::vector<int64_t>> split_shape_;  // their shapes here (this rank's part)
   int64_t last_step_ = 0;       // the training step run last, for the errors of evaluation and checkpoints
   at::Device device_ = at::kCPU;  // of the parameters (NCCL reduces device tensors)
   StageLayout layout_;
@@ -212,8 +202,7 @@ class DistExecutor {
   std::map<std::string, int64_t> slot_;        // name -> index in order_
   std::map<std::string, int64_t> numel_;       // of every parameter (tied ones this rank may not hold)
   int64_t model_parameters_ = 0;
-  TensorMap reference_;                        // codec state when the ranks were last identical
-  std::set<std::string> restored_;             // entries restored for this replica (always saved)
+  std::unique_ptr<GridCheckpoint> checkpoint_;  // Note [one checkpoint]
 };
 
 }  // namespace tl::ranks

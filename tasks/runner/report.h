@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "parallel/step.h"
+
 namespace tl {
 
 /// One boundary's share of an epoch (metrics.jsonl's "boundaries" list).
@@ -58,18 +60,7 @@ std::string metrics_csv(const std::vector<EpochMetrics>& rows);
 /// missing column is an error naming the file.
 std::vector<EpochMetrics> read_metrics_csv(const std::string& path);
 
-/// One row of levels.csv (runs with adaptive codecs: schedule, adaptive, budget): a codec's level
-/// after a training step (CodecLevel: the phase, the adapted argument's value or the candidate)
-/// and the bytes its boundary direction sent in that step (all its micro-batches).
-struct LevelRow {
-  int64_t step = 0;       // global step, 1-based
-  int64_t epoch = 0;      // 1-based
-  int64_t boundary = 0;   // 1-based, as boundary.N
-  std::string direction;  // forward | backward
-  double level = 0;
-  std::string label;  // a spec or "k=0.05": quoted in the file (it may hold commas)
-  int64_t bytes = 0;
-};
+/// levels.csv (runs with adaptive codecs; LevelRow in parallel/step.h):
 /// "step,epoch,boundary,direction,level,label,bytes" and one row (no newline).
 std::string levels_csv_header();
 std::string levels_csv_row(const LevelRow& row);

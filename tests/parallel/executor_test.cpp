@@ -4,7 +4,7 @@
 // critical-path backward sends; a stage's micro-batch tapes are freed after their backward; a
 // device model (Note [device model] in parallel/device_model.h) gives step times that do not
 // depend on this machine and add up exactly to the modelled compute and the link model.
-#include "parallel/executor.h"
+#include "parallel/local_executor.h"
 
 #include "layers/models/resnet.h"
 #include "layers/optim/sgd.h"
@@ -46,16 +46,15 @@ std::shared_ptr<Pipeline> stateful_pipeline(uint64_t seed) {
 
 TEST(Executor, GpipeAndOneFOneBTrainBitForBitAlike) {
   auto a = stateful_pipeline(4), b = stateful_pipeline(4);
-  a->set_schedule("gpipe");
-  b->set_schedule("1f1b");
+  LocalExecutor ea(*a, ce, {"gpipe"}), eb(*b, ce, {"1f1b"});
   SGD opt_a(a->parameters(), GroupOptions().set_lr(0.05).set_momentum(0.9));
   SGD opt_b(b->parameters(), GroupOptions().set_lr(0.05).set_momentum(0.9));
   for (int step = 0; step < 3; ++step) {
     Batch batch = batch_of(16, 10 + step);
     opt_a.zero_grad();
     opt_b.zero_grad();
-    StepResult ra = a->train_step(batch, 4, ce, 0);
-    StepResult rb = b->train_step(batch, 4, ce, 0);
+    StepResult ra = ea.train_step(batch, 4, 0);
+    StepResult rb = eb.train_step(batch, 4, 0);
     EXPECT_EQ(ra.loss, rb.loss) << "step " << step;
     EXPECT_EQ(ra.micro_batches, 4);
     opt_a.step();
@@ -71,16 +70,17 @@ TEST(Executor, GpipeAndOneFOneBTrainBitForBitAlike) {
 TEST(Executor, EmulatedLinksDelayTheTimelineByTheLinkModel) {
   auto pipe = Pipeline::build(small_resnet(1), {"layer2"}, {BoundarySpec{}});
   Batch batch = batch_of(8, 3);
-  pipe->train_step(batch, 1, ce, 0);
-  const StepTiming ideal = pipe->last_timing();
+  LocalExecutor ideal_links(*pipe, ce);
+  ideal_links.train_step(batch, 1, 0);
+  const StepTiming ideal = ideal_links.last_timing();
   EXPECT_EQ(ideal.comm_s.size(), 2u);
 
   // 1 Mbit/s and 50 ms each way. One micro-batch: the activation, then the gradient, cross the
   // link one after the other, so the step lasts at least both messages' link time.
-  pipe->set_links({LinkSpec{1.0, 50.0}});
+  LocalExecutor slow_links(*pipe, ce, {"1f1b", 1, {LinkSpec{1.0, 50.0}}});
   pipe->reset_stats();
-  pipe->train_step(batch, 1, ce, 0);
-  const StepTiming slow = pipe->last_timing();
+  slow_links.train_step(batch, 1, 0);
+  const StepTiming slow = slow_links.last_timing();
   const BoundaryStats s = pipe->total_stats();
   const double link_s = 2 * 0.05 + 8.0 * static_cast<double>(s.forward.bytes + s.backward.bytes) / 1e6;
   EXPECT_GE(slow.step_s, link_s);
@@ -106,8 +106,7 @@ TEST(Executor, EpilogueOnlyCompressesTheCriticalPathSendsOnly) {
       }
       auto pipe =
           std::make_shared<Pipeline>(small_resnet(2), std::vector<std::string>{"layer1", "layer2", "layer3"}, bs);
-      pipe->set_schedule(schedule);
-      pipe->train_step(batch_of(16, 5), m, ce, 0);
+      LocalExecutor(*pipe, ce, {schedule}).train_step(batch_of(16, 5), m, 0);
       const auto plan = make_schedule(schedule, stages, m);
       for (int s = 1; s < stages; ++s) {
         int64_t compressed = 0;
@@ -122,25 +121,27 @@ TEST(Executor, EpilogueOnlyCompressesTheCriticalPathSendsOnly) {
         EXPECT_GT(d.bytes, (m - compressed) * raw_message);
         EXPECT_LT(d.bytes, (m - compressed) * (raw_message + 64) + compressed * raw_message / 4);
       }
-      for (const auto& b : bs) EXPECT_TRUE(b->backward_compression_enabled()) << "restored after the step";
+      for (const auto& b : bs) EXPECT_TRUE(b->backward_compression_enabled()) << "the schedule leaves the switch alone";
     }
   }
 }
 
 // Three steps of `schedule` (with `virtual_stages`) against 1F1B: the same loss every step, the
-// same parameters and buffers, the same bytes and error statistics. Returns the other pipeline.
-std::shared_ptr<Pipeline> expect_trains_like_one_f_one_b(const std::string& schedule, int virtual_stages) {
+// same parameters and buffers, the same bytes and error statistics. Returns the other pipeline's
+// executor (its pipeline in `pipeline`).
+std::unique_ptr<LocalExecutor> expect_trains_like_one_f_one_b(const std::string& schedule, int virtual_stages,
+                                                              std::shared_ptr<Pipeline>& pipeline) {
   auto a = stateful_pipeline(6), b = stateful_pipeline(6);
-  a->set_schedule("1f1b");
-  b->set_schedule(schedule);
-  b->set_virtual_stages(virtual_stages);
+  pipeline = b;
+  LocalExecutor ea(*a, ce, {"1f1b"});
+  auto eb = std::make_unique<LocalExecutor>(*b, ce, ScheduleSettings{schedule, virtual_stages});
   SGD opt_a(a->parameters(), GroupOptions().set_lr(0.05).set_momentum(0.9));
   SGD opt_b(b->parameters(), GroupOptions().set_lr(0.05).set_momentum(0.9));
   for (int step = 0; step < 3; ++step) {
     Batch batch = batch_of(16, 20 + step);
     opt_a.zero_grad();
     opt_b.zero_grad();
-    EXPECT_EQ(a->train_step(batch, 4, ce, 0).loss, b->train_step(batch, 4, ce, 0).loss) << schedule << " step " << step;
+    EXPECT_EQ(ea.train_step(batch, 4, 0).loss, eb->train_step(batch, 4, 0).loss) << schedule << " step " << step;
     opt_a.step();
     opt_b.step();
   }
@@ -153,23 +154,25 @@ std::shared_ptr<Pipeline> expect_trains_like_one_f_one_b(const std::string& sche
   EXPECT_GT(y.forward.measured, 0);
   EXPECT_EQ(x.forward.rel_error_mean, y.forward.rel_error_mean);
   EXPECT_EQ(x.backward.rel_error_mean, y.backward.rel_error_mean);
-  return b;
+  return eb;
 }
 
 // Interleaved 1F1B (2 ranks x 2 virtual stages) runs each boundary's messages and each stage's
 // backwards in micro-batch order, as 1F1B does: the same training, bit for bit.
 TEST(Executor, InterleavedTrainsBitForBitLikeOneFOneB) {
-  auto b = expect_trains_like_one_f_one_b("interleaved", 2);
+  std::shared_ptr<Pipeline> pipe;
+  auto b = expect_trains_like_one_f_one_b("interleaved", 2, pipe);
   EXPECT_EQ(b->last_timing().compute_s.size(), 2u) << "one clock per pipeline rank";
   // Interleaving needs micro-batches in multiples of the ranks.
-  EXPECT_THROW(b->train_step(batch_of(16, 1), 3, ce, 0), c10::Error);
-  EXPECT_THROW(b->set_virtual_stages(3), c10::Error) << "3 does not divide 4 stages";
+  EXPECT_THROW(b->train_step(batch_of(16, 1), 3, 0), c10::Error);
+  EXPECT_THROW(LocalExecutor(*pipe, ce, {"interleaved", 3}), c10::Error) << "3 does not divide 4 stages";
 }
 
 // ZB-H1 splits every backward in two (Note [split backward]); the sum is one backward's, bit for
 // bit, and the messages on each link come in 1F1B's order, so the codecs' states agree too.
 TEST(Executor, ZeroBubbleH1TrainsBitForBitLikeOneFOneB) {
-  auto b = expect_trains_like_one_f_one_b("zbh1", 1);
+  std::shared_ptr<Pipeline> pipe;
+  auto b = expect_trains_like_one_f_one_b("zbh1", 1, pipe);
   const StepTiming& t = b->last_timing();
   ASSERT_EQ(t.weight_s.size(), 4u);
   for (size_t r = 0; r < 4; ++r) {
@@ -183,14 +186,15 @@ TEST(Executor, ZeroBubbleH1TrainsBitForBitLikeOneFOneB) {
 // forwards, I's and W's run in micro-batch order and boundary 1 is handed over in memory, so the
 // training is 1F1B's, bit for bit.
 TEST(Executor, ZeroBubbleVTrainsBitForBitLikeOneFOneB) {
-  auto b = expect_trains_like_one_f_one_b("zbv", 2);
+  std::shared_ptr<Pipeline> pipe;
+  auto b = expect_trains_like_one_f_one_b("zbv", 2, pipe);
   EXPECT_EQ(b->layout().placement, Placement::V);
   const StepTiming& t = b->last_timing();
   ASSERT_EQ(t.weight_s.size(), 2u) << "one clock per pipeline rank";
   for (size_t r = 0; r < 2; ++r) EXPECT_GT(t.weight_s[r], 0.0) << "rank " << r << " ran W actions";
   // ZB-V needs exactly two stages per rank.
-  b->set_virtual_stages(1);
-  EXPECT_NE(testing::error_of([&] { b->train_step(batch_of(16, 1), 4, ce, 0); }).find("pipeline.virtual_stages = 2"),
+  EXPECT_NE(testing::error_of([&] { LocalExecutor(*pipe, ce, {"zbv", 1}).train_step(batch_of(16, 1), 4, 0); })
+                .find("pipeline.virtual_stages = 2"),
             std::string::npos);
 }
 
@@ -202,10 +206,9 @@ TEST(Executor, EvaluationThroughTheInterpreterMatchesPredict) {
   pipe->boundary(1)->set_active_at_inference(false);
   const Batch batch = batch_of(12, 9);
   for (int v : {1, 2, 3}) {  // 3: ZB-V's placement, two stages per rank
-    if (v >= 2) pipe->set_schedule(v == 2 ? "interleaved" : "zbv");
-    pipe->set_virtual_stages(std::min(v, 2));
+    LocalExecutor executor(*pipe, ce, {v == 1 ? "1f1b" : v == 2 ? "interleaved" : "zbv", std::min(v, 2)});
     for (bool on : {true, false}) {
-      const at::Tensor tally = pipe->evaluate_batch(batch, on, ce);
+      const at::Tensor tally = executor.evaluate_batch(batch, on);
       pipe->eval();
       at::Tensor expected;
       {
@@ -233,16 +236,17 @@ TEST(Executor, TrainingProgressReachesEveryMicroBatchsCodecs) {
     return (forward ? b->forward_codec() : b->backward_codec())->level()->value;
   };
   const Batch batch = batch_of(8, 4);
-  pipe->train_step(batch, 2, ce, StepPosition(0, 5, 0.4));
+  LocalExecutor executor(*pipe, ce);
+  executor.train_step(batch, 2, StepPosition(0, 5, 0.4));
   EXPECT_EQ(level(true), 0);
   EXPECT_EQ(level(false), 0);
   const int64_t early = pipe->total_stats().forward.bytes;
-  pipe->train_step(batch, 2, ce, StepPosition::of(0, 6, 10));  // progress (6 - 1) / 10
+  executor.train_step(batch, 2, StepPosition::of(0, 6, 10));  // progress (6 - 1) / 10
   EXPECT_EQ(level(true), 1);
   EXPECT_EQ(level(false), 1);
   EXPECT_GT(pipe->total_stats().forward.bytes - early, 3 * early);  // 8 bits instead of 2
   // An epoch alone (progress unknown) keeps the level of the last training message.
-  pipe->train_step(batch, 2, ce, 0);
+  executor.train_step(batch, 2, 0);
   EXPECT_EQ(level(true), 1);
 }
 
@@ -290,18 +294,21 @@ TEST(DeviceModel, RooflinePerOp) {
 }
 
 std::shared_ptr<Pipeline> two_stages(const std::string& forward_codec) {
-  auto pipe = Pipeline::build(small_resnet(1), {"layer2"},
-                              {BoundarySpec{forward_codec, "identity"}});
-  pipe->set_device_model(device_model("h100"));
-  return pipe;
+  return Pipeline::build(small_resnet(1), {"layer2"}, {BoundarySpec{forward_codec, "identity"}});
+}
+
+// The in-process executor of a 2-stage pipeline on the h100 device model, with `links`.
+LocalExecutor on_h100(Pipeline& pipe, std::vector<LinkSpec> links = {}) {
+  return LocalExecutor(pipe, ce, {"1f1b", 1, std::move(links), device_model("h100")});
 }
 
 TEST(DeviceModel, TimelineIsTheModelledComputePlusTheLinks) {
   // One micro-batch through two stages runs strictly in sequence: F0, (link), F1, B1, (link), B0.
   auto pipe = two_stages("identity");
   const Batch batch = batch_of(8, 3);
-  pipe->train_step(batch, 1, ce, 0);
-  const StepTiming ideal = pipe->last_timing();
+  LocalExecutor ideal_links = on_h100(*pipe);
+  ideal_links.train_step(batch, 1, 0);
+  const StepTiming ideal = ideal_links.last_timing();
   ASSERT_EQ(ideal.modelled_s.size(), 2u);
   for (int r = 0; r < 2; ++r) {
     EXPECT_GT(ideal.flops[r], 0);
@@ -312,14 +319,15 @@ TEST(DeviceModel, TimelineIsTheModelledComputePlusTheLinks) {
 
   // Another run of the same step: the same times, bit for bit (nothing measured).
   auto again = two_stages("identity");
-  again->train_step(batch, 1, ce, 0);
-  EXPECT_EQ(again->last_timing().step_s, ideal.step_s);
+  LocalExecutor again_links = on_h100(*again);
+  again_links.train_step(batch, 1, 0);
+  EXPECT_EQ(again_links.last_timing().step_s, ideal.step_s);
 
   // 200 Mbit/s and 50 ms: each message adds its latency and its bytes at the link's rate.
-  pipe->set_links({LinkSpec{200.0, 50.0}});
+  LocalExecutor slow_links = on_h100(*pipe, {LinkSpec{200.0, 50.0}});
   pipe->reset_stats();
-  pipe->train_step(batch, 1, ce, 0);
-  const StepTiming slow = pipe->last_timing();
+  slow_links.train_step(batch, 1, 0);
+  const StepTiming slow = slow_links.last_timing();
   const BoundaryStats s = pipe->total_stats();
   const double link_s = 2 * 0.05 + 8.0 * static_cast<double>(s.forward.bytes + s.backward.bytes) / 200e6;
   EXPECT_NEAR(slow.step_s, slow.modelled_s[0] + slow.modelled_s[1] + link_s, 1e-9);
@@ -329,10 +337,11 @@ TEST(DeviceModel, CodecsAreChargedByTheBytesTheyTouch) {
   // The same step with a compressed forward boundary models more compute (Note [codec cost]).
   auto plain = two_stages("identity"), quant = two_stages("quant(bits=4)");
   const Batch batch = batch_of(8, 3);
-  plain->train_step(batch, 1, ce, 0);
-  quant->train_step(batch, 1, ce, 0);
-  EXPECT_GT(quant->last_timing().flops[0], plain->last_timing().flops[0]) << "the encode on stage 0";
-  EXPECT_GT(quant->last_timing().flops[1], plain->last_timing().flops[1]) << "the decode on stage 1";
+  LocalExecutor on_plain = on_h100(*plain), on_quant = on_h100(*quant);
+  on_plain.train_step(batch, 1, 0);
+  on_quant.train_step(batch, 1, 0);
+  EXPECT_GT(on_quant.last_timing().flops[0], on_plain.last_timing().flops[0]) << "the encode on stage 0";
+  EXPECT_GT(on_quant.last_timing().flops[1], on_plain.last_timing().flops[1]) << "the decode on stage 1";
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "layers/models/resnet.h"
 #include "layers/optim/grad_utils.h"
+#include "parallel/local_executor.h"
 #include "tests/common/testing.h"
 
 namespace tl {
@@ -47,6 +48,11 @@ std::map<std::string, at::Tensor> grads_of(const Module& m) {
   return out;
 }
 
+// One training step of `pipe` in this process under 1F1B.
+StepResult step(Pipeline& pipe, const Batch& batch, int64_t micro_batches) {
+  return LocalExecutor(pipe, ce).train_step(batch, micro_batches, {});
+}
+
 TEST(Pipeline, IdentityBoundariesMatchTheUnsplitModel) {
   auto reference = small_resnet(3);
   auto model = small_resnet(3);
@@ -57,7 +63,7 @@ TEST(Pipeline, IdentityBoundariesMatchTheUnsplitModel) {
   Variable ref_loss = cross_entropy(reference->forward(Variable(x)), y);
   ref_loss.backward();
   pipe->zero_grad();
-  StepResult r = pipe->train_step(batch_of(x, y), 1, ce);
+  StepResult r = step(*pipe, batch_of(x, y), 1);
   EXPECT_NEAR(r.loss, ref_loss.item<double>(), 1e-6);
   EXPECT_EQ(r.rows, 6);
   auto ref_grads = grads_of(*reference);
@@ -83,8 +89,8 @@ TEST(Pipeline, MicroBatchesGiveTheFullBatchGradientWhenSamplesAreIndependent) {
   at::Tensor x = at::randn({7, 1, 10, 10}), y = at::randint(0, 10, {7}, at::kLong);
   pa->zero_grad();
   pb->zero_grad();
-  StepResult ra = pa->train_step(batch_of(x, y), 1, ce);
-  StepResult rb = pb->train_step(batch_of(x, y), 3, ce);
+  StepResult ra = step(*pa, batch_of(x, y), 1);
+  StepResult rb = step(*pb, batch_of(x, y), 3);
   EXPECT_EQ(rb.micro_batches, 3);
   EXPECT_NEAR(ra.loss, rb.loss, 1e-6);
   EXPECT_EQ(ra.correct, rb.correct);
@@ -100,7 +106,7 @@ TEST(Pipeline, BatchNormUsesPerMicroBatchStatisticsInTraining) {
   auto pa = Pipeline::build(a, {"layer2"}, specs(1));
   at::Tensor x = at::randn({8, 1, 8, 8}), y = at::randint(0, 10, {8}, at::kLong);
   pa->zero_grad();
-  StepResult r = pa->train_step(batch_of(x, y), 2, ce);
+  StepResult r = step(*pa, batch_of(x, y), 2);
   double l0 = cross_entropy(ref->forward(Variable(x.narrow(0, 0, 4))), y.narrow(0, 0, 4)).item<double>();
   double l1 = cross_entropy(ref->forward(Variable(x.narrow(0, 4, 4))), y.narrow(0, 4, 4)).item<double>();
   EXPECT_NEAR(r.loss, (l0 + l1) / 2, 1e-5);
@@ -122,7 +128,7 @@ TEST(Pipeline, InferenceToggleAndByteStatistics) {
   at::Tensor x = at::randn({4, 1, 8, 8}), y = at::randint(0, 10, {4}, at::kLong);
   pipe->reset_stats();
   pipe->zero_grad();
-  pipe->train_step(batch_of(x, y), 2, ce);
+  step(*pipe, batch_of(x, y), 2);
   BoundaryStats s = pipe->total_stats();
   EXPECT_EQ(s.forward.messages, 6);  // 3 boundaries x 2 micro-batches
   EXPECT_EQ(s.backward.messages, 6);
@@ -153,7 +159,7 @@ TEST(Pipeline, InferenceToggleAndByteStatistics) {
   // Uncompressed boundaries are not measured (their error is 0): splitting then costs nothing.
   auto plain = Pipeline::build(small_resnet(11), {"layer1"}, specs(1));
   plain->zero_grad();
-  plain->train_step(batch_of(x, y), 1, ce);
+  step(*plain, batch_of(x, y), 1);
   EXPECT_EQ(plain->total_stats().forward.measured, 0);
   EXPECT_EQ(plain->total_stats().forward.messages, 1);
 }
@@ -162,19 +168,19 @@ TEST(Pipeline, SampleIdsReachTheCodecs) {
   auto pipe = Pipeline::build(small_resnet(2), {"layer1"}, specs(1, "aqsgd(quant(4))", "identity"));
   at::Tensor x = at::randn({4, 1, 8, 8}), y = at::randint(0, 10, {4}, at::kLong);
   pipe->zero_grad();
-  EXPECT_THROW(pipe->train_step(batch_of(x, y), 1, ce), c10::Error);  // AQ-SGD needs the ids
+  EXPECT_THROW(step(*pipe, batch_of(x, y), 1), c10::Error);  // AQ-SGD needs the ids
   pipe->zero_grad();
-  StepResult r = pipe->train_step(batch_of(x, y, at::arange(4, at::kLong) + 100), 2, ce);
+  StepResult r = step(*pipe, batch_of(x, y, at::arange(4, at::kLong) + 100), 2);
   EXPECT_EQ(r.rows, 4);
 }
 
 TEST(Pipeline, RejectsBadSplits) {
   EXPECT_THROW(Pipeline::build(small_resnet(1), {"layer9"}, specs(1)), c10::Error);
   EXPECT_THROW(Pipeline(small_resnet(1), {"layer1"}, {}), c10::Error);
-  auto slices = Pipeline::micro_batch_slices(10, 4);  // at::chunk: 3, 3, 3, 1
+  auto slices = micro_batch_slices(10, 4);  // at::chunk: 3, 3, 3, 1
   ASSERT_EQ(slices.size(), 4u);
   EXPECT_EQ(slices[3], std::make_pair(int64_t(9), int64_t(1)));
-  EXPECT_EQ(Pipeline::micro_batch_slices(2, 4).size(), 2u);
+  EXPECT_EQ(micro_batch_slices(2, 4).size(), 2u);
 }
 
 }  // namespace

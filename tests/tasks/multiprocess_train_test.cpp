@@ -468,7 +468,7 @@ TEST(MultiProcessTrain, CompressedDataParallelSendsFewerBytesAndTrains) {
 
 // Codecs whose level changes (docs/COMPRESSION.md 4.5) live on the ranks that send with them;
 // rank 0 gathers their levels once per epoch (Note [levels of a multi-process run] in
-// tasks/runner/trainer.cpp). With one replica, levels.csv is the in-process run's, row for row;
+// parallel/ranks/runtime.cpp). With one replica, levels.csv is the in-process run's, row for row;
 // with two replicas, every step has its rows, bytes summed over the replicas.
 TEST(MultiProcessTrain, AdaptiveLevelsAreThoseOfOneProcess) {
   REQUIRE_MULTIPROCESS();

@@ -1,0 +1,141 @@
+#include "parallel/local_executor.h"
+
+#include <algorithm>
+
+#include "autograd/autograd.h"
+#include "layers/optim/grad_utils.h"
+#include "parallel/interpreter.h"
+
+namespace tl {
+
+LocalExecutor::LocalExecutor(Pipeline& pipeline, LossFn loss_fn, ScheduleSettings settings)
+    : pipeline_(pipeline), loss_fn_(std::move(loss_fn)), settings_(std::move(settings)) {
+  layout_ = settings_.layout(static_cast<int>(pipeline_.num_stages()));
+  if (settings_.links.empty()) settings_.links.assign(pipeline_.boundaries().size(), LinkSpec{});
+  TORCH_CHECK(settings_.links.size() == pipeline_.boundaries().size(), "LocalExecutor: ", settings_.links.size(),
+              " link specs for ", pipeline_.boundaries().size(), " boundaries");
+  links_ = link_specs_by_rank_pair(layout_, settings_.links);  // boundaries sharing a link must agree
+}
+
+const std::vector<RankSchedule>& LocalExecutor::plan(int micro_batches) {
+  auto it = plans_.find(micro_batches);
+  if (it == plans_.end()) it = plans_.emplace(micro_batches, make_schedule(settings_.schedule, layout_, micro_batches)).first;
+  return it->second;
+}
+
+const StepTiming& LocalExecutor::last_timing() const {
+  TORCH_CHECK(stepped_, "LocalExecutor: no train_step has run yet");
+  return timing_;
+}
+
+int64_t LocalExecutor::model_parameters() const { return static_cast<int64_t>(pipeline_.model()->num_parameters()); }
+
+namespace {
+
+// Runs every rank's interpreter in turns until all are done; an error if none can proceed.
+void run_to_completion(std::vector<std::unique_ptr<RankInterpreter>>& ranks, const std::string& schedule_name) {
+  for (size_t done = 0; done < ranks.size();) {
+    done = 0;
+    bool progressed = false;
+    for (auto& r : ranks) {
+      if (r->done()) {
+        ++done;
+        continue;
+      }
+      const size_t before = r->position();
+      const bool finished = r->run();
+      progressed = progressed || r->position() != before;
+      done += finished;
+    }
+    if (done == ranks.size()) break;
+    TORCH_CHECK(progressed, "executor: the '", schedule_name, "' schedule cannot proceed (a rank waits for a ",
+                "message no rank sends)");
+  }
+}
+
+}  // namespace
+
+StepResult LocalExecutor::train_step(const Batch& batch, int64_t micro_batches, const StepPosition& at,
+                                     StepTiming* timing) {
+  const MicroBatches split = split_micro_batches(batch, micro_batches, at);
+  const std::vector<RankSchedule>& lists = plan(split.size());
+  // One GradAccumulator over every parameter, so tied parameters (registered in two stages) are
+  // divided once: each stage's backward adds its part, seeded with the micro-batch's units.
+  GradAccumulator acc(pipeline_.parameters());
+  LocalChannel channel;
+  for (const auto& [pair, spec] : links_) channel.set_link(pair.first, pair.second, spec);
+  std::vector<std::unique_ptr<RankInterpreter>> ranks;
+  for (int r = 0; r < layout_.ranks; ++r) {
+    ranks.push_back(std::make_unique<RankInterpreter>(pipeline_, layout_, r, lists[static_cast<size_t>(r)], split,
+                                                      loss_fn_, channel, RankInterpreter::Mode::Train));
+    ranks.back()->set_device_model(&settings_.device, model_clock_);
+  }
+  run_to_completion(ranks, settings_.schedule);
+  TORCH_CHECK(channel.in_flight() == 0, "executor: the '", settings_.schedule, "' schedule left ",
+              channel.in_flight(), " messages unreceived");
+
+  // The rank holding the last stage (the last rank, or rank 0 on a V placement) has the tally.
+  const RankInterpreter& last = *ranks[static_cast<size_t>(layout_.rank_of(layout_.stages() - 1))];
+  const StepResult r = step_result(last.tally(), last.units(), batch.rows(), split.size());
+  acc.add_weight(r.units);
+  acc.finish();
+  timing_ = StepTiming{};
+  for (const auto& rank : ranks) {
+    timing_.step_s = std::max(timing_.step_s, rank->clock_s());
+    timing_.compute_s.push_back(rank->compute_s());
+    timing_.comm_s.push_back(rank->comm_s());
+    timing_.forward_s.push_back(rank->forward_s());
+    timing_.weight_s.push_back(rank->weight_s());
+    timing_.held_for_weights_bytes.push_back(rank->held_for_weights_peak());
+    timing_.flops.push_back(rank->flops());
+    timing_.modelled_s.push_back(rank->modelled_s());
+  }
+  stepped_ = true;
+  if (timing) *timing = timing_;
+  return r;
+}
+
+double LocalExecutor::clip_grad_norm(double max_norm, int64_t step) {
+  return tl::clip_grad_norm(pipeline_.parameters(), max_norm);  // the order the ranks sum in
+}
+
+at::Tensor LocalExecutor::evaluate_batch(const Batch& batch, bool compression) {
+  NoGradGuard no_grad;
+  ScopedInference inference(pipeline_, compression);
+  const MicroBatches one = evaluation_batch(batch);
+  const std::vector<RankSchedule> lists = forward_only_schedule(layout_);
+  LocalChannel channel;
+  std::vector<std::unique_ptr<RankInterpreter>> ranks;
+  for (int r = 0; r < layout_.ranks; ++r)
+    ranks.push_back(std::make_unique<RankInterpreter>(pipeline_, layout_, r, lists[static_cast<size_t>(r)], one,
+                                                      loss_fn_, channel, RankInterpreter::Mode::Evaluate));
+  run_to_completion(ranks, "evaluation");
+  return ranks[static_cast<size_t>(layout_.rank_of(layout_.stages() - 1))]->tally();
+}
+
+Tally LocalExecutor::evaluate(int64_t count, const std::function<Batch(int64_t)>& batch_at, bool compression) {
+  at::Tensor tally;
+  for (int64_t b = 0; b < count; ++b) {
+    const at::Tensor t = evaluate_batch(batch_at(b), compression);
+    if (t.defined()) tally = tally.defined() ? tally + t : t;
+  }
+  return tally.defined() ? Tally::from(tally) : Tally{};  // one sync per evaluation
+}
+
+EpochTotals LocalExecutor::finish_epoch(const RankEpoch& mine, int64_t epoch) {
+  EpochTotals out;
+  for (const auto& b : pipeline_.boundaries()) out.boundaries.push_back(b->stats());
+  out.train_time_s = {mine.train_time_s};
+  out.compute_s = {mine.compute_s};
+  out.comm_s = {mine.comm_s};
+  out.peak_rss_bytes = {peak_resident_bytes()};
+  out.parameter_bytes = {parameter_bytes(pipeline_)};
+  out.optimizer_bytes = {mine.optimizer_bytes};
+  return out;
+}
+
+void LocalExecutor::save_checkpoint(const std::string& path, const CheckpointContents& contents) {
+  write_checkpoint(path, contents);
+}
+
+}  // namespace tl
