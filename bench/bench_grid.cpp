@@ -37,22 +37,14 @@ namespace {
 
 using tl::bench::now_s;
 
-struct Args {
-  int ranks = 2;
-  int repeats = 5;
+struct Args : tl::bench::RankArgs {
   int max_mib = 16;
-  double timeout_s = 60;
 };
 
 Args parse(int argc, char** argv) {
   Args a;
-  tl::bench::parse_options("bench_grid", argc, argv,
-                           {{"--ranks", &a.ranks}, {"--repeats", &a.repeats}, {"--max-mib", &a.max_mib},
-                            {"--timeout", nullptr, &a.timeout_s}});
-  if (a.ranks < 2 || a.repeats < 1) {
-    std::fprintf(stderr, "bench_grid: --ranks must be >= 2 and --repeats >= 1\n");
-    std::exit(2);
-  }
+  static_cast<tl::bench::RankArgs&>(a) =
+      tl::bench::parse_rank_options("bench_grid", argc, argv, {{"--max-mib", &a.max_mib}});
   return a;
 }
 
@@ -76,14 +68,11 @@ std::vector<std::pair<std::string, Variable>> make_params(int64_t bytes, int ran
 int run_rank(const Args& args) {
   const DistEnv env = DistEnv::from_env();
   const int D = env.world_size, me = env.rank;
-  TransportOptions o;
-  o.timeout_s = args.timeout_s;
-  o.comm_thread = true;  // the runtime's setting: sends to every replica, then receives
-  auto transport = Transport::connect(env, o);
+  tl::bench::RankLinks links = tl::bench::connect_rank(env, args.timeout_s);
+  auto& transport = links.transport;
+  auto& raw = links.raw;
+  const std::vector<int>& group = links.group;
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(args.timeout_s * 1000));
-  auto raw = tl::bench::raw_gloo(env, args.timeout_s);
-  std::vector<int> group;
-  for (int r = 0; r < D; ++r) group.push_back(r);
 
   int64_t step = 0;
   for (int64_t bytes = 256 << 10; bytes <= (int64_t(args.max_mib) << 20); bytes *= 4) {
@@ -98,36 +87,28 @@ int run_rank(const Args& args) {
       for (const auto& g : grads) numel += g.numel();
       const int64_t actual_bytes = numel * 4;
       at::Tensor flat = at::empty({numel});
-      std::vector<double> paired;
-      double best_raw = 1e30, best_tl = 1e30;
-      int64_t wire = 0;
-      for (int rep = 0; rep < args.repeats; ++rep) {
-        // raw: one flat all-reduce of every gradient (copied in, as a bucketing DDP does).
-        transport->barrier("raw start");
-        double t0 = now_s();
-        for (int i = 0; i < k; ++i) {
-          at::cat_out(flat, [&] {
-            std::vector<at::Tensor> v;
-            for (const auto& g : grads) v.push_back(g.reshape(-1));
-            return v;
-          }());
-          std::vector<at::Tensor> v{flat};
-          compat::wait(raw->allreduce(v), timeout);
-        }
-        const double raw_s = now_s() - t0;
-        // tapeline: the runtime's path.
-        transport->barrier("tapeline start");
-        sync.reset_stats();
-        t0 = now_s();
-        for (int i = 0; i < k; ++i) {
-          for (size_t j = 0; j < params.size(); ++j) params[j].second.set_grad(grads[j].clone());
-          sync.reduce_gradients(++step, "bench");
-        }
-        const double tl_s = now_s() - t0;
-        wire = sync.stats().bytes / k;
-        best_raw = std::min(best_raw, raw_s), best_tl = std::min(best_tl, tl_s);
-        paired.push_back(raw_s / tl_s);
-      }
+      const tl::bench::PairedTimes times = tl::bench::time_paired(
+          *transport, args.repeats,
+          [&] {  // raw: one flat all-reduce of every gradient (copied in, as a bucketing DDP does)
+            for (int i = 0; i < k; ++i) {
+              at::cat_out(flat, [&] {
+                std::vector<at::Tensor> v;
+                for (const auto& g : grads) v.push_back(g.reshape(-1));
+                return v;
+              }());
+              std::vector<at::Tensor> v{flat};
+              compat::wait(raw->allreduce(v), timeout);
+            }
+          },
+          [&] { sync.reset_stats(); },
+          [&] {  // tapeline: the runtime's path
+            for (int i = 0; i < k; ++i) {
+              for (size_t j = 0; j < params.size(); ++j) params[j].second.set_grad(grads[j].clone());
+              sync.reduce_gradients(++step, "bench");
+            }
+          });
+      const double best_raw = times.best_raw, best_tl = times.best_tapeline;
+      const int64_t wire = sync.stats().bytes / k;  // of the last round
       if (me == 0) {
         if (spec == "identity")
           std::printf(
@@ -135,13 +116,13 @@ int run_rank(const Args& args) {
               "\"reductions\":%d,\"raw_ms\":%.3f,\"tapeline_ms\":%.3f,\"ratio\":%.3f,\"ratio_median\":%.3f,"
               "\"target\":0.9}\n",
               D, (long long)actual_bytes, params.size(), k, 1e3 * best_raw / k, 1e3 * best_tl / k, best_raw / best_tl,
-              tl::bench::median(paired));
+              tl::bench::median(times.ratios));
         else
           std::printf(
               "{\"bench\":\"grid_dp_compressed\",\"codec\":\"%s\",\"ranks\":%d,\"bytes\":%lld,\"wire_bytes\":%lld,"
               "\"raw_ms\":%.3f,\"tapeline_ms\":%.3f,\"speedup_median\":%.3f}\n",
               spec.c_str(), D, (long long)actual_bytes, (long long)wire, 1e3 * best_raw / k, 1e3 * best_tl / k,
-              tl::bench::median(paired));
+              tl::bench::median(times.ratios));
         std::fflush(stdout);
       }
     }

@@ -41,22 +41,9 @@ namespace {
 
 using tl::bench::now_s;
 
-struct Args {
-  int ranks = 2;
-  int repeats = 5;
-  double timeout_s = 60;
-};
+using Args = tl::bench::RankArgs;
 
-Args parse(int argc, char** argv) {
-  Args a;
-  tl::bench::parse_options("bench_tensor_parallel", argc, argv,
-                           {{"--ranks", &a.ranks}, {"--repeats", &a.repeats}, {"--timeout", nullptr, &a.timeout_s}});
-  if (a.ranks < 2 || a.repeats < 1) {
-    std::fprintf(stderr, "bench_tensor_parallel: --ranks must be >= 2 and --repeats >= 1\n");
-    std::exit(2);
-  }
-  return a;
-}
+Args parse(int argc, char** argv) { return tl::bench::parse_rank_options("bench_tensor_parallel", argc, argv); }
 
 // A rank's compute alone: the all-reduces return the rank's own part.
 class LocalComm : public TensorParallelComm {
@@ -93,14 +80,11 @@ int run_rank(const Args& args) {
   const DistEnv env = DistEnv::from_env();
   const int T = env.world_size, me = env.rank;
   if (me == 0) bench_block(T, args.repeats);
-  TransportOptions o;
-  o.timeout_s = args.timeout_s;
-  o.comm_thread = true;  // the runtime's setting
-  auto transport = Transport::connect(env, o);
+  tl::bench::RankLinks links = tl::bench::connect_rank(env, args.timeout_s);
+  auto& transport = links.transport;
+  auto& raw = links.raw;
+  const std::vector<int>& group = links.group;
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(args.timeout_s * 1000));
-  auto raw = tl::bench::raw_gloo(env, args.timeout_s);
-  std::vector<int> group;
-  for (int r = 0; r < T; ++r) group.push_back(r);
 
   const at::Tensor x = at::randn({8, 128, 768}, at::TensorOptions().dtype(at::kFloat)) * (me + 1);
   const int64_t bytes = x.numel() * 4;
@@ -117,34 +101,30 @@ int run_rank(const Args& args) {
     tpo.forward = row.codec;
     tpo.algorithm = row.algorithm;
     TensorParallelSync sync(*transport, group, me, {"site"}, tpo);
-    std::vector<double> paired;
-    double best_raw = 1e30, best_tl = 1e30;
-    int64_t wire = 0;
-    for (int rep = 0; rep < args.repeats; ++rep) {
-      transport->barrier("raw start");
-      double t0 = now_s();
-      for (int i = 0; i < k; ++i) {
-        std::vector<at::Tensor> v{x.clone()};  // allreduce works in place
-        compat::wait(raw->allreduce(v), timeout);
-      }
-      const double raw_s = now_s() - t0;
-      transport->barrier("tapeline start");
-      sync.reset_stats();
-      sync.set_phase(++step, "bench", true, true);
-      t0 = now_s();
-      for (int i = 0; i < k; ++i) sync.all_reduce(x, "site", TpDirection::Forward);
-      const double tl_s = now_s() - t0;
-      wire = sync.stats().bytes / k;
-      best_raw = std::min(best_raw, raw_s), best_tl = std::min(best_tl, tl_s);
-      paired.push_back(raw_s / tl_s);
-    }
+    const tl::bench::PairedTimes times = tl::bench::time_paired(
+        *transport, args.repeats,
+        [&] {
+          for (int i = 0; i < k; ++i) {
+            std::vector<at::Tensor> v{x.clone()};  // allreduce works in place
+            compat::wait(raw->allreduce(v), timeout);
+          }
+        },
+        [&] {
+          sync.reset_stats();
+          sync.set_phase(++step, "bench", true, true);
+        },
+        [&] {
+          for (int i = 0; i < k; ++i) sync.all_reduce(x, "site", TpDirection::Forward);
+        });
+    const double best_raw = times.best_raw, best_tl = times.best_tapeline;
+    const int64_t wire = sync.stats().bytes / k;  // of the last round
     if (me == 0) {
       std::printf(
           "{\"bench\":\"tp_allreduce\",\"backend\":\"gloo\",\"ranks\":%d,\"codec\":\"%s\",\"algorithm\":\"%s\","
           "\"bytes\":%lld,\"raw_ms\":%.3f,\"tapeline_ms\":%.3f,\"ratio_median\":%.3f,\"wire_bytes_per_rank\":%lld,"
           "\"ring_bytes_per_rank\":%lld}\n",
           T, row.codec.c_str(), row.algorithm.c_str(), (long long)bytes, 1e3 * best_raw / k, 1e3 * best_tl / k,
-          tl::bench::median(paired), (long long)wire, (long long)(2 * (T - 1) * bytes / T));
+          tl::bench::median(times.ratios), (long long)wire, (long long)(2 * (T - 1) * bytes / T));
       std::fflush(stdout);
     }
   }

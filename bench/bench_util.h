@@ -1,9 +1,11 @@
 #pragma once
 // Small helpers the benchmarks share.
-#include <chrono>
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,17 +16,51 @@
 
 namespace tl::bench {
 
-/// Median of the values (the mean of the middle two for an even count); 0 for none.
 /// Seconds on the steady clock.
 inline double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+/// Seconds since `t0` on the steady clock.
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// Median of the values (the mean of the middle two for an even count); 0 for none.
 inline double median(std::vector<double> v) {
   if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/// A number for a JSON line; null for NaN (not known, e.g. no reference to compare with).
+inline std::string json_number(double x, const char* fmt = "%.5f") {
+  if (std::isnan(x)) return "null";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), fmt, x);
+  return buf;
+}
+
+/// A JSON array of numbers, each printed with `fmt`.
+inline std::string json_array(const std::vector<double>& v, const char* fmt = "%.5f") {
+  std::string s = "[";
+  char buf[64];
+  for (size_t i = 0; i < v.size(); ++i) {
+    std::snprintf(buf, sizeof(buf), fmt, v[i]);
+    s += (i ? "," : "") + std::string(buf);
+  }
+  return s + "]";
+}
+
+/// The 1-minute load average (other processes on the machine: the numbers are only as quiet as it).
+inline double loadavg_1m() {
+  double l = -1;
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &l) != 1) l = -1;
+    std::fclose(f);
+  }
+  return l;
 }
 
 /// A command-line option "--name value" of a benchmark, stored in an int or a double.
@@ -52,6 +88,28 @@ inline void parse_options(const char* bench, int argc, char** argv, const std::v
   }
 }
 
+/// The options every benchmark that runs as ranks of itself takes: --ranks N (at least 2),
+/// --repeats R (at least 1) and --timeout S.
+struct RankArgs {
+  int ranks = 2;
+  int repeats = 5;
+  double timeout_s = 60;
+};
+
+/// Parses --ranks, --repeats, the benchmark's `own` options, then --timeout; out-of-range ranks or
+/// repeats exit with status 2, naming `bench`.
+inline RankArgs parse_rank_options(const char* bench, int argc, char** argv, std::vector<Option> own = {}) {
+  RankArgs a;
+  own.insert(own.begin(), {{"--ranks", &a.ranks}, {"--repeats", &a.repeats}});
+  own.push_back({"--timeout", nullptr, &a.timeout_s});
+  parse_options(bench, argc, argv, own);
+  if (a.ranks < 2 || a.repeats < 1) {
+    std::fprintf(stderr, "%s: --ranks must be >= 2 and --repeats >= 1\n", bench);
+    std::exit(2);
+  }
+  return a;
+}
+
 /// LaunchOptions::on_line of a benchmark that launches ranks of itself: rank 0's stdout (its JSON
 /// lines) as is, anything else prefixed with the rank, on stderr.
 inline void print_rank_line(int rank, bool is_stderr, const std::string& line) {
@@ -73,6 +131,52 @@ inline ranks::compat::BackendPtr raw_gloo(const ranks::DistEnv& env, double time
       ranks::compat::make_prefix_store(raw.store_prefix(), ranks::compat::make_tcp_store(env.master_addr, env.master_port,
                                                                                        false, env.world_size, timeout)),
       env.rank, env.world_size, timeout, env.master_addr);
+}
+
+/// What a rank of such a benchmark times with: a Transport with the runtime's communication thread,
+/// the raw Gloo group it is compared against (raw_gloo), and the group of all ranks.
+struct RankLinks {
+  std::unique_ptr<ranks::Transport> transport;
+  ranks::compat::BackendPtr raw;
+  std::vector<int> group;  // 0, 1, ..., world_size - 1
+};
+
+inline RankLinks connect_rank(const ranks::DistEnv& env, double timeout_s) {
+  ranks::TransportOptions o;
+  o.timeout_s = timeout_s;
+  o.comm_thread = true;  // the runtime's setting: sends go out while the rank goes on
+  RankLinks links;
+  links.transport = ranks::Transport::connect(env, o);
+  links.raw = raw_gloo(env, timeout_s);
+  for (int r = 0; r < env.world_size; ++r) links.group.push_back(r);
+  return links;
+}
+
+/// Raw against tapeline times of a benchmark that runs as ranks: `repeats` rounds, each a barrier
+/// of all ranks and raw(), then prepare() untimed, a barrier and tapeline(); each callable runs the
+/// side's calls of one round.
+struct PairedTimes {
+  double best_raw = 1e30, best_tapeline = 1e30;  // seconds, the fastest round of each side
+  std::vector<double> ratios;                    // raw / tapeline per round (>= 1: tapeline faster)
+};
+
+template <class Raw, class Prepare, class Tapeline>
+PairedTimes time_paired(ranks::Transport& transport, int repeats, Raw&& raw, Prepare&& prepare, Tapeline&& tapeline) {
+  PairedTimes p;
+  for (int rep = 0; rep < repeats; ++rep) {
+    transport.barrier("raw start");
+    double t0 = now_s();
+    raw();
+    const double raw_s = now_s() - t0;
+    transport.barrier("tapeline start");
+    prepare();
+    t0 = now_s();
+    tapeline();
+    const double tl_s = now_s() - t0;
+    p.best_raw = std::min(p.best_raw, raw_s), p.best_tapeline = std::min(p.best_tapeline, tl_s);
+    p.ratios.push_back(raw_s / tl_s);
+  }
+  return p;
 }
 
 /// main() of a benchmark that runs as `nproc` ranks of itself over Gloo: under a launcher this

@@ -226,22 +226,24 @@ def _has_layout_kw():
     return (major, minor) >= (3, 5)
 
 
-def _metric_groups(runs):
-    """Runs grouped by (task, metric), in first-seen order: one panel per group."""
+def _metric_panels(runs):
+    """A figure of one panel per (task, metric), in first-seen order, and a color per run (by id).
+    Returns (fig, panels, colors), each panel (ax, task, metric, its runs, the metric's scale)."""
     groups = {}
     for r in runs:
         groups.setdefault((r.task, r.metric), []).append(r)
-    return list(groups.items())
+    fig, axes = _figure(len(groups))
+    colors = dict(zip([id(r) for r in runs], _colors(len(runs))))
+    panels = [(ax, task, metric, members, _scale(metric))
+              for ax, ((task, metric), members) in zip(axes[0], groups.items())]
+    return fig, panels, colors
 
 
 # ---- figures ------------------------------------------------------------------------------------
 def metric_per_epoch_figure(runs):
     """Test metric after every epoch: compression on solid, off dashed, one color per run."""
-    groups = _metric_groups(runs)
-    fig, axes = _figure(len(groups))
-    colors = dict(zip([id(r) for r in runs], _colors(len(runs))))
-    for ax, ((task, metric), members) in zip(axes[0], groups):
-        s = _scale(metric)
+    fig, panels, colors = _metric_panels(runs)
+    for ax, task, metric, members, s in panels:
         for r in members:
             ep = [row["epoch"] for row in r.epochs if row["epoch"] is not None]
             on = [row["metric_on"] for row in r.epochs]
@@ -335,11 +337,8 @@ def time_figure(runs):
 
 def frontier_figure(runs):
     """Final metric against bytes per training step (log x): the trade-off frontier."""
-    groups = _metric_groups(runs)
-    fig, axes = _figure(len(groups))
-    colors = dict(zip([id(r) for r in runs], _colors(len(runs))))
-    for ax, ((task, metric), members) in zip(axes[0], groups):
-        s = _scale(metric)
+    fig, panels, colors = _metric_panels(runs)
+    for ax, task, metric, members, s in panels:
         for r in members:
             bps, _ = r.bytes_per_step()
             on, off = r.final("metric_on"), r.final("metric_off")

@@ -39,18 +39,16 @@ void LanguageModelTask::load_data() {
   test_ = windows(corpus.test, L, "test");
   if (config_.data.train_limit > 0) train_ = train_.narrow(0, 0, std::min(config_.data.train_limit, train_.size(0)));
   if (config_.data.test_limit > 0) test_ = test_.narrow(0, 0, std::min(config_.data.test_limit, test_.size(0)));
-  train_order_ = std::make_unique<IndexBatches>(train_.size(0), config_.train.batch_size, /*shuffle=*/true,
-                                                config_.train.drop_last, config_.run.seed);
-  test_order_ = std::make_unique<IndexBatches>(test_.size(0), config_.train.eval_batch_size, false, false, 0);
+  set_rows(config_, train_.size(0), test_.size(0));
   std::ostringstream s;
   s << corpus.description << ", byte-level: " << train_.size(0) << " train / " << test_.size(0) << " test windows of "
     << L << " tokens (" << corpus.train.size() << " / " << corpus.test.size() << " bytes in the splits)";
   description_ = s.str();
 }
 
-Batch LanguageModelTask::make_batch(const at::Tensor& data, const at::Tensor& rows, int64_t index) const {
+Batch LanguageModelTask::make_batch(bool train, const at::Tensor& rows, int64_t index) const {
   const int64_t L = config_.data.seq_len;
-  at::Tensor w = data.index_select(0, rows);  // (B, L + 1)
+  at::Tensor w = (train ? train_ : test_).index_select(0, rows);  // (B, L + 1)
   Batch b;
   b.input = w.narrow(1, 0, L).contiguous();   // (B, L) bytes read
   b.target = w.narrow(1, 1, L).contiguous();  // (B, L) each byte's successor
@@ -60,17 +58,5 @@ Batch LanguageModelTask::make_batch(const at::Tensor& data, const at::Tensor& ro
   b.index = index;
   return b;
 }
-
-std::optional<Batch> LanguageModelTask::next_train_batch() {
-  if (next_ >= train_batches()) return std::nullopt;
-  const int64_t index = next_++;
-  return train_batch(epoch_, index);
-}
-
-Batch LanguageModelTask::train_batch(int64_t epoch, int64_t index) const {
-  return make_batch(train_, train_order_->ids(epoch, index), index);
-}
-
-Batch LanguageModelTask::eval_batch(int64_t index) const { return make_batch(test_, test_order_->ids(0, index), index); }
 
 }  // namespace tl

@@ -7,12 +7,11 @@
 
 #include <memory>
 
-#include "tasks/data/loader.h"
-#include "tasks/task.h"
+#include "tasks/row_batched_task.h"
 
 namespace tl {
 
-class LanguageModelTask : public Task {
+class LanguageModelTask : public RowBatchedTask {
  public:
   explicit LanguageModelTask(const Config& config);
 
@@ -27,13 +26,6 @@ class LanguageModelTask : public Task {
   int64_t train_samples() const override { return train_.defined() ? train_.size(0) : 0; }
   int64_t test_samples() const override { return test_.defined() ? test_.size(0) : 0; }
 
-  int64_t train_batches() const override { return train_order_->num_batches(); }
-  void start_epoch(int64_t epoch) override { epoch_ = epoch, next_ = 0; }
-  std::optional<Batch> next_train_batch() override;
-  Batch train_batch(int64_t epoch, int64_t index) const override;
-  int64_t eval_batches() const override { return test_order_->num_batches(); }
-  Batch eval_batch(int64_t index) const override;
-
   MicroBatchLoss loss(const Variable& output, const Batch& mb) const override { return next_token_loss(output, mb); }
 
   static constexpr int64_t kVocab = 256;  // bytes
@@ -43,12 +35,10 @@ class LanguageModelTask : public Task {
   static at::Tensor windows(const std::string& text, int64_t seq_len, const std::string& what);
 
  private:
-  Batch make_batch(const at::Tensor& data, const at::Tensor& rows, int64_t index) const;
+  Batch make_batch(bool train, const at::Tensor& rows, int64_t index) const override;
 
   Config config_;
   at::Tensor train_, test_;  // (N, seq_len + 1) int64
-  std::unique_ptr<IndexBatches> train_order_, test_order_;
-  int64_t epoch_ = 0, next_ = 0;
   std::string description_;
 };
 

@@ -35,9 +35,7 @@ void TextClassificationTask::load_data() {
   };
   train_ = encode(train);
   test_ = encode(test);
-  train_order_ = std::make_unique<IndexBatches>(train.size(), config_.train.batch_size, /*shuffle=*/true,
-                                                config_.train.drop_last, config_.run.seed);
-  test_order_ = std::make_unique<IndexBatches>(test.size(), config_.train.eval_batch_size, false, false, 0);
+  set_rows(config_, train.size(), test.size());
   const at::Tensor counts = at::bincount(test_.labels, {}, num_classes_);
   majority_ = counts.max().item<double>() / static_cast<double>(test.size());
   const double truncated =
@@ -49,7 +47,8 @@ void TextClassificationTask::load_data() {
   description_ = s.str();
 }
 
-Batch TextClassificationTask::make_batch(const Encoded& data, const at::Tensor& rows, int64_t index) const {
+Batch TextClassificationTask::make_batch(bool train, const at::Tensor& rows, int64_t index) const {
+  const Encoded& data = train ? train_ : test_;
   at::Tensor mask = data.mask.index_select(0, rows);  // (B, max_length)
   const int64_t used = config_.data.pad_to_max_length
                            ? config_.data.max_length
@@ -63,20 +62,6 @@ Batch TextClassificationTask::make_batch(const Encoded& data, const at::Tensor& 
   b.units = at::ones({rows.size(0)}, at::kLong);
   b.index = index;
   return b;
-}
-
-std::optional<Batch> TextClassificationTask::next_train_batch() {
-  if (next_ >= train_batches()) return std::nullopt;
-  const int64_t index = next_++;
-  return train_batch(epoch_, index);
-}
-
-Batch TextClassificationTask::train_batch(int64_t epoch, int64_t index) const {
-  return make_batch(train_, train_order_->ids(epoch, index), index);
-}
-
-Batch TextClassificationTask::eval_batch(int64_t index) const {
-  return make_batch(test_, test_order_->ids(0, index), index);
 }
 
 }  // namespace tl

@@ -11,12 +11,11 @@
 #include <memory>
 
 #include "layers/models/wordpiece.h"
-#include "tasks/data/loader.h"
-#include "tasks/task.h"
+#include "tasks/row_batched_task.h"
 
 namespace tl {
 
-class TextClassificationTask : public Task {
+class TextClassificationTask : public RowBatchedTask {
  public:
   explicit TextClassificationTask(const Config& config);
 
@@ -31,13 +30,6 @@ class TextClassificationTask : public Task {
   int64_t train_samples() const override { return train_.labels.defined() ? train_.labels.size(0) : 0; }
   int64_t test_samples() const override { return test_.labels.defined() ? test_.labels.size(0) : 0; }
 
-  int64_t train_batches() const override { return train_order_->num_batches(); }
-  void start_epoch(int64_t epoch) override { epoch_ = epoch, next_ = 0; }
-  std::optional<Batch> next_train_batch() override;
-  Batch train_batch(int64_t epoch, int64_t index) const override;
-  int64_t eval_batches() const override { return test_order_->num_batches(); }
-  Batch eval_batch(int64_t index) const override;
-
   MicroBatchLoss loss(const Variable& output, const Batch& mb) const override { return classification_loss(output, mb); }
 
   /// The share of the most frequent class in the test split (the majority-class baseline).
@@ -47,14 +39,12 @@ class TextClassificationTask : public Task {
   struct Encoded {
     at::Tensor ids, mask, labels;  // (N, max_length) int64, (N, max_length) int64, (N) int64
   };
-  Batch make_batch(const Encoded& data, const at::Tensor& rows, int64_t index) const;
+  Batch make_batch(bool train, const at::Tensor& rows, int64_t index) const override;
 
   Config config_;
   std::unique_ptr<WordPieceTokenizer> tokenizer_;
   int64_t num_classes_ = 0;
   Encoded train_, test_;
-  std::unique_ptr<IndexBatches> train_order_, test_order_;
-  int64_t epoch_ = 0, next_ = 0;
   double majority_ = 0;
   std::string description_;
 };

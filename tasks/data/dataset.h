@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "tasks/data/image_decode.h"
+
 namespace tl {
 
 struct ImageDataset {
@@ -81,11 +83,13 @@ DatasetSplits load_cifar_dir(const std::string& root, int64_t num_classes);
 
 // ---- image folders -------------------------------------------------------------------------------
 /// root/<class>/<image>.{png,jpg,jpeg,bmp}: classes are the subfolder names in sorted order (or
-/// `class_names` when given, which must then match). Images are decoded with stb_image to
-/// `channels` (1 or 3) and resized to image_size x image_size (OpenCV where built in, else ATen
-/// bilinear); image_size 0 requires every image to have the size of the first.
+/// `class_names` when given, which must then match). Images are decoded by `decoder` (OpenCV's
+/// imgcodecs where built in, else stb_image: tasks/data/image_decode.h) to `channels` (1 or 3)
+/// and resized to image_size x image_size (OpenCV where built in, else ATen bilinear);
+/// image_size 0 requires every image to have the size of the first.
 ImageDataset read_image_folder(const std::string& root, int64_t channels, int64_t image_size,
-                               const std::vector<std::string>& class_names = {});
+                               const std::vector<std::string>& class_names = {},
+                               ImageDecoder decoder = default_image_decoder());
 /// root/train/<class>/... and root/test/<class>/... with the same classes.
 DatasetSplits load_image_folder_splits(const std::string& root, int64_t channels, int64_t image_size);
 

@@ -250,6 +250,43 @@ TEST(ImageFolder, RejectsCorruptImagesAndMixedSizes) {
   expect_error([&] { read_image_folder(dir.path().string(), 3, 0); }, {"b", "no .png"});
 }
 
+// Every decoder the build has (stb_image, OpenCV) gives stb's pixels for PNG and BMP, grey
+// included, and a JPEG's within a few levels (Note [one image, either decoder] in
+// tasks/data/image_decode.cpp).
+TEST(ImageFolder, DecodersGiveTheSamePixels) {
+  TempDir dir;
+  const int w = 16, h = 12;
+  std::vector<uint8_t> rgb, rgba, grey;
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x) {
+      const uint8_t r = uint8_t(16 * y + x), g = uint8_t(15 * x), b = uint8_t(200 - 7 * y);
+      rgb.insert(rgb.end(), {r, g, b});
+      rgba.insert(rgba.end(), {r, g, b, uint8_t(x * y)});
+      grey.push_back(uint8_t(x * y));
+    }
+  const fs::path d = dir.path();
+  ASSERT_TRUE(stbi_write_png((d / "rgb.png").string().c_str(), w, h, 3, rgb.data(), w * 3));
+  ASSERT_TRUE(stbi_write_png((d / "rgba.png").string().c_str(), w, h, 4, rgba.data(), w * 4));
+  ASSERT_TRUE(stbi_write_png((d / "grey.png").string().c_str(), w, h, 1, grey.data(), w));
+  ASSERT_TRUE(stbi_write_bmp((d / "rgb.bmp").string().c_str(), w, h, 3, rgb.data()));
+  ASSERT_TRUE(stbi_write_jpg((d / "rgb.jpg").string().c_str(), w, h, 3, rgb.data(), 95));
+  for (const std::string name : {"rgb.png", "rgba.png", "grey.png", "rgb.bmp", "rgb.jpg"}) {
+    std::ifstream in(d / name, std::ios::binary);
+    const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const int64_t tolerance = name == "rgb.jpg" ? 4 : 0;
+    for (const int64_t channels : {1, 3}) {
+      const at::Tensor ref = decode_image(bytes, name, channels, ImageDecoder::stb);  // (H, W, C)
+      ASSERT_EQ(ref.sizes(), at::IntArrayRef({h, w, channels})) << name;
+      for (const ImageDecoder decoder : image_decoders()) {
+        const at::Tensor x = decode_image(bytes, name, channels, decoder);
+        ASSERT_EQ(x.sizes(), ref.sizes()) << name << " " << image_decoder_name(decoder);
+        EXPECT_LE((x.to(at::kInt) - ref.to(at::kInt)).abs().max().item<int>(), tolerance)
+            << name << ", " << channels << " channels, " << image_decoder_name(decoder);
+      }
+    }
+  }
+}
+
 ImageDataset toy_dataset(int64_t n, int64_t c = 1, int64_t h = 6, int64_t w = 6) {
   ImageDataset ds;
   ds.images = at::arange(n * c * h * w, at::kLong).remainder(256).to(at::kByte).reshape({n, c, h, w});

@@ -1,0 +1,345 @@
+// bench_pipeline's in-process part: timed steps of Pipelines in this process.
+#include "bench/pipeline/in_process.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <numeric>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "parallel/executor.h"
+
+namespace tl::bench_pipeline {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using bench::json_array;
+using bench::median;
+using bench::seconds_since;
+
+/// What one timed step of a pipeline gives.
+struct Sample {
+  double timeline = 0, ideal = 0, bound = 0, wall = 0, compute = 0, bytes = 0;
+  double link_bytes = 0;  // of the cuts between two ranks (a cut inside a rank sends nothing)
+  std::vector<double> stage_compute, stage_forward, stage_weight;
+  size_t held_for_weights = 0;  // the most any rank held between I and W
+};
+
+Sample step(Pipeline& p, const Workload& w, int64_t m) {
+  for (auto& param : p.parameters()) param.zero_grad();
+  p.reset_stats();
+  const auto t0 = Clock::now();
+  p.train_step(w.batch, m, w.loss);
+  Sample s;
+  s.wall = seconds_since(t0);
+  const StepTiming& t = p.last_timing();
+  s.timeline = t.step_s;
+  double sum = 0, slowest = 0;
+  for (double c : t.compute_s) sum += c, slowest = std::max(slowest, c);
+  const double md = static_cast<double>(m);
+  s.ideal = sum / md + (md - 1) * slowest / md;
+  s.compute = sum;
+  s.bound = slowest;
+  s.stage_compute = t.compute_s;
+  s.stage_forward = t.forward_s;
+  s.stage_weight = t.weight_s;
+  for (size_t b : t.held_for_weights_bytes) s.held_for_weights = std::max(s.held_for_weights, b);
+  const BoundaryStats st = p.total_stats();
+  s.bytes = static_cast<double>(st.forward.bytes + st.backward.bytes);
+  const StageLayout layout = p.layout();
+  for (size_t b = 0; b < p.boundaries().size(); ++b)
+    if (layout.rank_of(static_cast<int>(b)) != layout.rank_of(static_cast<int>(b) + 1)) {
+      const BoundaryStats& bs = p.boundaries()[b]->stats();
+      s.link_bytes += static_cast<double>(bs.forward.bytes + bs.backward.bytes);
+    }
+  return s;
+}
+
+double unsplit_step(Module& model, const Workload& w) {
+  for (auto& param : model.parameters()) param.zero_grad();
+  const auto t0 = Clock::now();
+  Variable out = model.forward(Variable(w.batch.input));
+  w.loss(out, w.batch).loss.backward();
+  return seconds_since(t0);
+}
+
+/// ZB-H1 against 1F1B of the same rounds. ideal_s: the event simulation (simulate_schedule) of the
+/// ZB-H1 lists with free links and each stage's measured forward, I and W per micro-batch; the
+/// textbook step for uniform stages is M (F + I + W) + (P - 1)(F + I - W).
+void zero_bubble_row(const Workload& w, int stages, const Options& o, const std::vector<Sample>& z,
+                     const std::vector<Sample>& f) {
+  std::vector<double> tl, tl_1f1b, ideal, eff, bubble, bubble_1f1b, w_share;
+  double held = 0;
+  for (size_t k = 0; k < z.size(); ++k) {
+    const Sample& s = z[k];
+    SimCosts c;
+    const double md = static_cast<double>(o.m);
+    double wsum = 0;
+    for (int i = 0; i < stages; ++i) {
+      c.forward_s.push_back(s.stage_forward[i] / md);
+      c.backward_s.push_back((s.stage_compute[i] - s.stage_forward[i]) / md);
+      c.weight_s.push_back(s.stage_weight[i] / md);
+      wsum += s.stage_weight[i];
+    }
+    const double sim = simulate_schedule(zbh1_schedule(stages, static_cast<int>(o.m)), c).step_s;
+    tl.push_back(s.timeline), tl_1f1b.push_back(f[k].timeline), ideal.push_back(sim), eff.push_back(sim / s.timeline);
+    bubble.push_back(1.0 - s.compute / (stages * s.timeline));
+    bubble_1f1b.push_back(1.0 - f[k].compute / (stages * f[k].timeline));
+    w_share.push_back(wsum / (s.compute - std::accumulate(s.stage_forward.begin(), s.stage_forward.end(), 0.0)));
+    held = std::max(held, static_cast<double>(s.held_for_weights));
+  }
+  std::printf(
+      "{\"bench\":\"pipeline\",\"model\":\"%s\",\"schedule\":\"zbh1\",\"stages\":%d,\"micro_batches\":%lld,"
+      "\"threads\":%d,\"timeline_s\":%.5f,\"ideal_s\":%.5f,\"efficiency\":%.3f,\"timeline_1f1b_s\":%.5f,"
+      "\"speedup_over_1f1b\":%.3f,\"bubble\":%.3f,\"bubble_1f1b\":%.3f,\"weight_share_of_backward\":%.3f,"
+      "\"held_between_i_and_w_bytes\":%.0f}\n",
+      w.name.c_str(), stages, static_cast<long long>(o.m), at::get_num_threads(), median(tl), median(ideal),
+      median(eff), median(tl_1f1b), median(tl_1f1b) / median(tl), median(bubble), median(bubble_1f1b), median(w_share),
+      held);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+/// GPipe and 1F1B in process on `stages` stages; records the medians in `refs`.
+void schedules(const Workload& w, int stages, const Options& o, std::map<std::string, double>& refs) {
+  const bool with_unsplit = stages == 4;
+  auto gpipe = build(w, stages, "identity", "identity"), one_f = build(w, stages, "identity", "identity");
+  gpipe->set_schedule("gpipe");
+  one_f->set_schedule("1f1b");
+  ModulePtr unsplit = w.make();
+  // Interleaved: 2 ranks x 2 virtual stages (4-stage splits, M a multiple of 2).
+  const bool with_interleaved = stages == 4 && o.m % 2 == 0;
+  auto inter = build(w, stages, "identity", "identity");
+  inter->set_schedule("interleaved");
+  if (with_interleaved) inter->set_virtual_stages(2);
+  // ZB-H1 on the same stages (4-stage splits).
+  const bool with_zb = stages == 4;
+  auto zb = build(w, stages, "identity", "identity");
+  zb->set_schedule("zbh1");
+  std::vector<Sample> g, f, iv, z;
+  std::vector<double> u;
+  for (int r = -1; r < o.rounds; ++r) {  // round -1: warm-up
+    Sample a = step(*gpipe, w, o.m), b = step(*one_f, w, o.m);
+    Sample i = with_interleaved ? step(*inter, w, o.m) : Sample{};
+    Sample zs = with_zb ? step(*zb, w, o.m) : Sample{};
+    const double c = with_unsplit ? unsplit_step(*unsplit, w) : 0.0;
+    if (r < 0) continue;
+    g.push_back(a), f.push_back(b), iv.push_back(i), z.push_back(zs), u.push_back(c);
+  }
+  if (with_zb) zero_bubble_row(w, stages, o, z, f);
+  if (with_interleaved) {
+    const int P = 2, v = 2;
+    std::vector<double> tl, ideal, eff, bubble, one_f_bubble;
+    for (size_t k = 0; k < iv.size(); ++k) {
+      const Sample& s = iv[k];
+      const double busiest = s.bound, slot = busiest / static_cast<double>(o.m * v);
+      const double textbook = busiest + (P - 1) * slot;
+      tl.push_back(s.timeline), ideal.push_back(textbook), eff.push_back(textbook / s.timeline);
+      bubble.push_back(1.0 - s.compute / (P * s.timeline));
+      one_f_bubble.push_back(1.0 - f[k].compute / (stages * f[k].timeline));
+    }
+    std::printf(
+        "{\"bench\":\"pipeline\",\"model\":\"%s\",\"schedule\":\"interleaved\",\"stages\":%d,\"ranks\":%d,"
+        "\"virtual_stages\":%d,\"micro_batches\":%lld,\"threads\":%d,\"timeline_s\":%.5f,\"ideal_s\":%.5f,"
+        "\"efficiency\":%.3f,\"bubble\":%.3f,\"bubble_1f1b_4_ranks\":%.3f}\n",
+        w.name.c_str(), stages, P, v, static_cast<long long>(o.m), at::get_num_threads(), median(tl), median(ideal),
+        median(eff), median(bubble), median(one_f_bubble));
+    std::fflush(stdout);
+  }
+  for (const auto& [name, v] : {std::make_pair("gpipe", &g), std::make_pair("1f1b", &f)}) {
+    std::vector<double> tl, ideal, bound, eff, wall, compute;
+    std::vector<std::vector<double>> per_stage(static_cast<size_t>(stages));
+    for (const Sample& s : *v) {
+      tl.push_back(s.timeline), ideal.push_back(s.ideal), bound.push_back(s.bound), eff.push_back(s.ideal / s.timeline),
+          wall.push_back(s.wall), compute.push_back(s.compute);
+      for (size_t i = 0; i < per_stage.size() && i < s.stage_compute.size(); ++i) per_stage[i].push_back(s.stage_compute[i]);
+    }
+    std::vector<double> stage_med;
+    for (const auto& c : per_stage) stage_med.push_back(median(c));
+    char unsplit_field[64] = "";
+    if (with_unsplit) std::snprintf(unsplit_field, sizeof(unsplit_field), ",\"unsplit_s\":%.5f", median(u));
+    std::printf(
+        "{\"bench\":\"pipeline\",\"model\":\"%s\",\"schedule\":\"%s\",\"stages\":%d,\"micro_batches\":%lld,"
+        "\"threads\":%d,\"blas_threads\":%d,\"timeline_s\":%.5f,\"ideal_s\":%.5f,\"bound_s\":%.5f,\"efficiency\":%.3f,\"wall_s\":%.5f,"
+        "\"compute_s\":%.5f,\"stage_compute_s\":%s,\"overhead\":%.3f%s}\n",
+        w.name.c_str(), name, stages, static_cast<long long>(o.m), at::get_num_threads(), o.blas_threads, median(tl),
+        median(ideal),
+        median(bound), median(eff), median(wall), median(compute), json_array(stage_med).c_str(),
+        median(wall) / median(compute) - 1.0, unsplit_field);
+    std::fflush(stdout);
+    refs[ref_key(w.name, stages, name, "timeline")] = median(tl);
+    refs[ref_key(w.name, stages, name, "ideal")] = median(ideal);
+    refs[ref_key(w.name, stages, name, "wall")] = median(wall);
+    refs[ref_key(w.name, stages, name, "compute")] = median(compute);
+  }
+}
+
+/// Calibration of the device model (Note [device model] in parallel/device_model.h): per stage of
+/// the 4-stage 1F1B step, the measured compute against the compute modelled from the counted
+/// FLOPs and bytes on the "cpu" preset (ratio = measured / modelled; 1 is a calibrated preset),
+/// and what the h100 preset makes of the same step. First this machine's own roofs on 1 thread: a
+/// float32 GEMM's FLOP/s and an elementwise add's bytes/s, the numbers the cpu preset should carry.
+void calibration(const Workload& w, const Options& o) {
+  static bool roofs_printed = false;
+  if (!roofs_printed) {
+    roofs_printed = true;
+    const int64_t n = 512, e = 1 << 22;
+    at::Tensor a = at::randn({n, n}), b = at::randn({n, n}), x = at::randn({e}), y = at::randn({e});
+    std::vector<double> gemm, add;
+    for (int r = 0; r < 7; ++r) {
+      auto t0 = Clock::now();
+      at::Tensor c = at::mm(a, b);
+      gemm.push_back(2.0 * n * n * n / seconds_since(t0));
+      t0 = Clock::now();
+      at::Tensor z = x + y;
+      add.push_back(3.0 * 4 * e / seconds_since(t0));
+    }
+    const DeviceModel cpu = device_model("cpu");
+    std::printf("{\"bench\":\"device_roofs\",\"threads\":%d,\"gemm_flops_per_s\":%.4g,\"cpu_preset_flops_per_s\":%.4g,"
+                "\"add_bytes_per_s\":%.4g,\"cpu_preset_bytes_per_s\":%.4g}\n",
+                at::get_num_threads(), median(gemm), cpu.peak_flops * cpu.flop_efficiency, median(add),
+                cpu.memory_bytes_per_s * cpu.memory_efficiency);
+  }
+  const DeviceModel cpu = device_model("cpu"), h100 = device_model("h100");
+  auto p = build(w, 4, "identity", "identity");
+  p->set_schedule("1f1b");
+  std::vector<std::vector<double>> measured(4), modelled(4), on_h100(4), flops(4);
+  for (int r = -1; r < o.rounds; ++r) {
+    for (auto& param : p->parameters()) param.zero_grad();
+    for (const DeviceModel* m : {&cpu, &h100}) {
+      LocalExecutor ex(*p);
+      ex.set_device_model(*m, /*drives_clock=*/false);
+      StepTiming t;
+      ex.train_step(w.batch, o.m, "1f1b", w.loss, 0, &t);
+      if (r < 0) continue;
+      for (size_t i = 0; i < 4; ++i) {
+        if (m == &cpu) {
+          measured[i].push_back(t.compute_s[i]), modelled[i].push_back(t.modelled_s[i]), flops[i].push_back(t.flops[i]);
+        } else {
+          on_h100[i].push_back(t.modelled_s[i]);
+        }
+      }
+    }
+  }
+  std::vector<double> me, mo, ratio, h, f;
+  for (size_t i = 0; i < 4; ++i) {
+    me.push_back(median(measured[i])), mo.push_back(median(modelled[i])), h.push_back(median(on_h100[i]));
+    f.push_back(median(flops[i]));
+    ratio.push_back(me.back() / mo.back());
+  }
+  std::printf("{\"bench\":\"device_calibration\",\"model\":\"%s\",\"schedule\":\"1f1b\",\"stages\":4,"
+              "\"micro_batches\":%lld,\"stage_flops\":%s,\"measured_s\":%s,\"cpu_modelled_s\":%s,\"ratio\":%s,"
+              "\"h100_modelled_s\":%s}\n",
+              w.name.c_str(), static_cast<long long>(o.m), json_array(f, "%.4g").c_str(), json_array(me).c_str(),
+              json_array(mo).c_str(), json_array(ratio, "%.3f").c_str(), json_array(h, "%.3g").c_str());
+  std::fflush(stdout);
+}
+
+/// 1F1B on 80 Mbit/s links in process (4 stages); records the timelines in `refs`.
+void links(const Workload& w, const Options& o, std::map<std::string, double>& refs) {
+  // The shared cases, then epilogue-only TopK backward by each rule (in process only).
+  std::vector<LinkCase> cases = link_cases();
+  cases.push_back({"topk(0.1) bwd epilogue-only, Optimus-CC", "identity", "topk(0.1)", 1});
+  cases.push_back({"topk(0.1) bwd epilogue-only, critical path", "identity", "topk(0.1)", 2});
+  const int stages = 4;
+  // Per case, 1F1B and ZB-H1 (does the zero-bubble gain survive compression on a slow link?).
+  const std::vector<std::string> schedules = {"1f1b", "zbh1"};
+  std::vector<std::shared_ptr<Pipeline>> ps;
+  for (const LinkCase& c : cases)
+    for (const std::string& name : schedules) {
+      ps.push_back(build(w, stages, c.fwd, c.bwd));
+      ps.back()->set_schedule(name);
+      for (const BoundaryPtr& b : ps.back()->boundaries()) {
+        b->set_epilogue_only(c.epilogue > 0);
+        b->set_epilogue_rule(c.epilogue == 2 ? EpilogueRule::CriticalPath : EpilogueRule::Optimus);
+      }
+      ps.back()->set_links(std::vector<LinkSpec>(w.cuts.at(stages).size(), bench_link()));
+    }
+  std::vector<std::vector<double>> t(ps.size()), bytes(ps.size()), compute(ps.size());
+  for (int r = -1; r < o.rounds; ++r)
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const Sample s = step(*ps[i], w, o.m);
+      if (r >= 0) t[i].push_back(s.timeline), bytes[i].push_back(s.bytes), compute[i].push_back(s.compute);
+    }
+  for (size_t k = 0; k < schedules.size(); ++k) {
+    const double ref = median(t[k]);  // this schedule, uncompressed
+    for (size_t c = 0; c < cases.size(); ++c) {
+      const size_t i = c * schedules.size() + k;
+      std::printf(
+          "{\"bench\":\"pipeline_link\",\"model\":\"%s\",\"schedule\":\"%s\",\"micro_batches\":%lld,\"link\":\"80 "
+          "Mbit/s, 0 ms\",\"case\":\"%s\",\"timeline_s\":%.4f,\"bytes_per_step\":%.0f,\"reference_timeline_s\":%.4f,"
+          "\"speedup\":%.2f,\"timeline_1f1b_s\":%.4f,\"speedup_over_1f1b\":%.3f}\n",
+          w.name.c_str(), schedules[k].c_str(), static_cast<long long>(o.m), cases[c].name.c_str(), median(t[i]),
+          median(bytes[i]), ref, ref / median(t[i]), median(t[c * schedules.size()]),
+          median(t[c * schedules.size()]) / median(t[i]));
+      std::fflush(stdout);
+      if (schedules[k] != "1f1b" || c >= link_cases().size()) continue;
+      refs[ref_key(w.name, stages, "link" + std::to_string(c), "timeline")] = median(t[i]);
+      refs[ref_key(w.name, stages, "link" + std::to_string(c), "compute")] = median(compute[i]);
+    }
+  }
+}
+
+/// Schedules on the same two ranks (in process): 1F1B and ZB-H1 on the 2-stage split, interleaved
+/// 1F1B and ZB-V on the 4-stage split with 2 stages per rank (round robin: every cut crosses the
+/// link; V: the middle cut stays on rank 1). Free links, then 80 Mbit/s under each link case.
+/// Records the free-link medians of interleaved and ZB-V in `refs` (the 2-process references).
+void two_ranks(const Workload& w, const Options& o, std::map<std::string, double>& refs) {
+  struct Sched {
+    std::string name;
+    int stages, v;
+  };
+  std::vector<Sched> scheds = {{"1f1b", 2, 1}, {"zbh1", 2, 1}, {"zbv", 4, 2}};
+  if (o.m % 2 == 0) scheds.insert(scheds.begin() + 2, {"interleaved", 4, 2});
+  std::vector<LinkCase> cases = {{"free links", "identity", "identity"}};
+  if (o.links)
+    for (const LinkCase& c : link_cases()) cases.push_back(c);
+  std::vector<std::shared_ptr<Pipeline>> ps;
+  for (size_t c = 0; c < cases.size(); ++c)
+    for (const Sched& k : scheds) {
+      ps.push_back(build(w, k.stages, cases[c].fwd, cases[c].bwd));
+      ps.back()->set_schedule(k.name);
+      ps.back()->set_virtual_stages(k.v);
+      if (c > 0) ps.back()->set_links(std::vector<LinkSpec>(w.cuts.at(k.stages).size(), bench_link()));
+    }
+  std::vector<std::vector<Sample>> samples(ps.size());
+  for (int r = -1; r < o.rounds; ++r)
+    for (size_t i = 0; i < ps.size(); ++i) {
+      Sample s = step(*ps[i], w, o.m);
+      if (r >= 0) samples[i].push_back(std::move(s));
+    }
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const double ref = [&] {
+      std::vector<double> t;
+      for (const Sample& s : samples[c * scheds.size()]) t.push_back(s.timeline);
+      return median(t);
+    }();
+    for (size_t k = 0; k < scheds.size(); ++k) {
+      const size_t i = c * scheds.size() + k;
+      std::vector<double> tl, bytes, link_bytes, bubble, compute, wall;
+      for (const Sample& s : samples[i])
+        tl.push_back(s.timeline), bytes.push_back(s.bytes), link_bytes.push_back(s.link_bytes), bubble.push_back(1.0 - s.compute / (2 * s.timeline)),
+            compute.push_back(s.compute), wall.push_back(s.wall);
+      std::printf(
+          "{\"bench\":\"pipeline_2ranks\",\"model\":\"%s\",\"schedule\":\"%s\",\"ranks\":2,\"stages\":%d,"
+          "\"virtual_stages\":%d,\"micro_batches\":%lld,\"link\":\"%s\",\"case\":\"%s\",\"timeline_s\":%.5f,"
+          "\"compute_s\":%.5f,\"bubble\":%.3f,\"bytes_per_step\":%.0f,\"link_bytes_per_step\":%.0f,\"timeline_1f1b_s\":%.5f,"
+          "\"speedup_over_1f1b\":%.3f}\n",
+          w.name.c_str(), scheds[k].name.c_str(), scheds[k].stages, scheds[k].v, static_cast<long long>(o.m),
+          c == 0 ? "free" : "80 Mbit/s, 0 ms", cases[c].name.c_str(), median(tl), median(compute), median(bubble),
+          median(bytes), median(link_bytes), ref, ref / median(tl));
+      std::fflush(stdout);
+      if (c == 0 && scheds[k].v > 1) {
+        refs[ref_key(w.name, 2, scheds[k].name, "timeline")] = median(tl);
+        refs[ref_key(w.name, 2, scheds[k].name, "wall")] = median(wall);
+        refs[ref_key(w.name, 2, scheds[k].name, "compute")] = median(compute);
+      }
+    }
+  }
+}
+
+}  // namespace tl::bench_pipeline

@@ -1,0 +1,76 @@
+// bench_pipeline's workloads: ResNet-8, ResNet-18 and a small GPT-2 with fixed seeds.
+#include "bench/pipeline/workloads.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "layers/models/gpt2.h"
+#include "layers/models/resnet.h"
+
+namespace tl::bench_pipeline {
+namespace {
+
+// A ResNet (make_resnet's `name`, weights from `seed`) on a batch of `b` 1x28x28 images in 10
+// classes (from `batch_seed`); 4 stages: cuts layer1, layer2, layer3; 2 stages: cut `half`.
+Workload resnet(const std::string& name, uint64_t seed, const std::string& half, int64_t b, uint64_t batch_seed) {
+  Workload w;
+  w.name = name;
+  w.make = [name, seed] { return ModulePtr(make_resnet(name, 1, 10, 1.0, at::detail::createCPUGenerator(seed))); };
+  w.cuts[4] = {"layer1", "layer2", "layer3"};
+  w.cuts[2] = {half};
+  at::Generator gen = at::detail::createCPUGenerator(batch_seed);
+  w.batch.input = at::randn({b, 1, 28, 28}, gen);
+  w.batch.target = at::randint(10, {b}, gen, at::kLong);
+  w.batch.sample_ids = at::arange(b, at::kLong);
+  w.batch.units = at::ones({b}, at::kLong);
+  w.loss = classification_loss;
+  return w;
+}
+
+Workload gpt2() {
+  Workload w;
+  w.name = "gpt2_4x256";
+  const int64_t b = 32, t = 64;
+  w.make = [t] {
+    GPT2Config c;
+    c.vocab_size = 256;
+    c.n_positions = t;
+    c.n_embd = 256;
+    c.n_layer = 4;
+    c.n_head = 4;
+    c.dropout = 0.0;
+    return ModulePtr(std::make_shared<GPT2>(c, at::detail::createCPUGenerator(2)));
+  };
+  w.cuts[4] = {"h.0", "h.1", "h.2"};
+  w.cuts[2] = {"h.1"};
+  at::Generator gen = at::detail::createCPUGenerator(12);
+  w.batch.input = at::randint(256, {b, t}, gen, at::kLong);
+  w.batch.target = at::randint(256, {b, t}, gen, at::kLong);
+  w.batch.side.token_ids = w.batch.input;
+  w.batch.sample_ids = at::arange(b, at::kLong);
+  w.batch.units = at::full({b}, t, at::kLong);
+  w.loss = next_token_loss;
+  return w;
+}
+
+}  // namespace
+
+Workload make_workload(const std::string& name) {
+  if (name == "resnet8") return resnet("resnet8", 1, "layer1", 128, 11);
+  if (name == "gpt2" || name == "gpt2_4x256") return gpt2();
+  if (name == "resnet18") return resnet("resnet18", 3, "layer2", 32, 13);
+  TORCH_CHECK(false, "unknown model '", name, "'; known: resnet8, gpt2, resnet18");
+}
+
+std::shared_ptr<Pipeline> build(const Workload& w, int stages, const std::string& fwd, const std::string& bwd) {
+  BoundarySpec spec;
+  spec.forward = fwd;
+  spec.backward = bwd;
+  const std::vector<std::string>& cuts = w.cuts.at(stages);
+  auto p = Pipeline::build(w.make(), cuts, std::vector<BoundarySpec>(cuts.size(), spec));
+  // A timing benchmark: no error statistics (across processes they would add a reference message
+  // per compressed message: Note [reference tensors] in parallel/channel.h).
+  p->set_measure_error(false);
+  return p;
+}
+
+}  // namespace tl::bench_pipeline
