@@ -137,25 +137,12 @@
 #include "bench/pipeline/options.h"
 #include "bench/pipeline/worker.h"
 #include "bench/pipeline/workloads.h"
+#include "autograd/threads.h"
 #include "parallel/ranks/launch.h"
 #include "parallel/ranks/transport.h"
 
-namespace {
 using namespace tl;
 using namespace tl::bench_pipeline;
-
-// OpenBLAS (the BLAS of Debian's libtorch) keeps its own pthread pool, one thread per core, which
-// at::set_num_threads does not reach: GPT-2's matmuls would use every core "with 1 thread". Sets
-// its thread count where it is loaded; returns it (0 where there is no OpenBLAS).
-int set_blas_threads(int n) {
-  using Set = void (*)(int);
-  using Get = int (*)();
-  if (auto set = reinterpret_cast<Set>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) set(n);
-  auto get = reinterpret_cast<Get>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-  return get ? get() : 0;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   try {
@@ -166,8 +153,7 @@ int main(int argc, char** argv) {
     at::manual_seed(0);
     // One thread for everything, in process and in every rank: the in-process compute is the
     // reference of the ranks' (see the header).
-    at::set_num_threads(1);
-    o.blas_threads = set_blas_threads(1);
+    o.blas_threads = set_compute_threads(1);  // ATen's and OpenBLAS's (Note [OpenBLAS threads])
     if (o.worker) return rank_worker(o);
 
     std::map<std::string, double> refs;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "parallel/ranks/c10d_compat.h"
+#include "parallel/step.h"
 #include "parallel/ranks/launch.h"
 #include "parallel/ranks/rendezvous.h"
 #include "parallel/ranks/transport.h"
@@ -21,10 +22,7 @@ inline double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-/// Seconds since `t0` on the steady clock.
-inline double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
+using tl::seconds_since;  // parallel/step.h
 
 /// Median of the values (the mean of the middle two for an even count); 0 for none.
 inline double median(std::vector<double> v) {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "parallel/executor.h"
+#include "parallel/local_executor.h"
 
 namespace tl::bench_pipeline {
 namespace {
@@ -28,14 +28,28 @@ struct Sample {
   size_t held_for_weights = 0;  // the most any rank held between I and W
 };
 
-Sample step(Pipeline& p, const Workload& w, int64_t m) {
+/// A pipeline of a workload and the executor that runs it in this process.
+struct Run {
+  std::shared_ptr<Pipeline> p;
+  std::unique_ptr<LocalExecutor> ex;
+};
+Run run_of(const Workload& w, int stages, const std::string& fwd, const std::string& bwd, ScheduleSettings settings,
+           bool with_links = false) {
+  Run r{build(w, stages, fwd, bwd), nullptr};
+  if (with_links) settings.links.assign(w.cuts.at(stages).size(), bench_link());
+  r.ex = std::make_unique<LocalExecutor>(*r.p, w.loss, std::move(settings));
+  return r;
+}
+
+Sample step(Run& run, const Workload& w, int64_t m) {
+  Pipeline& p = *run.p;
   for (auto& param : p.parameters()) param.zero_grad();
   p.reset_stats();
   const auto t0 = Clock::now();
-  p.train_step(w.batch, m, w.loss);
+  run.ex->train_step(w.batch, m, {});
   Sample s;
   s.wall = seconds_since(t0);
-  const StepTiming& t = p.last_timing();
+  const StepTiming& t = run.ex->last_timing();
   s.timeline = t.step_s;
   double sum = 0, slowest = 0;
   for (double c : t.compute_s) sum += c, slowest = std::max(slowest, c);
@@ -49,7 +63,7 @@ Sample step(Pipeline& p, const Workload& w, int64_t m) {
   for (size_t b : t.held_for_weights_bytes) s.held_for_weights = std::max(s.held_for_weights, b);
   const BoundaryStats st = p.total_stats();
   s.bytes = static_cast<double>(st.forward.bytes + st.backward.bytes);
-  const StageLayout layout = p.layout();
+  const StageLayout& layout = run.ex->layout();
   for (size_t b = 0; b < p.boundaries().size(); ++b)
     if (layout.rank_of(static_cast<int>(b)) != layout.rank_of(static_cast<int>(b) + 1)) {
       const BoundaryStats& bs = p.boundaries()[b]->stats();
@@ -107,25 +121,21 @@ void zero_bubble_row(const Workload& w, int stages, const Options& o, const std:
 /// GPipe and 1F1B in process on `stages` stages; records the medians in `refs`.
 void schedules(const Workload& w, int stages, const Options& o, std::map<std::string, double>& refs) {
   const bool with_unsplit = stages == 4;
-  auto gpipe = build(w, stages, "identity", "identity"), one_f = build(w, stages, "identity", "identity");
-  gpipe->set_schedule("gpipe");
-  one_f->set_schedule("1f1b");
+  Run gpipe = run_of(w, stages, "identity", "identity", {"gpipe"});
+  Run one_f = run_of(w, stages, "identity", "identity", {"1f1b"});
   ModulePtr unsplit = w.make();
   // Interleaved: 2 ranks x 2 virtual stages (4-stage splits, M a multiple of 2).
   const bool with_interleaved = stages == 4 && o.m % 2 == 0;
-  auto inter = build(w, stages, "identity", "identity");
-  inter->set_schedule("interleaved");
-  if (with_interleaved) inter->set_virtual_stages(2);
+  Run inter = run_of(w, stages, "identity", "identity", {"interleaved", with_interleaved ? 2 : 1});
   // ZB-H1 on the same stages (4-stage splits).
   const bool with_zb = stages == 4;
-  auto zb = build(w, stages, "identity", "identity");
-  zb->set_schedule("zbh1");
+  Run zb = run_of(w, stages, "identity", "identity", {"zbh1"});
   std::vector<Sample> g, f, iv, z;
   std::vector<double> u;
   for (int r = -1; r < o.rounds; ++r) {  // round -1: warm-up
-    Sample a = step(*gpipe, w, o.m), b = step(*one_f, w, o.m);
-    Sample i = with_interleaved ? step(*inter, w, o.m) : Sample{};
-    Sample zs = with_zb ? step(*zb, w, o.m) : Sample{};
+    Sample a = step(gpipe, w, o.m), b = step(one_f, w, o.m);
+    Sample i = with_interleaved ? step(inter, w, o.m) : Sample{};
+    Sample zs = with_zb ? step(zb, w, o.m) : Sample{};
     const double c = with_unsplit ? unsplit_step(*unsplit, w) : 0.0;
     if (r < 0) continue;
     g.push_back(a), f.push_back(b), iv.push_back(i), z.push_back(zs), u.push_back(c);
@@ -206,15 +216,17 @@ void calibration(const Workload& w, const Options& o) {
   }
   const DeviceModel cpu = device_model("cpu"), h100 = device_model("h100");
   auto p = build(w, 4, "identity", "identity");
-  p->set_schedule("1f1b");
+  std::vector<std::unique_ptr<LocalExecutor>> on;  // the CPU and the H100 device model, measured clocks
+  for (const DeviceModel* m : {&cpu, &h100}) {
+    on.push_back(std::make_unique<LocalExecutor>(*p, w.loss, ScheduleSettings{"1f1b", 1, {}, *m}));
+    on.back()->set_model_drives_clock(false);
+  }
   std::vector<std::vector<double>> measured(4), modelled(4), on_h100(4), flops(4);
   for (int r = -1; r < o.rounds; ++r) {
     for (auto& param : p->parameters()) param.zero_grad();
     for (const DeviceModel* m : {&cpu, &h100}) {
-      LocalExecutor ex(*p);
-      ex.set_device_model(*m, /*drives_clock=*/false);
       StepTiming t;
-      ex.train_step(w.batch, o.m, "1f1b", w.loss, 0, &t);
+      on[m == &cpu ? 0 : 1]->train_step(w.batch, o.m, 0, &t);
       if (r < 0) continue;
       for (size_t i = 0; i < 4; ++i) {
         if (m == &cpu) {
@@ -248,21 +260,19 @@ void links(const Workload& w, const Options& o, std::map<std::string, double>& r
   const int stages = 4;
   // Per case, 1F1B and ZB-H1 (does the zero-bubble gain survive compression on a slow link?).
   const std::vector<std::string> schedules = {"1f1b", "zbh1"};
-  std::vector<std::shared_ptr<Pipeline>> ps;
+  std::vector<Run> ps;
   for (const LinkCase& c : cases)
     for (const std::string& name : schedules) {
-      ps.push_back(build(w, stages, c.fwd, c.bwd));
-      ps.back()->set_schedule(name);
-      for (const BoundaryPtr& b : ps.back()->boundaries()) {
+      ps.push_back(run_of(w, stages, c.fwd, c.bwd, {name}, /*with_links=*/true));
+      for (const BoundaryPtr& b : ps.back().p->boundaries()) {
         b->set_epilogue_only(c.epilogue > 0);
         b->set_epilogue_rule(c.epilogue == 2 ? EpilogueRule::CriticalPath : EpilogueRule::Optimus);
       }
-      ps.back()->set_links(std::vector<LinkSpec>(w.cuts.at(stages).size(), bench_link()));
     }
   std::vector<std::vector<double>> t(ps.size()), bytes(ps.size()), compute(ps.size());
   for (int r = -1; r < o.rounds; ++r)
     for (size_t i = 0; i < ps.size(); ++i) {
-      const Sample s = step(*ps[i], w, o.m);
+      const Sample s = step(ps[i], w, o.m);
       if (r >= 0) t[i].push_back(s.timeline), bytes[i].push_back(s.bytes), compute[i].push_back(s.compute);
     }
   for (size_t k = 0; k < schedules.size(); ++k) {
@@ -298,18 +308,14 @@ void two_ranks(const Workload& w, const Options& o, std::map<std::string, double
   std::vector<LinkCase> cases = {{"free links", "identity", "identity"}};
   if (o.links)
     for (const LinkCase& c : link_cases()) cases.push_back(c);
-  std::vector<std::shared_ptr<Pipeline>> ps;
+  std::vector<Run> ps;
   for (size_t c = 0; c < cases.size(); ++c)
-    for (const Sched& k : scheds) {
-      ps.push_back(build(w, k.stages, cases[c].fwd, cases[c].bwd));
-      ps.back()->set_schedule(k.name);
-      ps.back()->set_virtual_stages(k.v);
-      if (c > 0) ps.back()->set_links(std::vector<LinkSpec>(w.cuts.at(k.stages).size(), bench_link()));
-    }
+    for (const Sched& k : scheds)
+      ps.push_back(run_of(w, k.stages, cases[c].fwd, cases[c].bwd, {k.name, k.v}, /*with_links=*/c > 0));
   std::vector<std::vector<Sample>> samples(ps.size());
   for (int r = -1; r < o.rounds; ++r)
     for (size_t i = 0; i < ps.size(); ++i) {
-      Sample s = step(*ps[i], w, o.m);
+      Sample s = step(ps[i], w, o.m);
       if (r >= 0) samples[i].push_back(std::move(s));
     }
   for (size_t c = 0; c < cases.size(); ++c) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/link.h"
 #include "parallel/pipeline.h"
 
 namespace tl::bench_pipeline {

@@ -42,14 +42,14 @@ struct RankSample {
 
 /// One rank's step: barrier, then DistExecutor::train_step.
 RankSample mp_step(ranks::DistExecutor& ex, Pipeline& p, ranks::Transport& t, const Workload& w, int64_t m,
-                   const std::string& schedule, int64_t& step_no) {
+                   int64_t& step_no) {
   for (auto& param : p.parameters()) param.zero_grad();
   t.barrier("before step " + std::to_string(step_no));
   const ranks::TransportStats s0 = t.stats();
   const double cpu0 = cpu_s(CLOCK_PROCESS_CPUTIME_ID), thread0 = cpu_s(CLOCK_THREAD_CPUTIME_ID);
   const auto t0 = Clock::now();
   StepTiming timing;
-  ex.train_step(w.batch, m, schedule, w.loss, StepPosition(0, step_no++), &timing);
+  ex.train_step(w.batch, m, StepPosition(0, step_no++), &timing);
   RankSample r;
   r.wall = seconds_since(t0);
   r.cpu = cpu_s(CLOCK_PROCESS_CPUTIME_ID) - cpu0;
@@ -62,18 +62,19 @@ RankSample mp_step(ranks::DistExecutor& ex, Pipeline& p, ranks::Transport& t, co
   return r;
 }
 
-/// Runs every case for `rounds` (+1 warm-up) rounds, cases alternating; returns, on rank 0,
-/// samples[case][round][rank] (empty elsewhere).
+/// Runs every case (a pipeline and how it runs) for `rounds` (+1 warm-up) rounds, cases
+/// alternating; returns, on rank 0, samples[case][round][rank] (empty elsewhere).
 using AllSamples = std::vector<std::vector<std::vector<RankSample>>>;
 AllSamples mp_rounds(ranks::Transport& t, const Workload& w, const Options& o, int rounds,
-                     const std::vector<std::shared_ptr<Pipeline>>& ps, const std::vector<std::string>& schedules,
+                     const std::vector<std::shared_ptr<Pipeline>>& ps, const std::vector<ScheduleSettings>& schedules,
                      int64_t& step_no) {
   std::vector<std::unique_ptr<ranks::DistExecutor>> ex;
-  for (const auto& p : ps) ex.push_back(std::make_unique<ranks::DistExecutor>(*p, t));
+  for (size_t i = 0; i < ps.size(); ++i)
+    ex.push_back(std::make_unique<ranks::DistExecutor>(*ps[i], t, w.loss, schedules[i]));
   std::vector<std::vector<RankSample>> mine(ps.size());
   for (int r = -1; r < rounds; ++r)
     for (size_t i = 0; i < ps.size(); ++i) {
-      const RankSample s = mp_step(*ex[i], *ps[i], t, w, o.m, schedules[i], step_no);
+      const RankSample s = mp_step(*ex[i], *ps[i], t, w, o.m, step_no);
       if (r >= 0) mine[i].push_back(s);
     }
   std::string bytes;
@@ -105,6 +106,7 @@ double ref_or_nan(const Options& o, const std::string& key) {
 void mp_schedules(ranks::Transport& t, const Workload& w, const Options& o, int rounds, int64_t& step_no) {
   const int n = t.world_size();
   std::vector<std::string> names = {"gpipe", "1f1b", "zbh1"};
+  std::vector<ScheduleSettings> settings = {{"gpipe"}, {"1f1b"}, {"zbh1"}};
   std::vector<std::shared_ptr<Pipeline>> ps = {build(w, n, "identity", "identity"), build(w, n, "identity", "identity"),
                                                build(w, n, "identity", "identity")};
   // Two processes also run the 4-stage split with 2 stages each: interleaved and ZB-V.
@@ -113,10 +115,9 @@ void mp_schedules(ranks::Transport& t, const Workload& w, const Options& o, int 
       if (name == "interleaved" && o.m % 2 != 0) continue;
       names.push_back(name);
       ps.push_back(build(w, 4, "identity", "identity"));
-      ps.back()->set_schedule(name);
-      ps.back()->set_virtual_stages(2);
+      settings.push_back({name, 2});
     }
-  const AllSamples all = mp_rounds(t, w, o, rounds, ps, names, step_no);
+  const AllSamples all = mp_rounds(t, w, o, rounds, ps, settings, step_no);
   if (t.rank() != 0) return;
   const double md = static_cast<double>(o.m);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -169,7 +170,7 @@ void mp_links(ranks::Transport& t, const Workload& w, const Options& o, int roun
   const auto& cases = link_cases();
   std::vector<std::shared_ptr<Pipeline>> ps;
   for (const LinkCase& c : cases) ps.push_back(build(w, n, c.fwd, c.bwd));
-  const AllSamples all = mp_rounds(t, w, o, rounds, ps, std::vector<std::string>(cases.size(), "1f1b"), step_no);
+  const AllSamples all = mp_rounds(t, w, o, rounds, ps, std::vector<ScheduleSettings>(cases.size(), ScheduleSettings{"1f1b"}), step_no);
   if (t.rank() != 0) return;
   std::vector<double> wall_med(cases.size()), bytes_med(cases.size());
   std::vector<std::vector<double>> link_med(cases.size());

@@ -18,7 +18,7 @@ struct Workload {
   std::function<ModulePtr()> make;                  // same weights every call
   std::map<int, std::vector<std::string>> cuts;     // by number of stages
   Batch batch;
-  Pipeline::LossFn loss;
+  LossFn loss;
 };
 
 /// "resnet8", "gpt2" (or "gpt2_4x256") or "resnet18"; same weights and batch every call.

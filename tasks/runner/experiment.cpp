@@ -2,7 +2,6 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/detail/CUDAHooksInterface.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <cmath>
@@ -11,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "autograd/threads.h"
 #include "layers/io/checkpoint.h"
 #include "layers/optim/adam.h"
 #include "layers/optim/sgd.h"
@@ -77,17 +77,6 @@ int choose_threads(int64_t requested) {
   return cores > 0 ? static_cast<int>(cores) : at::get_num_threads();
 }
 
-// Note [OpenBLAS threads]: Debian's libtorch 1.13 multiplies matrices in OpenBLAS (its pthreads
-// build), whose worker pool at::set_num_threads does not reach: with run.threads = 1 a MiniLM
-// fine-tuning run still multiplied on both cores of a 2-core machine (37.7 s of CPU for 25 s of
-// wall, 9.5 s of it in the kernel, workers spinning), and two such runs side by side (two labs,
-// as scripts/test runs them) took 42.1 s each; with OpenBLAS told too, 34.3 s each, with 1 s of
-// kernel time. OpenBLAS's own setter is called where the process has one (PyTorch's wheels use
-// MKL or their own OpenMP, which at::set_num_threads does reach).
-void set_blas_threads(int threads) {
-  using Setter = void (*)(int);
-  if (auto set = reinterpret_cast<Setter>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) set(threads);
-}
 
 std::unique_ptr<Optimizer> build_optimizer(const TrainSection& t, Module& model) {
   GroupOptions opt;
@@ -124,8 +113,7 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
     config_.run.threads = std::max<int64_t>(1, static_cast<int64_t>(cores) / std::max(1, env->local_world_size));
   }
   threads_ = choose_threads(config_.run.threads);
-  at::set_num_threads(threads_);
-  set_blas_threads(threads_);  // Note [OpenBLAS threads]
+  set_compute_threads(threads_);  // ATen's and OpenBLAS's (Note [OpenBLAS threads])
   device_ = parse_run_device(config_.run.device);
   if (env && device_.is_cuda()) {  // rank r on device r mod devices (one machine; local rank on several)
     const int devices = at::detail::getCUDAHooks().getNumGPUs();
