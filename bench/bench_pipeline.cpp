@@ -38,7 +38,7 @@
 // textbook interleaved step: v times less bubble than 1F1B on P ranks), efficiency, and the
 // bubble against 1F1B's on the same 4 stages.
 // With 4 stages, also ZB-H1 (pipeline.schedule = zbh1: each backward split into I and W, Note
-// [ZB-H1] in parallel/schedule.cpp): timeline_s against 1F1B's of the same rounds (speedup), the
+// [ZB-H1] in parallel/schedule_generators.cpp): timeline_s against 1F1B's of the same rounds (speedup), the
 // bubbles, ideal_s = the event simulation of the ZB-H1 lists with each stage's measured forward, I
 // and W (free links), efficiency, W's share of the backward, and the most bytes a rank held
 // between I and W.
@@ -146,6 +146,7 @@
 #include "parallel/ranks/transport.h"
 #include "parallel/executor.h"
 #include "parallel/pipeline.h"
+#include "parallel/simulate.h"
 #include "tasks/task.h"
 
 namespace {

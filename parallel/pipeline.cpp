@@ -86,8 +86,7 @@ StepResult Pipeline::train_step(const Batch& batch, int64_t micro_batches, const
 }
 
 void Pipeline::set_schedule(const std::string& name) {
-  // Validates the name (on the smallest layout the schedule runs on).
-  compute_schedule(name, StageLayout{1, name == "interleaved" || name == "zbv" ? 2 : 1, placement_of(name)}, 1);
+  schedule_kind(name);  // validates the name
   schedule_ = name;
 }
 

@@ -88,8 +88,8 @@ class Pipeline : public Module {
   /// the caller zeroes them before and steps the optimizer after.
   StepResult train_step(const Batch& batch, int64_t micro_batches, const LossFn& loss_fn, const StepPosition& at = {});
 
-  /// The schedule of train_step: "1f1b" (default), "gpipe", "interleaved", "zbh1" or "zbv"
-  /// (parallel/schedule.h).
+  /// The schedule of train_step, a name of the registry (schedule_kinds() in parallel/schedule.h;
+  /// "1f1b" by default); an error lists the names.
   void set_schedule(const std::string& name);
   const std::string& schedule() const { return schedule_; }
   /// Stages per pipeline rank (pipeline.virtual_stages; > 1 with the interleaved schedule, 2 with

@@ -3,6 +3,8 @@
 // only matched messages for 1..8 stages x 1..16 micro-batches; Optimus-CC's epilogue-only flags;
 // the event simulation against the closed-form bubble and a hand-timed example.
 #include "parallel/schedule.h"
+#include "parallel/lowering.h"
+#include "parallel/simulate.h"
 #include "tests/common/testing.h"
 
 #include <c10/util/Exception.h>
@@ -336,7 +338,7 @@ TEST(Schedule, ValidateCatchesAStageOnTheWrongRankAndALocalOrder) {
   EXPECT_THROW(validate_schedule(sched, 2, StageLayout{2, 2}), c10::Error);
 }
 
-// ---- ZB-H1 (Note [ZB-H1] in parallel/schedule.cpp) --------------------------------------------
+// ---- ZB-H1 (Note [ZB-H1] in parallel/schedule_generators.cpp) ----------------------------------
 
 TEST(Schedule, ZeroBubbleH1Table) {
   // 1F1B's lists with each B_k split into I_k and W_{k - r}; the last r W's after the last I.
@@ -527,6 +529,60 @@ TEST(Schedule, GradientSendSlackOnTheDependencyGraph) {
   EXPECT_EQ(v.size(), 2u * 8);
   for (const SendSlack& x : v) EXPECT_GE(x.slack_s, 0.0) << action_token(x.send, true);
 }
+
+// ---- the registry, the text form, the lowering passes and the plan cache ------------------------
+
+// The smallest layout each record runs with `ranks` ranks (interleaved: two stages per rank).
+StageLayout layout_for(const ScheduleKind& k, int ranks) {
+  const int v = k.max_virtual_stages == 0 ? 2 : k.min_virtual_stages;
+  return StageLayout::of(ranks * v, v, k.placement);
+}
+
+TEST(Schedule, RegistryHoldsEveryScheduleAndItsRules) {
+  EXPECT_STREQ(known_schedules(), "gpipe, 1f1b, interleaved, zbh1, zbv");
+  EXPECT_EQ(schedule_names(), (std::vector<std::string>{"gpipe", "1f1b", "interleaved", "zbh1", "zbv"}));
+  for (const ScheduleKind& k : schedule_kinds()) {
+    EXPECT_EQ(&schedule_kind(k.name), &k);
+    EXPECT_EQ(placement_of(k.name), k.placement);
+    EXPECT_NE(schedules_help().find(std::string(k.name) + ": " + k.help), std::string::npos) << k.name;
+    EXPECT_NO_THROW(validate_schedule(make_schedule(k.name, layout_for(k, 2), 4), 4, layout_for(k, 2))) << k.name;
+  }
+  EXPECT_EQ(find_schedule_kind("zigzag"), nullptr);
+  EXPECT_NE(error_of([] { schedule_kind("zigzag"); })
+                .find("unknown pipeline schedule 'zigzag'; known: gpipe, 1f1b, interleaved, zbh1, zbv"),
+            std::string::npos);
+  EXPECT_EQ(schedule_kind("interleaved").virtual_stages_problem(5), "");
+  EXPECT_EQ(schedule_kind("zbv").virtual_stages_problem(1),
+            "pipeline.schedule = zbv places two stages on each rank in a V: it needs pipeline.virtual_stages = 2 "
+            "(got 1)");
+  EXPECT_EQ(schedule_kind("zbh1").virtual_stages_problem(2),
+            "pipeline.virtual_stages = 2 needs pipeline.schedule = interleaved or zbv (zbh1 runs one stage per rank)");
+  EXPECT_EQ(schedule_kind("1f1b").virtual_stages_problem(3),
+            "pipeline.virtual_stages = 3 needs pipeline.schedule = interleaved (1f1b runs one stage per rank)");
+  EXPECT_NE(error_of([] { make_schedule("gpipe", StageLayout{2, 2}, 2); }).find("gpipe runs one stage per rank"),
+            std::string::npos);
+}
+
+TEST(Schedule, LoweringIsItsPassesInOrder) {
+  for (const ScheduleKind& k : schedule_kinds()) {
+    SCOPED_TRACE(k.name);
+    const StageLayout layout = layout_for(k, 3);
+    const auto compute = compute_schedule(k.name, layout, 6);
+    auto lists = add_sends_and_receives(compute, layout);
+    const auto placed = lists;
+    order_receives_as_sent(lists);
+    // Only a V placement sends both kinds of message on one direction of a link.
+    if (k.placement == Placement::RoundRobin) {
+      EXPECT_TRUE(lists == placed);
+    }
+    for (const auto& l : lists)
+      for (const Action& a : l) EXPECT_TRUE(a.compress_backward && a.critical) << action_token(a, true);
+    mark_epilogue_only(lists);
+    mark_critical(lists, layout);
+    EXPECT_TRUE(lists == lower(compute, layout));
+  }
+}
+
 
 }  // namespace
 }  // namespace tl
