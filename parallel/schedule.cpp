@@ -1,8 +1,10 @@
-// The action IR: kinds of actions, the placement of stages on ranks, and the text form of a list.
+// The action IR: kinds of actions, the placement of stages on ranks, and the text form of a list
+// (printed and parsed back).
 #include "parallel/schedule.h"
 
 #include <c10/util/Exception.h>
 
+#include <cctype>
 #include <sstream>
 
 namespace tl {
@@ -79,17 +81,26 @@ bool several_stages_per_rank(const std::vector<RankSchedule>& schedule) {
   return false;
 }
 
-std::string format_rows(const std::vector<RankSchedule>& schedule, bool with_comm, bool with_stage) {
+std::string format_rows(const std::vector<RankSchedule>& schedule, bool with_comm, bool with_stage, bool exact) {
   std::ostringstream os;
   for (size_t r = 0; r < schedule.size(); ++r) {
     os << "rank " << r << ":";
     for (const Action& a : schedule[r]) {
       if (!with_comm && !is_compute(a.type)) continue;
       os << " " << action_token(a, with_stage);
+      if (exact && a.type == ActionType::SendGrad && !a.critical) os << "+";
     }
     os << "\n";
   }
   return os.str();
+}
+
+// Reads a non-negative decimal at `i` of `s` (advancing i); -1 when there is none.
+int read_number(const std::string& s, size_t& i) {
+  const size_t start = i;
+  long v = 0;
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])) && v < (1L << 30)) v = v * 10 + (s[i++] - '0');
+  return i == start ? -1 : static_cast<int>(v);
 }
 
 }  // namespace
@@ -106,7 +117,67 @@ std::string action_token(const Action& a, bool with_stage) {
 }
 
 std::string format_schedule(const std::vector<RankSchedule>& schedule, bool with_comm) {
-  return format_rows(schedule, with_comm, several_stages_per_rank(schedule));
+  return format_rows(schedule, with_comm, several_stages_per_rank(schedule), /*exact=*/false);
+}
+
+std::string schedule_text(const std::vector<RankSchedule>& schedule) {
+  return format_rows(schedule, /*with_comm=*/true, /*with_stage=*/true, /*exact=*/true);
+}
+
+Action parse_action(const std::string& token, int rank, const StageLayout& layout) {
+  auto bad = [&](const char* why) {
+    TORCH_CHECK(false, "schedule text: token '", token, "' on rank ", rank, ": ", why,
+                "; expected F, B, I, W, SA, RA, SG or RG, a micro-batch, optionally s and a stage, and on SG "
+                "optionally ~ (compress_backward = false) and + (critical = false), e.g. F3, SG0s2~+");
+  };
+  size_t i = 0;
+  const Prefix* kind = nullptr;
+  for (const Prefix& x : kPrefixes) {  // two-letter prefixes never begin with a one-letter one
+    const std::string p = x.text;
+    if (token.compare(0, p.size(), p) == 0) kind = &x, i = p.size();
+  }
+  if (!kind) bad("unknown action");
+  Action a{kind->type, -1, read_number(token, i)};
+  if (a.micro_batch < 0) bad("no micro-batch");
+  if (i < token.size() && token[i] == 's') {
+    ++i;
+    a.stage = read_number(token, i);
+    if (a.stage < 0 || a.stage >= layout.stages()) bad("no stage of the layout after 's'");
+  } else {
+    const std::vector<int> own = layout.stages_of(rank);
+    if (own.size() != 1) bad("no stage, and the rank holds several");
+    a.stage = own.front();
+  }
+  if (a.type == ActionType::SendGrad && i < token.size() && token[i] == '~') a.compress_backward = false, ++i;
+  if (a.type == ActionType::SendGrad && i < token.size() && token[i] == '+') a.critical = false, ++i;
+  if (i != token.size()) bad("unexpected characters at the end");
+  if (!is_compute(a.type)) {
+    const int other = peer_stage(a);
+    if (other < 0 || other >= layout.stages()) bad("a message to a stage the layout does not have");
+    a.peer = layout.rank_of(other);
+  }
+  return a;
+}
+
+std::vector<RankSchedule> parse_schedule(const std::string& text, const StageLayout& layout) {
+  std::vector<RankSchedule> out;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty()) continue;
+    const int r = static_cast<int>(out.size());
+    const std::string head = "rank " + std::to_string(r) + ":";
+    TORCH_CHECK(line.compare(0, head.size(), head) == 0, "schedule text: row ", r + 1, " '", line,
+                "' does not start with '", head, "' (one row per rank, in order)");
+    TORCH_CHECK(r < layout.ranks, "schedule text: ", r + 1, " rows for a layout of ", layout.ranks, " ranks");
+    std::istringstream tokens(line.substr(head.size()));
+    RankSchedule l;
+    for (std::string t; tokens >> t;) l.push_back(parse_action(t, r, layout));
+    out.push_back(std::move(l));
+  }
+  TORCH_CHECK(static_cast<int>(out.size()) == layout.ranks, "schedule text: ", out.size(), " rows for a layout of ",
+              layout.ranks, " ranks");
+  return out;
 }
 
 }  // namespace tl

@@ -2,8 +2,8 @@
 // Pipeline schedules as data: for every rank, the ordered list of actions it executes in one
 // training step -- compute (forward / backward of one micro-batch on one of its stages) and the
 // point-to-point messages between stages on different ranks. An executor (in-process or the
-// multi-process runtime) walks its rank's list; a schedule can be printed, checked and timed
-// without running a model. The shape follows torch.distributed.pipelining's schedules.
+// multi-process runtime) walks its rank's list; a schedule can be printed, parsed back, checked
+// and timed without running a model. The shape follows torch.distributed.pipelining's schedules.
 //
 // A schedule is built in two passes, as torch.distributed.pipelining builds its own:
 //   1. the *compute* schedule: per rank, the order of its Forward and Backward actions
@@ -159,6 +159,14 @@ std::vector<RankSchedule> make_schedule(const std::string& name, int stages, int
 /// Forward-only lists of one micro-batch (evaluation), lowered.
 std::vector<RankSchedule> forward_only_schedule(const StageLayout& layout);
 
+/// The lowered lists of make_schedule(name, layout, micro_batches), built once per (schedule,
+/// layout, micro-batches) in this process and reused: a step asks for its plan without lowering
+/// it again. Thread-safe; the reference stays valid for the life of the process. Errors as
+/// make_schedule's (nothing is kept for a bad key).
+const std::vector<RankSchedule>& cached_schedule(const std::string& name, const StageLayout& layout, int micro_batches);
+/// forward_only_schedule(layout), built once per layout likewise.
+const std::vector<RankSchedule>& cached_forward_only_schedule(const StageLayout& layout);
+
 /// GPipe: every forward (micro-batch 0..M-1), then every backward (0..M-1).
 std::vector<RankSchedule> gpipe_schedule(int stages, int micro_batches);
 /// 1F1B: stage s runs min(S - s - 1, M) warm-up forwards, then alternates one forward and one
@@ -187,6 +195,18 @@ std::string action_token(const Action& a, bool with_stage = false);
 /// listed (the classic picture); with true every action. Stages are named when a rank holds
 /// several.
 std::string format_schedule(const std::vector<RankSchedule>& schedule, bool with_comm = false);
+/// The exact text of a list: format_schedule(schedule, true) with every token naming its stage and
+/// a "+" after a gradient send with slack (critical = false): "rank 1: RA0s1 F0s1 ... SG0s1~+".
+/// parse_schedule reads it back to the same actions.
+std::string schedule_text(const std::vector<RankSchedule>& schedule);
+/// One token of format_schedule or schedule_text on `rank`: a token without its stage belongs to the
+/// rank's only stage (an error when `layout` puts several on it); a message's peer is the rank of
+/// the stage on its other end. Errors name the token and the grammar.
+Action parse_action(const std::string& token, int rank, const StageLayout& layout);
+/// Reads format_schedule's (with_comm) or schedule_text's form: one "rank r: ..." row per rank of
+/// `layout`, in order. parse_schedule(schedule_text(s), layout) == s for a lowered s.
+std::vector<RankSchedule> parse_schedule(const std::string& text, const StageLayout& layout);
+
 /// Structural checks of a hand-made or generated schedule: list r holds only the stages of rank
 /// r; every micro-batch is forwarded and backwarded once on every stage; a stage receives its
 /// input before the forward and sends it after; gradients likewise; messages name the right

@@ -1,6 +1,10 @@
 // The registry of schedules by name, and building a schedule's lists from it: compute lists from the
-// record's generator, lowered (parallel/lowering.h).
+// record's generator, lowered (parallel/lowering.h), and kept once built (cached_schedule).
 #include <c10/util/Exception.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "parallel/lowering.h"
 #include "parallel/schedule.h"
@@ -104,6 +108,39 @@ std::vector<RankSchedule> forward_only_schedule(const StageLayout& layout) {
   for (int r = 0; r < layout.ranks; ++r)
     for (int s : layout.stages_of(r)) compute_lists[r].push_back(Action{ActionType::Forward, s, 0});
   return lower(compute_lists, layout);
+}
+
+namespace {
+
+// Plans by (schedule name, ranks, virtual stages, placement, micro-batches); "" names the
+// forward-only plan. std::map keeps its values in place, so references stay valid.
+using PlanKey = std::tuple<std::string, int, int, Placement, int>;
+
+template <typename Build>
+const std::vector<RankSchedule>& cached(const PlanKey& key, Build build) {
+  static std::mutex mutex;
+  static std::map<PlanKey, std::vector<RankSchedule>> plans;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = plans.find(key);
+    if (it != plans.end()) return it->second;
+  }
+  std::vector<RankSchedule> plan = build();  // outside the lock; a racing builder's copy is dropped
+  std::lock_guard<std::mutex> lock(mutex);
+  return plans.emplace(key, std::move(plan)).first->second;
+}
+
+}  // namespace
+
+const std::vector<RankSchedule>& cached_schedule(const std::string& name, const StageLayout& layout,
+                                                 int micro_batches) {
+  const PlanKey key{name, layout.ranks, layout.virtual_stages, layout.placement, micro_batches};
+  return cached(key, [&] { return make_schedule(name, layout, micro_batches); });
+}
+
+const std::vector<RankSchedule>& cached_forward_only_schedule(const StageLayout& layout) {
+  const PlanKey key{"", layout.ranks, layout.virtual_stages, layout.placement, 1};
+  return cached(key, [&] { return forward_only_schedule(layout); });
 }
 
 std::vector<RankSchedule> gpipe_schedule(int stages, int micro_batches) {

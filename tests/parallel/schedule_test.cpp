@@ -12,6 +12,7 @@
 
 #include <functional>
 #include <sstream>
+#include <thread>
 
 namespace tl {
 namespace {
@@ -563,6 +564,39 @@ TEST(Schedule, RegistryHoldsEveryScheduleAndItsRules) {
             std::string::npos);
 }
 
+TEST(Schedule, TextRoundTripsEveryLoweredList) {
+  for (const ScheduleKind& k : schedule_kinds())
+    for (int P = 1; P <= 4; ++P)
+      for (int M : {1, 2, 4, 8}) {
+        const StageLayout layout = layout_for(k, P);
+        if (k.max_virtual_stages == 0 && M % P != 0) continue;  // interleaved: M a multiple of P
+        SCOPED_TRACE(std::string(k.name) + " ranks " + std::to_string(P) + " micro-batches " + std::to_string(M));
+        const auto sched = make_schedule(k.name, layout, M);
+        const std::string text = schedule_text(sched);
+        ASSERT_TRUE(parse_schedule(text, layout) == sched) << text;
+        // format_schedule's form reads back to the same tokens (it does not print `critical`).
+        const std::string shown = format_schedule(sched, true);
+        EXPECT_EQ(format_schedule(parse_schedule(shown, layout), true), shown);
+      }
+  // 1F1B's cool-down sends with slack (GradientSendSlackOnTheDependencyGraph) carry the "+".
+  const std::string one = schedule_text(one_f_one_b_schedule(2, 2));
+  EXPECT_EQ(one, "rank 0: F0s0 SA0s0 F1s0 SA1s0 RG0s0 B0s0 RG1s0 B1s0\n"
+                 "rank 1: RA0s1 F0s1 B0s1 RA1s1 SG0s1~+ F1s1 B1s1 SG1s1\n");
+  const StageLayout two = StageLayout::of(2);
+  EXPECT_EQ(parse_action("SG3s1~+", 1, two), (Action{ActionType::SendGrad, 1, 3, false, 0, false}));
+  EXPECT_EQ(parse_action("RA0", 1, two), (Action{ActionType::RecvActivation, 1, 0, true, 0}));
+  for (const char* bad : {"X3", "F", "F1s7", "F1x", "SA1s1"})
+    EXPECT_NE(error_of([&] { parse_action(bad, 1, two); }).find(std::string("token '") + bad + "' on rank 1"),
+              std::string::npos)
+        << bad;
+  EXPECT_NE(error_of([] { parse_action("F0", 0, StageLayout::of(4, 2)); }).find("the rank holds several"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { parse_schedule("rank 1: F0\n", two); }).find("does not start with 'rank 0:'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { parse_schedule("rank 0: F0\n", two); }).find("1 rows for a layout of 2 ranks"),
+            std::string::npos);
+}
+
 TEST(Schedule, LoweringIsItsPassesInOrder) {
   for (const ScheduleKind& k : schedule_kinds()) {
     SCOPED_TRACE(k.name);
@@ -583,6 +617,27 @@ TEST(Schedule, LoweringIsItsPassesInOrder) {
   }
 }
 
+TEST(Schedule, CachedPlansAreBuiltOnceAndEqualMakeSchedule) {
+  const StageLayout layout = StageLayout::of(4, 2);
+  const std::vector<RankSchedule>& plan = cached_schedule("interleaved", layout, 4);
+  EXPECT_EQ(&plan, &cached_schedule("interleaved", layout, 4));
+  EXPECT_TRUE(plan == make_schedule("interleaved", layout, 4));
+  EXPECT_NE(&plan, &cached_schedule("interleaved", layout, 8));
+  EXPECT_NE(&plan, &cached_schedule("zbv", StageLayout::of(4, 2, Placement::V), 4));
+  EXPECT_EQ(&cached_forward_only_schedule(layout), &cached_forward_only_schedule(layout));
+  EXPECT_TRUE(cached_forward_only_schedule(layout) == forward_only_schedule(layout));
+  // A bad key keeps nothing: it fails each time, with make_schedule's error.
+  for (int i = 0; i < 2; ++i)
+    EXPECT_NE(error_of([&] { cached_schedule("interleaved", layout, 3); }).find("must be a multiple of the 2"),
+              std::string::npos);
+  // Threads asking for one plan at once share it.
+  std::vector<const std::vector<RankSchedule>*> seen(4);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < seen.size(); ++i)
+    threads.emplace_back([&seen, i] { seen[i] = &cached_schedule("zbh1", StageLayout::of(4), 16); });
+  for (auto& t : threads) t.join();
+  for (const auto* p : seen) EXPECT_EQ(p, seen.front());
+}
 
 }  // namespace
 }  // namespace tl
