@@ -26,7 +26,7 @@
 // schedule places off the critical path (send_backward's GradSendPlace) goes uncompressed, and an
 // error-feedback backward codec (ef, lazy) delivers its pending residual with them. Which
 // sends are critical: Optimus-CC's rule for 1F1B (EpilogueRule::Optimus), or zero slack on the
-// step's dependency graph (CriticalPath; Note [slack of a gradient send] in parallel/schedule.h).
+// step's dependency graph (CriticalPath; Note [slack of a gradient send] in parallel/slack.h).
 //
 // Statistics per direction (reset_stats()): exact bytes sent (Payload::nbytes), uncompressed
 // bytes (the boundary input's numel x element size, each way), relative error ||x - x^||/||x||

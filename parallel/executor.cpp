@@ -5,10 +5,7 @@
 namespace tl {
 
 StageLayout ScheduleSettings::layout(int stages) const {
-  // Validates the name (on the smallest layout the schedule runs on), then the placement.
-  compute_schedule(schedule, StageLayout{1, schedule == "interleaved" || schedule == "zbv" ? 2 : 1, placement_of(schedule)},
-                   1);
-  return StageLayout::of(stages, virtual_stages, placement_of(schedule));
+  return StageLayout::of(stages, virtual_stages, schedule_kind(schedule).placement);  // the name, then the placement
 }
 
 int64_t peak_resident_bytes() {

@@ -8,14 +8,14 @@
 //
 // Both run the one schedule interpreter (parallel/interpreter.h) over a Channel, with the step's
 // lowered action lists made once per (schedule, layout, micro-batches) and kept (Note [plans are
-// made once]). The Pipeline (parallel/pipeline.h) is the model, its cuts and its boundaries, and
+// made once]: cached_schedule in parallel/schedule.h). The Pipeline (parallel/pipeline.h) is the model, its cuts and its boundaries, and
 // nothing of running: what runs it, and how (schedule, placement, links, device model), lives here.
 //
 // Note [plans are made once]. Lowering a schedule (parallel/schedule.h: generate the compute
 // actions, insert sends and receives, order them, compute slacks for the epilogue flags) costs
 // more than a small model's step; a step changes none of its inputs except, for the last batch
-// of an epoch, the number of micro-batches. Each executor keeps its lowered lists by
-// micro-batch count.
+// of an epoch, the number of micro-batches. The executors take their lists from
+// cached_schedule, which lowers each (schedule, layout, micro-batches) once per process.
 
 #include <functional>
 #include <map>
@@ -38,7 +38,7 @@ class Pipeline;
 
 /// How the stages run: what an executor takes once, when a run is assembled.
 struct ScheduleSettings {
-  std::string schedule = "1f1b";  // gpipe, 1f1b, interleaved, zbh1, zbv (parallel/schedule.h)
+  std::string schedule = "1f1b";  // a name of the registry (schedule_kinds() in parallel/schedule.h)
   int virtual_stages = 1;         // stages per pipeline rank (pipeline.virtual_stages)
   std::vector<LinkSpec> links;    // one per boundary (emulated links); empty: ideal links
   DeviceModel device;             // the compute the in-process timeline models; default "measured"

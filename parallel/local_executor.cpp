@@ -17,12 +17,6 @@ LocalExecutor::LocalExecutor(Pipeline& pipeline, LossFn loss_fn, ScheduleSetting
   links_ = link_specs_by_rank_pair(layout_, settings_.links);  // boundaries sharing a link must agree
 }
 
-const std::vector<RankSchedule>& LocalExecutor::plan(int micro_batches) {
-  auto it = plans_.find(micro_batches);
-  if (it == plans_.end()) it = plans_.emplace(micro_batches, make_schedule(settings_.schedule, layout_, micro_batches)).first;
-  return it->second;
-}
-
 const StepTiming& LocalExecutor::last_timing() const {
   TORCH_CHECK(stepped_, "LocalExecutor: no train_step has run yet");
   return timing_;
@@ -58,7 +52,7 @@ void run_to_completion(std::vector<std::unique_ptr<RankInterpreter>>& ranks, con
 StepResult LocalExecutor::train_step(const Batch& batch, int64_t micro_batches, const StepPosition& at,
                                      StepTiming* timing) {
   const MicroBatches split = split_micro_batches(batch, micro_batches, at);
-  const std::vector<RankSchedule>& lists = plan(split.size());
+  const std::vector<RankSchedule>& lists = cached_schedule(settings_.schedule, layout_, split.size());
   // One GradAccumulator over every parameter, so tied parameters (registered in two stages) are
   // divided once: each stage's backward adds its part, seeded with the micro-batch's units.
   GradAccumulator acc(pipeline_.parameters());
@@ -103,7 +97,7 @@ at::Tensor LocalExecutor::evaluate_batch(const Batch& batch, bool compression) {
   NoGradGuard no_grad;
   ScopedInference inference(pipeline_, compression);
   const MicroBatches one = evaluation_batch(batch);
-  const std::vector<RankSchedule> lists = forward_only_schedule(layout_);
+  const std::vector<RankSchedule>& lists = cached_forward_only_schedule(layout_);
   LocalChannel channel;
   std::vector<std::unique_ptr<RankInterpreter>> ranks;
   for (int r = 0; r < layout_.ranks; ++r)

@@ -55,16 +55,12 @@ class LocalExecutor : public Executor {
   std::string restore_rank_state(const std::string& path) override { return ""; }
 
  private:
-  // The lowered lists of a step of `micro_batches` (Note [plans are made once]).
-  const std::vector<RankSchedule>& plan(int micro_batches);
-
   Pipeline& pipeline_;
   LossFn loss_fn_;
   ScheduleSettings settings_;
   StageLayout layout_;
   std::map<std::pair<int, int>, LinkSpec> links_;  // by (sender, receiver) pipeline rank
   bool model_clock_ = true;
-  std::map<int, std::vector<RankSchedule>> plans_;  // by micro-batch count
   StepTiming timing_;
   bool stepped_ = false;
 };

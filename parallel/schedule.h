@@ -1,76 +1,41 @@
 #pragma once
-// Pipeline schedules as data: for every rank (one stage per rank), the ordered list of actions it
-// executes in one training step -- compute (forward / backward of one micro-batch) and the
-// point-to-point messages between adjacent stages. An executor (in-process loop or threads, or the
-// multi-process runtime) just walks its rank's list; a schedule can be printed, checked and
-// timed without running a model. The shape follows torch.distributed.pipelining's schedules.
+// Pipeline schedules as data: for every rank, the ordered list of actions it executes in one
+// training step -- compute (forward / backward of one micro-batch on one of its stages) and the
+// point-to-point messages between stages on different ranks. An executor (in-process or the
+// multi-process runtime) walks its rank's list; a schedule can be printed, parsed back, checked
+// and timed without running a model. The shape follows torch.distributed.pipelining's schedules.
 //
-// Note [blocking send/recv and the order of messages on a link]. The multi-process runtime uses
-// plain blocking send/recv (Gloo's batched isend/irecv hangs). On Gloo a send is a rendezvous:
-// the bytes move only once the peer has posted the matching recv, so `send` blocks until the peer
-// reaches it. Two rules make such a program deadlock-free:
-//   1. On every link (s, s+1) both ends perform their halves of the link's messages in the same
-//      order: if stage s's list sends activation 3 and then receives gradient 0, stage s+1's list
-//      receives activation 3 before it sends gradient 0. (If not, both can sit in a send, each
-//      waiting for the other's recv.)
-//   2. No cycle of waits across links. Every list here has the shape "warm-up forwards, then
-//      pairs, then cool-down backwards", and the simulator in tests/parallel/schedule_test.cpp runs
-//      every list of 1..8 stages x 1..16 micro-batches with rendezvous semantics (and with a
-//      per-rank FIFO send thread) and finds no deadlock and no mismatched message.
-// 1F1B's textbook steady state on stage s, "RecvAct(f) F(f) SendAct(f) RecvGrad(b) B(b) SendGrad(b)",
-// breaks rule 1: on link (s-1, s) stage s sends gradient b (end of its step) before it receives
-// activation f+1 (start of its next step), while stage s-1 sends activation f+1 (right after its
-// forward) before it receives gradient b. Both sit in a send. Here the receive of the next
-// activation moves before the gradient send, so that on every link the activation of the steady
-// step goes first, then the gradient:
-//     warm-up:   RecvAct(f) F(f) SendAct(f)            (f < w = min(S - s - 1, M)), then RecvAct(w)
-//     steady:    F(f) SendAct(f) RecvGrad(b) B(b) RecvAct(f + 1) SendGrad(b)
-//     cool-down: RecvGrad(b) B(b) SendGrad(b)
-// (no RecvAct on the first stage, no SendAct / RecvGrad on the last). Waiting for activation f+1
-// before sending gradient b costs nothing: stage s-1 sent it right after its forward, before it
-// started waiting for gradient b. With a communication thread (sends queued and executed in list
-// order) the same lists are safe too, and compute never blocks on a send. (Receiving gradient b
-// *before* sending activation f would also satisfy rule 1 but delays every activation by a round
-// trip on the link: on a 100 ms link that is 200 ms per micro-batch.)
+// A schedule is built in two passes, as torch.distributed.pipelining builds its own:
+//   1. the *compute* schedule: per rank, the order of its Forward and Backward actions
+//      (the registry's generators, parallel/schedule_generators.h);
+//   2. lower(): inserts the messages and decides what each send does (parallel/lowering.h).
+// The event simulator and the critical-path slack read lowered lists (parallel/simulate.h,
+// parallel/slack.h).
 //
-// Note [interleaving needs the send thread]. With several stages per rank (interleaved 1F1B) the
-// messages go round the ring (the last rank's stage sends to rank 0's next stage), and rule 1
-// cannot hold with purely blocking sends: with P = 2 ranks, rank 1 sends stage 1's activation to
-// rank 0 (stage 2) while rank 0 sends the next micro-batch to rank 1 (stage 1), each waiting for
-// the other's receive. With sends queued on a communication thread (SendMode::SendQueue), which
-// is how the multi-process runtime sends, every interleaved list runs; tests/parallel/
-// schedule_test.cpp checks up to 4 ranks x 3 virtual stages x 16 micro-batches. (Megatron batches
-// the two transfers into one P2P call for the same reason.)
-//
-// Note [ZB-H1 needs the send thread]. Lowering moves the next forward's activation receive before
-// a gradient send only when that forward comes right after the backward. In ZB-H1 a W often sits
-// between them (rank r: I_k, W_{k-r}, F_{k+...}); moving the receive there would make the rank wait
-// for the activation before its W, and the W would then delay the gradient its neighbour waits
-// for (a slot per rank per step on uniform stages, the bubble ZB-H1 exists to remove). So the
-// receive stays after the W, the gradient goes first on that link while the neighbour sends the
-// activation first, and with purely blocking sends both sit in a send. With the runtime's send
-// thread (SendMode::SendQueue) every ZB-H1 list of 1..8 ranks x 1..16 micro-batches runs
-// (tests/parallel/schedule_test.cpp), as Note [interleaving needs the send thread] says of
-// interleaved 1F1B.
-//
-// Note [epilogue-only backward compression (Optimus-CC)]. Optimus-CC compresses only the
-// gradient sends on the critical path of 1F1B: those of the cool-down phase (the receiver is
-// waiting for them, nothing overlaps them) and the last send of the steady state (it opens the
-// cool-down of the stage before). Steady-state sends before that overlap the receiver's forward
-// work and go uncompressed. lower() marks a gradient send `compress_backward = false` when its rank
-// still has a forward to run after it (for 1F1B: every steady-state send but the last); every
-// other SendGrad (all of GPipe's: its backward phase is one long drain) keeps `true`.
-// The flag only matters when a boundary is configured epilogue-only; otherwise executors ignore it.
+// This header holds the action IR, the placement of stages on ranks, the text form of a list, the
+// structural checks, and the registry of the schedules by name, from which config, pipeline and
+// CLI take their names, placements and virtual-stage rules.
 
 #include <string>
 #include <vector>
 
 namespace tl {
 
+// ---- the action IR ------------------------------------------------------------------------------
+
 /// Backward is a stage's whole backward. Zero-bubble schedules split it (Note [split backward] in
 /// autograd/engine.cpp): BackwardInput computes the gradient of the stage's input (and sends it, as
 /// Backward does), BackwardWeight later computes the weight gradients (no message).
-enum class ActionType { Forward, Backward, SendActivation, RecvActivation, SendGrad, RecvGrad, BackwardInput, BackwardWeight };
+enum class ActionType {
+  Forward,
+  Backward,
+  SendActivation,
+  RecvActivation,
+  SendGrad,
+  RecvGrad,
+  BackwardInput,
+  BackwardWeight
+};
 
 /// One step of one rank's list. `stage` is the stage the action belongs to (a rank may hold
 /// several: StageLayout); the stage on the other end of a message is stage + 1 (SendActivation,
@@ -80,12 +45,12 @@ struct Action {
   int stage;
   int micro_batch;
   /// Optimus-CC epilogue-only: false for backward sends off the critical path (SendGrad only;
-  /// set by lower(), Note [epilogue-only backward compression]).
+  /// set by lower(), Note [epilogue-only backward compression] in parallel/lowering.h).
   bool compress_backward = true;
   /// Messages: the rank on the other end (set by lower()); -1 for compute actions.
   int peer = -1;
   /// The critical-path question answered by the step's dependency graph: zero slack (SendGrad
-  /// only; set by lower() with uniform stages, Note [slack of a gradient send]).
+  /// only; set by lower() with uniform stages, Note [slack of a gradient send] in parallel/slack.h).
   bool critical = true;
 
   bool operator==(const Action& o) const {
@@ -99,8 +64,12 @@ using RankSchedule = std::vector<Action>;
 bool is_compute(ActionType t);
 bool is_send(ActionType t);
 bool is_recv(ActionType t);
+/// The action that takes a stage's output gradient and sends its input's: B, or I of a split backward.
+bool takes_gradient(ActionType t);
 /// The stage on the other end of a message action; -1 for compute.
 int peer_stage(const Action& a);
+
+// ---- where stages live --------------------------------------------------------------------------
 
 /// How stages are placed on the ranks. RoundRobin (Megatron's layout): stage s on rank s % P, so
 /// rank r holds r, r + P, r + 2P, ... V (ZB-V's, two stages per rank): rank r holds stages r and
@@ -124,43 +93,85 @@ struct StageLayout {
   /// `stages` stages over stages / virtual_stages ranks; an error names both numbers when
   /// virtual_stages does not divide stages, or when a V placement has other than 2 per rank.
   static StageLayout of(int stages, int virtual_stages = 1, Placement placement = Placement::RoundRobin);
+
+  bool operator==(const StageLayout& o) const {
+    return ranks == o.ranks && virtual_stages == o.virtual_stages && placement == o.placement;
+  }
 };
 
-/// The placement a schedule runs on: V for "zbv", round robin for the others.
+/// Errors naming the number when ranks, virtual stages or micro-batches are < 1.
+void check_schedule_sizes(const StageLayout& layout, int micro_batches);
+
+// ---- the registry of schedules ------------------------------------------------------------------
+
+/// Builds the compute-only lists (no messages) of a schedule for a layout its record accepts.
+using ComputeGenerator = std::vector<RankSchedule> (*)(const StageLayout& layout, int micro_batches);
+
+/// One record per schedule name: what config, Pipeline and the CLI know of a schedule.
+struct ScheduleKind {
+  const char* name;
+  /// How its stages are placed on the ranks.
+  Placement placement;
+  /// Stages per rank it runs: min_virtual_stages..max_virtual_stages (max 0: no upper bound).
+  int min_virtual_stages;
+  int max_virtual_stages;
+  /// With more than one stage per rank: how the stages sit ("places two stages on each rank in a
+  /// V"), for error messages.
+  const char* stages_per_rank;
+  ComputeGenerator generate;
+  /// One line for config and CLI help.
+  const char* help;
+
+  bool accepts_virtual_stages(int v) const {
+    return v >= min_virtual_stages && (max_virtual_stages == 0 || v <= max_virtual_stages);
+  }
+  /// "" when it runs `v` stages per rank, else the error that says what it needs, naming
+  /// pipeline.schedule and pipeline.virtual_stages and the schedules that do run v.
+  std::string virtual_stages_problem(int v) const;
+};
+
+/// Every schedule, in the order messages list them: gpipe, 1f1b, interleaved, zbh1, zbv.
+const std::vector<ScheduleKind>& schedule_kinds();
+/// The record of `name`; an error "unknown pipeline schedule 'x'; known: ..." otherwise.
+const ScheduleKind& schedule_kind(const std::string& name);
+/// The record of `name`, or nullptr.
+const ScheduleKind* find_schedule_kind(const std::string& name);
+/// The names, in registry order.
+std::vector<std::string> schedule_names();
+/// The names for messages: "gpipe, 1f1b, interleaved, zbh1, zbv".
+const char* known_schedules();
+/// Every record's "name: help", joined by "; ", for config and CLI help.
+std::string schedules_help();
+/// The placement the named schedule runs on (V for zbv, round robin for the others).
 Placement placement_of(const std::string& schedule);
 
-// ---- compute schedules and their lowering ---------------------------------------------------
-//
-// A schedule is built in two passes, as torch.distributed.pipelining builds its own:
-//   1. the *compute* schedule: per rank, the order of its Forward and Backward actions;
-//   2. lower(): inserts the messages and decides what each send does.
-//
-// Note [lowering]. A message crosses between ranks wherever a stage's neighbour lives on another
-// rank (on the same rank the payload is handed over in memory: no action). lower() places, for
-// each compute action in a rank's list, the receives of its inputs right before it and the sends
-// of its outputs right after it, with one exception that keeps the blocking-send rule 1 below:
-// when a compute action sends a gradient to rank p and the rank's next compute action needs an
-// activation from p, that receive moves before the gradient send (on every link the activation
-// of a steady step goes first, then the gradient). The flags of Note [epilogue-only] are decided
-// here too, from the list: a gradient send is off the critical path when its rank still has a
-// forward to run after it (the receiver then has forward work to overlap it with).
+// ---- building the lists -------------------------------------------------------------------------
 
-/// Compute-only lists (no messages) of the named schedule: "gpipe", "1f1b", "zbh1" (one stage per
-/// rank), "interleaved" (Megatron's interleaved 1F1B over layout.virtual_stages stages per rank;
-/// micro_batches must be a multiple of layout.ranks when v > 1) or "zbv" (zero-bubble ZB-V: two
-/// stages per rank in a V placement). Errors name what is accepted.
+/// Compute-only lists (no messages) of the named schedule on `layout`: "gpipe", "1f1b", "zbh1" (one
+/// stage per rank), "interleaved" (Megatron's interleaved 1F1B over layout.virtual_stages stages
+/// per rank; micro_batches must be a multiple of layout.ranks when v > 1) or "zbv" (zero-bubble
+/// ZB-V: two stages per rank in a V placement). Errors name what is accepted.
 std::vector<RankSchedule> compute_schedule(const std::string& name, const StageLayout& layout, int micro_batches);
-/// Inserts sends and receives and the epilogue-only flags (Note [lowering]).
-std::vector<RankSchedule> lower(const std::vector<RankSchedule>& compute, const StageLayout& layout);
-/// compute_schedule + lower.
+/// compute_schedule + lower (parallel/lowering.h).
 std::vector<RankSchedule> make_schedule(const std::string& name, const StageLayout& layout, int micro_batches);
 /// One stage per rank: make_schedule(name, StageLayout::of(stages), micro_batches).
 std::vector<RankSchedule> make_schedule(const std::string& name, int stages, int micro_batches);
+/// Forward-only lists of one micro-batch (evaluation), lowered.
+std::vector<RankSchedule> forward_only_schedule(const StageLayout& layout);
+
+/// The lowered lists of make_schedule(name, layout, micro_batches), built once per (schedule,
+/// layout, micro-batches) in this process and reused: a step asks for its plan without lowering
+/// it again. Thread-safe; the reference stays valid for the life of the process. Errors as
+/// make_schedule's (nothing is kept for a bad key).
+const std::vector<RankSchedule>& cached_schedule(const std::string& name, const StageLayout& layout, int micro_batches);
+/// forward_only_schedule(layout), built once per layout likewise.
+const std::vector<RankSchedule>& cached_forward_only_schedule(const StageLayout& layout);
+
 /// GPipe: every forward (micro-batch 0..M-1), then every backward (0..M-1).
 std::vector<RankSchedule> gpipe_schedule(int stages, int micro_batches);
 /// 1F1B: stage s runs min(S - s - 1, M) warm-up forwards, then alternates one forward and one
 /// backward, then the remaining backwards (cool-down). Messages placed per Note [blocking
-/// send/recv and the order of messages on a link]; epilogue-only flags per Note [epilogue-only].
+/// send/recv and the order of messages on a link] (parallel/lowering.h).
 std::vector<RankSchedule> one_f_one_b_schedule(int stages, int micro_batches);
 /// Interleaved 1F1B (Megatron's virtual pipeline): rank r runs its forwards in rounds of P
 /// micro-batches, chunk 0 then chunk 1 ... (backwards with the chunks reversed), after
@@ -168,15 +179,33 @@ std::vector<RankSchedule> one_f_one_b_schedule(int stages, int micro_batches);
 std::vector<RankSchedule> interleaved_schedule(int ranks, int virtual_stages, int micro_batches);
 /// ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024): 1F1B with each backward split
 /// into I (input gradient, sent at once) and W (weight gradients), the W's placed where 1F1B would
-/// idle. Note [ZB-H1].
+/// idle. Note [ZB-H1] in parallel/schedule_generators.cpp.
 std::vector<RankSchedule> zbh1_schedule(int stages, int micro_batches);
 /// ZB-V (same paper): P ranks holding 2 stages each in a V placement (rank r: stages r and
-/// 2P - 1 - r), every backward split. Note [ZB-V].
+/// 2P - 1 - r), every backward split. Note [ZB-V] in parallel/schedule_generators.cpp.
 std::vector<RankSchedule> zbv_schedule(int ranks, int micro_batches);
-/// Forward-only lists of one micro-batch (evaluation), lowered.
-std::vector<RankSchedule> forward_only_schedule(const StageLayout& layout);
-/// The schedules make_schedule knows, for messages: "gpipe, 1f1b, interleaved, zbh1, zbv".
-const char* known_schedules();
+
+// ---- text and checks ----------------------------------------------------------------------------
+
+/// "F3", "B0", "I0" (input gradient), "W0" (weight gradients), "RA3" (recv activation), "SA3",
+/// "RG0", "SG0"; a SendGrad with compress_backward = false prints as "SG0~". With `with_stage` the
+/// stage follows: "F3s5".
+std::string action_token(const Action& a, bool with_stage = false);
+/// One row per rank: "rank 0: F0 F1 F2 F3 B0 ...". With `with_comm` false only compute actions are
+/// listed (the classic picture); with true every action. Stages are named when a rank holds
+/// several.
+std::string format_schedule(const std::vector<RankSchedule>& schedule, bool with_comm = false);
+/// The exact text of a list: format_schedule(schedule, true) with every token naming its stage and
+/// a "+" after a gradient send with slack (critical = false): "rank 1: RA0s1 F0s1 ... SG0s1~+".
+/// parse_schedule reads it back to the same actions.
+std::string schedule_text(const std::vector<RankSchedule>& schedule);
+/// One token of format_schedule or schedule_text on `rank`: a token without its stage belongs to the
+/// rank's only stage (an error when `layout` puts several on it); a message's peer is the rank of
+/// the stage on its other end. Errors name the token and the grammar.
+Action parse_action(const std::string& token, int rank, const StageLayout& layout);
+/// Reads format_schedule's (with_comm) or schedule_text's form: one "rank r: ..." row per rank of
+/// `layout`, in order. parse_schedule(schedule_text(s), layout) == s for a lowered s.
+std::vector<RankSchedule> parse_schedule(const std::string& text, const StageLayout& layout);
 
 /// Structural checks of a hand-made or generated schedule: list r holds only the stages of rank
 /// r; every micro-batch is forwarded and backwarded once on every stage; a stage receives its
@@ -185,93 +214,5 @@ const char* known_schedules();
 /// per rank.)
 void validate_schedule(const std::vector<RankSchedule>& schedule, int micro_batches);
 void validate_schedule(const std::vector<RankSchedule>& schedule, int micro_batches, const StageLayout& layout);
-
-/// "F3", "B0", "I0" (input gradient), "W0" (weight gradients), "RA3" (recv activation), "SA3",
-/// "RG0", "SG0"; a SendGrad with
-/// compress_backward = false prints as "SG0~". With `with_stage` the stage follows: "F3s5".
-std::string action_token(const Action& a, bool with_stage = false);
-/// One row per rank: "rank 0: F0 F1 F2 F3 B0 ...". With `with_comm` false only compute actions are
-/// listed (the classic picture); with true every action. Stages are named when a rank holds
-/// several.
-std::string format_schedule(const std::vector<RankSchedule>& schedule, bool with_comm = false);
-
-// ---- timing: an event simulation of the lists ---------------------------------------------------
-
-/// How sends behave in the simulation.
-enum class SendMode {
-  Eager,       // a send never blocks; the message is available to the receiver after its cost
-  Rendezvous,  // a send blocks until the receiver is at the matching recv (Gloo's blocking send)
-  SendQueue,   // sends go to a per-rank FIFO thread, each a rendezvous; compute never blocks on one
-};
-
-/// Durations in seconds (any unit works if used consistently). Per stage (indexed by stage, not
-/// rank): forward and backward of one micro-batch. Message costs are per message (0 = free links).
-struct SimCosts {
-  std::vector<double> forward_s;
-  std::vector<double> backward_s;
-  /// Per stage: the part of backward_s that is weight gradients (a split schedule runs it as W and
-  /// the rest as I); empty: half of backward_s.
-  std::vector<double> weight_s;
-  double activation_s = 0.0;
-  double grad_s = 0.0;
-  /// The same forward and backward time on every stage.
-  static SimCosts uniform(int stages, double forward_s, double backward_s);
-  /// What a compute action costs on its stage.
-  double of(const Action& a) const;
-};
-
-struct ComputeSpan {
-  Action action;
-  double start_s;
-  double end_s;
-};
-
-struct SimResult {
-  double step_s = 0.0;                          // when the last rank finishes its list
-  std::vector<double> compute_s;                // per rank: time spent computing
-  std::vector<double> finish_s;                 // per rank: when its list ends
-  std::vector<std::vector<ComputeSpan>> spans;  // per rank: every compute action's interval
-  /// Idle fraction of the ranks during the step: 1 - sum(compute) / (ranks * step).
-  double bubble() const;
-};
-
-/// Runs every rank's list with the given costs (zero-cost messages unless set). Errors, naming each
-/// rank's blocked action, if the lists deadlock under `mode`, or if a recv would get a different
-/// message than it expects (rule 1 of the Note broken).
-SimResult simulate_schedule(const std::vector<RankSchedule>& schedule, const SimCosts& costs,
-                            SendMode mode = SendMode::Eager);
-
-/// The textbook step time with uniform stages and free links: (M v + P - 1) (tf + tb) for P
-/// pipeline ranks holding v stages each (tf, tb: one stage's forward and backward of one
-/// micro-batch), i.e. M v slots of work per rank plus the P - 1 slots of the bubble. GPipe and
-/// 1F1B: v = 1; interleaved 1F1B shrinks the bubble v times relative to the work.
-double ideal_step_time(int ranks, int micro_batches, double forward_s, double backward_s, int virtual_stages = 1);
-
-/// Note [slack of a gradient send]. Optimus-CC compresses only the gradient sends on the critical
-/// path, and decides which ones those are for 1F1B by phase (Note [epilogue-only]). For any
-/// schedule the question has one answer on the step's dependency graph: nodes are the compute
-/// actions, with each action's cost; edges are each rank's order and the data between stages
-/// (activation of micro-batch mb from stage s to s + 1, its gradient from s + 1 back to s). The
-/// slack of a gradient send is how long it may be late without making the step longer: the latest
-/// start of the backward that consumes it, minus the end of the backward that produced it. Zero
-/// means it is on the critical path. Links are free here, so this is the slack the schedule itself
-/// gives. lower() sets Action::critical from it (uniform stages: F = 1, B = 2, I = W = 1) beside
-/// Optimus-CC's compress_backward; a boundary's EpilogueRule picks one; `tapeline schedule --slack`
-/// prints both.
-struct SendSlack {
-  int rank;       // the sending rank
-  Action send;    // its SendGrad action
-  double slack_s;
-};
-/// Every gradient send of a lowered schedule with its slack under `costs`, in list order per rank.
-std::vector<SendSlack> gradient_send_slack(const std::vector<RankSchedule>& schedule, const SimCosts& costs);
-
-/// ZB-H1's textbook step (Note [ZB-H1] in schedule.cpp), uniform stages, free links, M >= P:
-/// M (tf + ti + tw) + (P - 1)(tf + ti - tw), where ti + tw is one stage's whole backward.
-double ideal_zbh1_step_time(int ranks, int micro_batches, double forward_s, double input_s, double weight_s);
-
-/// The simulated timeline as text, one row per rank, one column per `slot_s` of time: forward
-/// micro-batch 3 prints "F3" in each slot it occupies, idle slots print "..". For docs and logs.
-std::string format_timeline(const SimResult& result, double slot_s);
 
 }  // namespace tl

@@ -104,7 +104,7 @@ def figure(fig, name):
 
 
 # ---- lab 4: pipeline schedules and emulated links --------------------------------------------------
-# The action lists come from `tapeline schedule` (parallel/schedule.cpp, what the runner executes);
+# The action lists come from `tapeline schedule` (parallel/schedule.h, what the runner executes);
 # the timing below is a transcription, small enough to read, of how the in-process executor times a
 # step (parallel/executor.cpp with the link model of parallel/link.h). An action is a (kind,
 # micro_batch, compress) triple: kind "F" or "B" (compute), "SA" / "RA" (send / receive an

@@ -13,6 +13,7 @@
 #include "parallel/ranks/data_parallel.h"
 #include "parallel/ranks/tensor_parallel.h"
 #include "parallel/ranks/fault.h"
+#include "parallel/schedule.h"
 #include "tasks/data/dataset.h"
 
 namespace tl {
@@ -316,14 +317,10 @@ const std::vector<Key>& schema() {
     add("train.eval_batch_size", "500", "integer >= 1", "batch size of the test-set evaluations",
         [](Config& c, const std::string& v) { c.train.eval_batch_size = parse_int(v, 1, 1 << 24, "an integer >= 1"); });
     // [pipeline], [dist]
-    add("pipeline.schedule", "1f1b", "1f1b, gpipe, interleaved, zbh1, zbv",
-        "order of the micro-batches' forwards and backwards on each stage; interleaved: Megatron's interleaved 1F1B "
-        "over pipeline.virtual_stages stages per rank; zbh1: zero-bubble ZB-H1, each backward split into the "
-        "input's gradient and the weights'; zbv: zero-bubble ZB-V, two stages per rank in a V "
-        "(pipeline.virtual_stages = 2) (docs/PIPELINE.md)",
-        [](Config& c, const std::string& v) {
-          c.pipeline.schedule = parse_choice(v, {"1f1b", "gpipe", "interleaved", "zbh1", "zbv"});
-        });
+    add("pipeline.schedule", "1f1b", known_schedules(),
+        "order of the micro-batches' forwards and backwards on each stage; " + schedules_help() +
+            " (docs/PIPELINE.md)",
+        [](Config& c, const std::string& v) { c.pipeline.schedule = parse_choice(v, schedule_names()); });
     add("pipeline.virtual_stages", "1", "integer >= 1",
         "stages per pipeline rank (Megatron's virtual pipeline): rank r holds stages r, r + P, r + 2P, ... of the "
         "model's stages, P = stages / virtual_stages; > 1 needs pipeline.schedule = interleaved and train.micro_batches "
@@ -633,14 +630,10 @@ Config Config::load(const std::string& ini_path, const std::vector<std::pair<std
   if (!c.data.mean.empty() && c.data.mean.size() != c.data.std.size())
     throw std::invalid_argument("data.mean has " + std::to_string(c.data.mean.size()) + " values but data.std has " +
                                 std::to_string(c.data.std.size()));
-  if (c.pipeline.schedule == "zbv" && c.pipeline.virtual_stages != 2)
-    throw std::invalid_argument("pipeline.schedule = zbv places two stages on each rank in a V: set "
-                                "pipeline.virtual_stages = 2 (got " +
-                                std::to_string(c.pipeline.virtual_stages) + ")");
-  if (c.pipeline.virtual_stages > 1 && c.pipeline.schedule != "interleaved" && c.pipeline.schedule != "zbv")
-    throw std::invalid_argument("pipeline.virtual_stages = " + std::to_string(c.pipeline.virtual_stages) +
-                                " needs pipeline.schedule = interleaved or zbv (" + c.pipeline.schedule +
-                                " runs one stage per rank)");
+  if (const ScheduleKind* k = find_schedule_kind(c.pipeline.schedule)) {  // its rule for stages per rank
+    const std::string problem = k->virtual_stages_problem(static_cast<int>(c.pipeline.virtual_stages));
+    if (!problem.empty()) throw std::invalid_argument(problem);
+  }
   if (c.train.micro_batches % c.parallel.dp != 0)
     throw std::invalid_argument("train.micro_batches = " + std::to_string(c.train.micro_batches) +
                                 " does not split evenly among parallel.dp = " + std::to_string(c.parallel.dp) +

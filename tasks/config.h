@@ -91,7 +91,7 @@ struct BoundarySettings {
 };
 
 struct PipelineSection {
-  std::string schedule = "1f1b";  // 1f1b | gpipe | interleaved
+  std::string schedule = "1f1b";  // a name of the schedule registry (parallel/schedule.h)
   int64_t virtual_stages = 1;     // stages per pipeline rank (interleaved)
   int64_t nproc = 1;              // > 1: one process per pipeline rank (tapeline train --nproc, or torchrun)
 };

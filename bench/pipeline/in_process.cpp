@@ -11,6 +11,7 @@
 
 #include "bench/bench_util.h"
 #include "parallel/local_executor.h"
+#include "parallel/simulate.h"
 
 namespace tl::bench_pipeline {
 namespace {

@@ -259,7 +259,7 @@ void run_probe(Pipeline& pipeline, const StageLayout& layout, Transport& transpo
                       C10dChannel::Phase::Evaluate, std::vector<bool>(pipeline.boundaries().size(), false),
                       "checking the model on two training samples", batch.input.device());
   const MicroBatches one = evaluation_batch(batch);  // the interpreter keeps a reference
-  RankInterpreter interpreter(pipeline, layout, rank, forward_only_schedule(layout).at(static_cast<size_t>(rank)),
+  RankInterpreter interpreter(pipeline, layout, rank, cached_forward_only_schedule(layout).at(static_cast<size_t>(rank)),
                               one, loss_fn, channel, RankInterpreter::Mode::Evaluate);
   interpreter.run();
   transport.barrier("checking the model on two training samples");
@@ -269,12 +269,6 @@ void run_probe(Pipeline& pipeline, const StageLayout& layout, Transport& transpo
 }
 
 // ---- training -------------------------------------------------------------------------------------
-
-const std::vector<RankSchedule>& DistExecutor::plan(int micro_batches) {
-  auto it = plans_.find(micro_batches);
-  if (it == plans_.end()) it = plans_.emplace(micro_batches, make_schedule(schedule_, layout_, micro_batches)).first;
-  return it->second;
-}
 
 StepResult DistExecutor::train_step(const Batch& batch, int64_t micro_batches, const StepPosition& at,
                                     StepTiming* timing) {
@@ -300,7 +294,7 @@ StepResult DistExecutor::train_step(const Batch& batch, int64_t micro_batches, c
   for (const auto& b : pipeline_.boundaries()) measured.push_back(b->measures_error());
   C10dChannel channel(transport_, ranks_, step, C10dChannel::Phase::Train, measured, at_step, batch.input.device());
   if (tp_) tp_->set_phase(step, at_step, true, true);
-  RankInterpreter interpreter(pipeline_, layout_, rank_, plan(split.size()).at(static_cast<size_t>(rank_)), split,
+  RankInterpreter interpreter(pipeline_, layout_, rank_, cached_schedule(schedule_, layout_, split.size()).at(static_cast<size_t>(rank_)), split,
                               loss_fn_, channel, RankInterpreter::Mode::Train);
   interpreter.run();  // a process waits for its messages: it returns when the list is done
 
@@ -441,7 +435,7 @@ at::Tensor DistExecutor::evaluate_batch(const Batch& batch, bool compression, in
   if (tp_)
     tp_->set_phase(index, "evaluation batch " + std::to_string(index + 1) + " after step " + std::to_string(last_step_),
                    false, compression);
-  RankInterpreter interpreter(pipeline_, layout_, rank_, forward_only_schedule(layout_).at(static_cast<size_t>(rank_)),
+  RankInterpreter interpreter(pipeline_, layout_, rank_, cached_forward_only_schedule(layout_).at(static_cast<size_t>(rank_)),
                               one, loss_fn_, channel, RankInterpreter::Mode::Evaluate);
   interpreter.run();
   return interpreter.tally();

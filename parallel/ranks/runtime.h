@@ -178,14 +178,10 @@ class DistExecutor : public Executor {
   // FNV-1a of this rank's stages' parameters and buffers (replica agreement).
   uint64_t stages_hash() const;
 
-  // The lowered lists of a step of `micro_batches` (Note [plans are made once]).
-  const std::vector<RankSchedule>& plan(int micro_batches);
-
   Pipeline& pipeline_;
   Transport& transport_;
   LossFn loss_fn_;
   std::string schedule_;
-  std::map<int, std::vector<RankSchedule>> plans_;  // by micro-batch count
   Grid grid_;
   int rank_ = 0, replica_ = 0, tensor_rank_ = 0;  // pipeline rank, replica, tensor rank
   TensorParallelSync* tp_ = nullptr;              // T > 1

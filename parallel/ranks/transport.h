@@ -19,7 +19,7 @@
 // and the caller's context. (A frame longer than the largest frame cannot be caught: Gloo aborts
 // the process. Only another program would send one.)
 // On Gloo a send completes only once the peer posts the matching recv, so callers must order
-// sends and recvs as parallel/schedule.h's Note [blocking send/recv] explains.
+// sends and recvs as parallel/lowering.h's Note [blocking send/recv] explains.
 //
 // Note [body checksum]. The header carries the CRC-32C of the body (bit 32 set: present), computed
 // by the sender from the bytes it sends and checked by the receiver before anything reads them: a

@@ -3,6 +3,8 @@
 // only matched messages for 1..8 stages x 1..16 micro-batches; Optimus-CC's epilogue-only flags;
 // the event simulation against the closed-form bubble and a hand-timed example.
 #include "parallel/schedule.h"
+#include "parallel/lowering.h"
+#include "parallel/simulate.h"
 #include "tests/common/testing.h"
 
 #include <c10/util/Exception.h>
@@ -10,6 +12,7 @@
 
 #include <functional>
 #include <sstream>
+#include <thread>
 
 namespace tl {
 namespace {
@@ -336,7 +339,7 @@ TEST(Schedule, ValidateCatchesAStageOnTheWrongRankAndALocalOrder) {
   EXPECT_THROW(validate_schedule(sched, 2, StageLayout{2, 2}), c10::Error);
 }
 
-// ---- ZB-H1 (Note [ZB-H1] in parallel/schedule.cpp) --------------------------------------------
+// ---- ZB-H1 (Note [ZB-H1] in parallel/schedule_generators.cpp) ----------------------------------
 
 TEST(Schedule, ZeroBubbleH1Table) {
   // 1F1B's lists with each B_k split into I_k and W_{k - r}; the last r W's after the last I.
@@ -526,6 +529,114 @@ TEST(Schedule, GradientSendSlackOnTheDependencyGraph) {
   const auto v = gradient_send_slack(zbv_schedule(2, 8), c4);
   EXPECT_EQ(v.size(), 2u * 8);
   for (const SendSlack& x : v) EXPECT_GE(x.slack_s, 0.0) << action_token(x.send, true);
+}
+
+// ---- the registry, the text form, the lowering passes and the plan cache ------------------------
+
+// The smallest layout each record runs with `ranks` ranks (interleaved: two stages per rank).
+StageLayout layout_for(const ScheduleKind& k, int ranks) {
+  const int v = k.max_virtual_stages == 0 ? 2 : k.min_virtual_stages;
+  return StageLayout::of(ranks * v, v, k.placement);
+}
+
+TEST(Schedule, RegistryHoldsEveryScheduleAndItsRules) {
+  EXPECT_STREQ(known_schedules(), "gpipe, 1f1b, interleaved, zbh1, zbv");
+  EXPECT_EQ(schedule_names(), (std::vector<std::string>{"gpipe", "1f1b", "interleaved", "zbh1", "zbv"}));
+  for (const ScheduleKind& k : schedule_kinds()) {
+    EXPECT_EQ(&schedule_kind(k.name), &k);
+    EXPECT_EQ(placement_of(k.name), k.placement);
+    EXPECT_NE(schedules_help().find(std::string(k.name) + ": " + k.help), std::string::npos) << k.name;
+    EXPECT_NO_THROW(validate_schedule(make_schedule(k.name, layout_for(k, 2), 4), 4, layout_for(k, 2))) << k.name;
+  }
+  EXPECT_EQ(find_schedule_kind("zigzag"), nullptr);
+  EXPECT_NE(error_of([] { schedule_kind("zigzag"); })
+                .find("unknown pipeline schedule 'zigzag'; known: gpipe, 1f1b, interleaved, zbh1, zbv"),
+            std::string::npos);
+  EXPECT_EQ(schedule_kind("interleaved").virtual_stages_problem(5), "");
+  EXPECT_EQ(schedule_kind("zbv").virtual_stages_problem(1),
+            "pipeline.schedule = zbv places two stages on each rank in a V: it needs pipeline.virtual_stages = 2 "
+            "(got 1)");
+  EXPECT_EQ(schedule_kind("zbh1").virtual_stages_problem(2),
+            "pipeline.virtual_stages = 2 needs pipeline.schedule = interleaved or zbv (zbh1 runs one stage per rank)");
+  EXPECT_EQ(schedule_kind("1f1b").virtual_stages_problem(3),
+            "pipeline.virtual_stages = 3 needs pipeline.schedule = interleaved (1f1b runs one stage per rank)");
+  EXPECT_NE(error_of([] { make_schedule("gpipe", StageLayout{2, 2}, 2); }).find("gpipe runs one stage per rank"),
+            std::string::npos);
+}
+
+TEST(Schedule, TextRoundTripsEveryLoweredList) {
+  for (const ScheduleKind& k : schedule_kinds())
+    for (int P = 1; P <= 4; ++P)
+      for (int M : {1, 2, 4, 8}) {
+        const StageLayout layout = layout_for(k, P);
+        if (k.max_virtual_stages == 0 && M % P != 0) continue;  // interleaved: M a multiple of P
+        SCOPED_TRACE(std::string(k.name) + " ranks " + std::to_string(P) + " micro-batches " + std::to_string(M));
+        const auto sched = make_schedule(k.name, layout, M);
+        const std::string text = schedule_text(sched);
+        ASSERT_TRUE(parse_schedule(text, layout) == sched) << text;
+        // format_schedule's form reads back to the same tokens (it does not print `critical`).
+        const std::string shown = format_schedule(sched, true);
+        EXPECT_EQ(format_schedule(parse_schedule(shown, layout), true), shown);
+      }
+  // 1F1B's cool-down sends with slack (GradientSendSlackOnTheDependencyGraph) carry the "+".
+  const std::string one = schedule_text(one_f_one_b_schedule(2, 2));
+  EXPECT_EQ(one, "rank 0: F0s0 SA0s0 F1s0 SA1s0 RG0s0 B0s0 RG1s0 B1s0\n"
+                 "rank 1: RA0s1 F0s1 B0s1 RA1s1 SG0s1~+ F1s1 B1s1 SG1s1\n");
+  const StageLayout two = StageLayout::of(2);
+  EXPECT_EQ(parse_action("SG3s1~+", 1, two), (Action{ActionType::SendGrad, 1, 3, false, 0, false}));
+  EXPECT_EQ(parse_action("RA0", 1, two), (Action{ActionType::RecvActivation, 1, 0, true, 0}));
+  for (const char* bad : {"X3", "F", "F1s7", "F1x", "SA1s1"})
+    EXPECT_NE(error_of([&] { parse_action(bad, 1, two); }).find(std::string("token '") + bad + "' on rank 1"),
+              std::string::npos)
+        << bad;
+  EXPECT_NE(error_of([] { parse_action("F0", 0, StageLayout::of(4, 2)); }).find("the rank holds several"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { parse_schedule("rank 1: F0\n", two); }).find("does not start with 'rank 0:'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { parse_schedule("rank 0: F0\n", two); }).find("1 rows for a layout of 2 ranks"),
+            std::string::npos);
+}
+
+TEST(Schedule, LoweringIsItsPassesInOrder) {
+  for (const ScheduleKind& k : schedule_kinds()) {
+    SCOPED_TRACE(k.name);
+    const StageLayout layout = layout_for(k, 3);
+    const auto compute = compute_schedule(k.name, layout, 6);
+    auto lists = add_sends_and_receives(compute, layout);
+    const auto placed = lists;
+    order_receives_as_sent(lists);
+    // Only a V placement sends both kinds of message on one direction of a link.
+    if (k.placement == Placement::RoundRobin) {
+      EXPECT_TRUE(lists == placed);
+    }
+    for (const auto& l : lists)
+      for (const Action& a : l) EXPECT_TRUE(a.compress_backward && a.critical) << action_token(a, true);
+    mark_epilogue_only(lists);
+    mark_critical(lists, layout);
+    EXPECT_TRUE(lists == lower(compute, layout));
+  }
+}
+
+TEST(Schedule, CachedPlansAreBuiltOnceAndEqualMakeSchedule) {
+  const StageLayout layout = StageLayout::of(4, 2);
+  const std::vector<RankSchedule>& plan = cached_schedule("interleaved", layout, 4);
+  EXPECT_EQ(&plan, &cached_schedule("interleaved", layout, 4));
+  EXPECT_TRUE(plan == make_schedule("interleaved", layout, 4));
+  EXPECT_NE(&plan, &cached_schedule("interleaved", layout, 8));
+  EXPECT_NE(&plan, &cached_schedule("zbv", StageLayout::of(4, 2, Placement::V), 4));
+  EXPECT_EQ(&cached_forward_only_schedule(layout), &cached_forward_only_schedule(layout));
+  EXPECT_TRUE(cached_forward_only_schedule(layout) == forward_only_schedule(layout));
+  // A bad key keeps nothing: it fails each time, with make_schedule's error.
+  for (int i = 0; i < 2; ++i)
+    EXPECT_NE(error_of([&] { cached_schedule("interleaved", layout, 3); }).find("must be a multiple of the 2"),
+              std::string::npos);
+  // Threads asking for one plan at once share it.
+  std::vector<const std::vector<RankSchedule>*> seen(4);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < seen.size(); ++i)
+    threads.emplace_back([&seen, i] { seen[i] = &cached_schedule("zbh1", StageLayout::of(4), 16); });
+  for (auto& t : threads) t.join();
+  for (const auto* p : seen) EXPECT_EQ(p, seen.front());
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "parallel/ranks/launch.h"
 #include "parallel/ranks/rendezvous.h"
 #include "parallel/schedule.h"
+#include "parallel/slack.h"
 #include "tasks/runner/compare.h"
 #include "tasks/config.h"
 #include "tasks/runner/report.h"
@@ -329,8 +330,9 @@ int cmd_compare(const std::vector<std::string>& argv) {
 
 int cmd_schedule(const std::vector<std::string>& argv) {
   po::options_description d("schedule options");
+  const std::string schedule_help = std::string(known_schedules()) + " (pipeline.schedule)";
   d.add_options()("help,h", "show this help")("schedule", po::value<std::string>()->default_value("1f1b"),
-                                              "1f1b, gpipe, interleaved, zbh1 or zbv (pipeline.schedule)")(
+                                              schedule_help.c_str())(
       "stages", po::value<int>()->default_value(4), "number of stages")(
       "virtual-stages", po::value<int>()->default_value(1),
       "stages per rank (pipeline.virtual_stages; > 1 with --schedule interleaved, 2 with zbv)")(
@@ -354,7 +356,7 @@ int cmd_schedule(const std::vector<std::string>& argv) {
   }
   std::cout << format_schedule(lists, vm.count("comm") > 0);
   if (vm.count("slack")) {
-    // Note [slack of a gradient send] (parallel/schedule.h).
+    // Note [slack of a gradient send] (parallel/slack.h).
     std::cout << "\ngradient sends: slack in forward-times (0: on the critical path), ~ = off the critical path "
                  "by Optimus-CC's rule\n";
     const auto slack = gradient_send_slack(lists, SimCosts::uniform(stages, 1.0, 2.0));
