@@ -1,7 +1,5 @@
 #include "layers/models/bert.h"
 
-#include <algorithm>
-
 namespace tl {
 
 namespace {
@@ -12,19 +10,6 @@ void check_ids(const at::Tensor& t, const char* what, const at::Tensor& ids) {
               " differs from the token ids' ", ids.sizes());
 }
 
-/// Pooling and classifier on the last hidden states out.hidden (B, T, C); attention_mask (B, T)
-/// (1/true = token) or undefined (all tokens).
-void run_head(const std::string& pooling, const std::shared_ptr<Linear>& pooler, const std::shared_ptr<Dropout>& drop,
-              const std::shared_ptr<Linear>& classifier, const at::Tensor& attention_mask, BertOutput& out) {
-  if (pooling == "mean") {
-    out.pooled = masked_mean(out.hidden, attention_mask);  // (B, C)
-  } else {
-    if (!pooler) return;
-    Variable first = squeeze(narrow(out.hidden, 1, 0, 1), 1);  // (B, C): the [CLS] position
-    out.pooled = tanh(pooler->forward(first));
-  }
-  if (classifier) out.logits = classifier->forward(drop->forward(out.pooled));  // (B, num_labels)
-}
 }  // namespace
 
 Variable masked_mean(const Variable& h, const at::Tensor& attention_mask) {
@@ -76,8 +61,7 @@ Bert::Bert(const BertConfig& c, const init::Generator& gen, const StageSelection
   TORCH_CHECK(c.num_labels == 0 || c.add_pooler || c.pooling == "mean", "Bert: a classifier (num_labels = ",
               c.num_labels, ") on the [CLS] token needs the pooler (add_pooler = true) or pooling = mean");
   TORCH_CHECK(build.is_whole() || gen, "Bert: building some stages needs a generator (Note [initialisation by name])");
-  // Segments: embeddings, one per layer, then the head. The attention mask and token types come
-  // with each micro-batch's StageInputs.
+  // Segments: embeddings, one per layer, then the head.
   std::vector<std::string> ends = {"embeddings"};
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) ends.push_back("layers." + std::to_string(i));
   ends.push_back("");
@@ -97,12 +81,6 @@ Bert::Bert(const BertConfig& c, const init::Generator& gen, const StageSelection
     if (c.pad_token_id >= 0) embeddings_->word()->weight().data()[c.pad_token_id].zero_();
     init::normal_(embeddings_->position()->weight().data(), 0.0, std, g);
     init::normal_(embeddings_->token_type()->weight().data(), 0.0, std, g);
-    auto emb = embeddings_;
-    segments_.push_back({"embeddings", {{"embeddings", emb}}, [emb](const Variable& ids, const StageInputs& in) {
-                           return emb->forward(ids.data(), in.token_type_ids);
-                         }});
-  } else {
-    segments_.push_back(unbuilt_segment("Bert", "embeddings"));
   }
 
   const auto opts = TransformerBlockOptions(c.hidden_size, c.num_attention_heads)
@@ -118,53 +96,32 @@ Bert::Bert(const BertConfig& c, const init::Generator& gen, const StageSelection
   layers_.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string path = "layers." + std::to_string(i);
-    if (!built[static_cast<size_t>(i) + 1]) {
-      segments_.push_back(unbuilt_segment("Bert", path));
-      continue;
-    }
+    if (!built[static_cast<size_t>(i) + 1]) continue;
     if (!layers) layers = register_module("layers", std::make_shared<Sequential>());
     const init::Generator g = init::fork(gen, path);
     auto layer = std::make_shared<TransformerBlock>(opts, g);
-    for (auto& l :
-         {layer->attn()->query(), layer->attn()->key(), layer->attn()->value(), layer->attn()->out(), layer->mlp()->fc(),
-          layer->mlp()->proj()})
+    const auto& attn = layer->attn();
+    for (const std::shared_ptr<Linear>& l : std::initializer_list<std::shared_ptr<Linear>>{
+             attn->query(), attn->key(), attn->value(), attn->out(), layer->mlp()->fc(), layer->mlp()->proj()})
       init_linear(l, g);
     layers->push_back(std::to_string(i), layer);
     layers_[static_cast<size_t>(i)] = layer;
-    segments_.push_back({path, {{path, layer}}, [layer](const Variable& x, const StageInputs& in) {
-                           return layer->forward(x, key_padding_mask(in.attention_mask, in.token_ids));
-                         }});
   }
 
-  if (!built.back()) {
-    segments_.push_back(unbuilt_segment("Bert", ""));
-    return;
+  if (built.back()) {
+    if (c.add_pooler && c.pooling == "cls") {
+      const init::Generator g = init::fork(gen, "pooler");
+      pooler_ = register_module("pooler", std::make_shared<Linear>(c.hidden_size, c.hidden_size, true, g));
+      init_linear(pooler_, g);
+    }
+    drop_ = register_module("drop", std::make_shared<Dropout>(c.hidden_dropout, init::fork(gen, "drop")));
+    if (c.num_labels > 0) {
+      const init::Generator g = init::fork(gen, "classifier");
+      classifier_ = register_module("classifier", std::make_shared<Linear>(c.hidden_size, c.num_labels, true, g));
+      init_linear(classifier_, g);
+    }
   }
-  if (c.add_pooler && c.pooling == "cls") {
-    const init::Generator g = init::fork(gen, "pooler");
-    pooler_ = register_module("pooler", std::make_shared<Linear>(c.hidden_size, c.hidden_size, true, g));
-    init_linear(pooler_, g);
-  }
-  drop_ = register_module("drop", std::make_shared<Dropout>(c.hidden_dropout, init::fork(gen, "drop")));
-  if (c.num_labels > 0) {
-    const init::Generator g = init::fork(gen, "classifier");
-    classifier_ = register_module("classifier", std::make_shared<Linear>(c.hidden_size, c.num_labels, true, g));
-    init_linear(classifier_, g);
-  }
-  std::vector<std::pair<std::string, ModulePtr>> head_modules;
-  if (pooler_) head_modules.emplace_back("pooler", pooler_);
-  if (classifier_) {
-    head_modules.emplace_back("drop", drop_);
-    head_modules.emplace_back("classifier", classifier_);
-  }
-  auto pooler = pooler_, classifier = classifier_;
-  auto drop = drop_;
-  const std::string pooling = c.pooling;
-  segments_.push_back({"", head_modules, [pooling, pooler, drop, classifier](const Variable& x, const StageInputs& in) {
-                         BertOutput out{x, {}, {}};
-                         run_head(pooling, pooler, drop, classifier, in.attention_mask, out);
-                         return out.logits.defined() ? out.logits : out.pooled.defined() ? out.pooled : out.hidden;
-                       }});
+  segments_ = make_segments(built);
 }
 
 at::Tensor Bert::key_padding_mask(const at::Tensor& attention_mask, const at::Tensor& ids) {
@@ -175,15 +132,70 @@ at::Tensor Bert::key_padding_mask(const at::Tensor& attention_mask, const at::Te
   return attention_mask.scalar_type() == at::kBool ? attention_mask.logical_not() : attention_mask.eq(0);
 }
 
+// ---- the forward pass -----------------------------------------------------------------------------
+
 BertOutput Bert::forward(const at::Tensor& ids, const at::Tensor& attention_mask, const at::Tensor& token_type_ids) {
-  TORCH_CHECK(embeddings_ && drop_ && std::all_of(layers_.begin(), layers_.end(), [](const auto& l) { return l != nullptr; }),
-              "Bert: forward needs the whole model; this one was built in part (Note [building only some stages])");
   const at::Tensor kpm = key_padding_mask(attention_mask, ids);
   BertOutput out;
-  out.hidden = embeddings_->forward(ids, token_type_ids);  // (B, T, C)
-  for (auto& l : layers_) out.hidden = l->forward(out.hidden, kpm);
-  run_head(config_.pooling, pooler_, drop_, classifier_, attention_mask, out);
+  out.hidden = embed(ids, token_type_ids);  // (B, T, C)
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) out.hidden = run_layer(i, out.hidden, kpm);
+  head(out, attention_mask);  // pooled (B, C), logits (B, num_labels)
   return out;
+}
+
+Variable Bert::embed(const at::Tensor& ids, const at::Tensor& token_type_ids) const {
+  check_segment_built(embeddings_ != nullptr, "Bert", "embeddings");
+  return embeddings_->forward(ids, token_type_ids);
+}
+
+Variable Bert::run_layer(int64_t i, const Variable& x, const at::Tensor& key_padding_mask) const {
+  TORCH_CHECK(i >= 0 && i < config_.num_hidden_layers, "Bert: layer ", i, " out of range (",
+              config_.num_hidden_layers, " layers)");
+  const auto& layer = layers_[static_cast<size_t>(i)];
+  check_segment_built(layer != nullptr, "Bert", "layers." + std::to_string(i));
+  return layer->forward(x, key_padding_mask);
+}
+
+void Bert::head(BertOutput& out, const at::Tensor& attention_mask) const {
+  check_segment_built(drop_ != nullptr, "Bert", "");
+  if (config_.pooling == "mean") {
+    out.pooled = masked_mean(out.hidden, attention_mask);  // (B, C)
+  } else {
+    if (!pooler_) return;
+    Variable first = squeeze(narrow(out.hidden, 1, 0, 1), 1);  // (B, C): the [CLS] position
+    out.pooled = tanh(pooler_->forward(first));
+  }
+  if (classifier_) out.logits = classifier_->forward(drop_->forward(out.pooled));  // (B, num_labels)
+}
+
+// ---- the pipeline form ----------------------------------------------------------------------------
+
+std::vector<Segment> Bert::make_segments(const std::vector<bool>& built) {
+  std::vector<Segment> segments;
+  auto add = [&](const std::string& end, std::vector<std::pair<std::string, ModulePtr>> modules, SegmentFn fn) {
+    segments.push_back(segment_if_built(built[segments.size()], "Bert", end, std::move(modules), std::move(fn)));
+  };
+  add("embeddings", {{"embeddings", embeddings_}},
+      [this](const Variable& ids, const StageInputs& in) { return embed(ids.data(), in.token_type_ids); });
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    const std::string path = "layers." + std::to_string(i);
+    add(path, {{path, layers_[static_cast<size_t>(i)]}}, [this, i](const Variable& x, const StageInputs& in) {
+      return run_layer(i, x, key_padding_mask(in.attention_mask, in.token_ids));
+    });
+  }
+  // The attention mask and token types come with each micro-batch's StageInputs.
+  std::vector<std::pair<std::string, ModulePtr>> head_modules;
+  if (pooler_) head_modules.emplace_back("pooler", pooler_);
+  if (classifier_) {
+    head_modules.emplace_back("drop", drop_);
+    head_modules.emplace_back("classifier", classifier_);
+  }
+  add("", head_modules, [this](const Variable& x, const StageInputs& in) {
+    BertOutput out{x, {}, {}};
+    head(out, in.attention_mask);
+    return out.logits.defined() ? out.logits : out.pooled.defined() ? out.pooled : out.hidden;
+  });
+  return segments;
 }
 
 Variable Bert::forward(const Variable& ids, const StageInputs& inputs) { return run_segments(segments_, ids, inputs); }

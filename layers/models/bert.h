@@ -10,6 +10,10 @@
 // 0, the padding row of the word embedding 0, LayerNorms 1/0.
 //
 // Cut points: "embeddings", then "layers.0" .. "layers.{n-1}" (after each block).
+//
+// forward() reads as the model does: embed, every layer, head. A pipeline stage runs the same
+// methods, one segment per cut point; the segments call the model, so it must outlive its stages
+// (a Pipeline holds it).
 
 #include "layers/models/splittable.h"
 #include "layers/nn/activation.h"
@@ -84,6 +88,15 @@ class Bert : public Module, public Splittable {
   BertOutput forward(const at::Tensor& ids, const at::Tensor& attention_mask = {},
                      const at::Tensor& token_type_ids = {});
 
+  /// ids (B, T), token_type_ids (B, T) or undefined -> (B, T, C). Segment "embeddings".
+  Variable embed(const at::Tensor& ids, const at::Tensor& token_type_ids) const;
+  /// Layer i: (B, T, C) -> (B, T, C); key_padding_mask bool (B, T), true at padding, or
+  /// undefined. Segment "layers.i".
+  Variable run_layer(int64_t i, const Variable& x, const at::Tensor& key_padding_mask) const;
+  /// The pooled output and the logits from out.hidden, as the config asks (the last segment);
+  /// attention_mask as forward's.
+  void head(BertOutput& out, const at::Tensor& attention_mask) const;
+
   /// The pipeline form, as split() stages run it: ids in, the side inputs (attention mask, token
   /// types) from `inputs`; the last segment returns logits (classifier), else the pooled output,
   /// else the hidden states. forward(ids) has no padding and token type 0.
@@ -103,6 +116,8 @@ class Bert : public Module, public Splittable {
 
  private:
   static at::Tensor key_padding_mask(const at::Tensor& attention_mask, const at::Tensor& ids);
+  /// The segments of this model's cut points; `built` as StageSelection::built gives it.
+  std::vector<Segment> make_segments(const std::vector<bool>& built);
 
   BertConfig config_;
   std::shared_ptr<BertEmbeddings> embeddings_;

@@ -47,8 +47,9 @@ GPT2::GPT2(const GPT2Config& c, const init::Generator& gen, const StageSelection
     if (!h) h = register_module("h", std::make_shared<Sequential>());
     const init::Generator g = init::fork(gen, "h." + std::to_string(i));
     auto block = std::make_shared<TransformerBlock>(block_opts, g);
-    for (const auto& [l, sd] : {std::pair{block->attn()->qkv(), c.init_std}, {block->attn()->out(), residual_std},
-                                 {block->mlp()->fc(), c.init_std}, {block->mlp()->proj(), residual_std}}) {
+    using Init = std::pair<std::shared_ptr<Linear>, double>;  // a projection and its std
+    for (const auto& [l, sd] : {Init{block->attn()->qkv(), c.init_std}, Init{block->attn()->out(), residual_std},
+                                 Init{block->mlp()->fc(), c.init_std}, Init{block->mlp()->proj(), residual_std}}) {
       init::normal_(l->weight().data(), 0.0, sd, g);
       l->bias().data().zero_();
     }
@@ -56,58 +57,65 @@ GPT2::GPT2(const GPT2Config& c, const init::Generator& gen, const StageSelection
     blocks_[static_cast<size_t>(i)] = block;
   }
   if (built.back()) ln_f_ = register_module("ln_f", std::make_shared<LayerNorm>(c.n_embd, c.layer_norm_eps));
-
-  auto wte = wte_, wpe = wpe_;
-  auto drop = drop_;
-  auto table = input_table_;
-  const int64_t n_positions = c.n_positions;
-  if (built.front()) {
-    segments_.push_back(
-        {"embed", {{"wte", wte}, {"wpe", wpe}, {"drop", drop}}, [wte, wpe, drop, table, n_positions](const Variable& ids, const StageInputs&) {
-           const at::Tensor& t = ids.data();
-           TORCH_CHECK(t.dim() == 2 && (t.scalar_type() == at::kLong || t.scalar_type() == at::kInt),
-                       "GPT2: token ids must be int64 (B, T), got ", t.scalar_type(), " ", t.sizes());
-           TORCH_CHECK(t.size(1) <= n_positions, "GPT2: sequence length ", t.size(1),
-                       " exceeds the context n_positions = ", n_positions);
-           at::Tensor pos = at::arange(t.size(1), t.options().dtype(at::kLong));  // (T)
-           Variable h = wte->forward(t) + wpe->forward(pos);                       // (B, T, C) + (T, C)
-           if (table->defined()) h = h + Variable(table->index_select(0, t.reshape({-1})).view(h.sizes()));
-           return drop->forward(h);
-         }});
-  } else {
-    segments_.push_back(unbuilt_segment("GPT2", "embed"));
-  }
-  for (int64_t i = 0; i < c.n_layer; ++i) {
-    auto block = blocks_[static_cast<size_t>(i)];
-    const std::string path = "h." + std::to_string(i);
-    if (!block) {
-      segments_.push_back(unbuilt_segment("GPT2", path));
-      continue;
-    }
-    segments_.push_back({path, {{path, block}}, [block](const Variable& x, const StageInputs&) { return block->forward(x); }});
-  }
-  if (built.back()) {
-    auto ln_f = ln_f_;
-    segments_.push_back({"", {{"ln_f", ln_f}, {"wte", wte}}, [ln_f, wte](const Variable& x, const StageInputs&) {
-                           return linear(ln_f->forward(x), wte->weight());  // (B, T, C) -> (B, T, V), tied
-                         }});
-  } else {
-    segments_.push_back(unbuilt_segment("GPT2", ""));
-  }
+  segments_ = make_segments(built);
 }
 
-Variable GPT2::forward(const at::Tensor& ids) { return run_segments(segments_, Variable(ids)); }
+// ---- the forward pass -----------------------------------------------------------------------------
 
-Variable GPT2::forward(const Variable& ids) { return run_segments(segments_, ids); }
+Variable GPT2::forward(const at::Tensor& ids) {
+  Variable x = embed(ids);                                             // (B, T, C)
+  for (int64_t i = 0; i < config_.n_layer; ++i) x = run_block(i, x);  // (B, T, C)
+  return head(x);                                                      // (B, T, V)
+}
 
-Variable GPT2::forward(const Variable& ids, const StageInputs& inputs) { return run_segments(segments_, ids, inputs); }
+Variable GPT2::embed(const at::Tensor& ids) const {
+  check_segment_built(wpe_ != nullptr, "GPT2", "embed");
+  TORCH_CHECK(ids.dim() == 2 && (ids.scalar_type() == at::kLong || ids.scalar_type() == at::kInt),
+              "GPT2: token ids must be int64 (B, T), got ", ids.scalar_type(), " ", ids.sizes());
+  TORCH_CHECK(ids.size(1) <= config_.n_positions, "GPT2: sequence length ", ids.size(1),
+              " exceeds the context n_positions = ", config_.n_positions);
+  const at::Tensor pos = at::arange(ids.size(1), ids.options().dtype(at::kLong));  // (T)
+  Variable h = wte_->forward(ids) + wpe_->forward(pos);                           // (B, T, C) + (T, C)
+  if (input_table_.defined()) h = h + Variable(input_table_.index_select(0, ids.reshape({-1})).view(h.sizes()));
+  return drop_->forward(h);
+}
+
+Variable GPT2::run_block(int64_t i, const Variable& x) const {
+  TORCH_CHECK(i >= 0 && i < config_.n_layer, "GPT2: block ", i, " out of range (n_layer ", config_.n_layer, ")");
+  const auto& block = blocks_[static_cast<size_t>(i)];
+  check_segment_built(block != nullptr, "GPT2", "h." + std::to_string(i));
+  return block->forward(x);
+}
+
+Variable GPT2::head(const Variable& x) const {
+  check_segment_built(ln_f_ != nullptr, "GPT2", "");
+  return linear(ln_f_->forward(x), wte_->weight());  // (B, T, C) -> (B, T, V), tied
+}
+
+// ---- the pipeline form ----------------------------------------------------------------------------
+
+std::vector<Segment> GPT2::make_segments(const std::vector<bool>& built) {
+  std::vector<Segment> segments;
+  auto add = [&](const std::string& end, std::vector<std::pair<std::string, ModulePtr>> modules, SegmentFn fn) {
+    segments.push_back(segment_if_built(built[segments.size()], "GPT2", end, std::move(modules), std::move(fn)));
+  };
+  add("embed", {{"wte", wte_}, {"wpe", wpe_}, {"drop", drop_}},
+      [this](const Variable& ids, const StageInputs&) { return embed(ids.data()); });
+  for (int64_t i = 0; i < config_.n_layer; ++i) {
+    const std::string path = "h." + std::to_string(i);
+    add(path, {{path, blocks_[static_cast<size_t>(i)]}},
+        [this, i](const Variable& x, const StageInputs&) { return run_block(i, x); });
+  }
+  add("", {{"ln_f", ln_f_}, {"wte", wte_}}, [this](const Variable& x, const StageInputs&) { return head(x); });
+  return segments;
+}
 
 void GPT2::set_input_token_embedding(const at::Tensor& table) {
   TORCH_CHECK(!table.defined() || (table.dim() == 2 && table.size(0) == config_.vocab_size &&
                                    table.size(1) == config_.n_embd),
               "GPT2: the input token table must be (vocab_size, n_embd) = (", config_.vocab_size, ", ",
               config_.n_embd, "), got ", table.sizes());
-  *input_table_ = table;
+  input_table_ = table;
 }
 
 std::vector<std::pair<Variable, int64_t>> GPT2::residual_writers(int64_t last_block) const {

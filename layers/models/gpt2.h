@@ -9,6 +9,10 @@
 // residual stream (attn.out, mlp.proj) N(0, init_std / sqrt(2 * n_layer)).
 //
 // Cut points: "embed" (after the embeddings), then "h.0" .. "h.{n_layer-1}" (after each block).
+//
+// forward() reads as the model does: embed, every block, head. A pipeline stage runs the same
+// methods, one segment per cut point (layers/models/splittable.h); the segments call the model,
+// so it must outlive its stages (a Pipeline holds it).
 
 #include "layers/models/splittable.h"
 #include "layers/nn/activation.h"
@@ -36,11 +40,19 @@ class GPT2 : public Module, public Splittable {
   /// initialised from init::fork(gen, its path).
   explicit GPT2(const GPT2Config& config, const init::Generator& gen = std::nullopt, const StageSelection& build = {});
 
-  /// ids (B, T) int64, T <= n_positions -> logits (B, T, vocab_size)
+  /// ids (B, T) int64, T <= n_positions -> logits (B, T, vocab_size): head(blocks(embed(ids))).
   Variable forward(const at::Tensor& ids);
   /// The same, with the ids carried by a Variable (pipeline stage 0 input).
-  Variable forward(const Variable& ids) override;
-  Variable forward(const Variable& ids, const StageInputs& inputs);
+  Variable forward(const Variable& ids) override { return forward(ids.data()); }
+  /// The pipeline form; GPT-2 reads no side inputs.
+  Variable forward(const Variable& ids, const StageInputs&) { return forward(ids.data()); }
+
+  /// ids (B, T) -> (B, T, C): wte[ids] + wpe[0 .. T) (+ the input token table), dropout. Segment "embed".
+  Variable embed(const at::Tensor& ids) const;
+  /// Block i: (B, T, C) -> (B, T, C). Segment "h.i".
+  Variable run_block(int64_t i, const Variable& x) const;
+  /// ln_f, then the output projection tied to wte: (B, T, C) -> (B, T, vocab_size). The last segment.
+  Variable head(const Variable& x) const;
 
   std::vector<std::string> cut_points() const override { return segment_cut_points(segments_); }
   std::vector<ModulePtr> split(const std::vector<std::string>& cuts) override {
@@ -64,13 +76,16 @@ class GPT2 : public Module, public Splittable {
   const std::shared_ptr<LayerNorm>& ln_f() const { return ln_f_; }
 
  private:
+  /// The segments of this model's cut points; `built` as StageSelection::built gives it.
+  std::vector<Segment> make_segments(const std::vector<bool>& built);
+
   GPT2Config config_;
   std::shared_ptr<Embedding> wte_, wpe_;
   std::shared_ptr<Dropout> drop_;
   std::vector<std::shared_ptr<TransformerBlock>> blocks_;
   std::shared_ptr<LayerNorm> ln_f_;
+  at::Tensor input_table_;  // (vocab_size, n_embd) or undefined
   std::vector<Segment> segments_;
-  std::shared_ptr<at::Tensor> input_table_ = std::make_shared<at::Tensor>();  // read by the embed segment
 };
 
 }  // namespace tl

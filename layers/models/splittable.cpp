@@ -99,13 +99,22 @@ std::vector<bool> StageSelection::built(const std::string& model, const std::vec
   return out;
 }
 
+void check_segment_built(bool built, const std::string& model, const std::string& end) {
+  TORCH_CHECK(built, model, ": segment '", end.empty() ? "output" : end,
+              "' was not built in this process (Note [building only some stages]); the rank that holds its stage "
+              "runs it");
+}
+
 Segment unbuilt_segment(const std::string& model, const std::string& end) {
-  const std::string name = end.empty() ? "output" : end;
-  return {end, {}, [model, name](const Variable&, const StageInputs&) -> Variable {
-            TORCH_CHECK(false, model, ": segment '", name,
-                        "' was not built in this process (Note [building only some stages]); the rank that holds "
-                        "its stage runs it");
+  return {end, {}, [model, end](const Variable&, const StageInputs&) -> Variable {
+            check_segment_built(false, model, end);
+            return {};
           }};
+}
+
+Segment segment_if_built(bool built, const std::string& model, const std::string& end,
+                         std::vector<std::pair<std::string, ModulePtr>> modules, SegmentFn fn) {
+  return built ? Segment{end, std::move(modules), std::move(fn)} : unbuilt_segment(model, end);
 }
 
 std::vector<ModulePtr> split_segments(const std::string& model, const std::vector<Segment>& segments,

@@ -73,15 +73,17 @@ struct StageSelection {
   std::vector<bool> built(const std::string& model, const std::vector<std::string>& segment_ends) const;
 };
 
+/// A segment's computation, from the previous segment's output (or the model input) to its own,
+/// given the micro-batch's side inputs.
+using SegmentFn = std::function<Variable(const Variable&, const StageInputs&)>;
+
 /// One atomic piece of a model between two consecutive cut points.
 struct Segment {
   /// The cut point at the end of this segment; empty for the model's last segment.
   std::string end;
   /// Modules this segment uses, registered in a stage under these dotted paths ("layer1.0").
   std::vector<std::pair<std::string, ModulePtr>> modules;
-  /// The computation, from the previous segment's output (or the model input) to this one's,
-  /// given the micro-batch's side inputs.
-  std::function<Variable(const Variable&, const StageInputs&)> fn;
+  SegmentFn fn;
 };
 
 /// A pipeline stage: a run of segments. Children mirror the model's dotted names.
@@ -112,6 +114,13 @@ std::vector<ModulePtr> split_segments(const std::string& model, const std::vecto
 /// A segment that was not built (Note [building only some stages]): no modules; running it is an
 /// error naming `model` and the segment.
 Segment unbuilt_segment(const std::string& model, const std::string& end);
+
+/// {end, modules, fn} if the segment was built here, else unbuilt_segment(model, end).
+Segment segment_if_built(bool built, const std::string& model, const std::string& end,
+                         std::vector<std::pair<std::string, ModulePtr>> modules, SegmentFn fn);
+
+/// That error, unless `built`: for a model's own methods that run one segment (GPT2::embed).
+void check_segment_built(bool built, const std::string& model, const std::string& end);
 
 /// Runs every segment in order (the unsplit forward).
 Variable run_segments(const std::vector<Segment>& segments, const Variable& x, const StageInputs& inputs = {});

@@ -3,7 +3,6 @@
 
 #include "layers/module.h"
 #include "layers/nn/init.h"
-#include "layers/nn/linear.h"
 #include "layers/nn/rng.h"
 #include "layers/nn/tensor_parallel.h"
 
@@ -28,7 +27,7 @@ struct AttentionOptions {
 };
 
 /// softmax(q k^T / sqrt(D) + mask) v per head, heads concatenated, then the output projection
-/// "out". Children: qkv | query, key, value; out. With attention dropout and a generator, the
+/// "out". Children: qkv | query, key, value (column-parallel); out (row-parallel). With attention dropout and a generator, the
 /// dropout masks come from a stream forked off it after the projections' initialisation, whose
 /// state is buffer "generator" (Note [generators per purpose], layers/nn/rng.h).
 class MultiHeadAttention : public Module {
@@ -44,22 +43,22 @@ class MultiHeadAttention : public Module {
   /// Keeps this tensor-parallel rank's heads (Note [tensor-parallel blocks]); `site` names the
   /// sublayer's all-reduces. options() then describes the whole layer; local_heads() this rank's.
   void shard(const TensorParallelPtr& tp, const std::string& site);
-  int64_t local_heads() const { return options_.num_heads_ / (tp_ ? tp_->size() : 1); }
+  int64_t local_heads() const { return local_heads_; }
 
   const AttentionOptions& options() const { return options_; }
   /// The projections (qkv is null when not fused, query/key/value null when fused).
-  const std::shared_ptr<Linear>& qkv() const { return qkv_; }
-  const std::shared_ptr<Linear>& query() const { return query_; }
-  const std::shared_ptr<Linear>& key() const { return key_; }
-  const std::shared_ptr<Linear>& value() const { return value_; }
-  const std::shared_ptr<Linear>& out() const { return out_; }
+  const std::shared_ptr<ColumnParallelLinear>& qkv() const { return qkv_; }
+  const std::shared_ptr<ColumnParallelLinear>& query() const { return query_; }
+  const std::shared_ptr<ColumnParallelLinear>& key() const { return key_; }
+  const std::shared_ptr<ColumnParallelLinear>& value() const { return value_; }
+  const std::shared_ptr<RowParallelLinear>& out() const { return out_; }
 
  private:
   AttentionOptions options_;
+  int64_t local_heads_;
   DropoutRng dropout_rng_;
-  std::shared_ptr<Linear> qkv_, query_, key_, value_, out_;
-  TensorParallelPtr tp_;  // null: unsplit
-  std::string site_;
+  std::shared_ptr<ColumnParallelLinear> qkv_, query_, key_, value_;
+  std::shared_ptr<RowParallelLinear> out_;
 };
 
 }  // namespace tl

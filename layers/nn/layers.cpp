@@ -12,7 +12,6 @@
 #include "layers/nn/linear.h"
 #include "layers/nn/norm.h"
 #include "layers/nn/sequential.h"
-#include "layers/nn/tensor_parallel.h"
 
 namespace tl {
 
@@ -67,8 +66,11 @@ void default_linear_(at::Tensor weight, at::Tensor bias, const Generator& gen) {
 
 // ---- Linear ---------------------------------------------------------------------------------------
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias, const init::Generator& gen)
-    : Module("Linear"), in_features_(in_features), out_features_(out_features) {
-  TORCH_CHECK(in_features > 0 && out_features > 0, "Linear: in_features and out_features must be positive, got ",
+    : Linear("Linear", in_features, out_features, bias, gen) {}
+
+Linear::Linear(const char* type_name, int64_t in_features, int64_t out_features, bool bias, const init::Generator& gen)
+    : Module(type_name), in_features_(in_features), out_features_(out_features) {
+  TORCH_CHECK(in_features > 0 && out_features > 0, type_name, ": in_features and out_features must be positive, got ",
               in_features, " and ", out_features);
   at::Tensor w = at::empty({out_features, in_features});
   at::Tensor b = bias ? at::empty({out_features}) : at::Tensor();
@@ -77,22 +79,14 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, const init:
   if (bias) bias_ = register_parameter("bias", b);
 }
 
-Variable Linear::forward(const Variable& x) {
-  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == in_features_, "Linear(", in_features_, " -> ", out_features_,
+void Linear::check_input(const Variable& x) const {
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == in_features_, type_name(), "(", in_features_, " -> ", out_features_,
               "): input must be (..., ", in_features_, "), got ", x.sizes());
-  return linear(x, weight_, bias_);
 }
 
-void Linear::shard(TensorShard s, int64_t rank, int64_t size) {
-  TORCH_CHECK(s.dim == 0 || s.dim == 1, "Linear::shard: dim must be 0 (output features) or 1 (input), got ", s.dim);
-  NoGradGuard no_grad;
-  weight_.set_data(shard_tensor(weight_.data(), s, rank, size).contiguous());  // (out / T, in) or (out, in / T)
-  mark_sharded("weight", s);
-  if (s.dim == 0 && bias_.defined()) {
-    bias_.set_data(shard_tensor(bias_.data(), s, rank, size).contiguous());
-    mark_sharded("bias", s);
-  }
-  out_features_ = weight_.size(0), in_features_ = weight_.size(1);
+Variable Linear::forward(const Variable& x) {
+  check_input(x);
+  return linear(x, weight_, bias_);
 }
 
 // ---- Conv2d and pooling ---------------------------------------------------------------------------

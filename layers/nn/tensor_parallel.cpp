@@ -85,6 +85,63 @@ Variable TensorParallel::reduce(const Variable& x, const std::string& site) cons
   return TpReduceFn::apply(x, &checked_comm(site), site);
 }
 
+// ---- the parallel linear layers --------------------------------------------------------------------
+
+ParallelLinear::ParallelLinear(const char* type_name, int64_t in_features, int64_t out_features, bool bias,
+                               const init::Generator& gen)
+    : Linear(type_name, in_features, out_features, bias, gen) {}
+
+void ParallelLinear::keep_part(const TensorParallelPtr& tp, const std::string& site, TensorShard shard,
+                               bool split_bias) {
+  TORCH_CHECK(tp, site, ": ", type_name(), "::split without a group");
+  TORCH_CHECK(!tp_, site, ": ", type_name(), " is already split over tensor-parallel ranks");
+  NoGradGuard no_grad;
+  // Each part in a tensor of its own size: a narrowed view would keep the whole tensor alive.
+  auto part = [&](const at::Tensor& whole) {
+    return shard_tensor(whole, shard, tp->rank(), tp->size()).clone(at::MemoryFormat::Contiguous);
+  };
+  weight_.set_data(part(weight_.data()));  // (out / T, in) or (out, in / T)
+  mark_sharded("weight", shard);
+  if (split_bias && bias_.defined()) {
+    bias_.set_data(part(bias_.data()));
+    mark_sharded("bias", shard);
+  }
+  out_features_ = weight_.size(0), in_features_ = weight_.size(1);
+  tp_ = tp, site_ = site;
+}
+
+ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_features, bool bias,
+                                           const init::Generator& gen, int64_t groups)
+    : ParallelLinear("ColumnParallelLinear", in_features, out_features, bias, gen), groups_(groups) {
+  TORCH_CHECK(groups >= 1 && out_features % groups == 0, "ColumnParallelLinear: out_features (", out_features,
+              ") must be ", groups, " equal block(s)");
+}
+
+Variable ColumnParallelLinear::copy_input(const Variable& x) const { return tp_ ? tp_->copy(x, site_) : x; }
+
+Variable ColumnParallelLinear::forward_copied(const Variable& x) const {
+  check_input(x);
+  return linear(x, weight_, bias_);
+}
+
+void ColumnParallelLinear::split(const TensorParallelPtr& tp, const std::string& site) {
+  keep_part(tp, site, {0, groups_}, /*split_bias=*/true);
+}
+
+RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features, bool bias, const init::Generator& gen)
+    : ParallelLinear("RowParallelLinear", in_features, out_features, bias, gen) {}
+
+Variable RowParallelLinear::forward(const Variable& x) {
+  check_input(x);
+  if (!tp_) return linear(x, weight_, bias_);
+  const Variable y = tp_->reduce(linear(x, weight_), site_);  // g: the partial products summed
+  return bias_.defined() ? y + bias_ : y;                     // the bias once
+}
+
+void RowParallelLinear::split(const TensorParallelPtr& tp, const std::string& site) {
+  keep_part(tp, site, {1, 1}, /*split_bias=*/false);
+}
+
 // ---- splitting a model ----------------------------------------------------------------------------
 
 std::string tensor_parallel_problem(Module& model, int64_t size) {

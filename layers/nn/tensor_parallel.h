@@ -1,7 +1,8 @@
 #pragma once
 // Tensor parallelism inside transformer blocks (Megatron-LM's column/row split), as the layers see
-// it: the split of the weights, and the two differentiable collectives. The collectives themselves
-// (over the transport, compressed or not) are parallel/ranks/tensor_parallel.h's.
+// it: the split of the weights, the two differentiable collectives, and the two linear layers that
+// own them (ColumnParallelLinear, RowParallelLinear). The collectives themselves (over the
+// transport, compressed or not) are parallel/ranks/tensor_parallel.h's.
 //
 // Note [tensor-parallel blocks]. With T ranks in a tensor-parallel group, rank t holds of every
 // transformer block:
@@ -16,6 +17,9 @@
 //   x_t = copy(x)                 f: identity forward; backward, the gradient is all-reduced
 //   h_t = column-parallel(x_t)    (B, T, C / T) this rank's heads, or (B, T, F / T) its hidden units
 //   y   = reduce(h_t W_t^T) + b   g: all-reduce forward; backward, the identity
+// ColumnParallelLinear holds a rank's rows of W (and of its bias) and applies f to its input;
+// RowParallelLinear holds its input columns, applies g to its partial product, and adds its whole
+// bias once, after the sum (added on every rank before the sum it would count T times).
 // and sum_t h_t W_t^T = h W^T is the unsplit layer, to the order of the sum. The communicator gives
 // every rank of the group the same bits (compressed or not), so the residual stream, and the
 // gradients of every replicated parameter, are equal on all T ranks without any other exchange.
@@ -32,6 +36,7 @@
 #include <vector>
 
 #include "layers/module.h"
+#include "layers/nn/linear.h"
 
 namespace tl {
 
@@ -81,6 +86,61 @@ class TensorParallel {
   std::vector<std::string> sites_;
 };
 using TensorParallelPtr = std::shared_ptr<TensorParallel>;
+
+/// A Linear that split() cuts over a tensor-parallel group, keeping one rank's part of its weight
+/// in a tensor of the part's size (the whole one, initialised as the unsplit layer's from the
+/// same generator, is freed: a rank's numbers are the whole layer's, Note [initialisation by
+/// name]). Before split() it is exactly a Linear. Its split parameters are marked sharded
+/// (Module::mark_sharded), so checkpoints reassemble the whole tensor.
+class ParallelLinear : public Linear {
+ public:
+  bool is_split() const { return tp_ != nullptr; }
+
+ protected:
+  ParallelLinear(const char* type_name, int64_t in_features, int64_t out_features, bool bias,
+                 const init::Generator& gen);
+  /// Keeps tp's rank's part of the weight along `shard` (and of the bias with `split_bias`);
+  /// `site` names the sublayer's all-reduces.
+  void keep_part(const TensorParallelPtr& tp, const std::string& site, TensorShard shard, bool split_bias);
+
+  TensorParallelPtr tp_;  // null: unsplit
+  std::string site_;
+};
+
+/// Column-parallel: rank t computes its rows of the output features (Note [tensor-parallel blocks]).
+class ColumnParallelLinear : public ParallelLinear {
+ public:
+  /// `groups`: the output features are that many equal blocks, each split alike (a fused
+  /// [q; k; v] projection: 3).
+  ColumnParallelLinear(int64_t in_features, int64_t out_features, bool bias = true,
+                       const init::Generator& gen = std::nullopt, int64_t groups = 1);
+  /// f, then this rank's outputs: x (..., in) -> (..., out / T).
+  Variable forward(const Variable& x) override { return forward_copied(copy_input(x)); }
+  /// f alone (the identity unsplit). Column-parallel layers that read one input share one f, so
+  /// its gradient is all-reduced once (BERT's query, key and value).
+  Variable copy_input(const Variable& x) const;
+  /// This rank's outputs of an input that went through copy_input: (..., in) -> (..., out / T).
+  Variable forward_copied(const Variable& x) const;
+
+  /// Keeps tp's rank's output features (of each group), the bias alike.
+  void split(const TensorParallelPtr& tp, const std::string& site);
+
+ private:
+  int64_t groups_;
+};
+
+/// Row-parallel: rank t holds the input columns matching a column-parallel layer's outputs; the
+/// partial products are summed over the group (g) and the bias, whole on every rank, added once.
+class RowParallelLinear : public ParallelLinear {
+ public:
+  RowParallelLinear(int64_t in_features, int64_t out_features, bool bias = true,
+                    const init::Generator& gen = std::nullopt);
+  /// This rank's inputs (..., in / T) -> g(x W_t^T) + b (..., out); unsplit, x W^T + b.
+  Variable forward(const Variable& x) override;
+
+  /// Keeps tp's rank's input columns; the bias stays whole.
+  void split(const TensorParallelPtr& tp, const std::string& site);
+};
 
 /// Splits every attention and MLP of `model` over tp's group (Note [tensor-parallel blocks]); its
 /// built blocks only (a rank's stages). `what` names the model in errors. Errors: a model without

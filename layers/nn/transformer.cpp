@@ -5,46 +5,46 @@ namespace tl {
 
 // ---- MultiHeadAttention -------------------------------------------------------------------------
 MultiHeadAttention::MultiHeadAttention(const AttentionOptions& o, const init::Generator& gen)
-    : Module("MultiHeadAttention"), options_(o) {
+    : Module("MultiHeadAttention"), options_(o), local_heads_(o.num_heads_) {
   TORCH_CHECK(o.embed_dim_ > 0 && o.num_heads_ > 0 && o.embed_dim_ % o.num_heads_ == 0,
               "MultiHeadAttention: embed_dim (", o.embed_dim_, ") must be a positive multiple of num_heads (",
               o.num_heads_, ")");
   TORCH_CHECK(o.dropout_ >= 0.0 && o.dropout_ < 1.0, "MultiHeadAttention: dropout must be in [0, 1), got ", o.dropout_);
   const int64_t c = o.embed_dim_;
-  if (o.fused_qkv_) {
-    qkv_ = register_module("qkv", std::make_shared<Linear>(c, 3 * c, o.bias_, gen));
+  if (o.fused_qkv_) {  // rows [q; k; v]: three blocks, each split by heads
+    qkv_ = register_module("qkv", std::make_shared<ColumnParallelLinear>(c, 3 * c, o.bias_, gen, /*groups=*/3));
   } else {
-    query_ = register_module("query", std::make_shared<Linear>(c, c, o.bias_, gen));
-    key_ = register_module("key", std::make_shared<Linear>(c, c, o.bias_, gen));
-    value_ = register_module("value", std::make_shared<Linear>(c, c, o.bias_, gen));
+    query_ = register_module("query", std::make_shared<ColumnParallelLinear>(c, c, o.bias_, gen));
+    key_ = register_module("key", std::make_shared<ColumnParallelLinear>(c, c, o.bias_, gen));
+    value_ = register_module("value", std::make_shared<ColumnParallelLinear>(c, c, o.bias_, gen));
   }
-  out_ = register_module("out", std::make_shared<Linear>(c, c, o.bias_, gen));
+  out_ = register_module("out", std::make_shared<RowParallelLinear>(c, c, o.bias_, gen));
   if (o.dropout_ > 0.0) dropout_rng_ = DropoutRng(gen, *this);
 }
 
 void MultiHeadAttention::shard(const TensorParallelPtr& tp, const std::string& site) {
-  TORCH_CHECK(!tp_, site, ": already split over tensor-parallel ranks");
+  TORCH_CHECK(!out_->is_split(), site, ": already split over tensor-parallel ranks");
   const int64_t n = tp->size(), r = tp->rank();
   TORCH_CHECK(options_.num_heads_ % n == 0, site, ": ", options_.num_heads_, " heads do not split over ", n,
               " tensor-parallel ranks");
-  // Column-parallel projections: this rank's heads' rows (of each third of the fused [q; k; v]).
-  if (qkv_) qkv_->shard({0, 3}, r, n);
-  for (const auto& l : {query_, key_, value_})
-    if (l) l->shard({0, 1}, r, n);
-  out_->shard({1, 1}, r, n);  // row-parallel: the matching input columns, the bias whole
+  // This rank's heads: their rows of the projections (of each third of a fused [q; k; v]), and the
+  // matching input columns of out.
+  for (const auto& l : {qkv_, query_, key_, value_})
+    if (l) l->split(tp, site);
+  out_->split(tp, site);
+  local_heads_ = options_.num_heads_ / n;
   if (dropout_rng_.has_stream()) dropout_rng_.fork_for_rank(r);  // Note [tensor-parallel blocks]
-  tp_ = tp, site_ = site;
   tp->add_site(site);
 }
 
-Variable MultiHeadAttention::forward(const Variable& x0, const at::Tensor& key_padding_mask) {
-  const int64_t c = options_.embed_dim_, h = local_heads(), d = c / options_.num_heads_;
-  TORCH_CHECK(x0.dim() == 3 && x0.size(2) == c, "MultiHeadAttention(", c, ", heads ", options_.num_heads_,
-              "): input must be (B, T, ", c, "), got ", x0.sizes());
-  const int64_t b = x0.size(0), t = x0.size(1);
-  const Variable x = tp_ ? tp_->copy(x0, site_) : x0;  // f (Note [tensor-parallel blocks])
+Variable MultiHeadAttention::forward(const Variable& x, const at::Tensor& key_padding_mask) {
+  const int64_t c = options_.embed_dim_, h = local_heads_, d = c / options_.num_heads_;
+  TORCH_CHECK(x.dim() == 3 && x.size(2) == c, "MultiHeadAttention(", c, ", heads ", options_.num_heads_,
+              "): input must be (B, T, ", c, "), got ", x.sizes());
+  const int64_t b = x.size(0), t = x.size(1);
 
-  Variable q, k, v;  // each (B, H, T, D)
+  // Each (B, H, T, D), H this rank's heads (Note [tensor-parallel blocks]).
+  Variable q, k, v;
   if (qkv_) {
     // (B, T, 3C) -> (B, T, 3, H, D) -> (3, B, H, T, D): rows of the fused weight are [q; k; v].
     Variable qkv = permute(view(qkv_->forward(x), {b, t, 3, h, d}), {2, 0, 3, 1, 4});
@@ -53,8 +53,9 @@ Variable MultiHeadAttention::forward(const Variable& x0, const at::Tensor& key_p
     k = squeeze(parts[1], 0);
     v = squeeze(parts[2], 0);
   } else {
-    auto heads = [&](const std::shared_ptr<Linear>& proj) {  // (B, T, C) -> (B, H, T, D)
-      return transpose(view(proj->forward(x), {b, t, h, d}), 1, 2);
+    const Variable xc = query_->copy_input(x);  // one f for the three projections
+    auto heads = [&](const std::shared_ptr<ColumnParallelLinear>& proj) {  // (B, T, C) -> (B, H, T, D)
+      return transpose(view(proj->forward_copied(xc), {b, t, h, d}), 1, 2);
     };
     q = heads(query_);
     k = heads(key_);
@@ -79,15 +80,13 @@ Variable MultiHeadAttention::forward(const Variable& x0, const at::Tensor& key_p
   Variable y = scaled_dot_product_attention(q, k, v, mask, causal, p, drop_gen);  // (B, H, T, D)
   if (p > 0.0) dropout_rng_.commit();
   y = reshape(transpose(y, 1, 2), {b, t, h * d});  // (B, T, C), or this rank's (B, T, C / T)
-  if (!tp_) return out_->forward(y);
-  const Variable z = tp_->reduce(linear(y, out_->weight()), site_);  // g
-  return out_->bias().defined() ? z + out_->bias() : z;              // the bias once
+  return out_->forward(y);
 }
 
 // ---- MLP ----------------------------------------------------------------------------------------
 MLP::MLP(int64_t dim, int64_t hidden, const std::string& activation, bool bias, const init::Generator& gen)
     : Module("MLP") {
-  fc_ = register_module("fc", std::make_shared<Linear>(dim, hidden, bias, gen));
+  fc_ = register_module("fc", std::make_shared<ColumnParallelLinear>(dim, hidden, bias, gen));
   if (activation == "gelu") {
     act_ = std::make_shared<GELU>("none");
   } else if (activation == "gelu_tanh") {
@@ -98,23 +97,19 @@ MLP::MLP(int64_t dim, int64_t hidden, const std::string& activation, bool bias, 
     TORCH_CHECK(false, "MLP: unknown activation '", activation, "'; known: gelu, gelu_tanh, relu");
   }
   register_module("act", act_);
-  proj_ = register_module("proj", std::make_shared<Linear>(hidden, dim, bias, gen));
+  proj_ = register_module("proj", std::make_shared<RowParallelLinear>(hidden, dim, bias, gen));
 }
 
 void MLP::shard(const TensorParallelPtr& tp, const std::string& site) {
-  TORCH_CHECK(!tp_, site, ": already split over tensor-parallel ranks");
-  fc_->shard({0, 1}, tp->rank(), tp->size());    // column-parallel: this rank's hidden units
-  proj_->shard({1, 1}, tp->rank(), tp->size());  // row-parallel: their input columns, the bias whole
-  tp_ = tp, site_ = site;
+  TORCH_CHECK(!proj_->is_split(), site, ": already split over tensor-parallel ranks");
+  fc_->split(tp, site);    // this rank's hidden units
+  proj_->split(tp, site);  // their input columns
   tp->add_site(site);
 }
 
 Variable MLP::forward(const Variable& x) {
-  if (!tp_) return proj_->forward(act_->forward(fc_->forward(x)));
-  // Note [tensor-parallel blocks]: f, this rank's hidden units (..., F / T), g, the bias once.
-  const Variable h = act_->forward(fc_->forward(tp_->copy(x, site_)));
-  const Variable y = tp_->reduce(linear(h, proj_->weight()), site_);
-  return proj_->bias().defined() ? y + proj_->bias() : y;
+  // (..., C) -> (..., F), or this rank's (..., F / T) -> (..., C) (Note [tensor-parallel blocks])
+  return proj_->forward(act_->forward(fc_->forward(x)));
 }
 
 // ---- TransformerBlock ---------------------------------------------------------------------------

@@ -8,11 +8,13 @@
 #include "layers/nn/attention.h"
 #include "layers/nn/init.h"
 #include "layers/nn/linear.h"
+#include "layers/nn/tensor_parallel.h"
 #include "layers/nn/norm.h"
 
 namespace tl {
 
-/// fc (C -> hidden), activation, proj (hidden -> C). Children: fc, act, proj.
+/// fc (C -> hidden, column-parallel), activation, proj (hidden -> C, row-parallel). Children: fc,
+/// act, proj.
 class MLP : public Module {
  public:
   /// activation: "gelu" (erf), "gelu_tanh" (GPT-2's gelu_new) or "relu".
@@ -24,14 +26,13 @@ class MLP : public Module {
   /// Keeps this tensor-parallel rank's hidden units (Note [tensor-parallel blocks]).
   void shard(const TensorParallelPtr& tp, const std::string& site);
 
-  const std::shared_ptr<Linear>& fc() const { return fc_; }
-  const std::shared_ptr<Linear>& proj() const { return proj_; }
+  const std::shared_ptr<ColumnParallelLinear>& fc() const { return fc_; }
+  const std::shared_ptr<RowParallelLinear>& proj() const { return proj_; }
 
  private:
-  std::shared_ptr<Linear> fc_, proj_;
+  std::shared_ptr<ColumnParallelLinear> fc_;
   ModulePtr act_;
-  TensorParallelPtr tp_;  // null: unsplit
-  std::string site_;
+  std::shared_ptr<RowParallelLinear> proj_;
 };
 
 enum class NormPlacement { Pre, Post };
