@@ -30,7 +30,9 @@ class CodecSpec {
   /// Note: a codec given as a bare word (ef(identity)) is not a nested spec for the parser (a word
   /// such as values=fp16 looks the same) and is not listed; every codec whose traits refuse a
   /// message takes arguments, so it is never written as a bare word.
-  const std::vector<const CodecRecord*>& records() const { return records_; }
+  const std::vector<const CodecRecord*>& records() const& { return records_; }
+  /// Of a temporary (`for (auto* r : CodecSpec(text).records())`): a copy, not a dangling reference.
+  std::vector<const CodecRecord*> records() && { return std::move(records_); }
   /// Whether the spec is `identity` alone: the message goes uncompressed.
   bool is_identity() const { return !call_->next && call_->name == "identity"; }
 
