@@ -5,6 +5,7 @@
 #include <cctype>
 
 #include "autograd/function.h"
+#include "compression/registry.h"
 #include "compression/spec.h"
 
 namespace tl {
@@ -125,7 +126,8 @@ void Boundary::validate() {
     case BackwardMode::Shared:
       TORCH_CHECK(fwd_->supports_shared(), "boundary '", name_, "': backward mode 'shared' reuses the forward ",
                   "codec's mask or basis, but forward codec '", fwd_->spec(), "' has none; codecs that support it: ",
-                  "topk, randk (and wrappers of them); otherwise use independent, straight-through or none");
+                  codec_names([](const CodecRecord& r) { return r.traits.shared == Capability::kYes; }),
+                  " (and wrappers of them); otherwise use independent, straight-through or none");
       TORCH_CHECK(bwd_identity_, "boundary '", name_, "': backward mode 'shared' sends the gradient with the ",
                   "forward codec; leave the backward spec empty (got '", bwd_->spec(), "')");
       break;

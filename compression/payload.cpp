@@ -7,12 +7,9 @@
 
 #include <cstring>
 #include <limits>
-#include <map>
-#include <mutex>
 
 #include "compression/codecs/common.h"
 #include "compression/codecs/quant_kernels.h"
-#include "compression/spec.h"
 
 namespace tl {
 
@@ -58,20 +55,6 @@ constexpr uint8_t kVersion = 1;
 constexpr size_t kFixedHeader = 8;
 constexpr size_t kMaxDims = 16;
 constexpr size_t kMaxParams = 64;
-
-// ---- codec ids -------------------------------------------------------------------------------
-// Wire ids by codec name and back. Each codec registers its own with its spec name, in one call
-// (register_compressor in compression/spec.h: codecs/register.cpp, stateful/register.cpp); a
-// lookup first makes sure tapeline's own codecs are registered.
-struct CodecTable {
-  std::mutex mutex;
-  std::map<std::string, uint16_t> by_name;
-  std::map<uint16_t, std::string> by_id;
-};
-CodecTable& codec_table() {
-  static CodecTable table;
-  return table;
-}
 
 // ---- header (de)serialisation -------------------------------------------------------------------
 void put_u16(std::vector<uint8_t>& out, uint16_t v) {
@@ -160,39 +143,8 @@ void set_max_payload_elements(int64_t n) {
   g_max_payload_elements.store(n, std::memory_order_relaxed);
 }
 
-// ---- codec ids ------------------------------------------------------------------------------------
-uint16_t codec_id(const std::string& name) {
-  ensure_builtin_codecs();  // before the lock: registering takes it
-  auto& t = codec_table();
-  std::lock_guard<std::mutex> lock(t.mutex);
-  auto it = t.by_name.find(name);
-  if (it != t.by_name.end()) return it->second;
-  std::string known;
-  for (const auto& [n, _] : t.by_name) known += (known.empty() ? "" : ", ") + n;
-  TORCH_CHECK(false, "no codec id for '", name, "'; known: ", known, " (add one with register_codec_id)");
-}
-
-const std::string& codec_name(uint16_t id) {
-  ensure_builtin_codecs();
-  auto& t = codec_table();
-  std::lock_guard<std::mutex> lock(t.mutex);
-  auto it = t.by_id.find(id);
-  TORCH_CHECK(it != t.by_id.end(), "unknown codec id ", id, " in payload (corrupt, or written by a build with codecs",
-              " this one lacks)");
-  return it->second;
-}
-
-void register_codec_id(const std::string& name, uint16_t id) {
-  auto& t = codec_table();
-  std::lock_guard<std::mutex> lock(t.mutex);
-  auto n = t.by_name.find(name);
-  auto i = t.by_id.find(id);
-  if (n != t.by_name.end() && n->second == id) return;
-  TORCH_CHECK(n == t.by_name.end(), "register_codec_id: '", name, "' already has id ", n->second);
-  TORCH_CHECK(i == t.by_id.end(), "register_codec_id: id ", id, " is taken by '", i->second, "'");
-  t.by_name[name] = id;
-  t.by_id[id] = name;
-}
+// Codec ids (codec_id, codec_name, register_codec_id) are the wire ids of the codec records:
+// compression/registry.cpp.
 
 // ---- Payload ------------------------------------------------------------------------------------------
 int64_t Payload::numel() const { return codec::shape_numel(shape); }

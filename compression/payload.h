@@ -65,7 +65,8 @@ Payload identity_payload_view(const at::Tensor& x);
 int64_t max_payload_elements();
 void set_max_payload_elements(int64_t n);
 
-/// Stable small ids for codec names (hash-free: a fixed table in payload.cpp). Unknown name: error.
+/// Stable small ids for codec names: the wire ids of the codec records (compression/registry.h),
+/// fixed by each codec's registration. Unknown name: error.
 uint16_t codec_id(const std::string& name);
 const std::string& codec_name(uint16_t id);
 /// Adds a name to the table (for codecs outside it). The id must be fixed by the caller, not

@@ -6,16 +6,10 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
-#include <mutex>
 
 #include "compression/codecs/compose.h"
 
 namespace tl {
-
-// Called once, on first use of the registry: the stateless codecs (compression/codecs/register.cpp)
-// and the stateful and learned ones (compression/stateful/register.cpp).
-void register_basic_codecs();
-void register_stateful_codecs();
 
 namespace {
 
@@ -200,28 +194,6 @@ class Parser {
   size_t t_ = 0;
 };
 
-// ---- registry ---------------------------------------------------------------------------------------
-struct Entry {
-  CompressorFactory factory;
-  std::string help;
-};
-struct Registry {
-  std::mutex mutex;
-  std::map<std::string, Entry> entries;
-};
-Registry& registry() {
-  static Registry r;
-  return r;
-}
-
-std::string known_list() {
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  std::string s;
-  for (const auto& [name, _] : r.entries) s += (s.empty() ? "" : ", ") + name;
-  return s;
-}
-
 std::string position_text(size_t pos) {
   return pos == SpecArgs::kNamedOnly ? std::string() : " (argument " + std::to_string(pos + 1) + ")";
 }
@@ -229,6 +201,10 @@ std::string position_text(size_t pos) {
 }  // namespace
 
 std::shared_ptr<SpecCall> parse_spec(const std::string& text) { return Parser(text).parse(); }
+
+bool is_spec_name(const std::string& name) {
+  return !name.empty() && name_start(name[0]) && std::all_of(name.begin(), name.end(), name_char);
+}
 
 // ---- SpecArgs -------------------------------------------------------------------------------------------
 SpecArgs::SpecArgs(const SpecCall& call)
@@ -347,36 +323,12 @@ void SpecArgs::done() const {
   }
 }
 
-// ---- registry -------------------------------------------------------------------------------------------
-void ensure_builtin_codecs() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    register_basic_codecs();
-    register_stateful_codecs();
-  });
-}
-
-void register_compressor(const std::string& name, CompressorFactory factory, const std::string& help,
-                         uint16_t wire_id) {
-  TORCH_CHECK(!name.empty() && name_start(name[0]) &&
-                  std::all_of(name.begin(), name.end(), [](char c) { return name_char(c); }),
-              "register_compressor: '", name,
-              "' is not a valid name (a letter or '_', then letters, digits, '_', '-', '.')");
-  TORCH_CHECK(factory, "register_compressor: no factory for '", name, "'");
-  if (wire_id != 0) register_codec_id(name, wire_id);
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  TORCH_CHECK(!r.entries.count(name), "register_compressor: '", name, "' is already registered");
-  r.entries[name] = Entry{std::move(factory), help};
-}
-
-std::map<std::string, std::string> known_compressors() {
-  ensure_builtin_codecs();
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  std::map<std::string, std::string> out;
-  for (const auto& [name, e] : r.entries) out[name] = e.help;
-  return out;
+// ---- building -------------------------------------------------------------------------------------------
+const CodecRecord& record_of(const SpecCall& call) {
+  const CodecRecord* record = find_codec(call.name);
+  TORCH_CHECK(record && record->factory, "unknown compressor '", call.name, "' in '", call.text,
+              "'; known: ", codec_names([](const CodecRecord&) { return true; }));
+  return *record;
 }
 
 CompressorPtr build_compressor(const SpecCall& call) {
@@ -387,16 +339,8 @@ CompressorPtr build_compressor(const SpecCall& call) {
     head.next = nullptr;
     return make_composition(build_compressor(head), build_compressor(*call.next));
   }
-  CompressorFactory factory;
-  {
-    auto& r = registry();
-    std::lock_guard<std::mutex> lock(r.mutex);
-    auto it = r.entries.find(call.name);
-    if (it != r.entries.end()) factory = it->second.factory;
-  }
-  TORCH_CHECK(factory, "unknown compressor '", call.name, "' in '", call.text, "'; known: ", known_list());
   SpecArgs args(call);
-  CompressorPtr c = factory(args);
+  CompressorPtr c = record_of(call).factory(args);
   args.done();
   TORCH_CHECK(c, "compressor factory for '", call.name, "' returned nothing");
   return c;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "compression/compressor.h"
+#include "compression/registry.h"  // register_compressor, known_compressors: the codec records
 
 namespace tl {
 
@@ -67,23 +68,17 @@ class SpecArgs {
   mutable std::vector<std::pair<size_t, std::string>> asked_;  // what the factory accepts, for errors
 };
 
-using CompressorFactory = std::function<CompressorPtr(SpecArgs&)>;
+/// Whether `name` can be a codec's spec name: a letter or '_', then letters, digits, '_', '-', '.'.
+bool is_spec_name(const std::string& name);
 
-/// Registry of codec names: a codec registers its spec name and its payloads' wire id in one call.
-/// `help` is one line shown in the list of accepted names. `wire_id`: the fixed id its payloads
-/// carry (payload.h's codec_id; never renumber one: payloads on disk and on other ranks use it);
-/// 0 for a spec name whose payloads carry another codec's id (`cast` packs as fp16 or bf16).
-void register_compressor(const std::string& name, CompressorFactory factory, const std::string& help,
-                         uint16_t wire_id = 0);
-/// Registers tapeline's own codecs, once (every lookup of a name or a wire id calls it first).
-void ensure_builtin_codecs();
 /// Builds a compressor (a '|' pipeline becomes a composition). Unknown name: error listing the
 /// known ones.
 CompressorPtr parse_compressor(const std::string& text);
 /// As parse_compressor, but a bad spec returns null and sets `*error` to why.
 CompressorPtr try_parse_compressor(const std::string& text, std::string* error);
 CompressorPtr build_compressor(const SpecCall& call);
-/// name -> help line, sorted.
-std::map<std::string, std::string> known_compressors();
+/// The registry record of `call`'s codec (its first stage); an unknown name is an error listing
+/// the known ones.
+const CodecRecord& record_of(const SpecCall& call);
 
 }  // namespace tl

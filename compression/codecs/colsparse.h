@@ -49,17 +49,9 @@ class ColumnSparse : public SectionedCodec {
   /// Channels kept per block for a hidden size H; error if a count exceeds H.
   int64_t k_for(int64_t H) const;
 
-  Payload encode_parts(const at::Tensor& x, const CodecContext& ctx, std::vector<at::Tensor>& values) override;
-  std::vector<Section> sections(const Payload& rest) const override;
-  at::Tensor decode_parts(const Payload& rest, const std::vector<at::Tensor>& values, const CodecContext& ctx) override;
+  TL_SECTIONED_CODEC_PARTS;
 
-  bool supports_shared() const override { return true; }
-  Payload encode_shared_parts(const at::Tensor& g, const Payload& fwd_rest, const std::vector<at::Tensor>& fwd_values,
-                              const CodecContext& ctx, std::vector<at::Tensor>& values) override;
-  std::vector<Section> shared_sections(const Payload& rest, const Payload& fwd_rest) const override;
-  at::Tensor decode_shared_parts(const Payload& rest, const Payload& fwd_rest,
-                                 const std::vector<at::Tensor>& fwd_values, const std::vector<at::Tensor>& values,
-                                 const CodecContext& ctx) override;
+  TL_SECTIONED_CODEC_SHARED_PARTS;
 
  private:
   struct Layout {

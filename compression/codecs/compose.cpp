@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include "compression/codecs/common.h"
+#include "compression/registry.h"
 
 namespace tl {
 namespace {
@@ -115,8 +116,8 @@ Composition::Unpacked Composition::unpack_forward(const Payload& fwd, const Code
 CompressorPtr make_composition(CompressorPtr outer, CompressorPtr inner) {
   auto sectioned = std::dynamic_pointer_cast<SectionedCodec>(outer);
   TORCH_CHECK(sectioned, "compose: '", outer ? outer->spec() : "?", "' cannot be followed by '| ",
-              inner ? inner->spec() : "?", "': it has no value sections to pass on; stages that can: identity, ",
-              "fp16, bf16, topk, randk, threshold, colsparse, powersgd");
+              inner ? inner->spec() : "?", "': it has no value sections to pass on; stages that can: ",
+              codec_names([](const CodecRecord& r) { return r.traits.sectioned; }));
   return std::make_shared<Composition>(std::move(sectioned), std::move(inner));
 }
 

@@ -16,9 +16,7 @@ class DenseCodec : public SectionedCodec {
   const char* codec() const override { return name_.c_str(); }
   std::string spec() const override { return name_; }
 
-  Payload encode_parts(const at::Tensor& x, const CodecContext& ctx, std::vector<at::Tensor>& values) override;
-  std::vector<Section> sections(const Payload& rest) const override;
-  at::Tensor decode_parts(const Payload& rest, const std::vector<at::Tensor>& values, const CodecContext& ctx) override;
+  TL_SECTIONED_CODEC_PARTS;
 
  private:
   std::string name_;

@@ -77,3 +77,21 @@ class SectionedCodec : public Compressor {
 };
 
 }  // namespace tl
+
+// The overrides a sectioned codec declares, written once for all of them (dense, sparse, colsparse,
+// powersgd): the parts of a plain payload, and those of backward mode 'shared' for a codec that has
+// one (the gradient on the forward payload's support or basis; the record's traits say
+// shared = kYes, compression/registry.h).
+#define TL_SECTIONED_CODEC_PARTS                                                                                \
+  Payload encode_parts(const at::Tensor& x, const CodecContext& ctx, std::vector<at::Tensor>& values) override; \
+  std::vector<Section> sections(const Payload& rest) const override;                                            \
+  at::Tensor decode_parts(const Payload& rest, const std::vector<at::Tensor>& values, const CodecContext& ctx) override
+
+#define TL_SECTIONED_CODEC_SHARED_PARTS                                                                                \
+  bool supports_shared() const override { return true; }                                                               \
+  Payload encode_shared_parts(const at::Tensor& g, const Payload& fwd_rest, const std::vector<at::Tensor>& fwd_values, \
+                              const CodecContext& ctx, std::vector<at::Tensor>& values) override;                      \
+  std::vector<Section> shared_sections(const Payload& rest, const Payload& fwd_rest) const override;                   \
+  at::Tensor decode_shared_parts(const Payload& rest, const Payload& fwd_rest,                                         \
+                                 const std::vector<at::Tensor>& fwd_values, const std::vector<at::Tensor>& values,     \
+                                 const CodecContext& ctx) override

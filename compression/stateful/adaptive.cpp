@@ -5,6 +5,7 @@
 #include <map>
 
 #include "compression/codecs/common.h"
+#include "compression/registry.h"
 
 namespace tl {
 
@@ -232,24 +233,15 @@ at::Tensor Schedule::deliver_residual(const at::Tensor& x, const CodecContext& c
 
 namespace {
 
-/// The argument adaptive adapts by default, per codec: its name, whether it is a fraction, and
-/// the ladder's ends (most compressed first).
-struct Knob {
-  std::string arg;
-  bool fraction;
-  double from, to;
-};
-const std::map<std::string, Knob>& knobs() {
-  static const std::map<std::string, Knob> k = {
-      {"topk", {"k", true, 0.001, 1.0}},    {"randk", {"k", true, 0.001, 1.0}},  {"colsparse", {"k", true, 0.01, 1.0}},
-      {"quant", {"bits", false, 1, 8}},     {"hadquant", {"bits", false, 1, 8}}, {"quantile", {"bits", false, 1, 8}},
-      {"powersgd", {"rank", false, 1, 16}},
-  };
-  return k;
+/// The argument adaptive adapts by default: the codec record's knob (compression/registry.h).
+const AdaptiveKnob* knob_of(const std::string& codec) {
+  const CodecRecord* r = find_codec(codec);
+  return r && r->traits.knob ? &*r->traits.knob : nullptr;
 }
 std::string knob_list() {
   std::string s;
-  for (const auto& [name, k] : knobs()) s += (s.empty() ? "" : ", ") + name + " (" + k.arg + ")";
+  for (const CodecRecord* r : codec_records())
+    if (r->factory && r->traits.knob) s += (s.empty() ? "" : ", ") + r->name + " (" + r->traits.knob->arg + ")";
   return s;
 }
 
@@ -290,20 +282,20 @@ Adaptive::Adaptive(std::string base_spec, Ladder ladder, std::vector<CompressorP
 
 CompressorPtr Adaptive::from_spec(SpecArgs& a) {
   const auto base = a.spec(0, "codec");
-  const auto known = knobs().find(base->name);
+  const AdaptiveKnob* known = knob_of(base->name);
   const bool has_arg = a.has(kNamed, "arg");
   if (!known_compressors().count(base->name)) build_compressor(*base);  // the error naming the known codecs
-  if (known == knobs().end() && !has_arg)
+  if (!known && !has_arg)
     TORCH_CHECK(false, "adaptive: '", base->text, "' has no level adaptive knows how to adjust; it adapts ",
                 knob_list(), ", or any numeric argument named with arg=NAME, from=A, to=B (most compressed first)");
   Ladder ladder;
-  ladder.arg = a.word(kNamed, "arg", {}, known != knobs().end() ? known->second.arg : std::string());
+  ladder.arg = a.word(kNamed, "arg", {}, known ? known->arg : std::string());
   // The codec's own knob: its kind (fraction or integer) and, unless given, its ends.
-  const bool by_knob = known != knobs().end() && ladder.arg == known->second.arg;
-  const double from = a.number(kNamed, "from", by_knob ? std::optional<double>(known->second.from) : std::nullopt);
-  const double to = a.number(kNamed, "to", by_knob ? std::optional<double>(known->second.to) : std::nullopt);
+  const bool by_knob = known && ladder.arg == known->arg;
+  const double from = a.number(kNamed, "from", by_knob ? std::optional<double>(known->from) : std::nullopt);
+  const double to = a.number(kNamed, "to", by_knob ? std::optional<double>(known->to) : std::nullopt);
   if (by_knob) {
-    ladder.fraction = known->second.fraction;
+    ladder.fraction = known->fraction;
   } else {  // a fraction when either end is written with a '.' or is not whole
     for (const char* key : {"from", "to"}) {
       const SpecValue* v = a.peek(kNamed, key);
@@ -326,8 +318,7 @@ CompressorPtr Adaptive::from_spec(SpecArgs& a) {
     TORCH_CHECK(k != ladder.arg, "adaptive: '", base->text, "' sets ", ladder.arg, "=", v.text,
                 ", the argument adaptive picks; leave it out, e.g. adaptive(", base->name,
                 ", error=", a.peek(kNamed, "error")->text, ")");
-  TORCH_CHECK(known == knobs().end() || ladder.arg != known->second.arg || base->positional.empty(), "adaptive: '",
-              base->text, "' gives ", ladder.arg,
+  TORCH_CHECK(!by_knob || base->positional.empty(), "adaptive: '", base->text, "' gives ", ladder.arg,
               " (argument 1), the argument adaptive picks; leave it out, e.g. adaptive(", base->name,
               ", error=", a.peek(kNamed, "error")->text, ")");
   std::vector<CompressorPtr> candidates;

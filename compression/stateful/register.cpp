@@ -1,5 +1,6 @@
-// Spec factories of the stateful and learned codecs; register_stateful_codecs() is called by the
-// registry in compression/spec.cpp. Syntax and formulas: docs/COMPRESSION.md.
+// The records of the stateful and learned codecs (compression/registry.h), with their spec
+// factories; register_stateful_codecs() is called once by the registry. Syntax and formulas:
+// docs/COMPRESSION.md.
 #include "compression/stateful/adaptive.h"
 #include "compression/stateful/aqsgd.h"
 #include "compression/stateful/autoencoder.h"
@@ -100,34 +101,59 @@ CompressorPtr make_subspace(SpecArgs& a) {
   return std::make_shared<Subspace>(o);
 }
 
+// Traits of a codec around others: shared mode and receiver state as the codecs it wraps.
+CodecTraits wrapper() {
+  CodecTraits t;
+  t.shared = t.decode_state = Capability::kInner;
+  return t;
+}
+// Keeps receiver state of its own: a data-parallel all-gather would need one copy per replica.
+CodecTraits receiver_state() {
+  CodecTraits t = wrapper();
+  t.decode_state = Capability::kYes;
+  t.dp = MessageUse::kNoDecoderState;
+  return t;
+}
+// Learned or projecting: a boundary's forward codec only.
+CodecTraits transform() {
+  CodecTraits t;
+  t.dp = t.tp = MessageUse::kNoTransform;
+  return t;
+}
+
 }  // namespace
 
 void register_stateful_codecs() {
-  register_compressor("ef", make_ef, "ef(C, per=boundary|sample, capacity=N): error feedback x+=e; c=C(x); e=x-c", 32);
-  register_compressor("lazy", make_lazy,
-                      "lazy(C, carry=steps|microbatches): Optimus-CC lazy error propagation, one buffer per boundary",
-                      35);
-  register_compressor("ef21", make_ef21, "ef21(C): EF21, both ends keep A; send C(x - A); A += C(x - A)", 33);
-  register_compressor("aqsgd", make_aqsgd,
-                      "aqsgd(C, warmup=1, capacity=N, cache=fp32|fp16|bf16, file=PATH): AQ-SGD per-sample delta "
-                      "compression",
-                      34);
-  register_compressor("ae", make_ae,
-                      "ae(d_code, d=0, layout=auto|last|channel, wire=SPEC, seed=0): learned linear autoencoder", 36);
-  register_compressor("subspace", make_subspace,
-                      "subspace(k, d=0, vocab=0, seed=0, token_std=0.02, wire=SPEC): Protocol Models subspace "
-                      "projection",
-                      37);
-  register_compressor("schedule", Schedule::from_spec,
-                      "schedule(C0, p1, C1, ...): C0 while the training progress is below p1, then C1, ...", 38);
-  register_compressor("adaptive", Adaptive::from_spec,
-                      "adaptive(C, error=E, arg=NAME, from=A, to=B): C's level (topk k, quant bits, powersgd rank, "
-                      "...) picked per message so that ||x - x^|| / ||x|| <= E",
-                      39);
-  register_compressor("budget", Budget::from_spec,
-                      "budget(C0, C1, ..., error=E): per message, the candidate of fewest bytes with relative error "
-                      "<= E (else the most accurate)",
-                      40);
+  register_codec({"ef", 32, make_ef, "ef(C, per=boundary|sample, capacity=N): error feedback x+=e; c=C(x); e=x-c",
+                  "ef({})", wrapper()});
+  register_codec({"lazy", 35, make_lazy,
+                  "lazy(C, carry=steps|microbatches): Optimus-CC lazy error propagation, one buffer per boundary",
+                  "lazy({})", wrapper()});
+  register_codec({"ef21", 33, make_ef21, "ef21(C): EF21, both ends keep A; send C(x - A); A += C(x - A)", "ef21({})",
+                  receiver_state()});
+  CodecTraits aqsgd = receiver_state();
+  aqsgd.tp = MessageUse::kNoSampleIds;
+  register_codec(
+      {"aqsgd", 34, make_aqsgd,
+       "aqsgd(C, warmup=1, capacity=N, cache=fp32|fp16|bf16, file=PATH): AQ-SGD per-sample delta compression",
+       "aqsgd({})", aqsgd});
+  register_codec({"ae", 36, make_ae,
+                  "ae(d_code, d=0, layout=auto|last|channel, wire=SPEC, seed=0): learned linear autoencoder", "ae(8)",
+                  transform()});
+  register_codec({"subspace", 37, make_subspace,
+                  "subspace(k, d=0, vocab=0, seed=0, token_std=0.02, wire=SPEC): Protocol Models subspace projection",
+                  "subspace(4)", transform()});
+  register_codec({"schedule", 38, Schedule::from_spec,
+                  "schedule(C0, p1, C1, ...): C0 while the training progress is below p1, then C1, ...",
+                  "schedule({}, 0.5, {})", wrapper()});
+  register_codec({"adaptive", 39, Adaptive::from_spec,
+                  "adaptive(C, error=E, arg=NAME, from=A, to=B): C's level (topk k, quant bits, powersgd rank, "
+                  "...) picked per message so that ||x - x^|| / ||x|| <= E",
+                  "adaptive({}, error=0.1)", wrapper()});
+  register_codec({"budget", 40, Budget::from_spec,
+                  "budget(C0, C1, ..., error=E): per message, the candidate of fewest bytes with relative error "
+                  "<= E (else the most accurate)",
+                  "budget({}, {}, error=0.1)", wrapper()});
 }
 
 }  // namespace tl

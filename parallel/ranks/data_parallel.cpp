@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "autograd/autograd.h"
-#include "compression/spec.h"
+#include "compression/codec_spec.h"
 
 namespace tl::ranks {
 
@@ -71,18 +71,30 @@ std::vector<Payload> unpack(const at::Tensor& bytes, size_t expected, const std:
 
 }  // namespace
 
-std::string dp_codec_problem(const std::string& spec) {
+std::string dp_codec_problem(const std::string& text) {
   std::string error;
-  const CompressorPtr c = try_parse_compressor(spec, &error);
-  if (!c) return error;
+  if (!try_parse_compressor(text, &error)) return error;
   const std::string accepted =
       "accepted: stateless codecs and ef(...) of them, e.g. powersgd(rank=4), ef(powersgd(rank=4)), quant(bits=8), "
       "ef(topk(0.01))";
-  if (c->decode_has_state())
-    return "its decoder keeps state per sender (ef21, aqsgd), which an all-gather of D replicas' payloads would need "
-           "D copies of; " + accepted;
-  if (c->has_transform() || c->constrains_model())
-    return "learned or projecting codecs (ae, subspace) apply to activations, not to gradients; " + accepted;
+  auto refusing = [](MessageUse why) {
+    return codec_names([why](const CodecRecord& r) { return r.traits.dp == why; });
+  };
+  const CodecSpec spec(text);
+  for (const CodecRecord* r : spec.records()) {
+    switch (r->traits.dp) {
+      case MessageUse::kYes:
+        break;
+      case MessageUse::kNoDecoderState:
+        return "its decoder keeps state per sender (" + refusing(MessageUse::kNoDecoderState) +
+               "), which an all-gather of D replicas' payloads would need D copies of; " + accepted;
+      case MessageUse::kNoTransform:
+        return "learned or projecting codecs (" + refusing(MessageUse::kNoTransform) +
+               ") apply to activations, not to gradients; " + accepted;
+      case MessageUse::kNoSampleIds:
+        return r->name + " needs the micro-batch's sample ids, which a gradient does not carry; " + accepted;
+    }
+  }
   return {};
 }
 

@@ -21,7 +21,8 @@
 // fewer than 2 dims (biases, norms' scales) go uncompressed, as in Vogels et al. Each parameter
 // has its own codec instance: an ef(...) residual or a PowerSGD warm start is per parameter and
 // per replica. Codecs whose decoder keeps state per sender (ef21, aqsgd), or that transform or
-// constrain the model (ae, subspace), are rejected (dp_codec_problem()).
+// constrain the model (ae, subspace), are rejected (dp_codec_problem(), from the traits of their
+// registry records: compression/registry.h).
 //
 // Tied parameters (GPT-2's wte on the first and the last stage) are not summed here: the runtime
 // sums them over every rank that holds them, all replicas at once (Optimus-CC's fused embedding

@@ -1,7 +1,7 @@
 #include "parallel/ranks/tensor_parallel.h"
 
 #include "autograd/autograd.h"
-#include "compression/spec.h"
+#include "compression/codec_spec.h"
 #include "parallel/ranks/fault.h"
 
 namespace tl::ranks {
@@ -18,30 +18,39 @@ int64_t tag(int64_t step, int64_t count) {
 
 const char* direction_name(TpDirection d) { return d == TpDirection::Forward ? "forward" : "backward"; }
 
-bool is_quant(const std::string& spec) { return spec.rfind("quant(", 0) == 0; }
-
 }  // namespace
 
-std::string tp_codec_problem(const std::string& spec, const std::string& algorithm) {
+std::string tp_codec_problem(const std::string& text, const std::string& algorithm) {
+  auto rs = [](const CodecRecord& r) { return r.traits.reduce_scatter; };
   if (algorithm != "allgather" && algorithm != "reduce_scatter")
-    return "tp.algorithm = " + algorithm + ": unknown; accepted: allgather (every codec), reduce_scatter (quant(...))";
+    return "tp.algorithm = " + algorithm + ": unknown; accepted: allgather (every codec), reduce_scatter (" +
+           codec_names(rs) + ")";
   std::string error;
-  const CompressorPtr c = try_parse_compressor(spec, &error);
-  if (!c) return error;
+  if (!try_parse_compressor(text, &error)) return error;
+  const CodecSpec spec(text);
   const std::string accepted =
       "accepted: stateless codecs, ef(...) and ef21(...) of them, e.g. quant(bits=8), quant(bits=4), topk(0.1), "
       "ef(topk(0.1)), powersgd(rank=4)";
-  if (spec.find("aqsgd") != std::string::npos)
-    return "AQ-SGD's per-sample cache needs the micro-batch's sample ids, which an all-reduce inside a transformer "
-           "block does not carry; " +
-           accepted;
-  if (c->has_transform() || c->constrains_model())
-    return "learned or projecting codecs (ae, subspace) sit at pipeline boundaries, not inside a layer's all-reduce; " +
-           accepted;
-  if (algorithm == "reduce_scatter" && spec != "identity" && !is_quant(spec))
-    return "tp.algorithm = reduce_scatter sums chunks that are compressed again after the sum: only quant(...) "
-           "(stateless, per chunk) is defined for it; use tp.algorithm = allgather for " +
-           spec;
+  for (const CodecRecord* r : spec.records()) {
+    switch (r->traits.tp) {
+      case MessageUse::kYes:
+        break;
+      case MessageUse::kNoSampleIds:
+        return r->name +
+               " keeps a per-sample cache that needs the micro-batch's sample ids, which an all-reduce "
+               "inside a transformer block does not carry; " +
+               accepted;
+      case MessageUse::kNoTransform:
+        return "learned or projecting codecs (" +
+               codec_names([](const CodecRecord& c) { return c.traits.tp == MessageUse::kNoTransform; }) +
+               ") sit at pipeline boundaries, not inside a layer's all-reduce; " + accepted;
+      case MessageUse::kNoDecoderState:
+        return r->name + " keeps receiver state that a tensor-parallel all-reduce does not hold; " + accepted;
+    }
+  }
+  if (algorithm == "reduce_scatter" && !(spec.call().next == nullptr && spec.record().traits.reduce_scatter))
+    return "tp.algorithm = reduce_scatter sums chunks that are compressed again after the sum: only " +
+           codec_names(rs) + " (stateless, per chunk) are defined for it; use tp.algorithm = allgather for " + text;
   return "";
 }
 

@@ -23,7 +23,8 @@
 // encodes with its own (the sender's state: an ef(...) residual of its partial sum) and decodes
 // rank e's payloads with the instance of e (the receiver's state of e's stream: EF21's A). All are
 // deterministic functions of the payloads, so the copies agree. Codecs that need the micro-batch's
-// sample ids (aqsgd) or transform activations (ae, subspace) are rejected (tp_codec_problem).
+// sample ids (aqsgd) or transform activations (ae, subspace) are rejected (tp_codec_problem, from
+// the traits of their registry records: compression/registry.h).
 // The state of every instance is this rank's and goes into checkpoints under
 // grid.tp.<rank>.<site>.<direction>.<sender>.<entry> (Note [grid state in checkpoints]).
 //

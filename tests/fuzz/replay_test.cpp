@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "compression/registry.h"
 #include "tests/fuzz/fuzz.h"
 
 namespace fs = std::filesystem;
@@ -92,6 +93,23 @@ TEST(FuzzHarness, ARejectionReturnsAndAnUnboundedAllocationIsAFinding) {
                "an allocation sized by the input");
   EXPECT_DEATH(tl::fuzz::run_one([](const uint8_t*, size_t) { TL_FUZZ_CHECK(1 + 1 == 3, "arithmetic"); }, nullptr, 0),
                "invariant broken");
+}
+
+// The spec dictionary names every codec of the registry and the argument adaptive turns in it, so
+// that a new codec reaches the fuzzer as a word.
+TEST(FuzzDictionary, SpecDictionaryNamesEveryCodec) {
+  std::ifstream in(fs::path(TL_FUZZ_DICT) / "spec.dict");
+  ASSERT_TRUE(in) << TL_FUZZ_DICT << "/spec.dict";
+  std::vector<std::string> words;
+  for (std::string line; std::getline(in, line);)
+    if (line.size() >= 2 && line.front() == '"' && line.back() == '"') words.push_back(line.substr(1, line.size() - 2));
+  auto has = [&](const std::string& w) { return std::find(words.begin(), words.end(), w) != words.end(); };
+  for (const tl::CodecRecord* r : tl::codec_records()) {
+    if (!r->factory) continue;
+    EXPECT_TRUE(has(r->name)) << "tests/fuzz/dict/spec.dict lacks \"" << r->name << "\"";
+    if (r->traits.knob)
+      EXPECT_TRUE(has(r->traits.knob->arg + "=")) << "spec.dict lacks \"" << r->traits.knob->arg << "=\"";
+  }
 }
 
 }  // namespace
