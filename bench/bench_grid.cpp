@@ -82,7 +82,7 @@ int run_rank(const Args& args) {
       std::vector<at::Tensor> grads;
       for (auto& [n, p] : params) grads.push_back(p.grad().clone());
       std::vector<bool> compressed(params.size(), true);
-      DataParallelSync sync(*transport, group, me, params, compressed, {}, {}, spec);
+      DataParallelSync sync(*transport, group, me, params, compressed, {}, {}, CodecSpec(spec));
       int64_t numel = 0;
       for (const auto& g : grads) numel += g.numel();
       const int64_t actual_bytes = numel * 4;

@@ -52,6 +52,10 @@
 // links, then 80 Mbit/s under each codec case: timeline_s, compute_s, bubble, bytes_per_step (every
 // boundary's payloads), link_bytes_per_step (the cuts between ranks only: ZB-V's middle cut stays
 // on rank 1) and speedup_over_1f1b (1F1B of the same link and case / this schedule).
+// Per schedule on the 4 stages ("plans"): lowering_s, the time make_schedule takes to lower the
+// step's lists (what every step paid before the executors took them from cached_schedule: Note
+// [plans are made once] in parallel/executor.h), cached_s, the cached lookup each step pays now,
+// and both as a share of the step's wall time.
 //
 // 2. Multi-process (DistExecutor on a Gloo Transport with its communication thread, as `tapeline
 // train --nproc N` runs): bench_pipeline launches N ranks of itself (parallel/ranks/launch.h, with a
@@ -163,6 +167,7 @@ int main(int argc, char** argv) {
       calibration(w, o);
       if (o.calibrate_only) continue;
       schedules(w, 4, o, refs);
+      plans(w, o);
       if (o.links) links(w, o, refs);
       two_ranks(w, o, refs);
     }

@@ -98,7 +98,7 @@ int run_rank(const Args& args) {
                          Row{"quant(bits=8)", "reduce_scatter"}, Row{"quant(bits=4)", "reduce_scatter"}}) {
     TensorParallelOptions tpo;
     tpo.size = T;
-    tpo.forward = row.codec;
+    tpo.forward = CodecSpec(row.codec);
     tpo.algorithm = row.algorithm;
     TensorParallelSync sync(*transport, group, me, {"site"}, tpo);
     const tl::bench::PairedTimes times = tl::bench::time_paired(

@@ -5,6 +5,7 @@
 // searching the text.
 
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,11 @@ class CodecSpec {
 
   /// A new compressor (each call builds its own: a compressor belongs to one message stream).
   CompressorPtr build() const { return build_compressor(*call_); }
+
+  /// A spec is its text as written: config values compare and print as such.
+  friend bool operator==(const CodecSpec& a, const std::string& text) { return a.text_ == text; }
+  friend bool operator!=(const CodecSpec& a, const std::string& text) { return a.text_ != text; }
+  friend std::ostream& operator<<(std::ostream& out, const CodecSpec& s) { return out << s.text_; }
 
  private:
   std::string text_;

@@ -38,15 +38,34 @@ void check_id_free(const Registry& r, uint16_t id, const char* who) {
 
 }  // namespace
 
+namespace {
+
+// Set while this thread registers the built-in codecs (ensure_builtin_codecs).
+thread_local bool registering_builtins = false;
+
+// Every registration from outside first makes sure the built-in codecs are in, so that a name or
+// wire id a built-in holds is refused whichever registers first (a test binary or a lab may
+// register before any lookup has run).
+void builtins_first() {
+  if (!registering_builtins) ensure_builtin_codecs();
+}
+
+}  // namespace
+
 void ensure_builtin_codecs() {
   static std::once_flag once;
   std::call_once(once, [] {
+    struct Flag {
+      Flag() { registering_builtins = true; }
+      ~Flag() { registering_builtins = false; }
+    } flag;
     register_basic_codecs();
     register_stateful_codecs();
   });
 }
 
 void register_codec(CodecRecord record) {
+  builtins_first();
   const std::string name = record.name;
   if (record.factory)
     TORCH_CHECK(is_spec_name(name), "register_codec: '", name,
@@ -85,6 +104,7 @@ void register_compressor(const std::string& name, CompressorFactory factory, con
 }
 
 void register_codec_id(const std::string& name, uint16_t id) {
+  builtins_first();
   TORCH_CHECK(id != 0, "register_codec_id: '", name, "': id 0 means 'none'; give a fixed id >= 1");
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);

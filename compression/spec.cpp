@@ -348,6 +348,11 @@ CompressorPtr build_compressor(const SpecCall& call) {
 
 CompressorPtr parse_compressor(const std::string& text) { return build_compressor(*parse_spec(text)); }
 
+const CompressorPtr& identity_compressor() {
+  static const CompressorPtr codec = parse_compressor("identity");
+  return codec;
+}
+
 CompressorPtr try_parse_compressor(const std::string& text, std::string* error) {
   try {
     return parse_compressor(text);

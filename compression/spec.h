@@ -74,6 +74,9 @@ bool is_spec_name(const std::string& name);
 /// Builds a compressor (a '|' pipeline becomes a composition). Unknown name: error listing the
 /// known ones.
 CompressorPtr parse_compressor(const std::string& text);
+/// One identity codec shared by the callers that only pack or unpack uncompressed payloads (it
+/// keeps no state).
+const CompressorPtr& identity_compressor();
 /// As parse_compressor, but a bad spec returns null and sets `*error` to why.
 CompressorPtr try_parse_compressor(const std::string& text, std::string* error);
 CompressorPtr build_compressor(const SpecCall& call);

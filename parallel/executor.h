@@ -8,8 +8,8 @@
 //
 // Both run the one schedule interpreter (parallel/interpreter.h) over a Channel, with the step's
 // lowered action lists made once per (schedule, layout, micro-batches) and kept (Note [plans are
-// made once]: cached_schedule in parallel/schedule.h). The Pipeline (parallel/pipeline.h) is the model, its cuts and its boundaries, and
-// nothing of running: what runs it, and how (schedule, placement, links, device model), lives here.
+// made once]: cached_schedule in parallel/schedule.h). The Pipeline (parallel/pipeline.h) is the model, its cuts and
+// its boundaries, and nothing of running: what runs it, and how (schedule, placement, links, device model), lives here.
 //
 // Note [plans are made once]. Lowering a schedule (parallel/schedule.h: generate the compute
 // actions, insert sends and receives, order them, compute slacks for the epilogue flags) costs

@@ -65,8 +65,8 @@ StepResult LocalExecutor::train_step(const Batch& batch, int64_t micro_batches, 
     ranks.back()->set_device_model(&settings_.device, model_clock_);
   }
   run_to_completion(ranks, settings_.schedule);
-  TORCH_CHECK(channel.in_flight() == 0, "executor: the '", settings_.schedule, "' schedule left ",
-              channel.in_flight(), " messages unreceived");
+  TORCH_CHECK(channel.in_flight() == 0, "executor: the '", settings_.schedule, "' schedule left ", channel.in_flight(),
+              " messages unreceived");
 
   // The rank holding the last stage (the last rank, or rank 0 on a V placement) has the tally.
   const RankInterpreter& last = *ranks[static_cast<size_t>(layout_.rank_of(layout_.stages() - 1))];

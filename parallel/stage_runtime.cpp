@@ -49,7 +49,8 @@ std::optional<StageMessage> StageRuntime::forward(int64_t mb_index, const Batch&
     const BoundaryPtr& b = pipeline_.boundary(stage_);
     f.raw_out = raw_size(h.data());
     f.sent = b->sender_transform(h, ctx);
-    out = StageMessage{b->send_forward(f.sent.data(), ctx, f.raw_out), keep && b->measures_error() ? h.data() : at::Tensor()};
+    out = StageMessage{b->send_forward(f.sent.data(), ctx, f.raw_out),
+                       keep && b->measures_error() ? h.data() : at::Tensor()};
   }
   if (keep) {
     f.weight = mb.weight();
@@ -143,13 +144,13 @@ MicroBatches evaluation_batch(const Batch& batch) {
 
 MicroBatches split_micro_batches(const Batch& batch, int64_t micro_batches, const StepPosition& at) {
   const int64_t rows = batch.rows();
-  TORCH_CHECK(rows > 0 && batch.target.defined() && batch.target.size(0) == rows, "train_step: ",
-              batch.input.sizes(), " inputs and ", batch.target.defined() ? batch.target.sizes() : at::IntArrayRef(),
+  TORCH_CHECK(rows > 0 && batch.target.defined() && batch.target.size(0) == rows, "train_step: ", batch.input.sizes(),
+              " inputs and ", batch.target.defined() ? batch.target.sizes() : at::IntArrayRef(),
               " targets; expected the same number of rows (> 0)");
   TORCH_CHECK(batch.units.defined() && batch.units.numel() == rows,
               "train_step: the batch needs one loss unit count per row (Batch::units)");
-  TORCH_CHECK(!batch.sample_ids.defined() || batch.sample_ids.numel() == rows, "train_step: ",
-              batch.sample_ids.numel(), " sample ids for ", rows, " rows");
+  TORCH_CHECK(!batch.sample_ids.defined() || batch.sample_ids.numel() == rows, "train_step: ", batch.sample_ids.numel(),
+              " sample ids for ", rows, " rows");
   MicroBatches out;
   for (const auto& [start, size] : micro_batch_slices(rows, micro_batches)) {
     out.batches.push_back(batch.slice(start, size));

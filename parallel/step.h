@@ -61,14 +61,14 @@ struct StepPosition {
 
 /// Timing of one executed step (seconds).
 struct StepTiming {
-  double step_s = 0;                // the step's duration on the executor's timeline
-  std::vector<double> compute_s;    // per pipeline rank: time spent in forward and backward actions
-  std::vector<double> comm_s;       // per pipeline rank: time spent waiting on messages (links, peers)
-  std::vector<double> forward_s;    // per pipeline rank: the part of compute_s in forwards
-  std::vector<double> weight_s;     // per pipeline rank: the part in W actions (split schedules; else 0)
+  double step_s = 0;                           // the step's duration on the executor's timeline
+  std::vector<double> compute_s;               // per pipeline rank: time spent in forward and backward actions
+  std::vector<double> comm_s;                  // per pipeline rank: time spent waiting on messages (links, peers)
+  std::vector<double> forward_s;               // per pipeline rank: the part of compute_s in forwards
+  std::vector<double> weight_s;                // per pipeline rank: the part in W actions (split schedules; else 0)
   std::vector<size_t> held_for_weights_bytes;  // per pipeline rank: the most held between I and W
-  std::vector<double> flops;        // per pipeline rank: FLOPs counted in compute (with a device model)
-  std::vector<double> modelled_s;   // per pipeline rank: compute seconds on the device model (else 0)
+  std::vector<double> flops;                   // per pipeline rank: FLOPs counted in compute (with a device model)
+  std::vector<double> modelled_s;              // per pipeline rank: compute seconds on the device model (else 0)
   /// Idle fraction: 1 - sum(compute) / (ranks * step).
   double bubble() const;
 };

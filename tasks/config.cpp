@@ -86,16 +86,18 @@ std::vector<double> parse_channel_values(const std::string& v, bool positive) {
   return out;
 }
 
-std::string parse_spec_string(const std::string& v) {
-  // Building the compressor is the validation: a bad spec names the token and what is accepted.
+CodecSpec parse_codec_spec(const std::string& v) {
+  // Parsed once, here; building a compressor from it is the validation of its arguments: a bad
+  // spec names the token and what is accepted.
   try {
-    parse_compressor(v);
+    CodecSpec spec(v);
+    spec.build();
+    return spec;
   } catch (const c10::Error& e) {
     throw std::invalid_argument(e.what_without_backtrace());
   } catch (const std::exception& e) {
     throw std::invalid_argument(e.what());
   }
-  return v;
 }
 
 std::string parse_device(const std::string& v) {
@@ -119,9 +121,9 @@ const std::vector<std::string> kBackwardModes = {"independent", "shared", "strai
 // Boundary keys, shared by [boundary] and [boundary.N].
 void set_boundary_key(BoundarySettings& b, const std::string& key, const std::string& v) {
   if (key == "forward")
-    b.forward = parse_spec_string(v);
+    b.forward = parse_codec_spec(v);
   else if (key == "backward")
-    b.backward = parse_spec_string(v);
+    b.backward = parse_codec_spec(v);
   else if (key == "backward_mode")
     b.backward_mode = parse_choice(v, kBackwardModes);
   else if (key == "active_at_inference")
@@ -354,10 +356,10 @@ const std::vector<Key>& schema() {
     add("tp.forward", "identity", "a compressor spec (docs/COMPRESSION.md): stateless, ef(...) or ef21(...)",
         "codec of the tensor-parallel all-reduce of every row-parallel output (attention and MLP, forward), "
         "e.g. quant(bits=8), quant(bits=4), topk(0.1)",
-        [](Config& c, const std::string& v) { c.tp.forward = parse_spec_string(v); });
+        [](Config& c, const std::string& v) { c.tp.forward = parse_codec_spec(v); });
     add("tp.backward", "identity", "a compressor spec (docs/COMPRESSION.md): stateless, ef(...) or ef21(...)",
         "codec of the tensor-parallel all-reduce of every column-parallel input's gradient (backward)",
-        [](Config& c, const std::string& v) { c.tp.backward = parse_spec_string(v); });
+        [](Config& c, const std::string& v) { c.tp.backward = parse_codec_spec(v); });
     add("tp.active_at_inference", "true", "true, false",
         "whether tp.forward compresses the all-reduces when evaluating with compression on (the inference toggle; "
         "evaluation with compression off never compresses them)",
@@ -375,8 +377,8 @@ const std::vector<Key>& schema() {
         "codec of the data-parallel gradient exchange, e.g. ef(powersgd(rank=4)) (Optimus-CC), quant(bits=8), "
         "ef(topk(0.01)); each parameter of 2 or more dims is compressed as a (shape[0], rest) matrix",
         [](Config& c, const std::string& v) {
-          c.dp.compression = parse_spec_string(v);
-          const std::string problem = ranks::dp_codec_problem(v);
+          c.dp.compression = parse_codec_spec(v);
+          const std::string problem = ranks::dp_codec_problem(c.dp.compression);
           if (!problem.empty()) throw std::invalid_argument(problem);
         });
     add("dp.compress_stages", "all", "all, or comma-separated stage indices (0-based)",
@@ -640,7 +642,7 @@ Config Config::load(const std::string& ini_path, const std::vector<std::pair<std
                                 " replicas; expected a multiple of " + std::to_string(c.parallel.dp));
   for (const auto& [key, spec] : {std::pair{"tp.forward", c.tp.forward}, {"tp.backward", c.tp.backward}}) {
     const std::string problem = ranks::tp_codec_problem(spec, c.tp.algorithm);
-    if (!problem.empty()) throw std::invalid_argument(std::string(key) + " = " + spec + ": " + problem);
+    if (!problem.empty()) throw std::invalid_argument(std::string(key) + " = " + spec.text() + ": " + problem);
   }
   if (c.train.min_lr > c.train.lr)
     throw std::invalid_argument("train.min_lr = " + std::to_string(c.train.min_lr) +

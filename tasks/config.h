@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "compression/codec_spec.h"
+
 namespace tl {
 
 struct RunSection {
@@ -79,9 +81,11 @@ struct TrainSection {
   int64_t eval_batch_size = 500;
 };
 
+// Codec specs are held parsed (CodecSpec: parsed once, when the config is read; they compare and
+// print as their text).
 struct BoundarySettings {
-  std::string forward = "identity";
-  std::string backward = "identity";
+  CodecSpec forward;   // identity
+  CodecSpec backward;  // identity
   std::string backward_mode = "independent";  // independent | shared | straight-through | none
   bool active_at_inference = true;
   bool epilogue_only = false;  // Optimus-CC: compress only backward sends on the schedule's critical path
@@ -106,14 +110,14 @@ struct ParallelSection {
 };
 
 struct TpSection {
-  std::string forward = "identity";     // codec of the row-parallel outputs' all-reduce (forward)
-  std::string backward = "identity";    // codec of the column-parallel inputs' gradient all-reduce (backward)
+  CodecSpec forward;                    // codec of the row-parallel outputs' all-reduce (forward)
+  CodecSpec backward;                   // codec of the column-parallel inputs' gradient all-reduce (backward)
   bool active_at_inference = true;      // tp.forward at evaluation (with compression on)
   std::string algorithm = "allgather";  // allgather | reduce_scatter (quant only)
 };
 
 struct DpSection {
-  std::string compression = "identity";  // codec of the data-parallel gradients
+  CodecSpec compression;                 // codec of the data-parallel gradients
   std::vector<int64_t> compress_stages;  // stages (0-based) whose gradients are compressed; empty: all
   double bandwidth_mbps = 0;             // link emulation between replicas: 0 = unlimited
   double latency_ms = 0;

@@ -252,6 +252,40 @@ void calibration(const Workload& w, const Options& o) {
   std::fflush(stdout);
 }
 
+void plans(const Workload& w, const Options& o) {
+  const int stages = 4, m = static_cast<int>(o.m);
+  struct Kind {
+    std::string name;
+    int v;
+  };
+  std::vector<Kind> kinds = {{"1f1b", 1}, {"zbh1", 1}};
+  if (m % 2 == 0) kinds.push_back({"interleaved", 2});
+  for (const Kind& k : kinds) {
+    Run run = run_of(w, stages, "identity", "identity", {k.name, k.v});
+    const StageLayout& layout = run.ex->layout();
+    std::vector<double> lower, lookup, wall;
+    for (int r = -1; r < o.rounds; ++r) {
+      auto t0 = Clock::now();
+      const std::vector<RankSchedule> fresh = make_schedule(k.name, layout, m);  // what each step did
+      const double l = seconds_since(t0);
+      t0 = Clock::now();
+      const std::vector<RankSchedule>& kept = cached_schedule(k.name, layout, m);  // what each step does
+      const double c = seconds_since(t0);
+      TORCH_CHECK(kept.size() == fresh.size(), "plans: the cached plan has ", kept.size(), " ranks, a fresh one ",
+                  fresh.size());
+      const Sample s = step(run, w, o.m);
+      if (r < 0) continue;
+      lower.push_back(l), lookup.push_back(c), wall.push_back(s.wall);
+    }
+    std::printf("{\"bench\":\"plans\",\"model\":\"%s\",\"schedule\":\"%s\",\"ranks\":%d,\"virtual_stages\":%d,"
+                "\"micro_batches\":%d,\"lowering_s\":%.3g,\"cached_s\":%.3g,\"step_wall_s\":%.5f,"
+                "\"lowering_share_of_step\":%.4f,\"cached_share_of_step\":%.6f}\n",
+                w.name.c_str(), k.name.c_str(), layout.ranks, k.v, m, median(lower), median(lookup), median(wall),
+                median(lower) / median(wall), median(lookup) / median(wall));
+    std::fflush(stdout);
+  }
+}
+
 /// 1F1B on 80 Mbit/s links in process (4 stages); records the timelines in `refs`.
 void links(const Workload& w, const Options& o, std::map<std::string, double>& refs) {
   // The shared cases, then epilogue-only TopK backward by each rule (in process only).

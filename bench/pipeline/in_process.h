@@ -16,6 +16,10 @@ namespace tl::bench_pipeline {
 void calibration(const Workload& w, const Options& o);
 /// GPipe and 1F1B on `stages` stages, and with 4 stages interleaved 1F1B and ZB-H1.
 void schedules(const Workload& w, int stages, const Options& o, std::map<std::string, double>& refs);
+/// What a step's plan costs (one "plans" line per schedule, 4 stages): lowering the schedule, as
+/// every step did before the executors took their lists from cached_schedule, against the cached
+/// lookup and the step itself.
+void plans(const Workload& w, const Options& o);
 /// 1F1B and ZB-H1 on 80 Mbit/s links, 4 stages, under each link case.
 void links(const Workload& w, const Options& o, std::map<std::string, double>& refs);
 /// 1F1B, ZB-H1, interleaved 1F1B and ZB-V on the same two ranks.

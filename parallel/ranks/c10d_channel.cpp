@@ -5,14 +5,6 @@
 
 namespace tl::ranks {
 
-namespace {
-// The reference's wire format: an identity payload (the one byte format of every message).
-const CompressorPtr& identity() {
-  static const CompressorPtr codec = parse_compressor("identity");
-  return codec;
-}
-}  // namespace
-
 C10dChannel::C10dChannel(Transport& transport, std::vector<int> ranks, int64_t step, Phase phase,
                          std::vector<bool> measured, std::string where, at::Device device)
     : transport_(transport), ranks_(std::move(ranks)), step_(step), phase_(phase), measured_(std::move(measured)),
@@ -41,7 +33,7 @@ void C10dChannel::send(int src, int dst, const MessageKey& key, StageMessage mes
     fault_point(key.activation ? FaultPhase::Forward : FaultPhase::Backward, step_, &transport_, true, ctx);
   transport_.send_payload(ranks_.at(static_cast<size_t>(dst)), *message.payload, tag(step_, phase_, key, false), ctx);
   if (message.reference.defined())
-    transport_.send_payload(ranks_.at(static_cast<size_t>(dst)), identity()->encode(message.reference, {}),
+    transport_.send_payload(ranks_.at(static_cast<size_t>(dst)), identity_compressor()->encode(message.reference, {}),
                             tag(step_, phase_, key, true), ctx + " (reference for statistics)");
 }
 
@@ -55,7 +47,7 @@ std::optional<Delivered> C10dChannel::recv(int src, int dst, const MessageKey& k
     Message ref_info;
     const Payload ref = transport_.recv_payload(from, tag(step_, phase_, key, true), ctx + " (reference for statistics)",
                                                 device_, &ref_info);
-    d.message.reference = identity()->decode(ref, {});  // its wait is not the link's: not counted
+    d.message.reference = identity_compressor()->decode(ref, {});  // its wait is not the link's: not counted
   }
   d.ready_s = now_s + info.wait_s;
   return d;

@@ -1,6 +1,7 @@
 #include "parallel/ranks/data_parallel.h"
 
 #include "parallel/ranks/fault.h"
+#include "parallel/ranks/group_sum.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,11 +17,6 @@ namespace {
 // Message tags: step: 30 bits | kind: 4 bits (C10dChannel uses 1-3 and 9-11).
 constexpr int64_t kKindGradients = 4, kKindBuffers = 5;
 int64_t tag(int64_t step, int64_t kind) { return ((step & ((int64_t(1) << 30) - 1)) << 30) | (kind << 26); }
-
-const CompressorPtr& identity() {
-  static const CompressorPtr codec = parse_compressor("identity");
-  return codec;
-}
 
 // The matrix a parameter's gradient is compressed as: (shape[0], the rest).
 at::Tensor as_matrix(const at::Tensor& g) { return g.reshape({g.size(0), -1}); }
@@ -74,13 +70,16 @@ std::vector<Payload> unpack(const at::Tensor& bytes, size_t expected, const std:
 std::string dp_codec_problem(const std::string& text) {
   std::string error;
   if (!try_parse_compressor(text, &error)) return error;
+  return dp_codec_problem(CodecSpec(text));
+}
+
+std::string dp_codec_problem(const CodecSpec& spec) {
   const std::string accepted =
       "accepted: stateless codecs and ef(...) of them, e.g. powersgd(rank=4), ef(powersgd(rank=4)), quant(bits=8), "
       "ef(topk(0.01))";
   auto refusing = [](MessageUse why) {
     return codec_names([why](const CodecRecord& r) { return r.traits.dp == why; });
   };
-  const CodecSpec spec(text);
   for (const CodecRecord* r : spec.records()) {
     switch (r->traits.dp) {
       case MessageUse::kYes:
@@ -99,7 +98,7 @@ std::string dp_codec_problem(const std::string& text) {
 }
 
 bool DataParallelOptions::compresses(int64_t stage) const {
-  return compression != "identity" &&
+  return !compression.is_identity() &&
          (compress_stages.empty() ||
           std::find(compress_stages.begin(), compress_stages.end(), stage) != compress_stages.end());
 }
@@ -108,7 +107,7 @@ DataParallelSync::DataParallelSync(Transport& transport, std::vector<int> group,
                                    std::vector<std::pair<std::string, Variable>> params,
                                    const std::vector<bool>& compressed,
                                    std::vector<std::pair<std::string, Variable>> buffers, std::vector<double> decay,
-                                   const std::string& spec)
+                                   const CodecSpec& spec)
     : transport_(transport), group_(std::move(group)), replica_(replica), params_(std::move(params)),
       buffers_(std::move(buffers)), decay_(std::move(decay)) {
   TORCH_CHECK(decay_.size() == buffers_.size(), "DataParallelSync: ", decay_.size(), " decays for ", buffers_.size(),
@@ -118,7 +117,7 @@ DataParallelSync::DataParallelSync(Transport& transport, std::vector<int> group,
   TORCH_CHECK(compressed.size() == params_.size(), "DataParallelSync: ", compressed.size(), " flags for ",
               params_.size(), " parameters");
   for (size_t i = 0; i < params_.size(); ++i)
-    codecs_.push_back(compressed[i] && params_[i].second.dim() >= 2 ? parse_compressor(spec) : identity());
+    codecs_.push_back(compressed[i] && params_[i].second.dim() >= 2 ? spec.build() : identity_compressor());
 }
 
 std::vector<std::vector<Payload>> DataParallelSync::all_gather(const std::vector<Payload>& mine, int64_t message_tag,
@@ -161,7 +160,7 @@ void DataParallelSync::reduce_gradients(int64_t step, const std::string& where) 
     const Variable& p = params_[i].second;
     const at::Tensor& g = p.grad();
     if (!g.defined()) {  // none here, none on the other replicas: an empty placeholder
-      mine.push_back(identity()->encode(at::empty({0}, p.options()), ctx));
+      mine.push_back(identity_compressor()->encode(at::empty({0}, p.options()), ctx));
       continue;
     }
     const at::Tensor x = p.dim() >= 2 ? as_matrix(g) : g;
@@ -174,28 +173,23 @@ void DataParallelSync::reduce_gradients(int64_t step, const std::string& where) 
   for (size_t i = 0; i < params_.size(); ++i) {
     Variable p = params_[i].second;
     const bool here = p.grad().defined();
-    at::Tensor sum;
-    for (int e = 0; e < D; ++e) {
+    auto check = [&](int e) -> const Payload& {
       const Payload& payload = all[static_cast<size_t>(e)][i];
       TORCH_CHECK((payload.numel() > 0 || p.numel() == 0) == here, where, ": '", params_[i].first, "' has ",
                   here ? "a gradient" : "no gradient", " on replica ", replica_, " but ", here ? "none" : "one",
                   " on replica ", e, " (the replicas ran different stages)");
-      if (!here) break;
-      at::Tensor d = codecs_[i]->decode(payload, ctx);
+      return payload;
+    };
+    if (!here) {
+      check(0);
+      continue;
+    }
+    p.set_grad(sum_in_rank_order(D, [&](int e) {  // Note [sums in rank order]
+      at::Tensor d = codecs_[i]->decode(check(e), ctx);
       TORCH_CHECK(d.numel() == p.numel(), where, ": replica ", e, " sent a gradient of ", d.numel(),
                   " values for '", params_[i].first, "' (", p.numel(), " here)");
-      d = d.reshape(p.sizes()).to(p.data().scalar_type());
-      // The sum builds in a tensor of its own: the first two terms' sum is a fresh tensor (a
-      // decoded term may be a view of this replica's gradient, or of a received message), the
-      // next terms are added to it in replica order.
-      if (e == 0)
-        sum = d;
-      else if (e == 1)
-        sum = at::add(sum, d);
-      else
-        sum.add_(d);
-    }
-    if (here) p.set_grad(sum);
+      return d.reshape(p.sizes()).to(p.data().scalar_type());
+    }));
   }
 }
 
@@ -212,7 +206,7 @@ void DataParallelSync::sync_buffers(int64_t step, const std::string& where, cons
   NoGradGuard no_grad;
   std::vector<Payload> mine;
   for (const auto& [n, b] : buffers_)  // integer counters travel as float64 (exact below 2^53)
-    mine.push_back(identity()->encode(at::isFloatingType(b.scalar_type()) ? b.data() : b.data().to(at::kDouble), {}));
+    mine.push_back(identity_compressor()->encode(at::isFloatingType(b.scalar_type()) ? b.data() : b.data().to(at::kDouble), {}));
   const auto all = all_gather(mine, tag(step, kKindBuffers),
                               where + ", data-parallel buffers of replica " + std::to_string(replica_),
                               buffers_.front().second.device(), -1);
@@ -223,7 +217,7 @@ void DataParallelSync::sync_buffers(int64_t step, const std::string& where, cons
     const at::Tensor& r0 = since.at(i);
     at::Tensor sum;
     for (int e = 0; e < D; ++e) {
-      at::Tensor v = identity()->decode(all[static_cast<size_t>(e)][i], {}).to(b.scalar_type());
+      at::Tensor v = identity_compressor()->decode(all[static_cast<size_t>(e)][i], {}).to(b.scalar_type());
       TORCH_CHECK(v.sizes().equals(b.sizes()), where, ": replica ", e, " sent buffer '", buffers_[i].first,
                   "' of shape ", v.sizes(), " (", b.sizes(), " here)");
       if (!floating)

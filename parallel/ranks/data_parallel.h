@@ -31,18 +31,21 @@
 #include <string>
 #include <vector>
 
+#include "compression/codec_spec.h"
 #include "compression/compressor.h"
 #include "parallel/ranks/transport.h"
 
 namespace tl::ranks {
 
 /// Why `spec` cannot compress data-parallel gradients (empty: it can).
-std::string dp_codec_problem(const std::string& spec);
+std::string dp_codec_problem(const CodecSpec& spec);
+/// The same of a spec's text (its parse error, when it does not parse or build).
+std::string dp_codec_problem(const std::string& text);
 
 /// Config [parallel] dp and [dp]: data parallelism across pipeline replicas.
 struct DataParallelOptions {
   int replicas = 1;                     // parallel.dp: D
-  std::string compression = "identity";  // dp.compression: codec of the gradients
+  CodecSpec compression;  // dp.compression: codec of the gradients (identity)
   std::vector<int64_t> compress_stages;  // dp.compress_stages: stages whose gradients are compressed (empty: all)
   bool compresses(int64_t stage) const;
 };
@@ -65,7 +68,7 @@ class DataParallelSync {
   DataParallelSync(Transport& transport, std::vector<int> group, int replica,
                    std::vector<std::pair<std::string, Variable>> params, const std::vector<bool>& compressed,
                    std::vector<std::pair<std::string, Variable>> buffers, std::vector<double> decay,
-                   const std::string& spec);
+                   const CodecSpec& spec);
 
   /// Replaces every parameter's gradient by the sum over the replicas (Note [all-reduce by
   /// all-gather of payloads]). A parameter without gradient here has none on any replica (the

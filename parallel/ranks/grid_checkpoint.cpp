@@ -39,8 +39,8 @@ TensorMap unpack(const std::string& bytes, const std::string& what) {
     for (auto& s : shape) s = r.get<int64_t>();
     at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));
     const auto n = static_cast<size_t>(r.get<int64_t>());
-    TORCH_CHECK(n == static_cast<size_t>(t.numel() * t.element_size()), "rank 0: ", what, ": entry '", name,
-                "' has ", n, " bytes for shape ", t.sizes(), " (garbled)");
+    TORCH_CHECK(n == static_cast<size_t>(t.numel() * t.element_size()), "rank 0: ", what, ": entry '", name, "' has ",
+                n, " bytes for shape ", t.sizes(), " (garbled)");
     if (n) r.get(t.data_ptr(), n);
     map[name] = t;
   }
@@ -57,11 +57,19 @@ bool same_tensor(const at::Tensor& a0, const at::Tensor& b0) {
 }  // namespace
 
 GridCheckpoint::GridCheckpoint(Pipeline& pipeline, Transport& transport, const Grid& grid, const StageLayout& layout,
-                               const std::map<std::string, int>& owner, const std::map<std::string, TensorShard>& shards,
+                               const std::map<std::string, int>& owner,
+                               const std::map<std::string, TensorShard>& shards,
                                std::map<std::string, std::vector<int64_t>> split_shape, DataParallelSync* dp,
                                TensorParallelSync* tp)
-    : pipeline_(pipeline), transport_(transport), grid_(grid), layout_(layout), owner_(owner), shards_(shards),
-      split_shape_(std::move(split_shape)), dp_(dp), tp_(tp) {
+    : pipeline_(pipeline),
+      transport_(transport),
+      grid_(grid),
+      layout_(layout),
+      owner_(owner),
+      shards_(shards),
+      split_shape_(std::move(split_shape)),
+      dp_(dp),
+      tp_(tp) {
   rank_ = grid_.pipeline_rank(transport.rank());
   replica_ = grid_.replica(transport.rank());
   tensor_rank_ = grid_.tensor_rank(transport.rank());
@@ -124,7 +132,7 @@ TensorMap GridCheckpoint::part_for_checkpoint(const TensorMap& all) const {
         part[k] = t;
       continue;
     }
-    if (tensor_rank_ != 0) continue;  // codec state: the same on every tensor rank of a stage
+    if (tensor_rank_ != 0) continue;                           // codec state: the same on every tensor rank of a stage
     if (replica_ != 0 && k.rfind("model.", 0) != 0) continue;  // codec weights' optimizer state: equal too
     auto ref = reference_.find(k);
     if (ref == reference_.end() || !same_tensor(ref->second, t))
@@ -161,12 +169,13 @@ std::string GridCheckpoint::restore(const std::string& path) {
   const bool known = shape.defined() && shape.numel() >= 3 && shape.numel() <= 5;
   const int64_t placement = known && shape.numel() >= 4 ? shape[3].item<int64_t>() : 0;
   const int64_t saved_tensor = known && shape.numel() == 5 ? shape[4].item<int64_t>() : 1;
-  const bool same_grid = known && shape[0].item<int64_t>() == grid_.pipeline && shape[1].item<int64_t>() == grid_.data &&
-                         shape[2].item<int64_t>() == v && placement == static_cast<int64_t>(layout_.placement) &&
-                         saved_tensor == grid_.tensor;
+  const bool same_grid = known && shape[0].item<int64_t>() == grid_.pipeline &&
+                         shape[1].item<int64_t>() == grid_.data && shape[2].item<int64_t>() == v &&
+                         placement == static_cast<int64_t>(layout_.placement) && saved_tensor == grid_.tensor;
   const int64_t saved_replicas = known ? shape[1].item<int64_t>() : 1;
   if (!same_grid) {
-    if (grid_.data == 1 && saved_replicas == 1 && grid_.tensor == 1 && saved_tensor == 1) return "";  // nothing per rank
+    if (grid_.data == 1 && saved_replicas == 1 && grid_.tensor == 1 && saved_tensor == 1)
+      return "";  // nothing per rank
     return "the checkpoint was written by " +
            (shape.defined() ? std::to_string(saved_replicas) + " replica(s) x " + std::to_string(saved_tensor) +
                                   " tensor rank(s) of another grid"
@@ -202,7 +211,7 @@ void GridCheckpoint::save(const std::string& path, const CheckpointContents& min
   const std::vector<std::string> parts = transport_.gather_bytes(pack(part_for_checkpoint(mine.tensors)), 0, what);
   if (transport_.rank() == 0) {
     CheckpointContents merged = mine;  // entries nobody changed, counters, rank 0's RNG state
-    if (grid_.data > 1)  // one replica: nothing differs between ranks, the in-process file exactly
+    if (grid_.data > 1)                // one replica: nothing differs between ranks, the in-process file exactly
       merged.tensors["grid.shape"] = grid_shape();
     if (grid_.tensor > 1) merged.tensors["grid.shape"] = grid_shape();
     std::map<std::string, int> changed_by;
@@ -233,7 +242,7 @@ void GridCheckpoint::save(const std::string& path, const CheckpointContents& min
       }
     }
     for (auto& [k, t] : base) merged.tensors.emplace(k, t);  // only where no rank sent a change
-    for (auto& [k, ps] : split) {  // whole tensors (Note [tensor-parallel blocks])
+    for (auto& [k, ps] : split) {                            // whole tensors (Note [tensor-parallel blocks])
       const std::string name = k.rfind("model.", 0) == 0 ? k.substr(6) : k.substr(12, k.rfind('.') - 12);
       for (size_t t = 0; t < ps.size(); ++t)
         TORCH_CHECK(ps[t].defined(), what, ": tensor rank ", t, " sent no part of '", k, "'");

@@ -28,8 +28,7 @@ class GridCheckpoint {
   /// (null: none). The maps must outlive this object.
   GridCheckpoint(Pipeline& pipeline, Transport& transport, const Grid& grid, const StageLayout& layout,
                  const std::map<std::string, int>& owner, const std::map<std::string, TensorShard>& shards,
-                 std::map<std::string, std::vector<int64_t>> split_shape, DataParallelSync* dp,
-                 TensorParallelSync* tp);
+                 std::map<std::string, std::vector<int64_t>> split_shape, DataParallelSync* dp, TensorParallelSync* tp);
 
   /// Marks the current codec state as identical on every rank (after building or resuming).
   void synchronized(const Optimizer& optimizer);

@@ -3,6 +3,7 @@
 #include "autograd/autograd.h"
 #include "compression/codec_spec.h"
 #include "parallel/ranks/fault.h"
+#include "parallel/ranks/group_sum.h"
 
 namespace tl::ranks {
 
@@ -18,16 +19,27 @@ int64_t tag(int64_t step, int64_t count) {
 
 const char* direction_name(TpDirection d) { return d == TpDirection::Forward ? "forward" : "backward"; }
 
+bool scatters(const CodecRecord& r) { return r.traits.reduce_scatter; }
+
+std::string algorithm_problem(const std::string& algorithm) {
+  if (algorithm == "allgather" || algorithm == "reduce_scatter") return "";
+  return "tp.algorithm = " + algorithm + ": unknown; accepted: allgather (every codec), reduce_scatter (" +
+         codec_names(scatters) + ")";
+}
+
 }  // namespace
 
 std::string tp_codec_problem(const std::string& text, const std::string& algorithm) {
-  auto rs = [](const CodecRecord& r) { return r.traits.reduce_scatter; };
-  if (algorithm != "allgather" && algorithm != "reduce_scatter")
-    return "tp.algorithm = " + algorithm + ": unknown; accepted: allgather (every codec), reduce_scatter (" +
-           codec_names(rs) + ")";
-  std::string error;
+  std::string error = algorithm_problem(algorithm);
+  if (!error.empty()) return error;
   if (!try_parse_compressor(text, &error)) return error;
-  const CodecSpec spec(text);
+  return tp_codec_problem(CodecSpec(text), algorithm);
+}
+
+std::string tp_codec_problem(const CodecSpec& spec, const std::string& algorithm) {
+  const auto rs = scatters;
+  const std::string bad_algorithm = algorithm_problem(algorithm);
+  if (!bad_algorithm.empty()) return bad_algorithm;
   const std::string accepted =
       "accepted: stateless codecs, ef(...) and ef21(...) of them, e.g. quant(bits=8), quant(bits=4), topk(0.1), "
       "ef(topk(0.1)), powersgd(rank=4)";
@@ -50,7 +62,7 @@ std::string tp_codec_problem(const std::string& text, const std::string& algorit
   }
   if (algorithm == "reduce_scatter" && !(spec.call().next == nullptr && spec.record().traits.reduce_scatter))
     return "tp.algorithm = reduce_scatter sums chunks that are compressed again after the sum: only " +
-           codec_names(rs) + " (stateless, per chunk) are defined for it; use tp.algorithm = allgather for " + text;
+           codec_names(rs) + " (stateless, per chunk) are defined for it; use tp.algorithm = allgather for " + spec.text();
   return "";
 }
 
@@ -65,8 +77,8 @@ TensorParallelSync::TensorParallelSync(Transport& transport, std::vector<int> gr
   for (const auto& s : sites) {
     Site& site = sites_[s];
     for (size_t e = 0; e < T; ++e) {
-      site.forward.push_back(parse_compressor(options.forward));
-      site.backward.push_back(parse_compressor(options.backward));
+      site.forward.push_back(options.forward.build());
+      site.backward.push_back(options.backward.build());
     }
   }
 }
@@ -96,8 +108,8 @@ at::Tensor TensorParallelSync::all_reduce(const at::Tensor& x, const std::string
   auto it = sites_.find(site);
   TORCH_CHECK(it != sites_.end(), "tensor parallelism: all-reduce of unknown site '", site, "'");
   const std::string what = where_ + ", tensor-parallel all-reduce of " + site + " (" + direction_name(direction) + ")";
-  const std::string& spec = direction == TpDirection::Forward ? options_.forward : options_.backward;
-  const bool compress = spec != "identity" && compress_ &&
+  const CodecSpec& spec = direction == TpDirection::Forward ? options_.forward : options_.backward;
+  const bool compress = !spec.is_identity() && compress_ &&
                         (training_ || direction == TpDirection::Backward || options_.active_at_inference);
   CodecContext ctx;
   ctx.training = training_;
@@ -116,15 +128,14 @@ at::Tensor TensorParallelSync::all_reduce(const at::Tensor& x, const std::string
 
 at::Tensor TensorParallelSync::all_gather_sum(const at::Tensor& x, std::vector<CompressorPtr>* codecs,
                                               const std::string& what, const CodecContext& ctx) {
-  static const CompressorPtr identity = parse_compressor("identity");
+  const CompressorPtr& identity = identity_compressor();
   const int T = static_cast<int>(group_.size());
   const int64_t raw = x.numel() * 4;
   // Uncompressed, decoding a payload gives back the tensor itself: no need to decode our own.
   const Payload mine = codecs ? (*codecs)[static_cast<size_t>(rank_)]->encode(x, ctx) : identity_payload_view(x);
   for (int e = 0; e < T; ++e)
     if (e != rank_) send_to(e, mine, what, raw);
-  at::Tensor sum;
-  for (int e = 0; e < T; ++e) {
+  const at::Tensor sum = sum_in_rank_order(T, [&](int e) {
     at::Tensor term;
     if (e == rank_)
       term = codecs ? (*codecs)[static_cast<size_t>(e)]->decode(mine, ctx) : x;
@@ -132,11 +143,9 @@ at::Tensor TensorParallelSync::all_gather_sum(const at::Tensor& x, std::vector<C
       term = (codecs ? *(*codecs)[static_cast<size_t>(e)] : *identity).decode(recv_from(e, what), ctx);
     TORCH_CHECK(term.sizes().equals(x.sizes()), what, ": tensor rank ", e, " sent a tensor of shape ", term.sizes(),
                 " where this rank has ", x.sizes(), " (the ranks ran different computations)");
-    term = term.to(x.scalar_type());
-    // A fresh tensor for the sum (a term may be x itself or a view of a message), then in rank order.
-    sum = e == 0 ? term : (e == 1 ? at::add(sum, term) : sum.add_(term));
-  }
-  return T == 1 ? sum.clone() : sum;
+    return term.to(x.scalar_type());
+  });
+  return T == 1 ? sum.clone() : sum;  // a term may be x itself
 }
 
 at::Tensor TensorParallelSync::reduce_scatter_sum(const at::Tensor& x, Compressor& codec, const std::string& what,
@@ -158,14 +167,13 @@ at::Tensor TensorParallelSync::reduce_scatter_sum(const at::Tensor& x, Compresso
     out[static_cast<size_t>(j)] = codec.encode(c, ctx);
     if (j != rank_) send_to(j, out[static_cast<size_t>(j)], what + " (reduce-scatter)", c.numel() * 4);
   }
-  at::Tensor mine;
-  for (int e = 0; e < T; ++e) {
+  const at::Tensor mine = sum_in_rank_order(T, [&](int e) {
     const at::Tensor term =
         codec.decode(e == rank_ ? out[static_cast<size_t>(e)] : recv_from(e, what + " (reduce-scatter)"), ctx);
     TORCH_CHECK(term.sizes().equals(chunk(m, rank_).sizes()), what, ": tensor rank ", e, " sent a chunk of shape ",
                 term.sizes(), ", expected ", chunk(m, rank_).sizes());
-    mine = e == 0 ? term.to(x.scalar_type()) : (e == 1 ? at::add(mine, term) : mine.add_(term));
-  }
+    return term.to(x.scalar_type());
+  });
   // All-gather of the summed chunks, each decoded from its payload on every rank (its owner too).
   const Payload summed = codec.encode(mine, ctx);
   for (int e = 0; e < T; ++e)

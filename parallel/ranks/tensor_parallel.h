@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "compression/codec_spec.h"
 #include "compression/compressor.h"
 #include "layers/nn/tensor_parallel.h"
 #include "parallel/ranks/transport.h"
@@ -44,14 +45,16 @@ namespace tl::ranks {
 /// Config [parallel] tp and [tp].
 struct TensorParallelOptions {
   int size = 1;                         // parallel.tp: T
-  std::string forward = "identity";     // tp.forward: codec of the row-parallel outputs' all-reduce
-  std::string backward = "identity";    // tp.backward: codec of the column-parallel inputs' gradient all-reduce
+  CodecSpec forward;   // tp.forward: codec of the row-parallel outputs' all-reduce (identity)
+  CodecSpec backward;  // tp.backward: codec of the column-parallel inputs' gradient all-reduce (identity)
   bool active_at_inference = true;      // tp.active_at_inference: tp.forward at evaluation
   std::string algorithm = "allgather";  // tp.algorithm: allgather | reduce_scatter (Note [compressed all-reduce])
 };
 
 /// Why `spec` cannot compress a tensor-parallel all-reduce with `algorithm` ("" if it can).
-std::string tp_codec_problem(const std::string& spec, const std::string& algorithm);
+std::string tp_codec_problem(const CodecSpec& spec, const std::string& algorithm);
+/// The same of a spec's text (its parse error, when it does not parse or build).
+std::string tp_codec_problem(const std::string& text, const std::string& algorithm);
 
 /// Bytes of tensor-parallel messages sent by this rank in training steps (evaluation and the
 /// probe before training are not counted, as for the boundaries).

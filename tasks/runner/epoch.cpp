@@ -152,7 +152,8 @@ EpochMetrics Experiment::train_epoch(int64_t epoch, const std::function<void(con
     bm.index = static_cast<int64_t>(i + 1);
     bm.bytes_forward = b.forward.bytes;
     bm.bytes_backward = b.backward.bytes;
-    if (b.forward.measured > 0) bm.forward_rel_error = b.forward.rel_error_mean, bm.forward_density = b.forward.density_mean;
+    if (b.forward.measured > 0)
+      bm.forward_rel_error = b.forward.rel_error_mean, bm.forward_density = b.forward.density_mean;
     if (b.backward.measured > 0)
       bm.backward_rel_error = b.backward.rel_error_mean, bm.backward_density = b.backward.density_mean;
     m.boundaries.push_back(bm);

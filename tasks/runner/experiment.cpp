@@ -15,11 +15,11 @@
 #include "layers/optim/adam.h"
 #include "layers/optim/sgd.h"
 #include "parallel/local_executor.h"
-#include "tasks/data/loader.h"
 #include "parallel/ranks/fault.h"
 #include "parallel/ranks/rendezvous.h"
 #include "parallel/ranks/runtime.h"
 #include "parallel/ranks/transport.h"
+#include "tasks/data/loader.h"
 #include "tasks/models.h"
 
 namespace tl {
@@ -68,7 +68,6 @@ std::shared_ptr<const Schedule> build_schedule(const TrainSection& t, int64_t st
   return make_schedule(s);
 }
 
-
 // run.threads = 0: every core. Measured on 2 cores (ResNet-18 step, README): 1.16 s with ATen's
 // default of 1 thread here, 0.70 s with 2.
 int choose_threads(int64_t requested) {
@@ -76,7 +75,6 @@ int choose_threads(int64_t requested) {
   const unsigned cores = std::thread::hardware_concurrency();
   return cores > 0 ? static_cast<int>(cores) : at::get_num_threads();
 }
-
 
 std::unique_ptr<Optimizer> build_optimizer(const TrainSection& t, Module& model) {
   GroupOptions opt;
@@ -105,8 +103,8 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
                 "`tapeline train --nproc ",
                 config_.pipeline.nproc, " ...` or torchrun, or set pipeline.nproc = 1 to run every stage here");
   if (env)
-    TORCH_CHECK(config_.pipeline.nproc == 1 || config_.pipeline.nproc == env->world_size, "pipeline.nproc = ",
-                config_.pipeline.nproc, " but ", env->world_size,
+    TORCH_CHECK(config_.pipeline.nproc == 1 || config_.pipeline.nproc == env->world_size,
+                "pipeline.nproc = ", config_.pipeline.nproc, " but ", env->world_size,
                 " ranks were started (WORLD_SIZE); start as many ranks as the config says, or drop pipeline.nproc");
   if (env && config_.run.threads == 0) {  // the machine's cores shared by the ranks on it
     const unsigned cores = std::thread::hardware_concurrency();
@@ -147,9 +145,10 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
   }
   BuiltModel built = build_model(config_, task_->shape(), gen, selection);
   if (config_.parallel.tp > 1) {  // Note [tensor-parallel blocks]: this rank's part of every block it built
-    TORCH_CHECK(env, "parallel.tp = ", config_.parallel.tp,
-                ": tensor parallelism runs one process per tensor rank; start the ranks with `tapeline train --nproc N` "
-                "or torchrun (docs/TENSOR.md)");
+    TORCH_CHECK(
+        env, "parallel.tp = ", config_.parallel.tp,
+        ": tensor parallelism runs one process per tensor rank; start the ranks with `tapeline train --nproc N` "
+        "or torchrun (docs/TENSOR.md)");
     tensor_parallel_ = std::make_shared<TensorParallel>(env->rank % config_.parallel.tp, config_.parallel.tp);
     shard_tensor_parallel(*built.model, tensor_parallel_, "model.arch = " + config_.model.arch);
   }
@@ -163,15 +162,15 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
     links.push_back({b.bandwidth_mbps, b.latency_ms});
     try {  // e.g. backward_mode = shared with a forward codec that has no mask
       boundaries.push_back(std::make_shared<Boundary>("boundary " + std::to_string(i + 1) + " (after " + cuts[i] + ")",
-                                                      b.forward, b.backward, parse_backward_mode(b.backward_mode),
-                                                      b.active_at_inference));
+                                                      b.forward.build(), b.backward.build(),
+                                                      parse_backward_mode(b.backward_mode), b.active_at_inference));
     } catch (const c10::Error& e) {
       TORCH_CHECK(false, "boundary.", i + 1, " (config [boundary] / [boundary.", i + 1,
                   "]): ", e.what_without_backtrace());
     }
     boundaries.back()->set_epilogue_only(b.epilogue_only);
     boundaries.back()->set_epilogue_rule(b.epilogue_rule == "critical_path" ? EpilogueRule::CriticalPath
-                                                                             : EpilogueRule::Optimus);
+                                                                            : EpilogueRule::Optimus);
   }
   try {
     pipeline_ = std::make_shared<Pipeline>(built.model, cuts, boundaries);
@@ -323,7 +322,7 @@ CheckpointInfo Experiment::load_checkpoint(const std::string& path) {
   }
   CheckpointInfo info = tl::load_checkpoint(path, *pipeline_, optimizer_.get(), scheduler_.get(), options);
   resume_note_ = executor_->restore_rank_state(path);  // e.g. this replica's own codec state
-  executor_->synchronized(*optimizer_);                 // the reference that later changes are against
+  executor_->synchronized(*optimizer_);                // the reference that later changes are against
   return info;
 }
 
@@ -331,8 +330,7 @@ std::string Experiment::describe() const {
   std::ostringstream s;
   s << "task " << task_->name() << ": " << task_->describe() << "\nmodel " << model_description_ << ", "
     << pipeline_->num_stages() << " stage" << (pipeline_->num_stages() == 1 ? "" : "s") << "; optimizer "
-    << optimizer_->name() << "; " << threads_ << " thread" << (threads_ == 1 ? "" : "s") << " on "
-    << device_.str();
+    << optimizer_->name() << "; " << threads_ << " thread" << (threads_ == 1 ? "" : "s") << " on " << device_.str();
   for (size_t i = 0; i < pipeline_->boundaries().size(); ++i) s << "\n  " << pipeline_->boundary(i)->describe();
   return s.str();
 }

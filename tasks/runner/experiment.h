@@ -118,8 +118,8 @@ class Experiment {
   std::unique_ptr<LRScheduler> scheduler_;
   std::unique_ptr<ranks::Transport> transport_;
   std::unique_ptr<Executor> executor_;
-  TensorParallelPtr tensor_parallel_;                      // parallel.tp > 1: this rank's group, as the blocks see it
-  std::shared_ptr<ranks::TensorParallelSync> tp_sync_;      // ... and its all-reduces over the transport
+  TensorParallelPtr tensor_parallel_;                   // parallel.tp > 1: this rank's group, as the blocks see it
+  std::shared_ptr<ranks::TensorParallelSync> tp_sync_;  // ... and its all-reduces over the transport
   std::vector<int64_t> peak_rss_bytes_, parameter_bytes_, optimizer_bytes_;
   std::string resume_note_;
   std::vector<LevelRow> epoch_levels_;  // multi-process runs, rank 0: the last epoch's levels.csv rows

@@ -170,11 +170,11 @@ RunSummary run_training(const TrainRequest& req) {
     placement = "\n" + std::to_string(ex.world_size()) + " processes, " +
                 (v > 1 ? std::to_string(v) + " stages each" : std::string(cfg.parallel.tp > 1 ? "one stage part each" : "one stage each")) +
                 (dp > 1 ? ", " + std::to_string(dp) + " replicas of the pipeline (data-parallel gradients: " +
-                              cfg.dp.compression + ")"
+                              cfg.dp.compression.text() + ")"
                         : std::string()) +
                 (cfg.parallel.tp > 1 ? ", each stage split over " + std::to_string(cfg.parallel.tp) +
-                                           " tensor-parallel ranks (all-reduces: forward " + cfg.tp.forward +
-                                           ", backward " + cfg.tp.backward + ", " + cfg.tp.algorithm + ")"
+                                           " tensor-parallel ranks (all-reduces: forward " + cfg.tp.forward.text() +
+                                           ", backward " + cfg.tp.backward.text() + ", " + cfg.tp.algorithm + ")"
                                      : std::string()) +
                 " (rank 0 writes the run)";
   }
@@ -192,7 +192,7 @@ RunSummary run_training(const TrainRequest& req) {
     std::vector<std::string> all;
     for (size_t i = 1; i <= ex.pipeline().boundaries().size(); ++i) {
       BoundarySettings b = cfg.boundary_at(static_cast<int64_t>(i));
-      all.push_back(forward ? b.forward : b.backward);
+      all.push_back((forward ? b.forward : b.backward).text());
     }
     if (all.empty()) return std::string("none (no cut)");
     if (std::all_of(all.begin(), all.end(), [&](const std::string& x) { return x == all[0]; })) return all[0];
