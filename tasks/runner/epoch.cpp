@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 
-#include "layers/optim/grad_utils.h"
 #include "tasks/runner/experiment.h"
 
 namespace tl {
