@@ -405,13 +405,10 @@ Comparison compare_runs(const std::vector<RunRecord>& runs) {
 std::string plot_module_path() {
   if (const char* p = std::getenv("TAPELINE_PLOTS"); p && *p) return fs::exists(p) ? std::string(p) : std::string();
   std::error_code ec;
-  // The source tree this file was compiled from (CMake passes absolute source paths):
-  // <root>/tasks/runner/compare.cpp -> <root>/python/tapeline_plots.py. A build directory outside
-  // the tree (cmake -B /elsewhere) finds it only this way.
-  fs::path here(__FILE__);
-  if (!here.is_absolute()) here = fs::absolute(here, ec);
-  if (!ec) {
-    fs::path m = here.parent_path().parent_path().parent_path() / "python" / "tapeline_plots.py";
+  // The source tree this was built from (CMake defines TAPELINE_SOURCE_DIR on this file alone):
+  // a build directory outside the tree (cmake -B /elsewhere) finds the module only this way.
+  {
+    fs::path m = fs::path(TAPELINE_SOURCE_DIR) / "python" / "tapeline_plots.py";
     if (fs::exists(m, ec)) return m.string();
   }
   // An ancestor of the executable's directory (build/tapeline -> python/ next to build/).

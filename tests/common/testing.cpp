@@ -129,4 +129,9 @@ double max_diff(const at::Tensor& a, const at::Tensor& b) {
   return ::testing::AssertionSuccess();
 }
 
+const std::string& source_dir() {
+  static const std::string dir = TAPELINE_SOURCE_DIR;
+  return dir;
+}
+
 }  // namespace tl::testing

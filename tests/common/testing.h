@@ -22,6 +22,10 @@ using RefFn = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
 /// The message of the c10::Error that fn throws ("" if it throws none).
 std::string error_of(const std::function<void()>& fn);
 
+/// The repository's root (CMake's source directory), for tests that read configs/ or scripts/.
+/// Compiled into testing.cpp alone, so every other test object is the same in any checkout.
+const std::string& source_dir();
+
 /// Max |a - b| (inf if shapes differ or a value is NaN on one side only).
 double max_diff(const at::Tensor& a, const at::Tensor& b);
 

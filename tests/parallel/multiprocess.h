@@ -19,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "tests/common/testing.h"
+
 extern char** environ;
 
 namespace tl::testing_mp {
@@ -155,7 +157,7 @@ struct Torchrun {
 };
 inline Torchrun torchrun_for(const std::string& ours) {
   Torchrun t;
-  t.path = (std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "scripts" / "torchrun").string();
+  t.path = (std::filesystem::path(tl::testing::source_dir()) / "scripts" / "torchrun").string();
   const std::string out = temp_log("torch_version");
   const int rc = std::system((sh_quote(t.path) + " --torch-version >" + sh_quote(out) + " 2>/dev/null").c_str());
   std::string version = read_file(out);

@@ -36,7 +36,7 @@ Result run(const std::string& args, const fs::path& exe = tapeline_path()) {
   return r;
 }
 
-const fs::path kConfigs = fs::path(__FILE__).parent_path().parent_path().parent_path() / "configs";
+const fs::path kConfigs = fs::path(tl::testing::source_dir()) / "configs";
 
 #define REQUIRE_TAPELINE() \
   if (!fs::exists(tapeline_path())) GTEST_SKIP() << tapeline_path() << " not built (make tapeline)"

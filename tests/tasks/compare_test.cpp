@@ -211,7 +211,7 @@ TEST(Compare, MissingMatplotlibIsANoteNotAnError) {
 }
 
 TEST(Compare, WritesCurvesAndComparisonFigures) {
-  ASSERT_FALSE(plot_module_path().empty()) << "python/tapeline_plots.py not found from " << __FILE__;
+  ASSERT_FALSE(plot_module_path().empty()) << "python/tapeline_plots.py not found (TAPELINE_PLOTS, the source tree, the executable's ancestors)";
   TempDir dir;
   fs::path a = old_run(dir.path(), "topk10"), b = new_run(dir.path(), "lm", "lm", "perplexity");
   std::string note;

@@ -16,7 +16,7 @@ namespace fs = std::filesystem;
 using testing::expect_error;
 using testing::TempDir;
 
-const fs::path kSourceDir = fs::path(__FILE__).parent_path().parent_path().parent_path();
+const fs::path kSourceDir = fs::path(tl::testing::source_dir());
 
 std::string write_ini(const TempDir& dir, const std::string& text, const std::string& name = "c.ini") {
   fs::path p = dir.path() / name;

@@ -33,7 +33,7 @@ namespace mp = tl::testing_mp;
 
 using testing::tapeline_path;
 using testing::jsonl_without_times;
-const fs::path kRoot = fs::path(__FILE__).parent_path().parent_path().parent_path();  // the repository
+const fs::path kRoot = tl::testing::source_dir();  // the repository
 
 #define REQUIRE_RANKS()                                                                                         \
   if (!fs::exists(tapeline_path())) GTEST_SKIP() << tapeline_path() << " not built (make tapeline)";           \

@@ -14,6 +14,7 @@
 
 #include "layers/models/pretrained.h"
 #include "tests/common/testing.h"
+#include "tests/common/testing.h"
 
 namespace tl::testing {
 

@@ -230,7 +230,7 @@ TEST(Trainer, BaselineConfigAndFingerprint) {
 
 TEST(Trainer, StudyConfigsShareEverythingButTheBoundaries) {
   // configs/*.ini are comparable runs: the same data, model and training settings as default.ini.
-  const fs::path configs = fs::path(__FILE__).parent_path().parent_path().parent_path() / "configs";
+  const fs::path configs = fs::path(tl::testing::source_dir()) / "configs";
   const std::string fp = config_fingerprint(Config::load((configs / "default.ini").string()));
   int count = 0;
   for (const auto& entry : fs::directory_iterator(configs)) {
@@ -246,7 +246,7 @@ TEST(Trainer, StudyFoldersShareEverythingButTheBoundaries) {
   // configs/{text,lm,pipeline,slowlink}/: each folder's runs compare (text's from-scratch run differs in
   // model.pretrained, on purpose, and AQ-SGD's pads every batch to data.max_length, as its
   // per-sample cache needs one shape; the pipeline configs differ in their links, under [boundary]).
-  const fs::path configs = fs::path(__FILE__).parent_path().parent_path().parent_path() / "configs";
+  const fs::path configs = fs::path(tl::testing::source_dir()) / "configs";
   for (const auto& [folder, base] : std::vector<std::pair<std::string, std::string>>{
            {"text", "finetune.ini"}, {"lm", "baseline.ini"}, {"pipeline", "slow_baseline.ini"},
            {"slowlink", "dense_bf16.ini"}}) {
