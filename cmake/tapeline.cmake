@@ -90,7 +90,7 @@ function(tapeline_test name label)
     set(ARG_COST 0)
   endif()
   add_executable(${name} ${ARG_SOURCES})
-  target_link_libraries(${name} PRIVATE ${ARG_DEPS} tl_test_common GTest::gtest GTest::gtest_main)
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} tl_test_common GTest::gtest GTest::gtest_main tl_passive_wait)
   tapeline_executable_pch(${name})
   # Under AddressSanitizer against libtorch 1.x, LeakSanitizer skips one known libtorch leak
   # (tests/sanitizers/lsan_libtorch1.supp says which and why); the processes a test starts inherit it.
