@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <vector>
 
 namespace {
 
@@ -32,13 +31,14 @@ bool has_variable(char** envp, const char* prefix) {
 void prefer_passive_waiting(int, char** argv, char** envp) {
   if (!argv || !argv[0] || !envp) return;
   if (has_variable(envp, "OMP_WAIT_POLICY=") || has_variable(envp, "GOMP_SPINCOUNT=")) return;
-  size_t n = 0;
-  while (envp[n]) ++n;
-  std::vector<char*> env(envp, envp + n);
+  // No allocation here: this runs before the C++ runtime's initialisers.
   static char passive[] = "OMP_WAIT_POLICY=PASSIVE";
-  env.push_back(passive);
-  env.push_back(nullptr);
-  execve("/proc/self/exe", argv, env.data());  // returns only on failure: the run goes on, spinning as before
+  static char* env[4096];
+  size_t n = 0;
+  while (envp[n] && n + 2 < sizeof(env) / sizeof(env[0])) env[n] = envp[n], ++n;
+  if (envp[n]) return;  // an environment of thousands of variables: left as it is
+  env[n] = passive, env[n + 1] = nullptr;
+  execve("/proc/self/exe", argv, env);  // returns only on failure: the run goes on, spinning as before
 }
 
 __attribute__((section(".preinit_array"), used)) void (*const preinit_passive_waiting)(int, char**, char**) =
