@@ -47,8 +47,9 @@ struct ValueError : std::exception {
 };
 
 CodecContext make_context(const std::optional<at::Tensor>& sample_ids, int64_t micro_batch, int64_t step,
-                          double progress, bool training) {
+                          double progress, bool training, int64_t epoch = 0) {
   CodecContext ctx;
+  ctx.epoch = epoch;
   if (sample_ids) ctx.sample_ids = sample_ids->to(at::kLong);
   ctx.micro_batch = micro_batch;
   ctx.step = step;
@@ -88,17 +89,18 @@ class Codec {
   explicit Codec(CompressorPtr codec) : codec_(std::move(codec)) {}
 
   Payload encode(const at::Tensor& x, const std::optional<at::Tensor>& sample_ids, int64_t micro_batch, int64_t step,
-                 double progress) {
+                 double progress, int64_t epoch) {
     return checked([&] {
       NoGradGuard no_grad;
-      return codec_->encode(x.detach(), make_context(sample_ids, micro_batch, step, progress, codec_->is_training()));
+      return codec_->encode(x.detach(),
+                            make_context(sample_ids, micro_batch, step, progress, codec_->is_training(), epoch));
     });
   }
   at::Tensor decode(const Payload& p, const std::optional<at::Tensor>& sample_ids, int64_t micro_batch, int64_t step,
-                    double progress) {
+                    double progress, int64_t epoch) {
     return checked([&] {
       NoGradGuard no_grad;
-      return codec_->decode(p, make_context(sample_ids, micro_batch, step, progress, codec_->is_training()));
+      return codec_->decode(p, make_context(sample_ids, micro_batch, step, progress, codec_->is_training(), epoch));
     });
   }
   const CompressorPtr& get() const { return codec_; }
@@ -218,9 +220,9 @@ void define_module(py::module_& m) {
   py::class_<Codec, std::shared_ptr<Codec>>(m, "_Codec")
       .def(py::init<const std::string&>(), py::arg("spec"))
       .def("encode", &Codec::encode, py::arg("x"), py::arg("sample_ids") = py::none(), py::arg("micro_batch") = 0,
-           py::arg("step") = 0, py::arg("progress") = -1.0)
+           py::arg("step") = 0, py::arg("progress") = -1.0, py::arg("epoch") = 0)
       .def("decode", &Codec::decode, py::arg("payload"), py::arg("sample_ids") = py::none(), py::arg("micro_batch") = 0,
-           py::arg("step") = 0, py::arg("progress") = -1.0)
+           py::arg("step") = 0, py::arg("progress") = -1.0, py::arg("epoch") = 0)
       .def_property_readonly("spec", [](const Codec& c) { return c.get()->spec(); })
       .def_property_readonly("decode_has_state", [](const Codec& c) { return c.get()->decode_has_state(); })
       .def_property_readonly("has_transform", [](const Codec& c) { return c.get()->has_transform(); })
@@ -246,28 +248,32 @@ void define_module(py::module_& m) {
       .def("active", &Boundary::active)
       .def(
           "send_forward",
-          [](Boundary& b, const at::Tensor& z, const std::optional<at::Tensor>& ids, int64_t micro_batch) {
-            return checked([&] { return b.send_forward(z.detach(), make_context(ids, micro_batch, 0, -1, true)); });
+          [](Boundary& b, const at::Tensor& z, const std::optional<at::Tensor>& ids, int64_t micro_batch,
+             int64_t epoch) {
+            return checked(
+                [&] { return b.send_forward(z.detach(), make_context(ids, micro_batch, 0, -1, true, epoch)); });
           },
-          py::arg("z"), py::arg("sample_ids") = py::none(), py::arg("micro_batch") = 0)
+          py::arg("z"), py::arg("sample_ids") = py::none(), py::arg("micro_batch") = 0, py::arg("epoch") = 0)
       .def(
           "receive_forward",
-          [](Boundary& b, const Payload& p, const std::optional<at::Tensor>& ids, int64_t micro_batch) {
-            return checked([&] { return b.receive_forward(p, make_context(ids, micro_batch, 0, -1, true)); });
+          [](Boundary& b, const Payload& p, const std::optional<at::Tensor>& ids, int64_t micro_batch, int64_t epoch) {
+            return checked([&] { return b.receive_forward(p, make_context(ids, micro_batch, 0, -1, true, epoch)); });
           },
-          py::arg("payload"), py::arg("sample_ids") = py::none(), py::arg("micro_batch") = 0)
+          py::arg("payload"), py::arg("sample_ids") = py::none(), py::arg("micro_batch") = 0, py::arg("epoch") = 0)
       .def(
           "send_backward",
-          [](Boundary& b, const at::Tensor& g, const std::optional<at::Tensor>& ids, int64_t micro_batch) {
-            return checked([&] { return b.send_backward(g.detach(), make_context(ids, micro_batch, 0, -1, true)); });
+          [](Boundary& b, const at::Tensor& g, const std::optional<at::Tensor>& ids, int64_t micro_batch,
+             int64_t epoch) {
+            return checked(
+                [&] { return b.send_backward(g.detach(), make_context(ids, micro_batch, 0, -1, true, epoch)); });
           },
-          py::arg("grad"), py::arg("sample_ids") = py::none(), py::arg("micro_batch") = 0)
+          py::arg("grad"), py::arg("sample_ids") = py::none(), py::arg("micro_batch") = 0, py::arg("epoch") = 0)
       .def(
           "receive_backward",
-          [](Boundary& b, const Payload& p, const std::optional<at::Tensor>& ids, int64_t micro_batch) {
-            return checked([&] { return b.receive_backward(p, make_context(ids, micro_batch, 0, -1, true)); });
+          [](Boundary& b, const Payload& p, const std::optional<at::Tensor>& ids, int64_t micro_batch, int64_t epoch) {
+            return checked([&] { return b.receive_backward(p, make_context(ids, micro_batch, 0, -1, true, epoch)); });
           },
-          py::arg("payload"), py::arg("sample_ids") = py::none(), py::arg("micro_batch") = 0)
+          py::arg("payload"), py::arg("sample_ids") = py::none(), py::arg("micro_batch") = 0, py::arg("epoch") = 0)
       .def("measure_forward",
            [](Boundary& b, const at::Tensor& h, const at::Tensor& out, const at::Tensor& zhat) {
              checked([&] {

@@ -13,23 +13,23 @@ class _Wire(torch.autograd.Function):
     C++ Boundary's sender and receiver halves, so bytes, state and statistics are the toolkit's."""
 
     @staticmethod
-    def forward(ctx, h, boundary, sample_ids, micro_batch):
+    def forward(ctx, h, boundary, sample_ids, micro_batch, epoch):
         impl = boundary._impl
-        payload = impl.send_forward(h, sample_ids, micro_batch)
-        out = impl.receive_forward(payload, sample_ids, micro_batch)
+        payload = impl.send_forward(h, sample_ids, micro_batch, epoch)
+        out = impl.receive_forward(payload, sample_ids, micro_batch, epoch)
         impl.measure_forward(h, out, out)
-        ctx.boundary, ctx.sample_ids, ctx.micro_batch = boundary, sample_ids, micro_batch
+        ctx.boundary, ctx.sample_ids, ctx.micro_batch, ctx.epoch = boundary, sample_ids, micro_batch, epoch
         return out
 
     @staticmethod
     def backward(ctx, g):
         impl = ctx.boundary._impl
         if not impl.sends_gradient:  # mode 'none': the stages before the cut get a zero gradient
-            return torch.zeros_like(g), None, None, None
-        payload = impl.send_backward(g.contiguous(), ctx.sample_ids, ctx.micro_batch)
-        ghat = impl.receive_backward(payload, ctx.sample_ids, ctx.micro_batch)
+            return torch.zeros_like(g), None, None, None, None
+        payload = impl.send_backward(g.contiguous(), ctx.sample_ids, ctx.micro_batch, ctx.epoch)
+        ghat = impl.receive_backward(payload, ctx.sample_ids, ctx.micro_batch, ctx.epoch)
         impl.measure_backward(g, ghat)
-        return ghat, None, None, None
+        return ghat, None, None, None, None
 
 
 class Boundary(nn.Module):
@@ -43,7 +43,8 @@ class Boundary(nn.Module):
     compress_at_inference: in eval() mode, whether the forward still compresses (False: identity,
     nothing counted).
     sample_ids: (B) int64 ids of the batch's samples, for per-sample codecs (aqsgd): pass them to
-    forward(x, sample_ids=...) or set boundary.sample_ids before the model runs.
+    forward(x, sample_ids=...) or set boundary.sample_ids before the model runs; boundary.epoch
+    the epoch (aqsgd sends full messages for its warm-up epochs, then deltas).
 
     The codecs' state (error-feedback residuals, AQ-SGD caches, PowerSGD warm starts) is in
     state_dict() under "forward." and "backward."; stats() gives exact bytes sent each way.
@@ -59,6 +60,7 @@ class Boundary(nn.Module):
         self._impl.measure_error = measure_error
         self.sample_ids: Optional[torch.Tensor] = None
         self.micro_batch = 0
+        self.epoch = 0  # per-sample codecs (aqsgd) count their warm-up in epochs: set it as training goes
 
     # ---- the module -----------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, sample_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -67,7 +69,7 @@ class Boundary(nn.Module):
         ids = sample_ids if sample_ids is not None else self.sample_ids
         if ids is not None:
             ids = ids.detach().to(device="cpu", dtype=torch.long) if ids.device.type != x.device.type else ids.long()
-        return _Wire.apply(x, self, ids, self.micro_batch)
+        return _Wire.apply(x, self, ids, self.micro_batch, self.epoch)
 
     def train(self, mode: bool = True) -> "Boundary":
         super().train(mode)

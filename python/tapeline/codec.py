@@ -46,18 +46,20 @@ class Codec:
     def eval(self) -> "Codec":
         return self.train(False)
 
-    def encode(self, x: torch.Tensor, sample_ids: Optional[torch.Tensor] = None, micro_batch: int = 0) -> _C.Payload:
+    def encode(self, x: torch.Tensor, sample_ids: Optional[torch.Tensor] = None, micro_batch: int = 0,
+               epoch: int = 0) -> _C.Payload:
         """Packs x (float32, float16 or bfloat16, any shape). sample_ids: (B) the samples of the
-        micro-batch, for per-sample codecs (aqsgd)."""
+        micro-batch, for per-sample codecs (aqsgd, whose warm-up is counted in epochs)."""
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"Codec.encode: expected a torch.Tensor, got {type(x).__name__}")
-        return self._impl.encode(x, sample_ids, micro_batch)
+        return self._impl.encode(x, sample_ids, micro_batch, epoch=epoch)
 
-    def decode(self, payload, sample_ids: Optional[torch.Tensor] = None, micro_batch: int = 0) -> torch.Tensor:
+    def decode(self, payload, sample_ids: Optional[torch.Tensor] = None, micro_batch: int = 0,
+               epoch: int = 0) -> torch.Tensor:
         """Unpacks a Payload (or its bytes) to a tensor of the original shape and dtype."""
         if isinstance(payload, (bytes, bytearray, memoryview)):
             payload = _C.Payload.from_bytes(bytes(payload))
-        return self._impl.decode(payload, sample_ids, micro_batch)
+        return self._impl.decode(payload, sample_ids, micro_batch, epoch=epoch)
 
     def state_dict(self) -> "OrderedDict[str, torch.Tensor]":
         """The codec's state (residuals, caches, warm starts) by name; the tensors share storage

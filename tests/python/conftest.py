@@ -6,6 +6,11 @@ import shutil
 import socket
 
 import pytest
+import torch
+
+# The tests' tensors are tiny: one thread. An intra-op pool on a busy machine costs far more than
+# the work (a 64 x 32 step took 200 ms with 2 threads among other builds, 1 ms with one).
+torch.set_num_threads(1)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
