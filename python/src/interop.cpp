@@ -91,7 +91,9 @@ std::vector<Payload> dp_sum(const tl::CodecSpec& spec, const std::vector<at::Ten
   const std::string problem = dp_codec_problem(spec);
   TORCH_CHECK(problem.empty(), "dp-sum: '", spec.text(), "' cannot compress data-parallel gradients: ", problem);
   const DistEnv env = DistEnv::from_env();
-  auto transport = Transport::connect(env);
+  TransportOptions options;
+  options.comm_thread = true;  // the runtime's setting: sends go out while the rank receives
+  auto transport = Transport::connect(env, options);
   std::vector<int> group;
   for (int r = 0; r < env.world_size; ++r) group.push_back(r);
   std::vector<std::pair<std::string, tl::Variable>> params;

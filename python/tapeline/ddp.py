@@ -88,7 +88,7 @@ def _as_matrix(g: torch.Tensor) -> torch.Tensor:
     return g.reshape(g.shape[0], -1) if g.dim() >= 2 else g
 
 
-def _hook(state: DDPCommState, bucket) -> torch.futures.Future:
+def _hook(state: DDPCommState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     world = dist.get_world_size(group)
     grads = bucket.gradients()
