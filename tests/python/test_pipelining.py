@@ -40,6 +40,27 @@ def run(rank, schedule_cls, make_stage):
     return stage, [p.grad.clone() for p in mod.parameters()], [l.detach() for l in losses], mod
 
 
+def quarters():
+    torch.manual_seed(0)
+    return [nn.Sequential(nn.Linear(12, 16), nn.ReLU()), nn.Sequential(nn.Linear(16, 16), nn.ReLU()),
+            nn.Sequential(nn.Linear(16, 16), nn.ReLU()), nn.Linear(16, 4)]
+
+
+def run_interleaved(rank, schedule_cls, make_stage):
+    """4 stages on 2 ranks (rank r holds stages r and r + 2): the multi-stage schedules."""
+    parts = quarters()
+    held = [rank, rank + 2]
+    schedule = schedule_cls([make_stage(parts[i], i) for i in held], n_microbatches=MICRO,
+                            loss_fn=nn.functional.cross_entropy)
+    x, y = data()
+    losses = []
+    if rank == 0:
+        schedule.step(x, target=y, losses=losses)
+    else:
+        schedule.step(target=y, losses=losses)
+    return [p.grad.clone() for i in held for p in parts[i].parameters()], [l.detach() for l in losses]
+
+
 def worker(rank, world, port, out_dir):
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -52,6 +73,10 @@ def worker(rank, world, port, out_dir):
         _, g_torch, l_torch, _ = run(rank, cls, lambda m, r: PipelineStage(m, r, 2, cpu))
         st, g_id, l_id, _ = run(rank, cls, lambda m, r: CompressedPipelineStage(m, r, 2, cpu))
         result[name] = dict(torch=(g_torch, l_torch), identity=(g_id, l_id), identity_bytes=st.bytes_sent)
+    from torch.distributed.pipelining import ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble
+    for name, cls in (("interleaved", ScheduleInterleaved1F1B), ("zero_bubble", ScheduleInterleavedZeroBubble)):
+        result[name] = dict(torch=run_interleaved(rank, cls, lambda m, i: PipelineStage(m, i, 4, cpu)),
+                            identity=run_interleaved(rank, cls, lambda m, i: CompressedPipelineStage(m, i, 4, cpu)))
     stage, grads, losses, mod = run(rank, Schedule1F1B, lambda m, r: CompressedPipelineStage(
         m, r, 2, cpu, forward="topk(0.1)", backward="quant(bits=8)"))
     sent = None
@@ -87,6 +112,18 @@ def test_identity_equals_torchs_stage(schedule, pipe_run):
             assert torch.equal(a, b)
     # identity payloads: the activations' bytes and a header each
     assert pipe_run[0][schedule]["identity_bytes"] == MICRO * tapeline._C.identity_payload_bytes(torch.empty(8, 32))
+
+
+@pytest.mark.parametrize("schedule", ["interleaved", "zero_bubble"])
+def test_identity_equals_torchs_stage_multi_stage_schedules(schedule, pipe_run):
+    for r in range(2):
+        (g_torch, l_torch), (g_id, l_id) = pipe_run[r][schedule]["torch"], pipe_run[r][schedule]["identity"]
+        assert len(g_torch) == len(g_id) == 4
+        for a, b in zip(g_torch, g_id):
+            assert torch.equal(a, b)
+        assert len(l_torch) == len(l_id) == (MICRO if r == 1 else 0)
+        for a, b in zip(l_torch, l_id):
+            assert torch.equal(a, b)
 
 
 def test_topk_bytes_sent_are_the_payload_bytes(pipe_run):
