@@ -82,6 +82,16 @@ class CompressedPipelineStage(PipelineStage):
     def eval(self) -> "CompressedPipelineStage":
         return self.train(False)
 
+    @property
+    def compress_at_inference(self) -> bool:
+        return any(b.active_at_inference for b in (self.boundary_in, self.boundary_out) if b is not None)
+
+    @compress_at_inference.setter
+    def compress_at_inference(self, on: bool) -> None:
+        for b in (self.boundary_in, self.boundary_out):
+            if b is not None:
+                b.active_at_inference = bool(on)
+
     def stats(self) -> dict:
         return {"in": self.boundary_in.stats() if self.boundary_in is not None else None,
                 "out": self.boundary_out.stats() if self.boundary_out is not None else None}
