@@ -10,6 +10,8 @@
 
 #include <torch/extension.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -321,6 +323,31 @@ void define_module(py::module_& m) {
       "dp_codec_problem",
       [](const std::string& text) { return checked([&] { return ranks::dp_codec_problem(text); }); }, py::arg("spec"),
       "Why `spec` cannot compress data-parallel gradients (empty: it can), as the C++ grid says it.");
+  m.def(
+      "_time_codec",
+      [](const std::string& spec, const at::Tensor& x, int repeats) {
+        // bench/bench_python.py's reference: the same codec on the same tensor, encode and decode
+        // timed in C++ (one warm-up, then the best of `repeats`), so that the difference with the
+        // Python-side timing is what the binding costs.
+        return checked([&] {
+          NoGradGuard no_grad;
+          CompressorPtr c = CodecSpec(spec).build();
+          const CodecContext ctx;
+          double best_enc = 1e30, best_dec = 1e30;
+          for (int r = 0; r <= repeats; ++r) {
+            const auto t0 = std::chrono::steady_clock::now();
+            Payload p = c->encode(x, ctx);
+            const auto t1 = std::chrono::steady_clock::now();
+            at::Tensor y = c->decode(p, ctx);
+            const auto t2 = std::chrono::steady_clock::now();
+            if (r == 0) continue;
+            best_enc = std::min(best_enc, std::chrono::duration<double>(t1 - t0).count());
+            best_dec = std::min(best_dec, std::chrono::duration<double>(t2 - t1).count());
+          }
+          return py::make_tuple(best_enc, best_dec);
+        });
+      },
+      py::arg("spec"), py::arg("x"), py::arg("repeats") = 5);
   m.def("identity_payload_bytes", [](const at::Tensor& t) { return identity_payload_bytes(t); });
 }
 
