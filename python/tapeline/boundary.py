@@ -68,7 +68,7 @@ class Boundary(nn.Module):
             return x
         ids = sample_ids if sample_ids is not None else self.sample_ids
         if ids is not None:
-            ids = ids.detach().to(device="cpu", dtype=torch.long) if ids.device.type != x.device.type else ids.long()
+            ids = ids.detach().long()
         return _Wire.apply(x, self, ids, self.micro_batch, self.epoch)
 
     def train(self, mode: bool = True) -> "Boundary":
