@@ -7,6 +7,9 @@
 // A spec that does not parse or build is the caller's bad argument: ValueError with the parser's
 // message (without the C++ backtrace). Any other c10::Error (a corrupt payload, a codec refusing a
 // tensor) is RuntimeError with its message.
+//
+// The codecs' and the boundary halves' encode and decode run without the GIL (they touch no Python
+// object): a DDP hook's reduction or another Python thread goes on meanwhile.
 
 #include <torch/extension.h>
 
@@ -221,10 +224,12 @@ void define_module(py::module_& m) {
 
   py::class_<Codec, std::shared_ptr<Codec>>(m, "_Codec")
       .def(py::init<const std::string&>(), py::arg("spec"))
-      .def("encode", &Codec::encode, py::arg("x"), py::arg("sample_ids") = py::none(), py::arg("micro_batch") = 0,
-           py::arg("step") = 0, py::arg("progress") = -1.0, py::arg("epoch") = 0)
-      .def("decode", &Codec::decode, py::arg("payload"), py::arg("sample_ids") = py::none(), py::arg("micro_batch") = 0,
-           py::arg("step") = 0, py::arg("progress") = -1.0, py::arg("epoch") = 0)
+      .def("encode", &Codec::encode, py::call_guard<py::gil_scoped_release>(), py::arg("x"),
+           py::arg("sample_ids") = py::none(), py::arg("micro_batch") = 0, py::arg("step") = 0,
+           py::arg("progress") = -1.0, py::arg("epoch") = 0)
+      .def("decode", &Codec::decode, py::call_guard<py::gil_scoped_release>(), py::arg("payload"),
+           py::arg("sample_ids") = py::none(), py::arg("micro_batch") = 0, py::arg("step") = 0,
+           py::arg("progress") = -1.0, py::arg("epoch") = 0)
       .def_property_readonly("spec", [](const Codec& c) { return c.get()->spec(); })
       .def_property_readonly("decode_has_state", [](const Codec& c) { return c.get()->decode_has_state(); })
       .def_property_readonly("has_transform", [](const Codec& c) { return c.get()->has_transform(); })
@@ -255,13 +260,15 @@ void define_module(py::module_& m) {
             return checked(
                 [&] { return b.send_forward(z.detach(), make_context(ids, micro_batch, 0, -1, true, epoch)); });
           },
-          py::arg("z"), py::arg("sample_ids") = py::none(), py::arg("micro_batch") = 0, py::arg("epoch") = 0)
+          py::call_guard<py::gil_scoped_release>(), py::arg("z"), py::arg("sample_ids") = py::none(),
+          py::arg("micro_batch") = 0, py::arg("epoch") = 0)
       .def(
           "receive_forward",
           [](Boundary& b, const Payload& p, const std::optional<at::Tensor>& ids, int64_t micro_batch, int64_t epoch) {
             return checked([&] { return b.receive_forward(p, make_context(ids, micro_batch, 0, -1, true, epoch)); });
           },
-          py::arg("payload"), py::arg("sample_ids") = py::none(), py::arg("micro_batch") = 0, py::arg("epoch") = 0)
+          py::call_guard<py::gil_scoped_release>(), py::arg("payload"), py::arg("sample_ids") = py::none(),
+          py::arg("micro_batch") = 0, py::arg("epoch") = 0)
       .def(
           "send_backward",
           [](Boundary& b, const at::Tensor& g, const std::optional<at::Tensor>& ids, int64_t micro_batch,
@@ -269,13 +276,15 @@ void define_module(py::module_& m) {
             return checked(
                 [&] { return b.send_backward(g.detach(), make_context(ids, micro_batch, 0, -1, true, epoch)); });
           },
-          py::arg("grad"), py::arg("sample_ids") = py::none(), py::arg("micro_batch") = 0, py::arg("epoch") = 0)
+          py::call_guard<py::gil_scoped_release>(), py::arg("grad"), py::arg("sample_ids") = py::none(),
+          py::arg("micro_batch") = 0, py::arg("epoch") = 0)
       .def(
           "receive_backward",
           [](Boundary& b, const Payload& p, const std::optional<at::Tensor>& ids, int64_t micro_batch, int64_t epoch) {
             return checked([&] { return b.receive_backward(p, make_context(ids, micro_batch, 0, -1, true, epoch)); });
           },
-          py::arg("payload"), py::arg("sample_ids") = py::none(), py::arg("micro_batch") = 0, py::arg("epoch") = 0)
+          py::call_guard<py::gil_scoped_release>(), py::arg("payload"), py::arg("sample_ids") = py::none(),
+          py::arg("micro_batch") = 0, py::arg("epoch") = 0)
       .def("measure_forward",
            [](Boundary& b, const at::Tensor& h, const at::Tensor& out, const at::Tensor& zhat) {
              checked([&] {
