@@ -10,6 +10,8 @@
 //     weights (600 MB) and the activations (tens of GB).
 // Usage: bench_plan [--rounds N] [--config INI]   (default 3 rounds, medians; the INI of the second
 // row, default configs/plan/protocol_nanogpt_dense.ini from the repository root)
+#include <ATen/Parallel.h>
+
 #include <cstring>
 #include <iostream>
 

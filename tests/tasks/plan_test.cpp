@@ -56,10 +56,16 @@ StepTiming real_step(const Config& config, double* units = nullptr) {
       schedule_settings(config, rb.links));
   const int64_t B = config.train.batch_size, T = config.data.seq_len;
   Batch b;
-  b.input = at::randint(shape.vocab_size, {B, T}, at::kLong);
-  b.target = at::randint(shape.vocab_size, {B, T}, at::kLong);
-  b.side.token_ids = b.input;
-  b.units = at::full({B}, T, at::kLong);
+  if (shape.input == TaskShape::Input::Images) {  // Fashion-MNIST's 28 x 28
+    b.input = at::randn({B, shape.channels, 28, 28});
+    b.target = at::randint(shape.num_classes, {B}, at::kLong);
+    b.units = at::ones({B}, at::kLong);
+  } else {
+    b.input = at::randint(shape.vocab_size, {B, T}, at::kLong);
+    b.target = at::randint(shape.vocab_size, {B, T}, at::kLong);
+    b.side.token_ids = b.input;
+    b.units = at::full({B}, T, at::kLong);
+  }
   b.sample_ids = at::arange(B, at::kLong);
   StepTiming t;
   const StepResult r = ex.train_step(b, config.train.micro_batches, StepPosition(0, 1, 0.0), &t);
@@ -88,6 +94,36 @@ TEST(Plan, EqualsTheInProcessTimelineOfARealStep) {
         EXPECT_EQ(plan.rank_plans[r].activation_bytes, static_cast<int64_t>(real.activation_bytes[r])) << r;
     }
   std::cout << "largest |planned - real| / real step: " << worst << "\n";
+}
+
+TEST(Plan, ResNetsAndBertPlanToo) {
+  const Config resnet = Config::load("", {{"task.name", "vision"},
+                                          {"data.dataset", "fashion-mnist"},
+                                          {"model.arch", "resnet8"},
+                                          {"train.batch_size", "16"},
+                                          {"train.micro_batches", "4"},
+                                          {"timeline.device", "a100"},
+                                          {"boundary.forward", "quant(4)"},
+                                          {"boundary.bandwidth_mbps", "100"}});
+  const Plan plan = plan_step(resnet);
+  const StepTiming real = real_step(resnet);
+  EXPECT_NEAR(plan.step_s, real.step_s, 0.01 * real.step_s);
+  EXPECT_GT(plan_step(Config::load("", {{"task.name", "vision"},
+                                        {"data.dataset", "cifar10"},
+                                        {"model.arch", "resnet18"},
+                                        {"train.batch_size", "64"},
+                                        {"timeline.device", "h100"}}))
+                .flops,
+            0);
+  if (!testing::have_minilm()) GTEST_SKIP() << "the MiniLM files are not installed (only its config.json is read)";
+  const Plan bert = plan_step(Config::load("", {{"task.name", "text"},
+                                                {"model.arch", "minilm"},
+                                                {"model.pretrained", "false"},
+                                                {"train.batch_size", "16"},
+                                                {"train.micro_batches", "4"},
+                                                {"timeline.device", "h100"}}));
+  EXPECT_GT(bert.step_s, 0);
+  EXPECT_GT(bert.flops, 0);
 }
 
 TEST(Plan, ReportsLinksBytesAndSizes) {
