@@ -38,8 +38,9 @@ class MetaGuard {
 };
 /// Whether a MetaGuard lives on this thread.
 bool building_on_meta();
-/// Options for a new parameter or buffer of `dtype`: on the meta device under a MetaGuard.
-at::TensorOptions options(at::ScalarType dtype = at::kFloat);
+/// Options for a new parameter or buffer of `dtype` (none: ATen's default dtype, as at::empty
+/// without options): on the CPU, or on the meta device under a MetaGuard.
+at::TensorOptions options(std::optional<at::ScalarType> dtype = std::nullopt);
 
 /// fan_in of a weight laid out (out, in, k...): in * prod(k). For a 1-D tensor, its size.
 int64_t fan_in(const at::Tensor& weight);

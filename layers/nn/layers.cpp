@@ -47,8 +47,9 @@ thread_local bool meta_build = false;
 MetaGuard::MetaGuard() : was_(meta_build) { meta_build = true; }
 MetaGuard::~MetaGuard() { meta_build = was_; }
 bool building_on_meta() { return meta_build; }
-at::TensorOptions options(at::ScalarType dtype) {
-  return at::TensorOptions().dtype(dtype).device(meta_build ? at::Device(at::kMeta) : at::Device(at::kCPU));
+at::TensorOptions options(std::optional<at::ScalarType> dtype) {
+  at::TensorOptions o = at::TensorOptions().device(meta_build ? at::Device(at::kMeta) : at::Device(at::kCPU));
+  return dtype ? o.dtype(*dtype) : o;  // no dtype: ATen's default, as before
 }
 
 at::Tensor uniform_(at::Tensor t, double low, double high, const Generator& gen) {
