@@ -6,10 +6,15 @@
 #include "tasks/runner/plan.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
+#include <array>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "layers/nn/init.h"
 #include "parallel/channel.h"
@@ -221,6 +226,53 @@ TEST(Plan, ProtocolNanoGptBaselineWithinFivePercent) {
   EXPECT_EQ(plan.stages, 8);
   EXPECT_EQ(plan.units, 524288);
   EXPECT_NEAR(plan.forward_bytes_per_unit + plan.backward_bytes_per_unit, 4096, 1);
+}
+
+// `tapeline plan`: plan.json written (and only whole: temp file and rename, no temp left), the
+// summary printed, --sweep one row per value (specs with commas kept whole), errors exit 2 or 1.
+TEST(Plan, CommandLine) {
+  const std::filesystem::path exe = testing::tapeline_path();
+  if (!std::filesystem::exists(exe)) GTEST_SKIP() << exe << " not built (make tapeline)";
+  auto run = [&](const std::string& args, int* status) {
+    std::string out;
+    FILE* p = popen((exe.string() + " plan " + args + " 2>&1").c_str(), "r");
+    std::array<char, 4096> buf{};
+    size_t n;
+    while (p && (n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+    const int st = p ? pclose(p) : -1;
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return out;
+  };
+  testing::TempDir dir;
+  const std::string ini = testing::source_dir() + "/configs/plan/protocol_nanogpt_dense.ini";
+  const std::filesystem::path json = dir.path() / "plan.json";
+  int status = -1;
+  std::string out = run("--config " + ini + " --out " + json.string(), &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("step 100.3"), std::string::npos) << out;
+  EXPECT_NE(out.find("plan: running one step"), std::string::npos) << out;  // progress
+  std::ifstream in(json);
+  std::stringstream text;
+  text << in.rdbuf();
+  for (const char* field : {"\"step_s\": 100.3", "\"links\"", "\"ranks_detail\"", "\"busy_s\"", "\"bubble\"", "\"mfu\"",
+                            "\"activation_bytes\"", "\"optimizer_bytes\"", "\"size\": \"exact\""})
+    EXPECT_NE(text.str().find(field), std::string::npos) << field << " missing from plan.json:\n" << text.str();
+  size_t files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) files += e.is_regular_file();
+  EXPECT_EQ(files, 1u);  // no temp file left
+
+  out = run("--config " + ini + " --quiet --sweep 'boundary.forward=bf16,quant(4, scale=channel),topk(0.1)'", &status);
+  EXPECT_EQ(status, 0) << out;
+  for (const char* row : {"\nbf16 ", "\nquant(4, scale=channel) ", "\ntopk(0.1) "})
+    EXPECT_NE(out.find(row), std::string::npos) << row << " missing:\n" << out;
+  EXPECT_NE(out.find("worst case"), std::string::npos) << out;  // topk's index=auto
+
+  out = run("--config " + ini + " --sweep boundary.forward", &status);
+  EXPECT_EQ(status, 2) << out;
+  EXPECT_NE(out.find("key=v1,v2"), std::string::npos) << out;
+  out = run("--config " + ini + " --out '' '--boundary.forward=quantile(4)'", &status);
+  EXPECT_EQ(status, 1) << out;
+  EXPECT_NE(out.find("cannot size codec"), std::string::npos) << out;
 }
 
 }  // namespace
