@@ -281,8 +281,42 @@ void charge_codec(const Payload& p, int64_t raw_bytes, bool encode) {
 }
 }  // namespace
 
+// Note [sized messages]. A tensor on the meta device (the planner's step, tasks/runner/plan.h) has
+// a shape and no data: no codec can pack it. Its message is then a payload whose header carries
+// the shape and dtype and whose body is a meta tensor of the bytes the codec would send (Note
+// [sizing a payload] in compressor.h), or of the bytes the user gave; the receiver decodes it to a
+// meta tensor of that shape. Bytes, statistics, the codec's charge on the timeline and the link
+// see the same numbers as for a real message; codec state is not touched.
+// The payload's codec id is the codec family's (the spec's name: what charge_codec tells identity
+// by), or that of a composition for a codec without an id of its own (ef(...)).
+Payload Boundary::sized(const Compressor& codec, const at::Tensor& x, int64_t given, PayloadSize::Kind& kind) const {
+  PayloadSize size = given >= 0 ? PayloadSize{given, PayloadSize::Kind::Given}
+                                : codec.payload_size(x.sizes().vec(), x.scalar_type());
+  kind = PayloadSize::weaker(kind, size.kind);
+  const std::string spec = codec.spec();
+  Payload p;
+  try {
+    p.codec = codec_id(spec.substr(0, spec.find_first_of("( |")));
+  } catch (const c10::Error&) {
+    p.codec = codec_id("compose");
+  }
+  p.dtype = x.scalar_type();
+  p.shape = x.sizes().vec();
+  const int64_t body = std::max<int64_t>(0, size.bytes - static_cast<int64_t>(p.header_bytes()));
+  p.body = at::empty({body}, at::TensorOptions().dtype(at::kByte).device(at::kMeta));
+  return p;
+}
+
 Payload Boundary::send_forward(const at::Tensor& z, const CodecContext& ctx, int64_t raw_bytes) {
   NoGradGuard no_grad;
+  if (z.is_meta()) {
+    PayloadSize::Kind unused = PayloadSize::Kind::Exact;
+    if (!active()) return sized(*identity_codec(), z, -1, unused);
+    Payload p = sized(*fwd_, z, given_fwd_, fwd_kind_);
+    charge_codec(p, raw_size(z), true);
+    fwd_stats_.add_bytes(static_cast<int64_t>(p.nbytes()), raw_bytes >= 0 ? raw_bytes : raw_size(z));
+    return p;
+  }
   if (!active()) return identity_codec()->encode(z, ctx);
   const CodecContext c = with_mode(ctx);
   Payload p = fwd_->encode(z, c);
@@ -294,6 +328,11 @@ Payload Boundary::send_forward(const at::Tensor& z, const CodecContext& ctx, int
 
 at::Tensor Boundary::receive_forward(const Payload& p, const CodecContext& ctx) {
   NoGradGuard no_grad;
+  if (is_sized(p)) {
+    at::Tensor z = at::empty(p.shape, at::TensorOptions().dtype(p.dtype).device(at::kMeta));
+    if (active()) charge_codec(p, raw_size(z), false);
+    return z;
+  }
   if (!active()) return identity_codec()->decode(p, ctx);
   const CodecContext c = with_mode(ctx);
   at::Tensor z = fwd_->decode(p, c);
@@ -312,6 +351,20 @@ Payload Boundary::send_backward(const at::Tensor& grad, const CodecContext& ctx,
   const bool compress = backward_enabled_ && compresses_backward_at(place) && mode_ != BackwardMode::StraightThrough &&
                         !(mode_ == BackwardMode::Independent && bwd_identity_);
   Payload p;
+  if (grad.is_meta()) {
+    if (compress && mode_ == BackwardMode::Shared) {
+      p = sized(*fwd_, grad, given_bwd_, bwd_kind_);  // the forward codec's family, its shared size
+      if (given_bwd_ < 0) {
+        const PayloadSize s = fwd_->shared_payload_size(grad.sizes().vec(), grad.scalar_type());
+        p.body = at::empty({std::max<int64_t>(0, s.bytes - static_cast<int64_t>(p.header_bytes()))}, p.body.options());
+      }
+    } else {
+      p = sized(compress ? *bwd_ : *identity_codec(), grad, compress ? given_bwd_ : -1, bwd_kind_);
+    }
+    bwd_stats_.add_bytes(static_cast<int64_t>(p.nbytes()), raw);
+    charge_codec(p, raw_size(grad), true);
+    return p;
+  }
   if (!compress) {
     Accumulator scratch;  // bytes are counted below from the actual payload
     p = identity_codec()->encode(pass_uncompressed(grad, c, scratch, raw), c);
@@ -332,6 +385,11 @@ Payload Boundary::send_backward(const at::Tensor& grad, const CodecContext& ctx,
 at::Tensor Boundary::receive_backward(const Payload& p, const CodecContext& ctx) {
   NoGradGuard no_grad;
   TORCH_CHECK(sends_gradient(), "boundary '", name_, "': backward mode 'none' receives no gradient");
+  if (is_sized(p)) {  // charged as the real decodes are: shared and straight-through ones are not
+    at::Tensor g = at::empty(p.shape, at::TensorOptions().dtype(p.dtype).device(at::kMeta));
+    if (mode_ != BackwardMode::Shared && mode_ != BackwardMode::StraightThrough) charge_codec(p, raw_size(g), false);
+    return g;
+  }
   const CodecContext c = with_mode(ctx);
   const bool raw = p.codec == codec_id("identity");
   if (mode_ == BackwardMode::Shared) {

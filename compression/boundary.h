@@ -156,6 +156,17 @@ class Boundary : public Module {
   /// Forwards to both codecs (subspace weight projection, lazy carry policy).
   void after_optimizer_step();
 
+  // ---- planning (Note [sized messages]) ----------------------------------------------------------
+  /// Bytes per message to use instead of the codecs' own sizes (-1: the codec's), each way.
+  void set_given_sizes(int64_t forward_bytes, int64_t backward_bytes) {
+    given_fwd_ = forward_bytes, given_bwd_ = backward_bytes;
+  }
+  /// The weakest size kind of the sized messages sent so far, each way (Exact before any).
+  PayloadSize::Kind forward_size_kind() const { return fwd_kind_; }
+  PayloadSize::Kind backward_size_kind() const { return bwd_kind_; }
+  /// Whether `p` is a sized payload (a meta body of the sized bytes; no data).
+  static bool is_sized(const Payload& p) { return p.body.defined() && p.body.is_meta(); }
+
   // Internal (WireFn): one message each way with statistics.
   at::Tensor wire_forward(const at::Tensor& z, const CodecContext& ctx, int64_t raw_bytes, Payload* keep);
   at::Tensor wire_backward(const at::Tensor& g, const CodecContext& ctx, int64_t raw_bytes, const Payload* fwd);
@@ -188,6 +199,9 @@ class Boundary : public Module {
   Accumulator fwd_stats_, bwd_stats_;
   // Shared mode, halves API: forward payloads by micro-batch until their backward.
   std::map<int64_t, Payload> sent_forward_, received_forward_;
+  int64_t given_fwd_ = -1, given_bwd_ = -1;
+  PayloadSize::Kind fwd_kind_ = PayloadSize::Kind::Exact, bwd_kind_ = PayloadSize::Kind::Exact;
+  Payload sized(const Compressor& codec, const at::Tensor& x, int64_t given, PayloadSize::Kind& kind) const;
 };
 
 using BoundaryPtr = std::shared_ptr<Boundary>;

@@ -47,6 +47,26 @@ struct CodecLevel {
   std::string label;
 };
 
+/// Note [sizing a payload]. The planner (tasks/runner/plan.h) runs a step on shapes only (the meta
+/// device), where no codec can pack real bytes. Each codec instead says, from its wire format,
+/// how many bytes encode() would put on the wire (Payload::nbytes(), header included) for a tensor
+/// of a shape and dtype. Exact where the format fixes the size; where it depends on the data
+/// (threshold's count, delta indices and index=auto, adaptive levels) the declared worst case,
+/// flagged so; `given` marks a size the user set instead (plan.forward_bytes / backward_bytes).
+/// tests/compression/sizing_test.cpp checks each against real encodes.
+struct PayloadSize {
+  enum class Kind { Exact, WorstCase, Given };
+  int64_t bytes = 0;
+  Kind kind = Kind::Exact;
+  /// "exact", "worst case", "given".
+  static const char* word(Kind k);
+  /// The weaker of two kinds (a sum of an exact and a worst-case size is a worst case).
+  static Kind weaker(Kind a, Kind b) { return a > b ? a : b; }
+};
+
+/// Payload::header_bytes() of a payload of `ndim` dims and `nparams` params.
+inline int64_t payload_header_bytes(int64_t ndim, int64_t nparams) { return 16 + 8 * (ndim + nparams); }
+
 class Compressor : public Module {
  public:
   explicit Compressor(std::string type_name) : Module(std::move(type_name)) {}
@@ -86,6 +106,12 @@ class Compressor : public Module {
   /// The level of an adaptive codec: that of its last message (training or evaluation); nullopt
   /// for a codec of fixed level. Wrappers report their inner codec's.
   virtual std::optional<CodecLevel> level() const { return std::nullopt; }
+
+  /// The bytes encode() puts on the wire for a tensor of `shape` and `dtype` (Note [sizing a
+  /// payload]). The default refuses, naming the codec: the planner then cannot size it.
+  virtual PayloadSize payload_size(const std::vector<int64_t>& shape, at::ScalarType dtype) const;
+  /// The same for encode_shared() of a gradient of `shape` on the forward payload of the same shape.
+  virtual PayloadSize shared_payload_size(const std::vector<int64_t>& shape, at::ScalarType dtype) const;
 
   /// Hook for schedules: called after every optimizer step (subspace weight projection).
   virtual void after_optimizer_step() {}

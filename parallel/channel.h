@@ -78,6 +78,10 @@ class LocalChannel final : public Channel {
  public:
   /// The emulated link from rank `src` to rank `dst` (default: ideal).
   void set_link(int src, int dst, const LinkSpec& spec);
+  /// How the links charge messages (Note [link models] in link.h); default pipelined.
+  void set_link_model(LinkModel model) { model_ = model; }
+  /// The link from `src` to `dst` (nullptr if none was set): its bytes and messages so far.
+  const Link* link(int src, int dst) const;
   void send(int src, int dst, const MessageKey& key, StageMessage message, double now_s) override;
   std::optional<Delivered> recv(int src, int dst, const MessageKey& key, double now_s) override;
   /// Messages sent and not received (0 after a complete step).
@@ -87,8 +91,11 @@ class LocalChannel final : public Channel {
   struct Queued {
     MessageKey key;
     StageMessage message;
-    double delivered_s;
+    double delivered_s;  // inbound: not yet known (charged at recv)
+    double sent_s;
   };
+  LinkModel model_ = LinkModel::Pipelined;
+  std::map<int, double> inbound_free_s_;  // inbound: per receiving rank, its wire's last arrival
   std::map<std::pair<int, int>, std::deque<Queued>> queues_;
   std::map<std::pair<int, int>, Link> links_;
 };

@@ -42,6 +42,7 @@ struct ScheduleSettings {
   int virtual_stages = 1;         // stages per pipeline rank (pipeline.virtual_stages)
   std::vector<LinkSpec> links;    // one per boundary (emulated links); empty: ideal links
   DeviceModel device;             // the compute the in-process timeline models; default "measured"
+  LinkModel link_model = LinkModel::Pipelined;  // how in-process links charge messages (parallel/link.h)
   /// Where `stages` stages live under these settings (virtual stages per rank, placed as the
   /// schedule needs: a V for zbv, round robin otherwise). Errors name the key and what fits.
   StageLayout layout(int stages) const;

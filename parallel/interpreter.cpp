@@ -111,12 +111,16 @@ void RankInterpreter::forward(const Action& a) {
   }
   std::optional<StageMessage> out =
       stages_.at(s)->forward(mb, mbs_.batches[mb], s > 0 ? &in : nullptr, mbs_.contexts[mb], mode_ == Mode::Train);
-  if (out) {
-    const MessageKey key{true, s, mb};
-    (stages_.count(s + 1) ? inbox_ : outbox_)[key] = std::move(*out);  // a stage of this rank takes it at once
-  }
+  const bool local = stages_.count(s + 1) > 0;
+  if (out) (local ? inbox_ : outbox_)[MessageKey{true, s, mb}] = std::move(*out);  // a local stage takes it at once
   const double dt = timer.finish();
   clock_s_ += dt, compute_s_ += dt, forward_s_ += dt;
+  if (out && !local) produced_s_[MessageKey{true, s, mb}] = clock_s_;
+  if (mode_ == Mode::Train && model_) {  // counted on modelled timelines only (a walk of the tapes)
+    size_t held = 0;
+    for (const auto& [stage, runtime] : stages_) held += runtime->held_for_backward_bytes();
+    activation_peak_ = std::max(activation_peak_, held);
+  }
 }
 
 void RankInterpreter::backward(const Action& a) {
@@ -131,9 +135,11 @@ void RankInterpreter::backward(const Action& a) {
   std::optional<StageMessage> out = a.type == ActionType::BackwardInput
                                         ? stages_.at(s)->backward_input(mb, in ? &*in : nullptr, where)
                                         : stages_.at(s)->backward(mb, in ? &*in : nullptr, where);
-  if (out) (stages_.count(s - 1) ? inbox_ : outbox_)[MessageKey{false, s - 1, mb}] = std::move(*out);
+  const bool local = stages_.count(s - 1) > 0;
+  if (out) (local ? inbox_ : outbox_)[MessageKey{false, s - 1, mb}] = std::move(*out);
   const double dt = timer.finish();
   clock_s_ += dt, compute_s_ += dt;
+  if (out && !local) produced_s_[MessageKey{false, s - 1, mb}] = clock_s_;
 }
 
 void RankInterpreter::backward_weight(const Action& a) {
@@ -155,7 +161,15 @@ void RankInterpreter::send(const Action& a) {
                 "pipeline: rank ", rank_, " sends ", key.describe(), " before computing it");
     return;
   }
-  channel_.send(rank_, a.peer, key, std::move(it->second), clock_s_);
+  // Note [eager sends]. The lowered lists place a gradient send after the next activation's
+  // receive (Note [blocking send/recv and the order of messages on a link] in lowering.h), which
+  // blocking sends need. A transport that posts every send when its tensor is ready (an isend, as
+  // torch.distributed.pipelining does) stamps it then; with eager sends the message carries the
+  // time it was produced. The in-process channel never blocks on a send, so only the stamp moves.
+  auto produced = produced_s_.find(key);
+  const double sent_s = eager_sends_ && produced != produced_s_.end() ? produced->second : clock_s_;
+  if (produced != produced_s_.end()) produced_s_.erase(produced);
+  channel_.send(rank_, a.peer, key, std::move(it->second), sent_s);
   outbox_.erase(it);
 }
 

@@ -54,6 +54,9 @@ class RankInterpreter {
   /// the clock advances by the modelled seconds instead of the measured ones. `model` must
   /// outlive the interpreter.
   void set_device_model(const DeviceModel* model, bool drives_clock);
+  /// Eager sends: a message leaves when its compute produced it, not when the list reaches its
+  /// send action (Note [eager sends] in interpreter.cpp). Default off.
+  void set_eager_sends(bool on) { eager_sends_ = on; }
 
   /// Runs actions until the list is done (true) or a receive finds its message not sent yet
   /// (false: call again after the other ranks ran; only an in-process channel does that).
@@ -81,6 +84,10 @@ class RankInterpreter {
   double modelled_s() const { return modelled_s_; }
   /// The most bytes this rank's stages held for pending weight gradients (split schedules; 0 else).
   size_t held_for_weights_peak() const { return held_for_weights_peak_; }
+  /// The most bytes this rank's stages held for backward (StageRuntime::held_for_backward_bytes)
+  /// after any of its forwards: the peak activation memory of the step, as the engine counts it.
+  /// Counted with a device model only (0 otherwise).
+  size_t activation_peak() const { return activation_peak_; }
 
  private:
   class ActionTimer;
@@ -100,11 +107,14 @@ class RankInterpreter {
   Mode mode_;
   std::map<int, std::unique_ptr<StageRuntime>> stages_;  // this rank's stages
   std::map<MessageKey, StageMessage> inbox_, outbox_;
+  std::map<MessageKey, double> produced_s_;  // eager sends: when each outbox message was produced
+  bool eager_sends_ = false;
   // Per (stage, micro-batch): where the lowered list places the gradient it sends.
   std::map<std::pair<int, int>, GradSendPlace> grad_send_place_;
   size_t next_ = 0;
   double clock_s_ = 0, compute_s_ = 0, comm_s_ = 0, forward_s_ = 0, weight_s_ = 0;
   size_t held_for_weights_peak_ = 0;
+  size_t activation_peak_ = 0;
   const DeviceModel* model_ = nullptr;
   bool model_clock_ = false;
   double flops_ = 0, modelled_s_ = 0;

@@ -11,6 +11,12 @@
 
 namespace tl {
 
+LinkModel link_model_of(const std::string& name) {
+  if (name == "pipelined") return LinkModel::Pipelined;
+  if (name == "inbound") return LinkModel::Inbound;
+  TORCH_CHECK(false, "link model '", name, "' is not known; accepted: pipelined, inbound");
+}
+
 std::string LinkSpec::describe() const {
   std::ostringstream os;
   if (bandwidth_mbps > 0)

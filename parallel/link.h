@@ -25,6 +25,23 @@
 
 namespace tl {
 
+// Note [link models]. How the in-process timeline (LocalChannel) charges messages on the links:
+//  - pipelined (default, Note [the link model]): one Link per direction of each rank pair, a
+//    message's latency overlapping the next one's transmission;
+//  - inbound: ProtocolNanoGPT's frozen receiver-side simulation (train_gpt.py, SimPipelineStage).
+//    Each rank has one wire into it, shared by the activations from the rank before and the
+//    gradients from the rank after. A message is charged when the receiver takes it, in the
+//    order its schedule takes them: it starts at max(the wire's last arrival, its sent time) and
+//    arrives 8 n / bandwidth + latency later; that arrival is the wire's next start. So latency
+//    does not overlap the next message, and the two directions into a rank queue behind each
+//    other. Their sends are isends stamped when the tensor is ready, so under this model the
+//    interpreter stamps each message when its compute produced it (Note [eager sends] in
+//    parallel/interpreter.cpp), not when the lowered list reaches the send. The multi-process
+//    transport emulates pipelined links only.
+enum class LinkModel { Pipelined, Inbound };
+/// "pipelined" or "inbound"; an error names the accepted ones.
+LinkModel link_model_of(const std::string& name);
+
 struct LinkSpec {
   double bandwidth_mbps = 0;  // 0 = unlimited
   double latency_ms = 0;

@@ -1,6 +1,7 @@
 #include "parallel/local_executor.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "autograd/autograd.h"
 #include "layers/optim/grad_utils.h"
@@ -58,11 +59,13 @@ StepResult LocalExecutor::train_step(const Batch& batch, int64_t micro_batches, 
   GradAccumulator acc(pipeline_.parameters());
   LocalChannel channel;
   for (const auto& [pair, spec] : links_) channel.set_link(pair.first, pair.second, spec);
+  channel.set_link_model(settings_.link_model);
   std::vector<std::unique_ptr<RankInterpreter>> ranks;
   for (int r = 0; r < layout_.ranks; ++r) {
     ranks.push_back(std::make_unique<RankInterpreter>(pipeline_, layout_, r, lists[static_cast<size_t>(r)], split,
                                                       loss_fn_, channel, RankInterpreter::Mode::Train));
     ranks.back()->set_device_model(&settings_.device, model_clock_);
+    ranks.back()->set_eager_sends(settings_.link_model == LinkModel::Inbound);  // Note [link models]
   }
   run_to_completion(ranks, settings_.schedule);
   TORCH_CHECK(channel.in_flight() == 0, "executor: the '", settings_.schedule, "' schedule left ", channel.in_flight(),
@@ -70,7 +73,19 @@ StepResult LocalExecutor::train_step(const Batch& batch, int64_t micro_batches, 
 
   // The rank holding the last stage (the last rank, or rank 0 on a V placement) has the tally.
   const RankInterpreter& last = *ranks[static_cast<size_t>(layout_.rank_of(layout_.stages() - 1))];
-  const StepResult r = step_result(last.tally(), last.units(), batch.rows(), split.size());
+  StepResult r;
+  if (last.tally().defined() && last.tally().is_meta()) {  // a step on shapes (the planner's): no loss to read
+    r.units = last.units();
+    r.loss = std::numeric_limits<double>::quiet_NaN();
+    r.rows = batch.rows();
+    r.micro_batches = split.size();
+  } else {
+    r = step_result(last.tally(), last.units(), batch.rows(), split.size());
+  }
+  links_used_.clear();
+  for (const auto& [pair, spec] : links_)
+    if (const Link* l = channel.link(pair.first, pair.second))
+      links_used_.push_back({pair.first, pair.second, spec, l->bytes(), l->messages(), l->transmission_s(l->bytes())});
   acc.add_weight(r.units);
   acc.finish();
   timing_ = StepTiming{};
@@ -83,6 +98,7 @@ StepResult LocalExecutor::train_step(const Batch& batch, int64_t micro_batches, 
     timing_.held_for_weights_bytes.push_back(rank->held_for_weights_peak());
     timing_.flops.push_back(rank->flops());
     timing_.modelled_s.push_back(rank->modelled_s());
+    timing_.activation_bytes.push_back(rank->activation_peak());
   }
   stepped_ = true;
   if (timing) *timing = timing_;

@@ -31,6 +31,15 @@ class LocalExecutor : public Executor {
   const ScheduleSettings& settings() const { return settings_; }
   /// Timing of the last train_step on the timeline (one entry per pipeline rank).
   const StepTiming& last_timing() const;
+  /// What each emulated link carried in the last train_step: bytes, messages, and the seconds it
+  /// spent transmitting them (busy; latency not included).
+  struct LinkUse {
+    int src = 0, dst = 0;  // pipeline ranks
+    LinkSpec spec;
+    int64_t bytes = 0, messages = 0;
+    double busy_s = 0;
+  };
+  const std::vector<LinkUse>& last_links() const { return links_used_; }
 
   /// The task's tally (loss_fn's) of one evaluation batch run forward through every stage, the
   /// boundaries' forward codecs on (`compression`) or bypassed (the inference toggle).
@@ -62,6 +71,7 @@ class LocalExecutor : public Executor {
   std::map<std::pair<int, int>, LinkSpec> links_;  // by (sender, receiver) pipeline rank
   bool model_clock_ = true;
   StepTiming timing_;
+  std::vector<LinkUse> links_used_;
   bool stepped_ = false;
 };
 

@@ -122,6 +122,13 @@ size_t StageRuntime::held_for_weights_bytes() const {
   return n;
 }
 
+size_t StageRuntime::held_for_backward_bytes() const {
+  size_t n = held_for_weights_bytes();
+  for (const auto& [mb, f] : in_flight_)
+    if (f.tape) n += f.tape->saved_bytes();
+  return n;
+}
+
 // ---- a step's micro-batches ----------------------------------------------------------------------
 
 std::vector<std::pair<int64_t, int64_t>> micro_batch_slices(int64_t batch, int64_t micro_batches) {

@@ -71,6 +71,9 @@ class StageRuntime {
   void backward_weight(int64_t mb_index);
   /// Bytes held for pending weight gradients (saved tensors and output gradients of their ops).
   size_t held_for_weights_bytes() const;
+  /// Bytes the tapes of the micro-batches in flight save for their backward (Tape::saved_bytes:
+  /// each op's saved tensors, a tensor saved by two ops counted twice), plus held_for_weights_bytes.
+  size_t held_for_backward_bytes() const;
 
   /// Last stage: the summed tally of the micro-batches (kTallySize), undefined before any forward.
   const at::Tensor& tally() const { return tally_; }

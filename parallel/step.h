@@ -69,6 +69,7 @@ struct StepTiming {
   std::vector<size_t> held_for_weights_bytes;  // per pipeline rank: the most held between I and W
   std::vector<double> flops;                   // per pipeline rank: FLOPs counted in compute (with a device model)
   std::vector<double> modelled_s;              // per pipeline rank: compute seconds on the device model (else 0)
+  std::vector<size_t> activation_bytes;        // per pipeline rank: the most held for backward (activation_peak)
   /// Idle fraction: 1 - sum(compute) / (ranks * step).
   double bubble() const;
 };

@@ -255,6 +255,23 @@ const std::vector<Key>& schema() {
         "minilm: the sentence vector the classifier reads: mean (masked mean of the last hidden states, as "
         "sentence-transformers trained all-MiniLM-L6-v2) or cls (BERT's tanh pooler on the first token)",
         [](Config& c, const std::string& v) { c.model.pooling = parse_choice(v, {"mean", "cls"}); });
+    for (const char* key : {"layers", "d_model", "heads", "ffn", "vocab"})
+      add(std::string("model.") + key, "0", "integer >= 0",
+          std::string("gpt2-*: ") +
+              (key == std::string("layers")    ? "number of blocks"
+               : key == std::string("d_model") ? "width (n_embd)"
+               : key == std::string("heads")   ? "attention heads (must divide model.d_model)"
+               : key == std::string("ffn")     ? "MLP width (0 with the others: 4 x width)"
+                                               : "vocabulary of the model (>= the task's; e.g. 50304 to plan a GPT-2 "
+                                                 "tokenizer's model)") +
+              " instead of the arch's (0: the arch's own); any GPT-2 shape, e.g. for `tapeline plan`",
+          [key](Config& c, const std::string& v) {
+            const int64_t n = parse_int(v, 0, int64_t(1) << 24, "an integer >= 0");
+            const std::string k = key;
+            (k == "layers" ? c.model.layers : k == "d_model" ? c.model.d_model : k == "heads" ? c.model.heads
+                                            : k == "ffn"     ? c.model.ffn
+                                                             : c.model.vocab) = n;
+          });
     add("model.cuts", "all", "all, none, or comma-separated cut point names",
         "where the model is split into stages (a boundary at each cut)", [](Config& c, const std::string& v) {
           c.model.cuts.clear();
@@ -342,6 +359,24 @@ const std::vector<Key>& schema() {
         "process only (pipeline.nproc = 1)",
         [](Config& c, const std::string& v) {
           c.timeline.device = parse_choice(v, device_model_names());
+        });
+    add("timeline.link_model", "pipelined", "pipelined, inbound",
+        "how the in-process timeline charges a message on its link (parallel/link.h, Note [link models]): "
+        "pipelined = one queue per direction, a message's latency overlapping the next one's transmission; "
+        "inbound = ProtocolNanoGPT's: one wire into each rank for both directions, each message holding it for "
+        "its transmission plus latency, in the order the receiver takes the messages, each message stamped when its "
+        "compute produced it (their isends). One process only",
+        [](Config& c, const std::string& v) { c.timeline.link_model = parse_choice(v, {"pipelined", "inbound"}); });
+    // [plan]
+    add("plan.forward_bytes", "-1", "integer >= -1",
+        "tapeline plan: bytes of every compressed forward message instead of the codec's own size (-1: the "
+        "codec's, exact or its declared worst case); the plan marks them given",
+        [](Config& c, const std::string& v) {
+          c.plan.forward_bytes = parse_int(v, -1, INT64_MAX, "an integer >= -1 (-1: the codec's size)");
+        });
+    add("plan.backward_bytes", "-1", "integer >= -1", "tapeline plan: the same for backward (gradient) messages",
+        [](Config& c, const std::string& v) {
+          c.plan.backward_bytes = parse_int(v, -1, INT64_MAX, "an integer >= -1 (-1: the codec's size)");
         });
     // [parallel], [dp]
     add("parallel.dp", "1", "integer >= 1",

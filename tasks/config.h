@@ -60,6 +60,8 @@ struct ModelSection {
   std::string pooling = "mean";  // minilm: sentence vector for the classifier, "mean" or "cls"
   std::vector<std::string> cuts;  // cut point names; empty = all of the model's cut points
   bool no_cuts = false;           // cuts = none: one stage, no boundary
+  // GPT-2 shape overrides (0: the arch's own): blocks, width, heads, MLP width, vocabulary.
+  int64_t layers = 0, d_model = 0, heads = 0, ffn = 0, vocab = 0;
 };
 
 struct TrainSection {
@@ -102,6 +104,12 @@ struct PipelineSection {
 
 struct TimelineSection {
   std::string device = "measured";  // measured | h100 | a100 | cpu (parallel/device_model.h)
+  std::string link_model = "pipelined";  // pipelined | inbound (parallel/link.h, LinkModel)
+};
+
+struct PlanSection {  // tapeline plan (tasks/runner/plan.h)
+  int64_t forward_bytes = -1;   // bytes per forward message instead of the codec's size (-1: the codec's)
+  int64_t backward_bytes = -1;  // ... per backward message
 };
 
 struct ParallelSection {
@@ -149,6 +157,7 @@ class Config {
   TrainSection train;
   PipelineSection pipeline;
   TimelineSection timeline;
+  PlanSection plan;
   ParallelSection parallel;
   DpSection dp;
   TpSection tp;

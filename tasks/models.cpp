@@ -90,6 +90,16 @@ BuiltModel build_model(const Config& config, const TaskShape& shape, const at::G
                 " needs ", images ? "a resnet*" : "minilm");
     GPT2Config c = gpt2_size(arch);
     c.vocab_size = shape.vocab_size;
+    const ModelSection& m = config.model;  // shape overrides (model.layers, ...)
+    if (m.layers > 0) c.n_layer = m.layers;
+    if (m.d_model > 0) c.n_embd = m.d_model;
+    if (m.heads > 0) c.n_head = m.heads;
+    if (m.ffn > 0) c.n_inner = m.ffn;
+    TORCH_CHECK(m.vocab == 0 || m.vocab >= shape.vocab_size, "model.vocab = ", m.vocab, " is smaller than the task's ",
+                shape.vocab_size, " tokens; accepted: 0 (the task's) or a number >= ", shape.vocab_size);
+    if (m.vocab > 0) c.vocab_size = m.vocab;
+    TORCH_CHECK(c.n_embd % c.n_head == 0, "model.heads = ", c.n_head, " does not divide the width ", c.n_embd,
+                " (model.d_model)");
     c.n_positions = std::max<int64_t>(shape.seq_len, arch == "gpt2-small" ? 1024 : 0);
     c.dropout = config.model.dropout >= 0 ? config.model.dropout : 0.0;
     out.model = std::make_shared<GPT2>(c, gen, build);

@@ -12,7 +12,7 @@ struct ReluFn : Function<ReluFn> {
   static constexpr const char* name = "relu";
   static constexpr bool kFreshOutputs = true;
   static at::Tensor forward(Context& ctx, const at::Tensor& x) {
-    at::Tensor y = at::relu(x);
+    at::Tensor y = x.is_meta() ? at::empty_like(x) : at::relu(x);  // Note [ops on the meta device] (shape.cpp)
     ctx.save_for_backward({y});
     return y;
   }

@@ -116,7 +116,7 @@ struct ScaledDotProductAttentionFn : Function<ScaledDotProductAttentionFn> {
       drop = at::empty_like(p);
       if (dropout_p >= 1.0) {
         drop.zero_();
-      } else {
+      } else if (!drop.is_meta()) {  // meta: shapes only (Note [ops on the meta device] in shape.cpp)
         drop.bernoulli_(1.0 - dropout_p, gen).div_(1.0 - dropout_p);
       }
       pd = p * drop;

@@ -40,8 +40,16 @@ struct Conv2dFn : Function<Conv2dFn> {
     s.groups = groups;
     s.has_bias = b.defined();
     // (N, O, H', W')
+    // Meta tensors (Note [ops on the meta device] in shape.cpp): ATen's convolution has no meta
+    // kernel; the output's shape by the usual formula.
     at::Tensor y =
-        at::convolution(x, w, b, stride, padding, dilation, /*transposed=*/false, /*output_padding=*/{0, 0}, groups);
+        x.is_meta()
+            ? at::empty({x.size(0), w.size(0),
+                         (x.size(2) + 2 * padding[0] - dilation[0] * (w.size(2) - 1) - 1) / stride[0] + 1,
+                         (x.size(3) + 2 * padding[1] - dilation[1] * (w.size(3) - 1) - 1) / stride[1] + 1},
+                        x.options())
+            : at::convolution(x, w, b, stride, padding, dilation, /*transposed=*/false, /*output_padding=*/{0, 0},
+                              groups);
     // Each output element is a dot product of C/groups * kH * kW pairs; dx and dW cost as much.
     const double f = 2.0 * static_cast<double>(y.numel()) * static_cast<double>(w.size(1) * w.size(2) * w.size(3));
     ctx.set_flops(f, {f, f, static_cast<double>(y.numel())});
@@ -53,6 +61,11 @@ struct Conv2dFn : Function<Conv2dFn> {
     const at::Tensor& w = t[1];
     const bool has_bias = s.has_bias;
     const std::vector<int64_t> bias_sizes{w.size(0)};
+    if (g[0].is_meta()) {
+      const at::Tensor none;
+      return {ctx.needs_input_grad(0) ? at::empty_like(x) : none, ctx.needs_input_grad(1) ? at::empty_like(w) : none,
+              has_bias && ctx.needs_input_grad(2) ? at::empty(bias_sizes, w.options()) : none};
+    }
     auto grads = at::convolution_backward(
         g[0], x, w, has_bias ? at::OptionalIntArrayRef(bias_sizes) : c10::nullopt, s.stride, s.padding, s.dilation,
         /*transposed=*/false, /*output_padding=*/{0, 0}, s.groups,

@@ -47,8 +47,12 @@ struct BatchNormFn : Function<BatchNormFn> {
     } else {
       TORCH_CHECK(running_mean.defined(), "batch_norm: eval mode needs running_mean and running_var");
     }
+    // Meta tensors (Note [ops on the meta device] in shape.cpp): ATen has no meta batch norm.
     auto [y, save_mean, save_invstd] =
-        at::native_batch_norm(x, opt(weight), opt(bias), opt(running_mean), opt(running_var), training, momentum, eps);
+        x.is_meta() ? std::make_tuple(at::empty_like(x), at::empty({training ? c : 0}, x.options()),
+                                      at::empty({training ? c : 0}, x.options()))
+                    : at::native_batch_norm(x, opt(weight), opt(bias), opt(running_mean), opt(running_var), training,
+                                            momentum, eps);
     if (training) {
       ctx.save_for_backward({x, weight, save_mean, save_invstd});
     } else {
@@ -62,6 +66,10 @@ struct BatchNormFn : Function<BatchNormFn> {
     const auto& s = ctx.saved();
     const bool training = saved.training;
     const at::Tensor none;
+    if (g[0].is_meta())
+      return {ctx.needs_input_grad(0) ? at::empty_like(s[0]) : none,
+              ctx.needs_input_grad(1) && s[1].defined() ? at::empty_like(s[1]) : none,
+              ctx.needs_input_grad(2) && s[1].defined() ? at::empty_like(s[1]) : none};
     auto grads = at::native_batch_norm_backward(
         g[0], s[0], opt(s[1]), opt(training ? none : s[4]), opt(training ? none : s[5]), opt(s[2]), opt(s[3]), training,
         saved.eps, {ctx.needs_input_grad(0), ctx.needs_input_grad(1), ctx.needs_input_grad(2)});
@@ -85,13 +93,26 @@ struct LayerNormFn : Function<LayerNormFn> {
                 normalized_shape, ", got ", weight.sizes());
     TORCH_CHECK(!bias.defined() || bias.sizes().equals(normalized_shape), "layer_norm: bias must have shape ",
                 normalized_shape, ", got ", bias.sizes());
-    auto [y, mean, rstd] = at::native_layer_norm(x, normalized_shape, opt(weight), opt(bias), eps);
+    // Meta tensors (Note [ops on the meta device] in shape.cpp): ATen's meta layer norm goes
+    // through batch norm, which has none; mean and rstd have the shape the CPU kernel gives them.
+    auto [y, mean, rstd] = [&] {
+      if (!x.is_meta()) return at::native_layer_norm(x, normalized_shape, opt(weight), opt(bias), eps);
+      std::vector<int64_t> stat = x.sizes().vec();
+      for (size_t i = stat.size() - static_cast<size_t>(k); i < stat.size(); ++i) stat[i] = 1;
+      return std::make_tuple(at::empty_like(x), at::empty(stat, x.options()), at::empty(stat, x.options()));
+    }();
     ctx.save_for_backward({x, weight, bias, mean, rstd});
     s.normalized_shape = shape_of(normalized_shape);
     return y;
   }
   static tensor_list backward(Context& ctx, const Saved& saved, tensor_list g) {
     const auto& s = ctx.saved();
+    if (g[0].is_meta()) {
+      const at::Tensor none;
+      return {ctx.needs_input_grad(0) ? at::empty_like(s[0]) : none,
+              ctx.needs_input_grad(1) && s[1].defined() ? at::empty_like(s[1]) : none,
+              ctx.needs_input_grad(2) && s[2].defined() ? at::empty_like(s[2]) : none};
+    }
     auto grads =
         at::native_layer_norm_backward(g[0], s[0], saved.normalized_shape, s[3], s[4], opt(s[1]), opt(s[2]),
                                        {ctx.needs_input_grad(0), ctx.needs_input_grad(1), ctx.needs_input_grad(2)});
@@ -111,7 +132,7 @@ struct DropoutFn : Function<DropoutFn> {
     at::Tensor mask = at::empty_like(x, at::MemoryFormat::Contiguous);
     if (p >= 1.0) {
       mask.zero_();
-    } else {
+    } else if (!mask.is_meta()) {  // meta: shapes only (Note [ops on the meta device] in shape.cpp)
       mask.bernoulli_(1.0 - p, gen).div_(1.0 - p);
     }
     ctx.save_for_backward({mask});

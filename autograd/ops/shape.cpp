@@ -202,6 +202,10 @@ struct ShapeDimSaved {
   int64_t dim = 0;
 };
 
+// Note [ops on the meta device]. The planner runs steps on meta tensors (shapes only;
+// tasks/runner/plan.h). The few ATen ops without a meta kernel in C++ (index_select, embedding
+// and their backwards) make their outputs' shapes here instead; costs are charged as always.
+
 // index_select: rows picked (possibly repeatedly) along dim; their gradients are added back.
 struct IndexSelectFn : Function<IndexSelectFn> {
   static constexpr const char* name = "index_select";
@@ -210,9 +214,15 @@ struct IndexSelectFn : Function<IndexSelectFn> {
   static at::Tensor forward(Context& ctx, Saved& s, const at::Tensor& x, int64_t dim, const at::Tensor& index) {
     ctx.save_for_backward({index});
     s = {shape_of(x.sizes()), dim};
+    if (x.is_meta()) {  // Note [ops on the meta device]
+      std::vector<int64_t> out = x.sizes().vec();
+      out[static_cast<size_t>(at::maybe_wrap_dim(dim, x.dim()))] = index.numel();
+      return at::empty(out, x.options());
+    }
     return at::index_select(x, dim, index);
   }
   static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
+    if (g[0].is_meta()) return {at::empty(s.shape, g[0].options())};
     return {at::index_select_backward(g[0], s.shape, s.dim, ctx.saved()[0])};
   }
 };
@@ -246,9 +256,15 @@ struct EmbeddingFn : Function<EmbeddingFn> {
     ctx.save_for_backward({indices});
     s.num_weights = weight.size(0);
     s.padding_idx = padding_idx;
+    if (weight.is_meta()) {  // Note [ops on the meta device]
+      std::vector<int64_t> out = indices.sizes().vec();
+      out.push_back(weight.size(1));
+      return at::empty(out, weight.options());
+    }
     return at::embedding(weight, indices, padding_idx);
   }
   static tensor_list backward(Context& ctx, const Saved& s, tensor_list g) {
+    if (g[0].is_meta()) return {at::empty({s.num_weights, g[0].size(-1)}, g[0].options())};
     return {at::embedding_backward(g[0], ctx.saved()[0], s.num_weights, s.padding_idx, /*scale_grad_by_freq=*/false,
                                    /*sparse=*/false)};
   }

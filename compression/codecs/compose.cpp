@@ -121,4 +121,27 @@ CompressorPtr make_composition(CompressorPtr outer, CompressorPtr inner) {
   return std::make_shared<Composition>(std::move(sectioned), std::move(inner));
 }
 
+// ---- sizing (Note [sizing a payload] in compressor.h) ------------------------------------------
+
+namespace {
+PayloadSize nest(const std::vector<int64_t>& shape, const SectionedCodec::SizedParts& parts, const Compressor& inner) {
+  PayloadSize out{payload_header_bytes(static_cast<int64_t>(shape.size()), 3) + parts.rest_bytes, parts.kind};
+  for (size_t i = 0; i < parts.sections.size(); ++i) {
+    const PayloadSize s = inner.payload_size(parts.sections[i].shape, parts.value_types[i]);
+    out.bytes += s.bytes;
+    out.kind = PayloadSize::weaker(out.kind, s.kind);
+  }
+  return out;
+}
+}  // namespace
+
+PayloadSize Composition::payload_size(const std::vector<int64_t>& shape, at::ScalarType dtype) const {
+  return nest(shape, outer_->size_parts(shape, dtype), *inner_);
+}
+
+PayloadSize Composition::shared_payload_size(const std::vector<int64_t>& shape, at::ScalarType dtype) const {
+  if (!supports_shared()) return Compressor::shared_payload_size(shape, dtype);
+  return nest(shape, outer_->size_shared_parts(shape, dtype), *inner_);
+}
+
 }  // namespace tl

@@ -26,6 +26,9 @@ class Composition : public Compressor {
   Payload encode_shared(const at::Tensor& g, const Payload& fwd, const CodecContext& ctx) override;
   at::Tensor decode_shared(const Payload& p, const Payload& fwd, const CodecContext& ctx) override;
 
+  /// The outer codec's rest and, per section, the inner codec's size of it, each a nested payload.
+  PayloadSize payload_size(const std::vector<int64_t>& shape, at::ScalarType dtype) const override;
+  PayloadSize shared_payload_size(const std::vector<int64_t>& shape, at::ScalarType dtype) const override;
   bool has_transform() const override { return outer_->has_transform(); }
   Variable pre(const Variable& h, const CodecContext& ctx) override { return outer_->pre(h, ctx); }
   Variable post(const Variable& z, const CodecContext& ctx) override { return outer_->post(z, ctx); }

@@ -42,4 +42,12 @@ at::Tensor DenseCodec::decode_parts(const Payload& rest, const std::vector<at::T
   return values[0].to(rest.dtype).view(rest.shape);
 }
 
+SectionedCodec::SizedParts DenseCodec::size_parts(const std::vector<int64_t>& shape, at::ScalarType dtype) const {
+  SizedParts out;
+  out.rest_bytes = payload_header_bytes(static_cast<int64_t>(shape.size()), 0);
+  out.sections = {Section{shape, wire_ ? *wire_ : dtype}};
+  out.value_types = {dtype};
+  return out;
+}
+
 }  // namespace tl

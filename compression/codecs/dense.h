@@ -17,6 +17,8 @@ class DenseCodec : public SectionedCodec {
   std::string spec() const override { return name_; }
 
   TL_SECTIONED_CODEC_PARTS;
+  /// params = {}: the header and one section of the tensor in the wire type.
+  SizedParts size_parts(const std::vector<int64_t>& shape, at::ScalarType dtype) const override;
 
  private:
   std::string name_;

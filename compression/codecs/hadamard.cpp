@@ -190,4 +190,16 @@ at::Tensor HadamardQuant::decode(const Payload& p, const CodecContext& ctx) {
   return rows.to(p.dtype).reshape(p.shape);
 }
 
+// ---- sizing (Note [sizing a payload] in compressor.h) ------------------------------------------
+
+PayloadSize HadamardQuant::payload_size(const std::vector<int64_t>& shape, at::ScalarType dtype) const {
+  const Tiling g = tiling(shape, o_.tile);
+  const int64_t n = g.rows * g.padded;
+  const int64_t groups = std::max<int64_t>((n + g.t - 1) / g.t, 1);
+  const int64_t codes = n > 0 ? (n * o_.bits + 7) / 8 : 0;
+  return {payload_header_bytes(static_cast<int64_t>(shape.size()), 4) +
+              groups * static_cast<int64_t>(c10::elementSize(o_.scale_type)) + codes,
+          PayloadSize::Kind::Exact};
+}
+
 }  // namespace tl

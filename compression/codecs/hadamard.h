@@ -45,6 +45,8 @@ class HadamardQuant : public Compressor {
   Payload encode(const at::Tensor& x, const CodecContext& ctx) override;
   at::Tensor decode(const Payload& p, const CodecContext& ctx) override;
   const HadamardQuantOptions& options() const { return o_; }
+  /// Exact (the nbytes formula above).
+  PayloadSize payload_size(const std::vector<int64_t>& shape, at::ScalarType dtype) const override;
 
  private:
   HadamardQuantOptions o_;

@@ -149,4 +149,28 @@ at::Tensor PowerSgd::decode_shared_parts(const Payload& rest, const Payload& fwd
   return m.to(rest.dtype).view(rest.shape);
 }
 
+// ---- sizing (Note [sizing a payload] in compressor.h) ------------------------------------------
+
+SectionedCodec::SizedParts PowerSgd::size_parts(const std::vector<int64_t>& shape, at::ScalarType dtype) const {
+  const int64_t ndim = std::max<int64_t>(static_cast<int64_t>(shape.size()), 1);
+  TORCH_CHECK(o_.dim >= -ndim && o_.dim < ndim, kName, ": dim=", o_.dim, " is out of range for a tensor of ",
+              shape.size(), " dims");
+  const int64_t dim = shape.empty() ? 0 : (o_.dim < 0 ? o_.dim + ndim : o_.dim);
+  const auto [rows, cols] = matrix_dims(shape, dim);
+  const int64_t r = std::max<int64_t>(0, std::min({o_.rank, rows, cols}));
+  SizedParts out;
+  out.rest_bytes = payload_header_bytes(static_cast<int64_t>(shape.size()), 6);
+  out.sections = {Section{{rows, r}, o_.values}, Section{{cols, r}, o_.values}};
+  out.value_types = {compute_type(dtype), compute_type(dtype)};
+  return out;
+}
+
+SectionedCodec::SizedParts PowerSgd::size_shared_parts(const std::vector<int64_t>& shape, at::ScalarType dtype) const {
+  SizedParts fwd = size_parts(shape, dtype), out;
+  out.rest_bytes = payload_header_bytes(static_cast<int64_t>(shape.size()), 2);
+  out.sections = {fwd.sections[1]};
+  out.value_types = {compute_type(dtype)};
+  return out;
+}
+
 }  // namespace tl

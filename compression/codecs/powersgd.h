@@ -35,6 +35,9 @@ class PowerSgd : public SectionedCodec {
   TL_SECTIONED_CODEC_PARTS;
 
   TL_SECTIONED_CODEC_SHARED_PARTS;
+  /// Exact: P (rows, r) and Q (cols, r), or Q_g (cols, r) in shared mode.
+  SizedParts size_parts(const std::vector<int64_t>& shape, at::ScalarType dtype) const override;
+  SizedParts size_shared_parts(const std::vector<int64_t>& shape, at::ScalarType dtype) const override;
   bool shared_uses_forward_values() const override { return true; }
 
   /// The warm-start Q (cols x r) after the last encode (empty before the first).

@@ -388,4 +388,17 @@ at::Tensor Quantize::decode(const Payload& p, const CodecContext& ctx) {
   return out.to(p.dtype).view(p.shape);
 }
 
+// ---- sizing (Note [sizing a payload] in compressor.h) ------------------------------------------
+
+PayloadSize Quantize::payload_size(const std::vector<int64_t>& shape, at::ScalarType dtype) const {
+  const int64_t ndim = static_cast<int64_t>(shape.size());
+  const int64_t dim = o_.scale == Scale::kChannel ? channel_dim(ndim) : -1;
+  const Geometry geo = geometry(shape, o_.scale, dim, o_.block);
+  const int64_t n = geo.g.n;
+  const int64_t scales = (o_.mode == Mode::kMinMax ? 2 : 1) * geo.g.groups *
+                         static_cast<int64_t>(c10::elementSize(o_.scale_type));
+  const int64_t codes = n > 0 ? (n * o_.bits + 7) / 8 : 0;
+  return {payload_header_bytes(ndim, 7) + scales + codes, PayloadSize::Kind::Exact};
+}
+
 }  // namespace tl

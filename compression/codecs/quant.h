@@ -52,6 +52,8 @@ class Quantize : public Compressor {
   /// residual is written by the quantising kernel itself; bit for bit x - decode(payload).
   Payload encode_with_residual(const at::Tensor& x, const CodecContext& ctx, at::Tensor* residual) override;
   const QuantOptions& options() const { return o_; }
+  /// Exact: the header, the G (maxabs) or 2G (minmax) scales and ceil(n * bits / 8) code bytes.
+  PayloadSize payload_size(const std::vector<int64_t>& shape, at::ScalarType dtype) const override;
 
   /// The channel dim used for a tensor of `ndim` dims (scale=channel).
   int64_t channel_dim(int64_t ndim) const;

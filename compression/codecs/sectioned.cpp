@@ -127,4 +127,33 @@ at::Tensor SectionedCodec::decode_shared_parts(const Payload& rest, const Payloa
   return Compressor::decode_shared(rest, fwd_rest, ctx);
 }
 
+// ---- sizing (Note [sizing a payload]) ----------------------------------------------------------
+
+SectionedCodec::SizedParts SectionedCodec::size_parts(const std::vector<int64_t>& shape, at::ScalarType dtype) const {
+  return SizedParts{Compressor::payload_size(shape, dtype).bytes};  // refuses
+}
+
+SectionedCodec::SizedParts SectionedCodec::size_shared_parts(const std::vector<int64_t>& shape,
+                                                             at::ScalarType dtype) const {
+  return SizedParts{Compressor::shared_payload_size(shape, dtype).bytes};  // refuses
+}
+
+namespace {
+PayloadSize sum_parts(const SectionedCodec::SizedParts& parts) {
+  PayloadSize out{parts.rest_bytes, parts.kind};
+  for (const auto& s : parts.sections)
+    out.bytes += s.numel() * static_cast<int64_t>(c10::elementSize(s.wire_type));
+  return out;
+}
+}  // namespace
+
+PayloadSize SectionedCodec::payload_size(const std::vector<int64_t>& shape, at::ScalarType dtype) const {
+  return sum_parts(size_parts(shape, dtype));
+}
+
+PayloadSize SectionedCodec::shared_payload_size(const std::vector<int64_t>& shape, at::ScalarType dtype) const {
+  if (!supports_shared()) return Compressor::shared_payload_size(shape, dtype);
+  return sum_parts(size_shared_parts(shape, dtype));
+}
+
 }  // namespace tl

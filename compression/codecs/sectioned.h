@@ -57,6 +57,21 @@ class SectionedCodec : public Compressor {
   virtual at::Tensor decode_shared_parts(const Payload& rest, const Payload& fwd_rest,
                                          const std::vector<at::Tensor>& fwd_values,
                                          const std::vector<at::Tensor>& values, const CodecContext& ctx);
+  /// Sizing (Note [sizing a payload] in compressor.h): the rest's bytes (header and rest body),
+  /// and the sections with the dtype encode_parts gives each, for a tensor of `shape` and
+  /// `dtype`. The defaults refuse, naming the codec.
+  struct SizedParts {
+    int64_t rest_bytes = 0;
+    std::vector<Section> sections;
+    std::vector<at::ScalarType> value_types;  // per section: the dtype of encode_parts' values
+    PayloadSize::Kind kind = PayloadSize::Kind::Exact;
+  };
+  virtual SizedParts size_parts(const std::vector<int64_t>& shape, at::ScalarType dtype) const;
+  virtual SizedParts size_shared_parts(const std::vector<int64_t>& shape, at::ScalarType dtype) const;
+  /// The rest plus each section in its wire type.
+  PayloadSize payload_size(const std::vector<int64_t>& shape, at::ScalarType dtype) const override;
+  PayloadSize shared_payload_size(const std::vector<int64_t>& shape, at::ScalarType dtype) const override;
+
   /// PowerSGD needs the forward P; sparse codecs need only the forward indices.
   virtual bool shared_uses_forward_values() const { return false; }
 

@@ -407,4 +407,51 @@ at::Tensor SparseCodec::decode_shared_parts(const Payload& rest, const Payload& 
   return scatter(rest, l.numel, idx, values[0]);
 }
 
+// ---- sizing (Note [sizing a payload] in compressor.h) ------------------------------------------
+
+namespace {
+int64_t varint_bytes(uint64_t v) {
+  int64_t n = 1;
+  for (; v >= 0x80; v >>= 7) ++n;
+  return n;
+}
+}  // namespace
+
+SectionedCodec::SizedParts SparseCodec::size_parts(const std::vector<int64_t>& shape, at::ScalarType dtype) const {
+  const int64_t N = codec::shape_numel(shape);
+  const int64_t rows = N == 0 ? 1 : (o_.per_sample && shape.size() >= 2 ? shape[0] : 1);
+  const int64_t D = N / rows;
+  SizedParts out;
+  const bool threshold = o_.kind == SparseKind::kThreshold;
+  const int64_t n = threshold ? N : rows * k_for(D);  // threshold: as many as pass, at most all
+  if (threshold) out.kind = PayloadSize::Kind::WorstCase;
+  int64_t index = 0;
+  if (o_.index == codec::IndexFormat::kInt) {
+    index = codec::index_int_bytes(n, N);
+  } else if (o_.index == codec::IndexFormat::kBitmap) {
+    index = codec::index_bitmap_bytes(N);
+  } else if (o_.index == codec::IndexFormat::kDelta) {  // every gap is at most N - n
+    index = n * varint_bytes(static_cast<uint64_t>(std::max<int64_t>(N - n, 0)));
+    out.kind = PayloadSize::Kind::WorstCase;
+  } else {  // auto: int or bitmap (ties: int), or delta where it is cheaper on the host
+    index = std::min(codec::index_int_bytes(n, N), codec::index_bitmap_bytes(N));
+    out.kind = PayloadSize::Kind::WorstCase;
+  }
+  out.rest_bytes = payload_header_bytes(static_cast<int64_t>(shape.size()), 7) + index;
+  out.sections = {Section{o_.per_sample ? std::vector<int64_t>{rows, n / rows} : std::vector<int64_t>{n}, o_.values}};
+  out.value_types = {dtype};
+  return out;
+}
+
+SectionedCodec::SizedParts SparseCodec::size_shared_parts(const std::vector<int64_t>& shape,
+                                                          at::ScalarType dtype) const {
+  const SizedParts fwd = size_parts(shape, dtype);  // the gradient travels at the forward's n entries
+  SizedParts out;
+  out.kind = o_.kind == SparseKind::kThreshold ? PayloadSize::Kind::WorstCase : PayloadSize::Kind::Exact;
+  out.rest_bytes = payload_header_bytes(static_cast<int64_t>(shape.size()), 2);
+  out.sections = {Section{{fwd.sections[0].numel()}, o_.values}};
+  out.value_types = {dtype};
+  return out;
+}
+
 }  // namespace tl

@@ -61,6 +61,11 @@ class SparseCodec : public SectionedCodec {
   TL_SECTIONED_CODEC_PARTS;
 
   TL_SECTIONED_CODEC_SHARED_PARTS;
+  /// Exact for topk and randk with index=int32 or bitmap; index=auto takes the cheaper of those
+  /// two (delta, chosen on the host when it is cheaper still, only shrinks it) and index=delta a
+  /// bound of varint bytes per index: worst cases. threshold: every entry kept, a worst case.
+  SizedParts size_parts(const std::vector<int64_t>& shape, at::ScalarType dtype) const override;
+  SizedParts size_shared_parts(const std::vector<int64_t>& shape, at::ScalarType dtype) const override;
 
  private:
   struct Layout {

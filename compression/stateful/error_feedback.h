@@ -51,6 +51,10 @@ class ErrorFeedback : public stateful::WrappingCompressor {
   std::string spec() const override;
   Payload encode(const at::Tensor& x, const CodecContext& ctx) override;
   at::Tensor decode(const Payload& p, const CodecContext& ctx) override;
+  /// The inner codec's payload (of x plus the residual, in x's dtype).
+  PayloadSize payload_size(const std::vector<int64_t>& shape, at::ScalarType dtype) const override {
+    return inner_->payload_size(shape, dtype);
+  }
   void after_optimizer_step() override;
 
   /// x + e with the residual cleared (the message is sent uncompressed and carries the error).
@@ -78,6 +82,10 @@ class EF21 : public stateful::WrappingCompressor {
   std::string spec() const override;
   Payload encode(const at::Tensor& x, const CodecContext& ctx) override;
   at::Tensor decode(const Payload& p, const CodecContext& ctx) override;
+  /// The inner codec's payload (of x - A, in x's dtype).
+  PayloadSize payload_size(const std::vector<int64_t>& shape, at::ScalarType dtype) const override {
+    return inner_->payload_size(shape, dtype);
+  }
   bool decode_has_state() const override { return true; }  // the receiver's A
 
   /// The sender's and the receiver's estimate A (empty before the first message).

@@ -32,7 +32,7 @@ GPT2::GPT2(const GPT2Config& c, const init::Generator& gen, const StageSelection
     wpe_ = embedding("wpe", c.n_positions);
     drop_ = register_module("drop", std::make_shared<Dropout>(c.dropout, init::fork(gen, "drop")));
   }
-  const auto block_opts = TransformerBlockOptions(c.n_embd, c.n_head)
+  const auto block_opts = TransformerBlockOptions(c.n_embd, c.n_head).hidden(c.n_inner)
                               .norm(NormPlacement::Pre)
                               .fused_qkv(true)
                               .causal(true)

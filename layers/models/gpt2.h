@@ -29,6 +29,7 @@ struct GPT2Config {
   int64_t n_embd = 768;
   int64_t n_layer = 12;
   int64_t n_head = 12;
+  int64_t n_inner = 0;  // MLP width (0: 4 * n_embd)
   double dropout = 0.1;  // embedding, attention-probability and residual dropout
   double layer_norm_eps = 1e-5;
   double init_std = 0.02;

@@ -22,6 +22,26 @@ using Generator = std::optional<at::Generator>;
 /// its position) and the path. Without a generator: none (ATen's default, drawn in order).
 Generator fork(const Generator& gen, const std::string& path);
 
+/// Note [building on the meta device]. The layers create their parameters and buffers with
+/// options() (float32 unless told), on the CPU, or on the meta device while a MetaGuard lives on
+/// this thread: a model of any size is then built with shapes only (no memory, no initialisation:
+/// the fills below skip meta tensors), which is how the planner (tasks/runner/plan.h) builds one.
+class MetaGuard {
+ public:
+  MetaGuard();
+  ~MetaGuard();
+  MetaGuard(const MetaGuard&) = delete;
+  MetaGuard& operator=(const MetaGuard&) = delete;
+
+ private:
+  bool was_;
+};
+/// Whether a MetaGuard lives on this thread.
+bool building_on_meta();
+/// Options for a new parameter or buffer of `dtype` (none: ATen's default dtype, as at::empty
+/// without options): on the CPU, or on the meta device under a MetaGuard.
+at::TensorOptions options(std::optional<at::ScalarType> dtype = std::nullopt);
+
 /// fan_in of a weight laid out (out, in, k...): in * prod(k). For a 1-D tensor, its size.
 int64_t fan_in(const at::Tensor& weight);
 

@@ -40,11 +40,25 @@ int64_t fan_in(const at::Tensor& weight) {
   return weight.numel() / weight.size(0);  // in * prod(kernel)
 }
 
+namespace {
+thread_local bool meta_build = false;
+}  // namespace
+
+MetaGuard::MetaGuard() : was_(meta_build) { meta_build = true; }
+MetaGuard::~MetaGuard() { meta_build = was_; }
+bool building_on_meta() { return meta_build; }
+at::TensorOptions options(std::optional<at::ScalarType> dtype) {
+  at::TensorOptions o = at::TensorOptions().device(meta_build ? at::Device(at::kMeta) : at::Device(at::kCPU));
+  return dtype ? o.dtype(*dtype) : o;  // no dtype: ATen's default, as before
+}
+
 at::Tensor uniform_(at::Tensor t, double low, double high, const Generator& gen) {
+  if (t.is_meta()) return t;  // shapes only: nothing to fill (Note [building on the meta device])
   return t.uniform_(low, high, c10_gen(gen));
 }
 
 at::Tensor normal_(at::Tensor t, double mean, double std, const Generator& gen) {
+  if (t.is_meta()) return t;
   return t.normal_(mean, std, c10_gen(gen));
 }
 
@@ -72,8 +86,8 @@ Linear::Linear(const char* type_name, int64_t in_features, int64_t out_features,
     : Module(type_name), in_features_(in_features), out_features_(out_features) {
   TORCH_CHECK(in_features > 0 && out_features > 0, type_name, ": in_features and out_features must be positive, got ",
               in_features, " and ", out_features);
-  at::Tensor w = at::empty({out_features, in_features});
-  at::Tensor b = bias ? at::empty({out_features}) : at::Tensor();
+  at::Tensor w = at::empty({out_features, in_features}, init::options());
+  at::Tensor b = bias ? at::empty({out_features}, init::options()) : at::Tensor();
   init::default_linear_(w, b, gen);
   weight_ = register_parameter("weight", w);
   if (bias) bias_ = register_parameter("bias", b);
@@ -95,8 +109,8 @@ Conv2d::Conv2d(const Conv2dOptions& o, const init::Generator& gen) : Module("Con
                   o.out_channels_ % o.groups_ == 0,
               "Conv2d: channels must be positive and divisible by groups, got in ", o.in_channels_, ", out ",
               o.out_channels_, ", groups ", o.groups_);
-  at::Tensor w = at::empty({o.out_channels_, o.in_channels_ / o.groups_, o.kernel_[0], o.kernel_[1]});
-  at::Tensor b = o.bias_ ? at::empty({o.out_channels_}) : at::Tensor();
+  at::Tensor w = at::empty({o.out_channels_, o.in_channels_ / o.groups_, o.kernel_[0], o.kernel_[1]}, init::options());
+  at::Tensor b = o.bias_ ? at::empty({o.out_channels_}, init::options()) : at::Tensor();
   init::default_linear_(w, b, gen);
   weight_ = register_parameter("weight", w);
   if (o.bias_) bias_ = register_parameter("bias", b);
@@ -136,13 +150,13 @@ BatchNorm2d::BatchNorm2d(int64_t num_features, double eps, double momentum, bool
       track_running_stats_(track_running_stats) {
   TORCH_CHECK(num_features > 0, "BatchNorm2d: num_features must be positive, got ", num_features);
   if (affine) {
-    weight_ = register_parameter("weight", at::ones({num_features}));
-    bias_ = register_parameter("bias", at::zeros({num_features}));
+    weight_ = register_parameter("weight", at::ones({num_features}, init::options()));
+    bias_ = register_parameter("bias", at::zeros({num_features}, init::options()));
   }
   if (track_running_stats) {
-    running_mean_ = register_buffer("running_mean", at::zeros({num_features}));
-    running_var_ = register_buffer("running_var", at::ones({num_features}));
-    num_batches_tracked_ = register_buffer("num_batches_tracked", at::zeros({}, at::kLong));
+    running_mean_ = register_buffer("running_mean", at::zeros({num_features}, init::options()));
+    running_var_ = register_buffer("running_var", at::ones({num_features}, init::options()));
+    num_batches_tracked_ = register_buffer("num_batches_tracked", at::zeros({}, init::options(at::kLong)));
   }
 }
 
@@ -162,8 +176,8 @@ LayerNorm::LayerNorm(std::vector<int64_t> normalized_shape, double eps, bool ele
     : Module("LayerNorm"), normalized_shape_(std::move(normalized_shape)), eps_(eps) {
   TORCH_CHECK(!normalized_shape_.empty(), "LayerNorm: normalized_shape must have at least one dim");
   if (elementwise_affine) {
-    weight_ = register_parameter("weight", at::ones(normalized_shape_));
-    bias_ = register_parameter("bias", at::zeros(normalized_shape_));
+    weight_ = register_parameter("weight", at::ones(normalized_shape_, init::options()));
+    bias_ = register_parameter("bias", at::zeros(normalized_shape_, init::options()));
   }
 }
 
@@ -176,7 +190,7 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, int64_t padd
               embedding_dim);
   TORCH_CHECK(padding_idx >= -1 && padding_idx < num_embeddings, "Embedding: padding_idx must be in [0, ",
               num_embeddings, ") or -1 (none), got ", padding_idx);
-  at::Tensor w = init::normal_(at::empty({num_embeddings, embedding_dim}), 0.0, 1.0, gen);
+  at::Tensor w = init::normal_(at::empty({num_embeddings, embedding_dim}, init::options()), 0.0, 1.0, gen);
   if (padding_idx >= 0) w[padding_idx].zero_();
   weight_ = register_parameter("weight", w);
 }
@@ -294,7 +308,7 @@ void DropoutRng::fork_for_rank(int64_t rank) {
 }
 
 std::optional<at::Generator> DropoutRng::generator_for(at::Device device) {
-  if (!stream_.defined()) return std::nullopt;
+  if (!stream_.defined() || device.is_meta()) return std::nullopt;  // meta: nothing is drawn
   at::Generator& stream = stream_.get();
   if (stream.device().type() == device.type() &&
       (device.is_cpu() || !device.has_index() || stream.device().index() == device.index())) {

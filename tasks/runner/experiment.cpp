@@ -24,11 +24,6 @@
 
 namespace tl {
 
-namespace {
-
-// The cut points `config` asks for: none (model.no_cuts), model.cuts, or the model's own, read from
-// a skeleton of it (no modules built, nothing drawn from a generator). `shape`: the task's, asked
-// for only when the skeleton is needed.
 std::vector<std::string> configured_cuts(const Config& config, const std::function<TaskShape()>& shape) {
   if (config.model.no_cuts) return {};
   if (!config.model.cuts.empty()) return config.model.cuts;
@@ -38,6 +33,41 @@ std::vector<std::string> configured_cuts(const Config& config, const std::functi
   TORCH_CHECK(splittable, "model.arch = ", config.model.arch, " cannot be split into stages");
   return splittable->cut_points();
 }
+
+RunBoundaries build_boundaries(const Config& config, const std::vector<std::string>& cuts) {
+  for (int64_t i : config.boundary_override_indices())
+    TORCH_CHECK(i <= static_cast<int64_t>(cuts.size()), "boundary.", i, ": the model has ", cuts.size(), " cut",
+                cuts.size() == 1 ? "" : "s", " (model.cuts), so boundaries are numbered 1..", cuts.size());
+  RunBoundaries out;
+  for (size_t i = 0; i < cuts.size(); ++i) {
+    BoundarySettings b = config.boundary_at(static_cast<int64_t>(i + 1));
+    out.links.push_back({b.bandwidth_mbps, b.latency_ms});
+    try {  // e.g. backward_mode = shared with a forward codec that has no mask
+      out.boundaries.push_back(std::make_shared<Boundary>(
+          "boundary " + std::to_string(i + 1) + " (after " + cuts[i] + ")", b.forward.build(), b.backward.build(),
+          parse_backward_mode(b.backward_mode), b.active_at_inference));
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "boundary.", i + 1, " (config [boundary] / [boundary.", i + 1,
+                  "]): ", e.what_without_backtrace());
+    }
+    out.boundaries.back()->set_epilogue_only(b.epilogue_only);
+    out.boundaries.back()->set_epilogue_rule(b.epilogue_rule == "critical_path" ? EpilogueRule::CriticalPath
+                                                                                : EpilogueRule::Optimus);
+  }
+  return out;
+}
+
+ScheduleSettings schedule_settings(const Config& config, const std::vector<LinkSpec>& links) {
+  ScheduleSettings schedule;
+  schedule.schedule = config.pipeline.schedule;
+  schedule.virtual_stages = static_cast<int>(config.pipeline.virtual_stages);
+  schedule.links = links;
+  schedule.device = device_model(config.timeline.device);
+  schedule.link_model = link_model_of(config.timeline.link_model);
+  return schedule;
+}
+
+namespace {
 
 at::Device parse_run_device(const std::string& d) {
   at::Device device(d);
@@ -152,36 +182,15 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
     tensor_parallel_ = std::make_shared<TensorParallel>(env->rank % config_.parallel.tp, config_.parallel.tp);
     shard_tensor_parallel(*built.model, tensor_parallel_, "model.arch = " + config_.model.arch);
   }
-  for (int64_t i : config_.boundary_override_indices())
-    TORCH_CHECK(i <= static_cast<int64_t>(cuts.size()), "boundary.", i, ": the model has ", cuts.size(), " cut",
-                cuts.size() == 1 ? "" : "s", " (model.cuts), so boundaries are numbered 1..", cuts.size());
-  std::vector<BoundaryPtr> boundaries;
-  std::vector<LinkSpec> links;
-  for (size_t i = 0; i < cuts.size(); ++i) {
-    BoundarySettings b = config_.boundary_at(static_cast<int64_t>(i + 1));
-    links.push_back({b.bandwidth_mbps, b.latency_ms});
-    try {  // e.g. backward_mode = shared with a forward codec that has no mask
-      boundaries.push_back(std::make_shared<Boundary>("boundary " + std::to_string(i + 1) + " (after " + cuts[i] + ")",
-                                                      b.forward.build(), b.backward.build(),
-                                                      parse_backward_mode(b.backward_mode), b.active_at_inference));
-    } catch (const c10::Error& e) {
-      TORCH_CHECK(false, "boundary.", i + 1, " (config [boundary] / [boundary.", i + 1,
-                  "]): ", e.what_without_backtrace());
-    }
-    boundaries.back()->set_epilogue_only(b.epilogue_only);
-    boundaries.back()->set_epilogue_rule(b.epilogue_rule == "critical_path" ? EpilogueRule::CriticalPath
-                                                                            : EpilogueRule::Optimus);
-  }
+  RunBoundaries run_boundaries = build_boundaries(config_, cuts);
+  const std::vector<BoundaryPtr>& boundaries = run_boundaries.boundaries;
+  const std::vector<LinkSpec>& links = run_boundaries.links;
   try {
     pipeline_ = std::make_shared<Pipeline>(built.model, cuts, boundaries);
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "model.cuts: ", e.what_without_backtrace());
   }
-  ScheduleSettings schedule;
-  schedule.schedule = config_.pipeline.schedule;
-  schedule.virtual_stages = static_cast<int>(config_.pipeline.virtual_stages);
-  schedule.links = links;
-  schedule.device = device_model(config_.timeline.device);
+  const ScheduleSettings schedule = schedule_settings(config_, links);
   StageLayout layout;
   try {
     layout = schedule.layout(static_cast<int>(pipeline_->num_stages()));
@@ -208,6 +217,10 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
   TORCH_CHECK(!env || config_.timeline.device == "measured", "timeline.device = ", config_.timeline.device,
               " models compute on the in-process pipeline's timeline; a run of several processes measures its "
               "real time: set timeline.device = measured, or run in one process (pipeline.nproc = 1)");
+  TORCH_CHECK(!env || config_.timeline.link_model == "pipelined", "timeline.link_model = ",
+              config_.timeline.link_model,
+              " is emulated on the in-process timeline only; a run of several processes emulates pipelined links: "
+              "set timeline.link_model = pipelined, or run in one process (pipeline.nproc = 1)");
   if (env) {
     if (!config_.dist.inject_fault.empty()) {  // Note [fault injection]
       ranks::arm_fault(ranks::parse_fault(config_.dist.inject_fault), env->rank, static_cast<int>(config_.parallel.dp));

@@ -30,6 +30,22 @@ class Transport;
 class TensorParallelSync;
 }  // namespace ranks
 
+/// The cut points `config` asks for: none (model.no_cuts), model.cuts, or the model's own, read
+/// from a skeleton of it (no modules built, nothing drawn from a generator). `shape`: the task's,
+/// asked for only when the skeleton is needed.
+std::vector<std::string> configured_cuts(const Config& config, const std::function<TaskShape()>& shape);
+
+/// The boundaries of `config` at `cuts` (a Boundary per cut with its codecs, [boundary.N] applied)
+/// and their links; errors name the key.
+struct RunBoundaries {
+  std::vector<BoundaryPtr> boundaries;
+  std::vector<LinkSpec> links;
+};
+RunBoundaries build_boundaries(const Config& config, const std::vector<std::string>& cuts);
+/// How config's steps are scheduled and timed: pipeline.schedule, virtual_stages, the links,
+/// timeline.device and timeline.link_model.
+ScheduleSettings schedule_settings(const Config& config, const std::vector<LinkSpec>& links);
+
 /// Why `world` processes cannot run `config` as a grid of pipeline ranks x parallel.dp x
 /// parallel.tp ("" if they can): the launcher's check before it starts any process (the ranks
 /// check again). Builds a skeleton of the model (no modules, no data).

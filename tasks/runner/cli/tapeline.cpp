@@ -20,6 +20,7 @@
 #include "parallel/schedule.h"
 #include "parallel/slack.h"
 #include "tasks/runner/compare.h"
+#include "tasks/runner/plan.h"
 #include "tasks/config.h"
 #include "tasks/runner/report.h"
 #include "tasks/runner/trainer.h"
@@ -40,6 +41,7 @@ usage:
   tapeline train --config FILE --out DIR [options] [--section.key=value ...]
   tapeline eval --run DIR [--compression on|off|both] [--section.key=value ...]
   tapeline compare RUN_DIR... [--plot OUT_DIR]
+  tapeline plan --config FILE [--out plan.json] [--sweep key=v1,v2,...] [--section.key=value ...]
   tapeline schedule [--schedule 1f1b|gpipe|interleaved|zbh1|zbv] [--stages S] [--virtual-stages V] [--micro-batches M] [--comm] [--slack]
   tapeline help [train|eval|compare|schedule]
 
@@ -50,6 +52,9 @@ commands:
   eval    test accuracy of a run's last checkpoint with compression on or off
   compare one table of finished runs (final metric with compression on and off, bytes per step,
           wall time); --plot OUT_DIR also draws the figures (PNG and SVG, matplotlib)
+  plan    one training step of the config on shapes only (no data, no arithmetic): step time on
+          timeline.device, bytes and busy time per link, bubble, MFU, memory per rank; writes
+          plan.json (docs/CONFIG.md, "tapeline plan"); --sweep prints a table over one key's values
   schedule print every rank's action list of one training step (compute only, or with --comm
           the sends and receives too: SA/RA activation, SG/RG gradient, ~ = sent uncompressed
           by epilogue-only boundaries), as pipeline.schedule runs it
@@ -396,6 +401,63 @@ int cmd_eval(const std::vector<std::string>& argv) {
   return 0;
 }
 
+int cmd_plan(const std::vector<std::string>& argv) {
+  std::vector<std::string> rest;
+  auto overrides = split_overrides(argv, rest);
+  po::options_description desc("plan options");
+  desc.add_options()("help,h", "this help")("config", po::value<std::string>(), "INI config file (as for train)")(
+      "out", po::value<std::string>()->default_value("plan.json"), "where plan.json goes ('' : not written)")(
+      "sweep", po::value<std::string>(), "key=v1,v2,...: one plan per value of a config key, as a table")(
+      "quiet", "no progress lines");
+  po::variables_map vm = parse(rest, desc);
+  if (vm.count("help")) {
+    std::cout << "usage: tapeline plan --config FILE [--out plan.json] [--sweep key=v1,v2,...] "
+                 "[--section.key=value ...]\n(timeline.device must name a device model; docs/CONFIG.md, "
+                 "\"tapeline plan\")\n\n"
+              << desc;
+    return 0;
+  }
+  const std::string config_path = vm.count("config") ? vm["config"].as<std::string>() : "";
+  const bool quiet = vm.count("quiet") > 0;
+  auto progress = [quiet](const std::string& s) {
+    if (!quiet) std::cerr << "plan: " << s << std::endl;
+  };
+  if (vm.count("sweep")) {
+    const std::string sweep = vm["sweep"].as<std::string>();
+    const size_t eq = sweep.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == sweep.size())
+      throw UsageError("--sweep '" + sweep + "': expected key=v1,v2,... (e.g. train.micro_batches=8,16,32)");
+    const std::string key = sweep.substr(0, eq);
+    std::vector<std::pair<std::string, Plan>> rows;
+    // Values split at commas outside parentheses (codec specs hold commas: quant(4, scale=channel)).
+    std::string cur;
+    int depth = 0;
+    std::vector<std::string> list;
+    for (char c : sweep.substr(eq + 1)) {
+      depth += c == '(' ? 1 : c == ')' ? -1 : 0;
+      if (c == ',' && depth == 0) list.push_back(cur), cur.clear();
+      else cur += c;
+    }
+    list.push_back(cur);
+    for (const std::string& value : list) {
+      auto o = overrides;
+      o.emplace_back(key, value);
+      progress(key + " = " + value);
+      rows.emplace_back(value, plan_step(Config::load(config_path, o), progress));
+    }
+    std::cout << sweep_table(key, rows);
+    return 0;
+  }
+  const Plan plan = plan_step(Config::load(config_path, overrides), progress);
+  std::cout << plan.to_text();
+  const std::string out = vm["out"].as<std::string>();
+  if (!out.empty()) {
+    write_plan(plan, out);
+    std::cout << "wrote " << out << "\n";
+  }
+  return 0;
+}
+
 // Note [a failed rank ends at once]. A rank of a multi-process run that failed may still hold
 // connections to a peer that cannot be reached (a network partition): Gloo's teardown at exit then
 // waits on them without a bound, and the rank would hang after printing its error. Nothing is left
@@ -429,6 +491,7 @@ int main(int argc, char** argv) {
         return rest[0] == "train"      ? cmd_train({"--help"})
                : rest[0] == "compare"  ? cmd_compare({"--help"})
                : rest[0] == "schedule" ? cmd_schedule({"--help"})
+               : rest[0] == "plan"     ? cmd_plan({"--help"})
                                        : cmd_eval({"--help"});
       std::cout << kTopHelp;
       return cmd.empty() ? 2 : 0;
@@ -437,7 +500,8 @@ int main(int argc, char** argv) {
     if (cmd == "eval") return cmd_eval(rest);
     if (cmd == "compare") return cmd_compare(rest);
     if (cmd == "schedule") return cmd_schedule(rest);
-    throw UsageError("unknown command '" + cmd + "'; commands: train, eval, compare, schedule (tapeline --help)");
+    if (cmd == "plan") return cmd_plan(rest);
+    throw UsageError("unknown command '" + cmd + "'; commands: train, eval, compare, schedule, plan (tapeline --help)");
   } catch (const UsageError& e) {
     std::cerr << "tapeline " << cmd << ": error: " << e.what() << "\n";
     return failed(2);

@@ -1,0 +1,260 @@
+#include "tasks/runner/plan.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+
+#include "layers/nn/init.h"
+#include "parallel/executor.h"
+#include "parallel/local_executor.h"
+#include "tasks/models.h"
+#include "tasks/runner/experiment.h"
+#include "tasks/runner/report.h"
+
+namespace tl {
+
+namespace {
+
+at::TensorOptions meta(at::ScalarType dtype) { return at::TensorOptions().dtype(dtype).device(at::kMeta); }
+
+// A training batch of the task's shape on the meta device: token ids (B, T) with next-token
+// targets (lm) or class ids (text); images (B, C, H, W) with class ids (vision). Units and sample
+// ids stay on the CPU, as a real batch's do.
+Batch shape_batch(const Config& config, const TaskShape& shape) {
+  const int64_t B = config.train.batch_size;
+  Batch b;
+  if (shape.input == TaskShape::Input::Tokens) {
+    const int64_t T = shape.output == TaskShape::Output::NextToken ? config.data.seq_len : config.data.max_length;
+    b.input = at::empty({B, T}, meta(at::kLong));
+    b.target = shape.output == TaskShape::Output::NextToken ? at::empty({B, T}, meta(at::kLong))
+                                                            : at::empty({B}, meta(at::kLong));
+    b.side.token_ids = b.input;
+    b.units = shape.output == TaskShape::Output::NextToken ? at::full({B}, T, at::kLong) : at::ones({B}, at::kLong);
+  } else {
+    // The image side: data.image_size, else the dataset's (CIFAR 32, MNIST and Fashion-MNIST 28).
+    const bool cifar = config.data.dataset.rfind("cifar", 0) == 0;
+    TORCH_CHECK(config.data.image_size > 0 || cifar || config.data.dataset.find("mnist") != std::string::npos,
+                "tapeline plan: data.dataset = ", config.data.dataset,
+                " has no fixed image size; set data.image_size to plan it");
+    const int64_t side = config.data.image_size > 0 ? config.data.image_size : (cifar ? 32 : 28);
+    b.input = at::empty({B, shape.channels, side, side}, meta(at::kFloat));
+    b.target = at::empty({B}, meta(at::kLong));
+    b.units = at::ones({B}, at::kLong);
+  }
+  b.sample_ids = at::arange(B, at::kLong);
+  return b;
+}
+
+int64_t optimizer_states(const TrainSection& t) {
+  if (t.optimizer == "adamw") return 2;  // exp_avg, exp_avg_sq
+  return t.momentum > 0 ? 1 : 0;         // the momentum buffer
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) continue;
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string num(double v) {
+  if (!std::isfinite(v)) return "null";
+  std::ostringstream s;
+  s << std::setprecision(10) << v;
+  return s.str();
+}
+
+}  // namespace
+
+Plan plan_step(const Config& config, const std::function<void(const std::string&)>& progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto say = [&](const std::string& what) {
+    if (progress) progress(what);
+  };
+  TORCH_CHECK(config.timeline.device != "measured",
+              "tapeline plan: timeline.device = measured has nothing to measure on shapes; set timeline.device to a "
+              "device model (h100, a100, cpu; docs/TIME.md)");
+  TORCH_CHECK(config.parallel.dp == 1 && config.parallel.tp == 1, "tapeline plan: parallel.dp = ", config.parallel.dp,
+              " and parallel.tp = ", config.parallel.tp,
+              ": the planner plans one pipeline (P ranks); data and tensor parallelism across processes are not "
+              "planned; set both to 1");
+  Plan plan;
+  std::unique_ptr<Task> task = make_task(config);
+  const TaskShape shape = task->shape();
+  const std::vector<std::string> cuts = configured_cuts(config, [&] { return shape; });
+
+  say("building " + config.model.arch + " on the meta device");
+  at::Generator gen = at::detail::createCPUGenerator(0);
+  BuiltModel built;
+  {
+    init::MetaGuard on_meta;  // Note [building on the meta device]
+    built = build_model(config, shape, gen);
+  }
+  RunBoundaries rb = build_boundaries(config, cuts);
+  for (const auto& b : rb.boundaries) b->set_given_sizes(config.plan.forward_bytes, config.plan.backward_bytes);
+  auto pipeline = std::make_shared<Pipeline>(built.model, cuts, rb.boundaries);
+  pipeline->set_measure_error(false);
+  pipeline->train();
+  const ScheduleSettings settings = schedule_settings(config, rb.links);
+  LocalExecutor executor(
+      *pipeline, [&](const Variable& out, const Batch& mb) { return task->loss(out, mb); }, settings);
+  plan.parameters = executor.model_parameters();
+  plan.model = built.describe(plan.parameters);
+  const StageLayout& layout = executor.layout();
+  plan.stages = layout.stages();
+  plan.ranks = layout.ranks;
+  plan.schedule = settings.schedule;
+  plan.device = settings.device.name;
+  plan.link_model = config.timeline.link_model;
+  plan.unit = task->unit_name();
+  plan.micro_batches = config.train.micro_batches;
+  plan.rows = config.train.batch_size;
+
+  say("running one step: " + std::to_string(plan.micro_batches) + " micro-batches through " +
+      std::to_string(plan.stages) + " stages on " + std::to_string(plan.ranks) + " ranks");
+  const Batch batch = shape_batch(config, shape);
+  StepPosition at;
+  at.step = 1;
+  at.progress = 0;
+  StepTiming timing;
+  const StepResult result = executor.train_step(batch, config.train.micro_batches, at, &timing);
+  plan.units = result.units;
+  plan.step_s = timing.step_s;
+  plan.bubble = timing.bubble();
+
+  const int64_t states = optimizer_states(config.train);
+  for (int r = 0; r < layout.ranks; ++r) {
+    PlanRank pr;
+    pr.rank = r;
+    pr.stages = layout.stages_of(r);
+    pr.compute_s = timing.compute_s[r];
+    pr.wait_s = timing.comm_s[r];
+    pr.flops = timing.flops[r];
+    for (int s : pr.stages) pr.parameter_bytes += parameter_bytes(*pipeline->stage(static_cast<size_t>(s)));
+    pr.optimizer_bytes = states * pr.parameter_bytes;
+    pr.activation_bytes = static_cast<int64_t>(timing.activation_bytes[r]);
+    plan.flops += pr.flops;
+    plan.rank_plans.push_back(pr);
+  }
+  plan.mfu = plan.step_s > 0 ? plan.flops / (plan.step_s * plan.ranks * settings.device.peak_flops) : 0;
+
+  for (const LocalExecutor::LinkUse& u : executor.last_links()) {
+    PlanLink l;
+    l.src = u.src, l.dst = u.dst, l.spec = u.spec, l.bytes = u.bytes, l.messages = u.messages, l.busy_s = u.busy_s;
+    // What the link carries: activations of boundary s (stage s on src, s + 1 on dst), gradients
+    // (s + 1 on src, s on dst), or both (a V placement's turn).
+    bool acts = false, grads = false;
+    for (int s = 0; s + 1 < plan.stages; ++s) {
+      const bool a = layout.rank_of(s) == u.src && layout.rank_of(s + 1) == u.dst;
+      const bool g = layout.rank_of(s + 1) == u.src && layout.rank_of(s) == u.dst;
+      if ((a || g) && !acts && !grads) l.boundary = s + 1;
+      acts = acts || a, grads = grads || g;
+    }
+    l.forward = acts;
+    l.direction = acts && grads ? "both" : acts ? "forward" : "backward";
+    const Boundary& b = *pipeline->boundary(static_cast<size_t>(std::max(l.boundary - 1, 0)));
+    l.codec = acts ? b.forward_codec()->spec() : b.backward_codec()->spec();
+    l.size = PayloadSize::word(acts ? b.forward_size_kind() : b.backward_size_kind());
+    l.bytes_per_unit = plan.units > 0 ? static_cast<double>(l.bytes) / plan.units : 0;
+    (l.forward ? plan.forward_bytes_per_unit : plan.backward_bytes_per_unit) =
+        std::max(l.forward ? plan.forward_bytes_per_unit : plan.backward_bytes_per_unit, l.bytes_per_unit);
+    plan.links.push_back(l);
+  }
+  plan.planning_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  say("planned in " + num(plan.planning_s) + " s");
+  return plan;
+}
+
+std::string Plan::to_json() const {
+  std::ostringstream o;
+  o << "{\n  \"model\": " << json_string(model) << ",\n  \"parameters\": " << parameters
+    << ",\n  \"stages\": " << stages << ",\n  \"ranks\": " << ranks << ",\n  \"schedule\": " << json_string(schedule)
+    << ",\n  \"device\": " << json_string(device) << ",\n  \"link_model\": " << json_string(link_model)
+    << ",\n  \"micro_batches\": " << micro_batches << ",\n  \"rows\": " << rows
+    << ",\n  \"unit\": " << json_string(unit) << ",\n  \"units\": " << num(units) << ",\n  \"step_s\": " << num(step_s)
+    << ",\n  \"bubble\": " << num(bubble) << ",\n  \"flops\": " << num(flops) << ",\n  \"mfu\": " << num(mfu)
+    << ",\n  \"forward_bytes_per_unit\": " << num(forward_bytes_per_unit)
+    << ",\n  \"backward_bytes_per_unit\": " << num(backward_bytes_per_unit)
+    << ",\n  \"planning_s\": " << num(planning_s) << ",\n  \"ranks_detail\": [";
+  for (size_t i = 0; i < rank_plans.size(); ++i) {
+    const PlanRank& r = rank_plans[i];
+    o << (i ? "," : "") << "\n    {\"rank\": " << r.rank << ", \"stages\": [";
+    for (size_t s = 0; s < r.stages.size(); ++s) o << (s ? ", " : "") << r.stages[s];
+    o << "], \"compute_s\": " << num(r.compute_s) << ", \"wait_s\": " << num(r.wait_s)
+      << ", \"flops\": " << num(r.flops) << ", \"parameter_bytes\": " << r.parameter_bytes
+      << ", \"optimizer_bytes\": " << r.optimizer_bytes << ", \"activation_bytes\": " << r.activation_bytes << "}";
+  }
+  o << "\n  ],\n  \"links\": [";
+  for (size_t i = 0; i < links.size(); ++i) {
+    const PlanLink& l = links[i];
+    o << (i ? "," : "") << "\n    {\"boundary\": " << l.boundary << ", \"src\": " << l.src << ", \"dst\": " << l.dst
+      << ", \"direction\": " << json_string(l.direction) << ", \"bandwidth_mbps\": " << num(l.spec.bandwidth_mbps)
+      << ", \"latency_ms\": " << num(l.spec.latency_ms) << ", \"bytes\": " << l.bytes
+      << ", \"messages\": " << l.messages << ", \"busy_s\": " << num(l.busy_s)
+      << ", \"bytes_per_unit\": " << num(l.bytes_per_unit) << ", \"codec\": " << json_string(l.codec)
+      << ", \"size\": " << json_string(l.size) << "}";
+  }
+  o << "\n  ]\n}\n";
+  return o.str();
+}
+
+std::string Plan::to_text() const {
+  std::ostringstream o;
+  o << std::fixed;
+  o << "model " << model << "\n"
+    << stages << " stages on " << ranks << " ranks, " << schedule << ", " << micro_batches << " micro-batches of "
+    << rows / std::max<int64_t>(micro_batches, 1) << " rows (" << std::setprecision(0) << units << " " << unit
+    << " a step); device " << device << ", links " << link_model << "\n";
+  o << std::setprecision(3) << "step " << step_s << " s, bubble " << 100 * bubble << "%, " << std::setprecision(3)
+    << flops / 1e12 << " TFLOP, MFU " << std::setprecision(2) << 100 * mfu << "%\n";
+  o << std::setprecision(1) << "bytes per " << unit << " on the busiest link: " << forward_bytes_per_unit
+    << " forward, " << backward_bytes_per_unit << " backward\n";
+  o << "rank  stages  compute_s  wait_s   params_MB  optim_MB  activ_MB\n";
+  for (const PlanRank& r : rank_plans) {
+    std::string st;
+    for (int s : r.stages) st += (st.empty() ? "" : ",") + std::to_string(s);
+    o << std::setw(4) << r.rank << "  " << std::setw(6) << st << "  " << std::setprecision(4) << std::setw(9)
+      << r.compute_s << "  " << std::setw(7) << r.wait_s << "  " << std::setprecision(1) << std::setw(9)
+      << r.parameter_bytes / 1e6 << "  " << std::setw(8) << r.optimizer_bytes / 1e6 << "  " << std::setw(8)
+      << r.activation_bytes / 1e6 << "\n";
+  }
+  o << "link        way       MB/step  busy_s   size        codec\n";
+  for (const PlanLink& l : links)
+    o << std::setw(2) << l.src << " -> " << std::setw(2) << l.dst << "  " << std::setw(8) << l.direction << "  "
+      << std::setprecision(2) << std::setw(8) << l.bytes / 1e6 << "  " << std::setprecision(3) << std::setw(6)
+      << l.busy_s << "  " << std::setw(10) << l.size << "  " << l.codec << "\n";
+  o << std::setprecision(2) << "planned in " << planning_s << " s\n";
+  return o.str();
+}
+
+void write_plan(const Plan& plan, const std::string& path) { write_file_atomic(path, plan.to_json()); }
+
+std::string sweep_table(const std::string& key, const std::vector<std::pair<std::string, Plan>>& rows) {
+  std::ostringstream o;
+  size_t w = key.size();
+  for (const auto& [v, p] : rows) w = std::max(w, v.size());
+  o << std::left << std::setw(static_cast<int>(w)) << key << std::right
+    << "    step_s  vs_first  bubble     MFU   fwd_B/unit  bwd_B/unit  busiest_link_s  sizes\n";
+  const double first = rows.empty() ? 0 : rows.front().second.step_s;
+  for (const auto& [v, p] : rows) {
+    double busiest = 0;
+    std::string sizes = "exact";
+    for (const PlanLink& l : p.links) {
+      busiest = std::max(busiest, l.busy_s);
+      if (l.size != "exact") sizes = l.size;
+    }
+    o << std::left << std::setw(static_cast<int>(w)) << v << std::right << std::fixed << std::setprecision(4)
+      << std::setw(10) << p.step_s << std::setprecision(2) << std::setw(9) << (p.step_s > 0 ? first / p.step_s : 0)
+      << "x" << std::setprecision(1) << std::setw(7) << 100 * p.bubble << "%" << std::setprecision(2) << std::setw(7)
+      << 100 * p.mfu << "%" << std::setprecision(1) << std::setw(12) << p.forward_bytes_per_unit << std::setw(12)
+      << p.backward_bytes_per_unit << std::setprecision(4) << std::setw(16) << busiest << "  " << sizes << "\n";
+  }
+  return o.str();
+}
+
+}  // namespace tl

@@ -1,0 +1,83 @@
+#pragma once
+// The step planner (`tapeline plan`): one training step of a config on shapes only, through the
+// code path a real step takes, to say how long it would take and what it would send.
+//
+// Note [planning a step]. The config is assembled as `train` assembles it (the task's shape, the
+// model and its cuts, a Boundary per cut with its codecs, the schedule settings, the links, the
+// device model), but the model is built under init::MetaGuard (Note [building on the meta
+// device]): its parameters live on ATen's meta device, with shapes and no memory. A batch of the
+// task's shape is made there too, and one LocalExecutor::train_step runs it: the micro-batch
+// split, the lowered schedule, one RankInterpreter per pipeline rank, the stages' forwards and
+// backwards on their tapes, the boundaries, the channel and its emulated links. Every op runs
+// its meta kernel (shapes, no arithmetic) and is charged to the device model by the FLOPs and
+// bytes it declares (Note [op costs]); the codecs, which cannot pack a meta tensor, size their
+// payloads from their wire formats (Note [sizing a payload], Note [sized messages]). So the
+// planned step is the in-process timeline of a real step with the same device model, minus the
+// arithmetic (tests/tasks/plan_test.cpp checks the two agree). Not planned: the optimizer step,
+// data parallelism and tensor parallelism across processes (the plan is of one pipeline), and
+// timeline.device = measured (no measurement on shapes: the planner asks for a device).
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "parallel/link.h"
+#include "tasks/config.h"
+
+namespace tl {
+
+/// One direction of one link's traffic in the planned step.
+struct PlanLink {
+  int boundary = 0;       // 1-based, as boundary.N
+  int src = 0, dst = 0;   // pipeline ranks
+  bool forward = true;    // carries activations (a V placement's turn: activations and gradients)
+  std::string direction;  // forward, backward, or both
+  LinkSpec spec;
+  int64_t bytes = 0, messages = 0;
+  double busy_s = 0;          // transmitting (bytes x 8 / bandwidth; 0 when unlimited)
+  double bytes_per_unit = 0;  // bytes / the step's loss units (tokens for lm)
+  std::string size;           // how the payloads were sized: exact, worst case, given
+  std::string codec;          // the spec that sized them
+};
+
+struct PlanRank {
+  int rank = 0;
+  std::vector<int> stages;
+  double compute_s = 0, wait_s = 0, flops = 0;
+  int64_t parameter_bytes = 0;   // its stages' parameters (a tied one on two ranks counted on both)
+  int64_t optimizer_bytes = 0;   // the optimizer's state for them (adamw: 2 per parameter, sgd with momentum: 1)
+  int64_t activation_bytes = 0;  // the most its stages held for backward after a forward (engine's float32 count)
+};
+
+struct Plan {
+  std::string model;  // BuiltModel::describe
+  int64_t parameters = 0;
+  int stages = 0, ranks = 0;
+  std::string schedule, device, link_model, unit;
+  int64_t micro_batches = 0, rows = 0;
+  double units = 0;  // loss units of the step (tokens, images, sequences)
+  double step_s = 0, bubble = 0, flops = 0, mfu = 0;
+  double forward_bytes_per_unit = 0, backward_bytes_per_unit = 0;  // the busiest link's, each way
+  std::vector<PlanRank> rank_plans;
+  std::vector<PlanLink> links;
+  double planning_s = 0;  // wall time of plan_step
+
+  /// plan.json (docs/CONFIG.md, "tapeline plan", documents every field).
+  std::string to_json() const;
+  /// The human summary `tapeline plan` prints.
+  std::string to_text() const;
+};
+
+/// Plans one step of `config` (Note [planning a step]). `progress` hears what is being done.
+/// Errors name what cannot be planned: timeline.device = measured, a codec the planner cannot
+/// size (naming it), a model whose ops have no meta kernel (naming the op).
+Plan plan_step(const Config& config, const std::function<void(const std::string&)>& progress = {});
+
+/// Writes plan.to_json() to `path` (temp file and rename).
+void write_plan(const Plan& plan, const std::string& path);
+
+/// `tapeline plan --sweep key=v1,v2,...`: the plans of each value of `key` as a table (one row
+/// each: the value, step time, bubble, MFU, bytes per unit each way, the busiest link's busy time).
+std::string sweep_table(const std::string& key, const std::vector<std::pair<std::string, Plan>>& rows);
+
+}  // namespace tl

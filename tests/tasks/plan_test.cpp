@@ -1,0 +1,279 @@
+// The step planner (tasks/runner/plan.h, Note [planning a step]): a plan on shapes equals the
+// in-process timeline of a real step with the same device model; the meta step holds no
+// activation memory; what cannot be planned is refused by name; the inbound link model charges
+// messages as ProtocolNanoGPT's simulation does; their dense baseline plans within 5% of its
+// measured step.
+#include "tasks/runner/plan.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "layers/nn/init.h"
+#include "parallel/channel.h"
+#include "parallel/executor.h"
+#include "parallel/local_executor.h"
+#include "tasks/models.h"
+#include "tasks/runner/experiment.h"
+#include "tests/common/testing.h"
+#include "tests/tasks/task_testing.h"
+
+namespace tl {
+namespace {
+
+Config small_gpt(const std::vector<std::pair<std::string, std::string>>& more = {}) {
+  std::vector<std::pair<std::string, std::string>> o = {{"task.name", "lm"},
+                                                        {"model.arch", "gpt2-tiny"},
+                                                        {"data.seq_len", "32"},
+                                                        {"train.batch_size", "16"},
+                                                        {"train.micro_batches", "4"},
+                                                        {"timeline.device", "h100"},
+                                                        {"train.optimizer", "adamw"},
+                                                        {"boundary.bandwidth_mbps", "200"},
+                                                        {"boundary.latency_ms", "5"},
+                                                        {"boundary.forward", "bf16"},
+                                                        {"boundary.backward", "quant(8, scale=channel)"}};
+  o.insert(o.end(), more.begin(), more.end());
+  return Config::load("", o);
+}
+
+// One real training step of `config` (CPU tensors, random tokens) through the executor that
+// `train` uses, on the same device model: its timeline.
+StepTiming real_step(const Config& config, double* units = nullptr) {
+  auto task = make_task(config);
+  const TaskShape shape = task->shape();
+  at::Generator gen = at::detail::createCPUGenerator(0);
+  BuiltModel built = build_model(config, shape, gen);
+  const std::vector<std::string> cuts = configured_cuts(config, [&] { return shape; });
+  RunBoundaries rb = build_boundaries(config, cuts);
+  auto pipeline = std::make_shared<Pipeline>(built.model, cuts, rb.boundaries);
+  pipeline->set_measure_error(false);
+  pipeline->train();
+  LocalExecutor ex(
+      *pipeline, [&](const Variable& out, const Batch& mb) { return task->loss(out, mb); },
+      schedule_settings(config, rb.links));
+  const int64_t B = config.train.batch_size, T = config.data.seq_len;
+  Batch b;
+  if (shape.input == TaskShape::Input::Images) {  // Fashion-MNIST's 28 x 28
+    b.input = at::randn({B, shape.channels, 28, 28});
+    b.target = at::randint(shape.num_classes, {B}, at::kLong);
+    b.units = at::ones({B}, at::kLong);
+  } else {
+    b.input = at::randint(shape.vocab_size, {B, T}, at::kLong);
+    b.target = at::randint(shape.vocab_size, {B, T}, at::kLong);
+    b.side.token_ids = b.input;
+    b.units = at::full({B}, T, at::kLong);
+  }
+  b.sample_ids = at::arange(B, at::kLong);
+  StepTiming t;
+  const StepResult r = ex.train_step(b, config.train.micro_batches, StepPosition(0, 1, 0.0), &t);
+  if (units) *units = r.units;
+  return t;
+}
+
+TEST(Plan, EqualsTheInProcessTimelineOfARealStep) {
+  double worst = 0;
+  for (const std::string schedule : {"1f1b", "gpipe", "zbh1"})
+    for (const std::string links : {"pipelined", "inbound"}) {
+      if (schedule == "zbh1" && links == "inbound") continue;
+      const Config c = small_gpt({{"pipeline.schedule", schedule}, {"timeline.link_model", links}});
+      const Plan plan = plan_step(c);
+      double units = 0;
+      const StepTiming real = real_step(c, &units);
+      EXPECT_NEAR(plan.step_s, real.step_s, 0.01 * real.step_s) << schedule << ", " << links;
+      worst = std::max(worst, std::abs(plan.step_s - real.step_s) / real.step_s);
+      EXPECT_EQ(plan.units, units);
+      double flops = 0;
+      for (double f : real.flops) flops += f;
+      EXPECT_NEAR(plan.flops, flops, 1e-6 * flops) << schedule;
+      EXPECT_NEAR(plan.bubble, real.bubble(), 0.01) << schedule;
+      ASSERT_EQ(plan.rank_plans.size(), real.activation_bytes.size());
+      for (size_t r = 0; r < real.activation_bytes.size(); ++r)
+        EXPECT_EQ(plan.rank_plans[r].activation_bytes, static_cast<int64_t>(real.activation_bytes[r])) << r;
+    }
+  std::cout << "largest |planned - real| / real step: " << worst << "\n";
+}
+
+TEST(Plan, ResNetsAndBertPlanToo) {
+  const Config resnet = Config::load("", {{"task.name", "vision"},
+                                          {"data.dataset", "fashion-mnist"},
+                                          {"model.arch", "resnet8"},
+                                          {"train.batch_size", "16"},
+                                          {"train.micro_batches", "4"},
+                                          {"timeline.device", "a100"},
+                                          {"boundary.forward", "quant(4)"},
+                                          {"boundary.bandwidth_mbps", "100"}});
+  const Plan plan = plan_step(resnet);
+  const StepTiming real = real_step(resnet);
+  EXPECT_NEAR(plan.step_s, real.step_s, 0.01 * real.step_s);
+  EXPECT_GT(plan_step(Config::load("", {{"task.name", "vision"},
+                                        {"data.dataset", "cifar10"},
+                                        {"model.arch", "resnet18"},
+                                        {"train.batch_size", "64"},
+                                        {"timeline.device", "h100"}}))
+                .flops,
+            0);
+  if (!testing::have_minilm()) GTEST_SKIP() << "the MiniLM files are not installed (only its config.json is read)";
+  const Plan bert = plan_step(Config::load("", {{"task.name", "text"},
+                                                {"model.arch", "minilm"},
+                                                {"model.pretrained", "false"},
+                                                {"train.batch_size", "16"},
+                                                {"train.micro_batches", "4"},
+                                                {"timeline.device", "h100"}}));
+  EXPECT_GT(bert.step_s, 0);
+  EXPECT_GT(bert.flops, 0);
+}
+
+TEST(Plan, ReportsLinksBytesAndSizes) {
+  const Plan plan = plan_step(small_gpt());
+  // gpt2-tiny: 4 stages (embeddings, 2 blocks, head), so 3 links each way.
+  ASSERT_EQ(plan.links.size(), 6u);
+  const int64_t mb_tokens = 16 / 4 * 32, d = 128;
+  for (const PlanLink& l : plan.links) {
+    EXPECT_EQ(l.messages, 4);
+    if (l.forward) {  // bf16: 2 bytes a value, plus a 40-byte header
+      EXPECT_EQ(l.bytes, 4 * (2 * mb_tokens * d + 40));
+      EXPECT_NEAR(l.busy_s, 8.0 * l.bytes / 200e6, 1e-12);
+    }
+    EXPECT_EQ(l.size, "exact");
+  }
+  EXPECT_GT(plan.backward_bytes_per_unit, 0);
+  EXPECT_LT(plan.backward_bytes_per_unit, plan.forward_bytes_per_unit);                           // 8 bits against 16
+  for (const PlanRank& r : plan.rank_plans) EXPECT_EQ(r.optimizer_bytes, 2 * r.parameter_bytes);  // adamw
+  EXPECT_GT(plan.mfu, 0);
+  EXPECT_LT(plan.mfu, 1);
+
+  const Plan worst = plan_step(small_gpt({{"boundary.backward", "topk(0.1)"}}));
+  bool marked = false;
+  for (const PlanLink& l : worst.links) marked = marked || (!l.forward && l.size == "worst case");
+  EXPECT_TRUE(marked);
+  const Plan given = plan_step(small_gpt({{"boundary.backward", "topk(0.1)"}, {"plan.backward_bytes", "5000"}}));
+  for (const PlanLink& l : given.links)
+    if (!l.forward) {
+      EXPECT_EQ(l.bytes, 4 * 5000);
+      EXPECT_EQ(l.size, "given");
+    }
+}
+
+TEST(Plan, AMetaStepHoldsNoActivationMemory) {
+  // 8 x 1024-wide blocks on 16 x 1024 tokens: the engine would hold gigabytes for backward.
+  const Config c = small_gpt({{"model.layers", "8"},
+                              {"model.d_model", "1024"},
+                              {"model.heads", "8"},
+                              {"data.seq_len", "1024"},
+                              {"train.batch_size", "16"},
+                              {"train.micro_batches", "2"},
+                              {"boundary.backward", "bf16"}});
+  const int64_t before = peak_resident_bytes();
+  const Plan plan = plan_step(c);
+  const int64_t grew = peak_resident_bytes() - before;
+  int64_t held = 0, params = 0;
+  for (const PlanRank& r : plan.rank_plans) held = std::max(held, r.activation_bytes), params += r.parameter_bytes;
+  EXPECT_GT(held, int64_t(1) << 30);
+  EXPECT_GT(params, int64_t(300) << 20);
+  EXPECT_LT(grew, int64_t(256) << 20) << "planning grew the resident peak by " << grew << " bytes";
+}
+
+TEST(Plan, RefusesWhatItCannotPlanByName) {
+  testing::expect_error(
+      [] {
+        plan_step(small_gpt({{"boundary.forward", "quantile(4)"}}));
+      },
+      {"cannot size codec 'quantile(4"});
+  testing::expect_error(
+      [] {
+        plan_step(small_gpt({{"timeline.device", "measured"}}));
+      },
+      {"timeline.device = measured"});
+}
+
+// Note [link models]: inbound charges each message when its receiver takes it, on one wire into
+// the receiver shared by both directions, latency included in its hold.
+TEST(Plan, InboundLinksChargeAsProtocolNanoGpt) {
+  LocalChannel ch;
+  const LinkSpec spec{8.0, 100.0};  // 8 Mbit/s: 1 MB a second; 0.1 s
+  ch.set_link(0, 1, spec);
+  ch.set_link(2, 1, spec);
+  ch.set_link_model(LinkModel::Inbound);
+  auto msg = [](int64_t body) {
+    StageMessage m;
+    Payload p;
+    p.body = at::empty({body - 16}, at::kByte);  // 16 header bytes: no shape, no params
+    m.payload = p;
+    return m;
+  };
+  ch.send(0, 1, {true, 0, 0}, msg(1000000), 0.0);  // 1 s of transmission
+  ch.send(2, 1, {false, 1, 0}, msg(500000), 0.2);  // 0.5 s
+  ch.send(0, 1, {true, 0, 1}, msg(1000000), 5.0);
+  // Taken in this order: the gradient first (the receiver's schedule decides), then activation 0.
+  EXPECT_DOUBLE_EQ(ch.recv(2, 1, {false, 1, 0}, 0.0)->ready_s, 0.2 + 0.5 + 0.1);
+  EXPECT_DOUBLE_EQ(ch.recv(0, 1, {true, 0, 0}, 0.0)->ready_s, 0.8 + 1.0 + 0.1);
+  EXPECT_DOUBLE_EQ(ch.recv(0, 1, {true, 0, 1}, 0.0)->ready_s, 5.0 + 1.0 + 0.1);  // the wire was free
+}
+
+// ProtocolNanoGPT's dense baseline (records/20260917_vanilla_baseline): 100.475 s a step.
+TEST(Plan, ProtocolNanoGptBaselineWithinFivePercent) {
+  const std::string ini = testing::source_dir() + "/configs/plan/protocol_nanogpt_dense.ini";
+  const Plan plan = plan_step(Config::load(ini));
+  EXPECT_NEAR(plan.step_s, 100.475, 0.05 * 100.475);
+  EXPECT_EQ(plan.stages, 8);
+  EXPECT_EQ(plan.units, 524288);
+  EXPECT_NEAR(plan.forward_bytes_per_unit + plan.backward_bytes_per_unit, 4096, 1);
+}
+
+// `tapeline plan`: plan.json written (and only whole: temp file and rename, no temp left), the
+// summary printed, --sweep one row per value (specs with commas kept whole), errors exit 2 or 1.
+TEST(Plan, CommandLine) {
+  const std::filesystem::path exe = testing::tapeline_path();
+  if (!std::filesystem::exists(exe)) GTEST_SKIP() << exe << " not built (make tapeline)";
+  auto run = [&](const std::string& args, int* status) {
+    std::string out;
+    FILE* p = popen((exe.string() + " plan " + args + " 2>&1").c_str(), "r");
+    std::array<char, 4096> buf{};
+    size_t n;
+    while (p && (n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+    const int st = p ? pclose(p) : -1;
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return out;
+  };
+  testing::TempDir dir;
+  const std::string ini = testing::source_dir() + "/configs/plan/protocol_nanogpt_dense.ini";
+  const std::filesystem::path json = dir.path() / "plan.json";
+  int status = -1;
+  std::string out = run("--config " + ini + " --out " + json.string(), &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("step 100.3"), std::string::npos) << out;
+  EXPECT_NE(out.find("plan: running one step"), std::string::npos) << out;  // progress
+  std::ifstream in(json);
+  std::stringstream text;
+  text << in.rdbuf();
+  for (const char* field : {"\"step_s\": 100.3", "\"links\"", "\"ranks_detail\"", "\"busy_s\"", "\"bubble\"", "\"mfu\"",
+                            "\"activation_bytes\"", "\"optimizer_bytes\"", "\"size\": \"exact\""})
+    EXPECT_NE(text.str().find(field), std::string::npos) << field << " missing from plan.json:\n" << text.str();
+  size_t files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) files += e.is_regular_file();
+  EXPECT_EQ(files, 1u);  // no temp file left
+
+  out = run("--config " + ini + " --quiet --sweep 'boundary.forward=bf16,quant(4, scale=channel),topk(0.1)'", &status);
+  EXPECT_EQ(status, 0) << out;
+  for (const char* row : {"\nbf16 ", "\nquant(4, scale=channel) ", "\ntopk(0.1) "})
+    EXPECT_NE(out.find(row), std::string::npos) << row << " missing:\n" << out;
+  EXPECT_NE(out.find("worst case"), std::string::npos) << out;  // topk's index=auto
+
+  out = run("--config " + ini + " --sweep boundary.forward", &status);
+  EXPECT_EQ(status, 2) << out;
+  EXPECT_NE(out.find("key=v1,v2"), std::string::npos) << out;
+  out = run("--config " + ini + " --out '' '--boundary.forward=quantile(4)'", &status);
+  EXPECT_EQ(status, 1) << out;
+  EXPECT_NE(out.find("cannot size codec"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace tl
