@@ -3,6 +3,8 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -329,7 +331,11 @@ void dequantise_tile(const uint8_t* in, int64_t t0, int64_t t1, const QuantGeome
 
 // A min/max reduction is only vectorised by the compiler when it may reorder it, which float
 // semantics forbid; GCC vector types make the 8 lanes explicit (per-lane updates reorder nothing).
+// NaN propagates, as in at::aminmax (a NaN group gets a NaN scale, which encode rejects).
 typedef float Float8 __attribute__((vector_size(32)));
+
+TL_INLINE float min_nan(float v, float m) { return v < m || v != v ? v : m; }
+TL_INLINE float max_nan(float v, float m) { return v > m || v != v ? v : m; }
 
 TL_TARGET_CLONES
 void minmax_span(const float* x, int64_t len, float& mn, float& mx) {
@@ -342,24 +348,25 @@ void minmax_span(const float* x, int64_t len, float& mn, float& mx) {
   for (; j + 8 <= len; j += 8) {
     Float8 v;
     std::memcpy(&v, x + j, sizeof(v));
-    a = v < a ? v : a;
-    b = v > b ? v : b;
+    const auto nan = v != v;
+    a = (v < a) | nan ? v : a;
+    b = (v > b) | nan ? v : b;
   }
   for (int k = 0; k < 8; ++k) {
-    mn = a[k] < mn ? a[k] : mn;
-    mx = b[k] > mx ? b[k] : mx;
+    mn = min_nan(a[k], mn);
+    mx = max_nan(b[k], mx);
   }
   for (; j < len; ++j) {
-    mn = x[j] < mn ? x[j] : mn;
-    mx = x[j] > mx ? x[j] : mx;
+    mn = min_nan(x[j], mn);
+    mx = max_nan(x[j], mx);
   }
 }
 
 TL_TARGET_CLONES
 void minmax_row(const float* x, int64_t len, float* mn, float* mx) {
   for (int64_t j = 0; j < len; ++j) {
-    mn[j] = x[j] < mn[j] ? x[j] : mn[j];
-    mx[j] = x[j] > mx[j] ? x[j] : mx[j];
+    mn[j] = min_nan(x[j], mn[j]);
+    mx[j] = max_nan(x[j], mx[j]);
   }
 }
 
@@ -381,8 +388,8 @@ void group_minmax_cpu(const float* x, const QuantGeometry& g, float* mn, float* 
     });
     std::lock_guard<std::mutex> lock(merge);
     for (int64_t s = 0; s < g.groups; ++s) {
-      mn[s] = std::min(mn[s], lmn[s]);
-      mx[s] = std::max(mx[s], lmx[s]);
+      mn[s] = min_nan(lmn[s], mn[s]);
+      mx[s] = max_nan(lmx[s], mx[s]);
     }
   });
 }
@@ -398,6 +405,39 @@ void unpack_dequantise_cpu(const uint8_t* in, const QuantGeometry& g, const Dequ
   const int64_t tiles = (g.n + kTile - 1) / kTile;
   at::parallel_for(0, tiles, 4, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) dequantise_tile(in, b * kTile, std::min(g.n, (b + 1) * kTile), g, q, out);
+  });
+}
+
+// Note [scales on the CPU]. Per scale group the work is a few casts and divisions; a channel or
+// block scale has up to n / 2 groups (262144 channels of a (64, 262144) tensor), where the ATen
+// form (twenty ops on (G) tensors, each its own parallel region) cost more than quantising: on a
+// loaded 2-core machine every region waits for both threads. One region does all of it here.
+constexpr int64_t kScaleGrain = 1 << 14;
+
+bool quant_scales_cpu(const float* mn, const float* mx, const gpu::ScaleParams& p, uint8_t* wire, float* a, float* b,
+                      float* step, float* lo) {
+  std::vector<float> v(p.minmax ? 0 : p.groups);
+  std::atomic<bool> finite{true};
+  const int size = gpu::wire_size(p.wire);
+  at::parallel_for(0, p.groups, kScaleGrain, [&](int64_t s0, int64_t s1) {
+    bool ok = true;
+    for (int64_t s = s0; s < s1; ++s) {
+      if (!p.minmax) {
+        const float neg = -mn[s];  // at::maximum(-mn, mx): NaN propagates
+        v[s] = std::isnan(neg) || std::isnan(mx[s]) ? std::numeric_limits<float>::quiet_NaN() : std::max(neg, mx[s]);
+      }
+      gpu::scales_group(s, p.minmax ? mn : v.data(), mx, p, wire, a, b, step, lo);
+      ok = ok && std::isfinite(gpu::load_wire(wire + s * size, p.wire));
+      if (p.minmax) ok = ok && std::isfinite(gpu::load_wire(wire + (p.groups + s) * size, p.wire));
+    }
+    if (!ok) finite = false;
+  });
+  return finite;
+}
+
+void quant_derive_cpu(const uint8_t* wire, const gpu::ScaleParams& p, float* step, float* lo) {
+  at::parallel_for(0, p.groups, kScaleGrain, [&](int64_t s0, int64_t s1) {
+    for (int64_t s = s0; s < s1; ++s) gpu::derive_group(s, wire, p, nullptr, nullptr, step, lo);
   });
 }
 
