@@ -482,6 +482,37 @@ TL_INLINE int32_t nearest_code(const MidGrid& g, float v) {
   return code;
 }
 
+// Up to 4 bits (15 midpoints) a code is a count of comparisons, with no branch: the compiler
+// vectorises it over the elements. NaN compares false everywhere: code 0.
+template <int Count>
+TL_INLINE void count_codes(const float* x, int64_t len, const float* mid, uint8_t* codes) {
+  float m[Count];
+  for (int k = 0; k < Count; ++k) m[k] = mid[k];
+  for (int64_t i = 0; i < len; ++i) {
+    int32_t c = 0;
+    for (int k = 0; k < Count; ++k) c += m[k] < x[i];
+    codes[i] = static_cast<uint8_t>(c);
+  }
+}
+
+// Codes of x[0, len): the number of the 2^bits - 1 sorted midpoints below each value (from 5
+// bits on, by the grid).
+TL_TARGET_CLONES
+void codes_span(const float* x, int64_t len, const MidGrid& grid, int bits, uint8_t* codes) {
+  switch (bits) {
+    case 1:
+      return count_codes<1>(x, len, grid.mid, codes);
+    case 2:
+      return count_codes<3>(x, len, grid.mid, codes);
+    case 3:
+      return count_codes<7>(x, len, grid.mid, codes);
+    case 4:
+      return count_codes<15>(x, len, grid.mid, codes);
+    default:
+      for (int64_t i = 0; i < len; ++i) codes[i] = static_cast<uint8_t>(nearest_code(grid, x[i]));
+  }
+}
+
 }  // namespace
 
 void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, uint8_t* codes, double* sums,
@@ -491,26 +522,39 @@ void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, ui
     std::fill(sums, sums + levels, 0.0);
     std::fill(counts, counts + levels, 0);
   }
-  const MidGrid grid = make_grid(mid, levels - 1);
   std::mutex merge;
+  const MidGrid grid = make_grid(mid, levels - 1);
   const int64_t tiles = (n + kTile - 1) / kTile;
   at::parallel_for(0, tiles, 4, [&](int64_t b0, int64_t b1) {
-    std::vector<double> ls(sums ? levels : 0, 0.0);
-    std::vector<int64_t> lc(sums ? levels : 0, 0);
-    for (int64_t i = b0 * kTile, e = std::min(n, b1 * kTile); i < e; ++i) {
-      const int32_t code = nearest_code(grid, x[i]);
-      codes[i] = static_cast<uint8_t>(code);
-      if (sums) {
-        ls[code] += x[i];
-        ++lc[code];
+    // Four banks of sums and counts, element i in bank i % 4: consecutive elements of one code
+    // do not wait on each other's update.
+    constexpr int kBanks = 4;
+    std::vector<double> ls(sums ? kBanks * levels : 0, 0.0);
+    std::vector<int64_t> lc(sums ? kBanks * levels : 0, 0);
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t i0 = b * kTile, len = std::min(n, i0 + kTile) - i0;
+      codes_span(x + i0, len, grid, bits, codes + i0);
+      if (!sums) continue;
+      const uint8_t* c = codes + i0;
+      const float* v = x + i0;
+      int64_t i = 0;
+      for (; i + kBanks <= len; i += kBanks)
+        for (int k = 0; k < kBanks; ++k) {
+          ls[k * levels + c[i + k]] += v[i + k];
+          ++lc[k * levels + c[i + k]];
+        }
+      for (; i < len; ++i) {
+        ls[c[i]] += v[i];
+        ++lc[c[i]];
       }
     }
     if (sums) {
       std::lock_guard<std::mutex> lock(merge);
-      for (int64_t l = 0; l < levels; ++l) {
-        sums[l] += ls[l];
-        counts[l] += lc[l];
-      }
+      for (int64_t l = 0; l < levels; ++l)
+        for (int k = 0; k < kBanks; ++k) {
+          sums[l] += ls[k * levels + l];
+          counts[l] += lc[k * levels + l];
+        }
     }
   });
 }
