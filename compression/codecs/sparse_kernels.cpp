@@ -308,9 +308,22 @@ void emit_mask_cpu(const float* x, const uint8_t* mask, int64_t rows, int64_t D,
 }
 
 namespace {
-// Entries [i0, i1) write their stretch of out: the zeros before each, then the value; the last
-// stretch also runs to the end. False (and the stretch left partly written) when the indices
-// are not strictly increasing or not below numel: the caller falls back.
+// Entries [i0, i1) of idx (first output j, stretch end e) write out[j, e): the zeros before each
+// entry, then its value. False at an index that is not increasing or not below e.
+template <class T>
+bool write_stretch(const int64_t* idx, const T* v, int64_t i0, int64_t i1, int64_t j, int64_t e, float* out) {
+  for (int64_t i = i0; i < i1; ++i) {
+    const int64_t t = idx[i];
+    if (t < j || t >= e) return false;
+    std::fill(out + j, out + t, 0.0f);
+    out[t] = static_cast<float>(v[i]);
+    j = t + 1;
+  }
+  std::fill(out + j, out + e, 0.0f);
+  return true;
+}
+
+// Each range of entries writes its stretch of out; the last one runs to the end.
 template <class T>
 bool scatter_sorted(const int64_t* idx, const T* v, int64_t n, int64_t numel, float* out) {
   if (n == 0) {
@@ -321,36 +334,53 @@ bool scatter_sorted(const int64_t* idx, const T* v, int64_t n, int64_t numel, fl
   // Grain: entries covering about kMinChunk outputs on average.
   const int64_t grain = std::max<int64_t>(1, kMinChunk * n / std::max<int64_t>(numel, 1));
   at::parallel_for(0, n, grain, [&](int64_t i0, int64_t i1) {
-    int64_t j = i0 == 0 ? 0 : idx[i0 - 1] + 1;
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t t = idx[i];
-      if (t < j || t >= numel) {
-        ok = false;
-        return;
-      }
-      std::fill(out + j, out + t, 0.0f);
-      out[t] = static_cast<float>(v[i]);
-      j = t + 1;
-    }
-    if (i1 == n) std::fill(out + j, out + numel, 0.0f);
+    const int64_t j = i0 == 0 ? 0 : idx[i0 - 1] + 1;
+    const int64_t e = i1 == n ? numel : idx[i1 - 1] + 1;
+    if (!write_stretch(idx, v, i0, i1, j, e, out)) ok = false;
   });
   return ok;
+}
+
+// Row r of out (rows, D): the values of row r at its channels (ascending), zeros elsewhere.
+template <class T>
+bool scatter_rows(const int64_t* channels, const T* v, int64_t rows, int64_t D, int64_t k, float* out) {
+  std::atomic<bool> ok{true};
+  at::parallel_for(0, rows, std::max<int64_t>(1, kMinChunk / std::max<int64_t>(D, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      if (!write_stretch(channels + r * k, v + r * k, 0, k, 0, D, out + r * D)) ok = false;
+  });
+  return ok;
+}
+
+template <class F>
+bool dispatch_values(const at::Tensor& values, F f) {
+  switch (values.scalar_type()) {
+    case at::kFloat:
+      return f(values.data_ptr<float>());
+    case at::kHalf:
+      return f(values.data_ptr<at::Half>());
+    case at::kBFloat16:
+      return f(values.data_ptr<at::BFloat16>());
+    default:
+      TORCH_CHECK(false, "sparse: values of type ", values.scalar_type(), "; accepted: float32, float16, bfloat16");
+  }
 }
 }  // namespace
 
 bool scatter_sorted_cpu(const int64_t* idx, const at::Tensor& values, int64_t numel, float* out) {
-  const int64_t n = values.numel();
-  switch (values.scalar_type()) {
-    case at::kFloat:
-      return scatter_sorted(idx, values.data_ptr<float>(), n, numel, out);
-    case at::kHalf:
-      return scatter_sorted(idx, values.data_ptr<at::Half>(), n, numel, out);
-    case at::kBFloat16:
-      return scatter_sorted(idx, values.data_ptr<at::BFloat16>(), n, numel, out);
-    default:
-      TORCH_CHECK(false, "scatter_sorted_cpu: values of type ", values.scalar_type(),
-                  "; accepted: float32, float16, bfloat16");
-  }
+  return dispatch_values(values, [&](auto* v) { return scatter_sorted(idx, v, values.numel(), numel, out); });
+}
+
+bool scatter_rows_cpu(const int64_t* channels, const at::Tensor& values, int64_t rows, int64_t D, float* out) {
+  const int64_t k = rows > 0 ? values.numel() / rows : 0;
+  return dispatch_values(values, [&](auto* v) { return scatter_rows(channels, v, rows, D, k, out); });
+}
+
+void gather_rows_cpu(const float* x, int64_t rows, int64_t D, const int64_t* channels, int64_t k, float* out) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, kMinChunk / std::max<int64_t>(k, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = 0; c < k; ++c) out[r * k + c] = x[r * D + channels[r * k + c]];
+  });
 }
 
 void randk_mask_cpu(at::CPUGeneratorImpl* gen, int64_t rows, int64_t D, int64_t k, uint8_t* mask) {

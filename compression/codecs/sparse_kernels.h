@@ -42,6 +42,12 @@ void emit_mask_cpu(const float* x, const uint8_t* mask, int64_t rows, int64_t D,
 /// float32, float16 or bfloat16. False, with out partly written, unless idx is strictly
 /// increasing and below numel.
 bool scatter_sorted_cpu(const int64_t* idx, const at::Tensor& values, int64_t numel, float* out);
+/// Per row r of out (rows, D): zeros except out[r, channels[r, c]] = values[r, c], for channels
+/// (rows, k) strictly increasing along each row; values (rows, k) as above. False, with out partly
+/// written, unless every row's channels are strictly increasing and below D.
+bool scatter_rows_cpu(const int64_t* channels, const at::Tensor& values, int64_t rows, int64_t D, float* out);
+/// out (rows, k) = x (rows, D) at channels (rows, k), in range.
+void gather_rows_cpu(const float* x, int64_t rows, int64_t D, const int64_t* channels, int64_t k, float* out);
 
 /// k distinct positions per row, uniform over the k-subsets (Floyd's algorithm, k draws per row
 /// from `gen`), as a (rows * D) 0/1 mask.
