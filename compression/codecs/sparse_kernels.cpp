@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <mutex>
 
 namespace tl::codec {
@@ -27,10 +28,18 @@ uint32_t walk(const std::array<int64_t, N>& hist, int64_t& need) {
   TORCH_CHECK(false, "topk: internal error: histogram holds fewer elements than k");
 }
 
-// Radix select on 31-bit keys in three levels (12 + 11 + 8 bits): the cut keeping the k largest
-// of keys[0, count) (0 < k <= count). Level 1 histograms all keys; levels 2 and 3 only those of
-// the boundary bin.
+// The cut keeping the k largest of keys[0, count) (0 < k <= count): a radix select on the 31-bit
+// keys in three levels (12 + 11 + 8 bits; level 1 histograms all keys, levels 2 and 3 only those
+// of the boundary bin), or for few keys nth_element.
 RowCut cut_keys(const uint32_t* keys, int64_t count, int64_t k) {
+  if (count <= 8192) {  // few keys: a selection on a copy costs less than the histograms
+    std::vector<uint32_t> c(keys, keys + count);
+    std::nth_element(c.begin(), c.begin() + (k - 1), c.end(), std::greater<uint32_t>());
+    const uint32_t cut = c[k - 1];
+    int64_t above = 0;
+    for (int64_t i = 0; i < count; ++i) above += keys[i] > cut;
+    return {cut, k - above};
+  }
   std::array<int64_t, 4096> h1{};
   for (int64_t i = 0; i < count; ++i) ++h1[keys[i] >> 19];
   int64_t need = k;
@@ -143,7 +152,7 @@ constexpr int64_t kSampleLines = 128, kLine = 16;  // floats per cache line
 // The smallest key among the `rank + 1` largest of a sample of the row; 0 (everything) when the
 // sample is too small to tell. `attempt` widens the margin.
 uint32_t sampled_floor(const float* x, int64_t D, int64_t k, int attempt) {
-  const int64_t lines = std::min<int64_t>(kSampleLines, D / kLine);
+  const int64_t lines = std::min<int64_t>(kSampleLines, D / (16 * kLine));  // at most 1/16 of the row
   if (attempt >= 3 || lines < 8) return 0;
   std::vector<uint32_t> keys;
   keys.reserve(lines * kLine);
@@ -160,27 +169,40 @@ uint32_t sampled_floor(const float* x, int64_t D, int64_t k, int attempt) {
   return keys[rank];
 }
 
+// Candidates of one piece: flat indices and values, in index order (buffers grown, never
+// zero-filled: only [0, count) is read).
 struct Candidates {
-  std::vector<int64_t> pos;  // flat indices
-  std::vector<float> val;
-  int64_t count = 0;
+  std::unique_ptr<int64_t[]> pos;
+  std::unique_ptr<float[]> val;
+  int64_t capacity = 0, count = 0;
+
+  void reserve(int64_t want) {
+    if (want <= capacity) return;
+    std::unique_ptr<int64_t[]> p(new int64_t[want]);
+    std::unique_ptr<float[]> v(new float[want]);
+    if (count > 0) {
+      std::memcpy(p.get(), pos.get(), count * sizeof(int64_t));
+      std::memcpy(v.get(), val.get(), count * sizeof(float));
+    }
+    pos = std::move(p);
+    val = std::move(v);
+    capacity = want;
+  }
 };
 
 // Elements of x[b, e) (flat indices base + j) with key >= lo, in index order.
 void gather_candidates(const float* x, int64_t base, int64_t b, int64_t e, uint32_t lo, int64_t expect, Candidates& c) {
   constexpr int64_t kBlock = 256;
-  if (static_cast<int64_t>(c.pos.size()) < expect + kBlock) {
-    c.pos.resize(expect + kBlock);
-    c.val.resize(expect + kBlock);
-  }
+  c.count = 0;
+  c.reserve(expect + kBlock);
   int64_t o = 0;
   for (int64_t j0 = b; j0 < e; j0 += kBlock) {
-    if (o + kBlock > static_cast<int64_t>(c.pos.size())) {
-      c.pos.resize(2 * c.pos.size());
-      c.val.resize(2 * c.val.size());
+    if (o + kBlock > c.capacity) {
+      c.count = o;
+      c.reserve(2 * c.capacity);
     }
-    int64_t* pp = c.pos.data();
-    float* vp = c.val.data();
+    int64_t* pp = c.pos.get();
+    float* vp = c.val.get();
     // Every element is written, the position advances past kept ones only (no branch).
     for (int64_t j = j0, je = std::min(e, j0 + kBlock); j < je; ++j) {
       const float v = x[j];
@@ -308,19 +330,25 @@ void emit_mask_cpu(const float* x, const uint8_t* mask, int64_t rows, int64_t D,
 }
 
 namespace {
-// Entries [i0, i1) of idx (first output j, stretch end e) write out[j, e): the zeros before each
-// entry, then its value. False at an index that is not increasing or not below e.
+// Entries [i0, i1) of idx (first output j, stretch end e) write out[j, e): zeros, and each entry's
+// value at its index. Blocks of 1024 outputs are zeroed with one memset, then their entries are
+// written (a memset per gap between entries cost more than the gaps). False at an index that is not
+// increasing or not below e.
 template <class T>
 bool write_stretch(const int64_t* idx, const T* v, int64_t i0, int64_t i1, int64_t j, int64_t e, float* out) {
-  for (int64_t i = i0; i < i1; ++i) {
-    const int64_t t = idx[i];
-    if (t < j || t >= e) return false;
-    std::fill(out + j, out + t, 0.0f);
-    out[t] = static_cast<float>(v[i]);
-    j = t + 1;
+  constexpr int64_t kBlock = 1024;
+  int64_t i = i0, last = j - 1;
+  for (int64_t b = j; b < e; b += kBlock) {
+    const int64_t be = std::min(e, b + kBlock);
+    std::memset(out + b, 0, (be - b) * sizeof(float));
+    for (; i < i1 && idx[i] < be; ++i) {
+      const int64_t t = idx[i];
+      if (t <= last) return false;
+      out[t] = static_cast<float>(v[i]);
+      last = t;
+    }
   }
-  std::fill(out + j, out + e, 0.0f);
-  return true;
+  return i == i1;
 }
 
 // Each range of entries writes its stretch of out; the last one runs to the end.
