@@ -18,7 +18,8 @@ struct QuantGeometry {
   int64_t groups;  // scale groups
 };
 
-/// Per-group min and max of x; NaN propagates (as at::aminmax).
+/// Per-group min and max of x. One group (the whole tensor): NaN propagates, as at::aminmax;
+/// several: NaN is skipped.
 void group_minmax_cpu(const float* x, const QuantGeometry& g, float* mn, float* mx);
 
 struct QuantParams {
