@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "compression/codecs/common.h"
+#include "compression/codecs/sparse_kernels.h"
 
 namespace tl {
 namespace {
@@ -28,6 +29,15 @@ at::Tensor token_blocks(int64_t tokens, int64_t block, const at::Device& device)
 // Output of shape `like` holding values (tokens, k) at the channels (tokens, k), zeros elsewhere.
 at::Tensor scatter_channels(const Payload& like, int64_t tokens, int64_t hidden, const at::Tensor& channels,
                             const at::Tensor& values) {
+  const auto vt = values.scalar_type();
+  if (like.dtype == at::kFloat && codec::use_cpu_kernel(values) && channels.device().is_cpu() &&
+      (vt == at::kFloat || vt == at::kHalf || vt == at::kBFloat16)) {
+    at::Tensor out = at::empty({tokens, hidden}, values.options().dtype(at::kFloat));  // every element written
+    const at::Tensor c = channels.contiguous(), v = values.reshape(channels.sizes()).contiguous();  // (T, k)
+    // Channels that are not increasing (possible only where the index was not checked) take ATen's scatter.
+    if (codec::scatter_rows_cpu(c.data_ptr<int64_t>(), v, tokens, hidden, out.data_ptr<float>()))
+      return out.view(like.shape);
+  }
   at::Tensor out = at::zeros({tokens, hidden}, values.options().dtype(like.dtype));
   if (channels.numel() > 0) out.scatter_(1, channels.to(values.device()), values.reshape({tokens, -1}).to(like.dtype));
   return out.view(like.shape);
@@ -134,7 +144,14 @@ Payload ColumnSparse::encode_parts(const at::Tensor& x, const CodecContext& ctx,
               enc.bytes.numel()};
   p.body = enc.bytes;
   at::Tensor per_token = channels.index_select(0, token_blocks(tokens, o_.block, x.device()));  // (T, k)
-  values = {xt.gather(1, per_token)};
+  if (codec::use_cpu_kernel(x) && x.scalar_type() == at::kFloat) {
+    const at::Tensor xc = xt.contiguous(), pc = per_token.contiguous();
+    at::Tensor v = at::empty({tokens, k}, x.options());  // (T, k)
+    codec::gather_rows_cpu(xc.data_ptr<float>(), tokens, hidden, pc.data_ptr<int64_t>(), k, v.data_ptr<float>());
+    values = {v};
+  } else {
+    values = {xt.gather(1, per_token)};
+  }
   return p;
 }
 

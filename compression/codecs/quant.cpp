@@ -171,7 +171,7 @@ Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::
   at::Tensor mn, mx;
   if (n == 0) {
     mn = mx = at::zeros({groups}, xf.options());
-  } else if (groups == 1) {
+  } else if (groups == 1 && !cpu) {
     std::tie(mn, mx) = at::aminmax(xf);
     mn = mn.reshape({1});
     mx = mx.reshape({1});
@@ -192,14 +192,13 @@ Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::
   // Wire scales, rounded outward; both ends use exactly these. On the fused path one kernel writes
   // them into the body and derives a, b, step, lo (Note [fused scales] in quant_logic.h).
   const bool minmax = o_.mode == Mode::kMinMax;
-  const bool fused_scales = cuda || (cpu && codec::gpu::host_emulation());
+  const bool fused_scales = cuda || cpu;  // the CPU: Note [scales on the CPU] (quant_kernels.cpp)
   const int64_t scale_bytes = (minmax ? 2 : 1) * groups * static_cast<int64_t>(c10::elementSize(o_.scale_type));
   const int64_t packed_bytes = (n * o_.bits + 7) / 8;
   at::Tensor scales, wire, body;  // scales: float; wire: the scales in the wire type (unfused paths)
   Derived d;
   if (fused_scales) {
     body = at::empty({scale_bytes + packed_bytes}, xf.options().dtype(at::kByte));
-    const at::Tensor v = (minmax ? mn : at::maximum(-mn, mx)).contiguous(), hi = mx.contiguous();  // (G)
     d.a = at::empty({groups}, xf.options());
     d.step = at::empty({groups}, xf.options());
     d.b = minmax ? at::empty({groups}, xf.options()) : d.a;
@@ -208,11 +207,21 @@ Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::
     auto* out = body.data_ptr<uint8_t>();
     float *a = d.a.data_ptr<float>(), *b = d.b.data_ptr<float>(), *step = d.step.data_ptr<float>(),
           *lo = d.lo.data_ptr<float>();
-    if (cuda)
-      codec::gpu::quant_scales_cuda(xf.get_device(), v.data_ptr<float>(), hi.data_ptr<float>(), sp, out, a, b, step, lo);
-    else
-      codec::gpu::quant_scales_host(v.data_ptr<float>(), hi.data_ptr<float>(), sp, out, a, b, step, lo);
-    if (!codec::on_device(x)) scales = body.narrow(0, 0, scale_bytes).view(o_.scale_type).to(at::kFloat);
+    if (cpu && !codec::gpu::host_emulation()) {
+      const at::Tensor lo_c = mn.contiguous(), hi_c = mx.contiguous();  // (G)
+      const bool finite =
+          codec::quant_scales_cpu(lo_c.data_ptr<float>(), hi_c.data_ptr<float>(), sp, out, a, b, step, lo);
+      TORCH_CHECK(finite, kName, ": a scale is not finite in ", codec::wire_type_word(o_.scale_type),
+                  " (the tensor holds inf/NaN, or values beyond the type's range: use scales=fp32)");
+    } else {
+      const at::Tensor v = (minmax ? mn : at::maximum(-mn, mx)).contiguous(), hi = mx.contiguous();  // (G)
+      if (cuda)
+        codec::gpu::quant_scales_cuda(xf.get_device(), v.data_ptr<float>(), hi.data_ptr<float>(), sp, out, a, b, step,
+                                      lo);
+      else
+        codec::gpu::quant_scales_host(v.data_ptr<float>(), hi.data_ptr<float>(), sp, out, a, b, step, lo);
+      if (!codec::on_device(x)) scales = body.narrow(0, 0, scale_bytes).view(o_.scale_type).to(at::kFloat);
+    }
   } else {
     if (!minmax)
       scales = round_outward(at::maximum(-mn, mx), o_.scale_type, /*up=*/true);
@@ -224,7 +233,7 @@ Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::
   }
   // Checked on the host only: on a device the test would synchronise every message, so there a
   // non-finite scale makes its group decode to inf/NaN instead (Note [host synchronisation]).
-  if (!codec::on_device(x)) {
+  if (scales.defined() && !codec::on_device(x)) {  // the CPU fast path: checked by quant_scales_cpu
     TORCH_CHECK(at::isfinite(scales).all().item<bool>(), kName, ": a scale is not finite in ",
                 codec::wire_type_word(o_.scale_type), " (the tensor holds inf/NaN, or values beyond the ",
                 "type's range: use scales=fp32)");
@@ -342,9 +351,9 @@ at::Tensor Quantize::decode(const Payload& p, const CodecContext& ctx) {
   r.finish();
   const at::TensorOptions floats = packed.options().dtype(at::kFloat);
   const bool cuda = codec::use_cuda_kernel(packed);
-  const bool emulated = codec::use_cpu_kernel(packed) && codec::gpu::host_emulation();
+  const bool cpu = codec::use_cpu_kernel(packed), emulated = cpu && codec::gpu::host_emulation();
   Derived d;
-  if (cuda || emulated) {  // one kernel derives step and lo (Note [fused scales] in quant_logic.h)
+  if (cuda || cpu) {  // one kernel (one loop) derives step and lo (Note [fused scales] in quant_logic.h)
     const at::Tensor w = wire.contiguous();
     d.step = at::empty({groups}, floats);
     d.lo = mode == Mode::kMinMax ? at::empty({groups}, floats) : d.step;
@@ -353,8 +362,10 @@ at::Tensor Quantize::decode(const Payload& p, const CodecContext& ctx) {
     const auto* wp = static_cast<const uint8_t*>(w.data_ptr());
     if (cuda)
       codec::gpu::quant_derive_cuda(packed.get_device(), wp, sp, d.step.data_ptr<float>(), d.lo.data_ptr<float>());
-    else
+    else if (emulated)
       codec::gpu::quant_derive_host(wp, sp, d.step.data_ptr<float>(), d.lo.data_ptr<float>());
+    else
+      codec::quant_derive_cpu(wp, sp, d.step.data_ptr<float>(), d.lo.data_ptr<float>());
   } else {
     d = derive(wire.to(at::kFloat), mode, bits, groups);
   }

@@ -3,6 +3,8 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -329,10 +331,22 @@ void dequantise_tile(const uint8_t* in, int64_t t0, int64_t t1, const QuantGeome
 
 // A min/max reduction is only vectorised by the compiler when it may reorder it, which float
 // semantics forbid; GCC vector types make the 8 lanes explicit (per-lane updates reorder nothing).
+// With Nan, a NaN propagates, as in at::aminmax (one scale group: the whole tensor, whose NaN then
+// gets the error about a non-finite scale); without, it is skipped, as the per-group path always
+// did (its NaN checks per short span cost 3x the whole pass).
 typedef float Float8 __attribute__((vector_size(32)));
 
-TL_TARGET_CLONES
-void minmax_span(const float* x, int64_t len, float& mn, float& mx) {
+template <bool Nan>
+TL_INLINE float min_of(float v, float m) {
+  return Nan ? ((v < m) | (v != v) ? v : m) : (v < m ? v : m);
+}
+template <bool Nan>
+TL_INLINE float max_of(float v, float m) {
+  return Nan ? ((v > m) | (v != v) ? v : m) : (v > m ? v : m);
+}
+
+template <bool Nan>
+TL_INLINE void minmax_span_t(const float* x, int64_t len, float& mn, float& mx) {
   Float8 a, b;
   for (int k = 0; k < 8; ++k) {
     a[k] = mn;
@@ -342,17 +356,31 @@ void minmax_span(const float* x, int64_t len, float& mn, float& mx) {
   for (; j + 8 <= len; j += 8) {
     Float8 v;
     std::memcpy(&v, x + j, sizeof(v));
-    a = v < a ? v : a;
-    b = v > b ? v : b;
+    if (Nan) {
+      const auto nan = v != v;
+      a = (v < a) | nan ? v : a;
+      b = (v > b) | nan ? v : b;
+    } else {
+      a = v < a ? v : a;
+      b = v > b ? v : b;
+    }
   }
   for (int k = 0; k < 8; ++k) {
-    mn = a[k] < mn ? a[k] : mn;
-    mx = b[k] > mx ? b[k] : mx;
+    mn = min_of<Nan>(a[k], mn);
+    mx = max_of<Nan>(b[k], mx);
   }
   for (; j < len; ++j) {
-    mn = x[j] < mn ? x[j] : mn;
-    mx = x[j] > mx ? x[j] : mx;
+    mn = min_of<Nan>(x[j], mn);
+    mx = max_of<Nan>(x[j], mx);
   }
+}
+
+TL_TARGET_CLONES
+void minmax_span(const float* x, int64_t len, bool nan, float& mn, float& mx) {
+  if (nan)
+    minmax_span_t<true>(x, len, mn, mx);
+  else
+    minmax_span_t<false>(x, len, mn, mx);
 }
 
 TL_TARGET_CLONES
@@ -377,12 +405,12 @@ void group_minmax_cpu(const float* x, const QuantGeometry& g, float* mn, float* 
       if (row)
         minmax_row(x + i, len, lmn.data() + s, lmx.data() + s);
       else
-        minmax_span(x + i, len, lmn[s], lmx[s]);
+        minmax_span(x + i, len, g.groups == 1, lmn[s], lmx[s]);
     });
     std::lock_guard<std::mutex> lock(merge);
     for (int64_t s = 0; s < g.groups; ++s) {
-      mn[s] = std::min(mn[s], lmn[s]);
-      mx[s] = std::max(mx[s], lmx[s]);
+      mn[s] = g.groups == 1 ? min_of<true>(lmn[s], mn[s]) : std::min(mn[s], lmn[s]);
+      mx[s] = g.groups == 1 ? max_of<true>(lmx[s], mx[s]) : std::max(mx[s], lmx[s]);
     }
   });
 }
@@ -398,6 +426,39 @@ void unpack_dequantise_cpu(const uint8_t* in, const QuantGeometry& g, const Dequ
   const int64_t tiles = (g.n + kTile - 1) / kTile;
   at::parallel_for(0, tiles, 4, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) dequantise_tile(in, b * kTile, std::min(g.n, (b + 1) * kTile), g, q, out);
+  });
+}
+
+// Note [scales on the CPU]. Per scale group the work is a few casts and divisions; a channel or
+// block scale has up to n / 2 groups (262144 channels of a (64, 262144) tensor), where the ATen
+// form (twenty ops on (G) tensors, each its own parallel region) cost more than quantising: on a
+// loaded 2-core machine every region waits for both threads. One region does all of it here.
+constexpr int64_t kScaleGrain = 1 << 14;
+
+bool quant_scales_cpu(const float* mn, const float* mx, const gpu::ScaleParams& p, uint8_t* wire, float* a, float* b,
+                      float* step, float* lo) {
+  std::vector<float> v(p.minmax ? 0 : p.groups);
+  std::atomic<bool> finite{true};
+  const int size = gpu::wire_size(p.wire);
+  at::parallel_for(0, p.groups, kScaleGrain, [&](int64_t s0, int64_t s1) {
+    bool ok = true;
+    for (int64_t s = s0; s < s1; ++s) {
+      if (!p.minmax) {
+        const float neg = -mn[s];  // at::maximum(-mn, mx): NaN propagates
+        v[s] = std::isnan(neg) || std::isnan(mx[s]) ? std::numeric_limits<float>::quiet_NaN() : std::max(neg, mx[s]);
+      }
+      gpu::scales_group(s, p.minmax ? mn : v.data(), mx, p, wire, a, b, step, lo);
+      ok = ok && std::isfinite(gpu::load_wire(wire + s * size, p.wire));
+      if (p.minmax) ok = ok && std::isfinite(gpu::load_wire(wire + (p.groups + s) * size, p.wire));
+    }
+    if (!ok) finite = false;
+  });
+  return finite;
+}
+
+void quant_derive_cpu(const uint8_t* wire, const gpu::ScaleParams& p, float* step, float* lo) {
+  at::parallel_for(0, p.groups, kScaleGrain, [&](int64_t s0, int64_t s1) {
+    for (int64_t s = s0; s < s1; ++s) gpu::derive_group(s, wire, p, nullptr, nullptr, step, lo);
   });
 }
 
@@ -442,6 +503,37 @@ TL_INLINE int32_t nearest_code(const MidGrid& g, float v) {
   return code;
 }
 
+// Up to 4 bits (15 midpoints) a code is a count of comparisons, with no branch: the compiler
+// vectorises it over the elements. NaN compares false everywhere: code 0.
+template <int Count>
+TL_INLINE void count_codes(const float* x, int64_t len, const float* mid, uint8_t* codes) {
+  float m[Count];
+  for (int k = 0; k < Count; ++k) m[k] = mid[k];
+  for (int64_t i = 0; i < len; ++i) {
+    int32_t c = 0;
+    for (int k = 0; k < Count; ++k) c += m[k] < x[i];
+    codes[i] = static_cast<uint8_t>(c);
+  }
+}
+
+// Codes of x[0, len): the number of the 2^bits - 1 sorted midpoints below each value (from 5
+// bits on, by the grid).
+TL_TARGET_CLONES
+void codes_span(const float* x, int64_t len, const MidGrid& grid, int bits, uint8_t* codes) {
+  switch (bits) {
+    case 1:
+      return count_codes<1>(x, len, grid.mid, codes);
+    case 2:
+      return count_codes<3>(x, len, grid.mid, codes);
+    case 3:
+      return count_codes<7>(x, len, grid.mid, codes);
+    case 4:
+      return count_codes<15>(x, len, grid.mid, codes);
+    default:
+      for (int64_t i = 0; i < len; ++i) codes[i] = static_cast<uint8_t>(nearest_code(grid, x[i]));
+  }
+}
+
 }  // namespace
 
 void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, uint8_t* codes, double* sums,
@@ -451,26 +543,39 @@ void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, ui
     std::fill(sums, sums + levels, 0.0);
     std::fill(counts, counts + levels, 0);
   }
-  const MidGrid grid = make_grid(mid, levels - 1);
   std::mutex merge;
+  const MidGrid grid = make_grid(mid, levels - 1);
   const int64_t tiles = (n + kTile - 1) / kTile;
   at::parallel_for(0, tiles, 4, [&](int64_t b0, int64_t b1) {
-    std::vector<double> ls(sums ? levels : 0, 0.0);
-    std::vector<int64_t> lc(sums ? levels : 0, 0);
-    for (int64_t i = b0 * kTile, e = std::min(n, b1 * kTile); i < e; ++i) {
-      const int32_t code = nearest_code(grid, x[i]);
-      codes[i] = static_cast<uint8_t>(code);
-      if (sums) {
-        ls[code] += x[i];
-        ++lc[code];
+    // Four banks of sums and counts, element i in bank i % 4: consecutive elements of one code
+    // do not wait on each other's update.
+    constexpr int kBanks = 4;
+    std::vector<double> ls(sums ? kBanks * levels : 0, 0.0);
+    std::vector<int64_t> lc(sums ? kBanks * levels : 0, 0);
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t i0 = b * kTile, len = std::min(n, i0 + kTile) - i0;
+      codes_span(x + i0, len, grid, bits, codes + i0);
+      if (!sums) continue;
+      const uint8_t* c = codes + i0;
+      const float* v = x + i0;
+      int64_t i = 0;
+      for (; i + kBanks <= len; i += kBanks)
+        for (int k = 0; k < kBanks; ++k) {
+          ls[k * levels + c[i + k]] += v[i + k];
+          ++lc[k * levels + c[i + k]];
+        }
+      for (; i < len; ++i) {
+        ls[c[i]] += v[i];
+        ++lc[c[i]];
       }
     }
     if (sums) {
       std::lock_guard<std::mutex> lock(merge);
-      for (int64_t l = 0; l < levels; ++l) {
-        sums[l] += ls[l];
-        counts[l] += lc[l];
-      }
+      for (int64_t l = 0; l < levels; ++l)
+        for (int k = 0; k < kBanks; ++k) {
+          sums[l] += ls[k * levels + l];
+          counts[l] += lc[k * levels + l];
+        }
     }
   });
 }

@@ -8,13 +8,18 @@
 
 namespace tl::codec {
 
+namespace gpu {
+struct ScaleParams;  // compression/cuda/quant_cuda.h
+}
+
 struct QuantGeometry {
   int64_t n;       // elements
   int64_t run;     // consecutive elements sharing a scale group
   int64_t groups;  // scale groups
 };
 
-/// Per-group min and max of x (groups > 1; one group: use at::aminmax).
+/// Per-group min and max of x. One group (the whole tensor): NaN propagates, as at::aminmax;
+/// several: NaN is skipped.
 void group_minmax_cpu(const float* x, const QuantGeometry& g, float* mn, float* mx);
 
 struct QuantParams {
@@ -38,6 +43,15 @@ struct DequantParams {
 };
 ///   max-abs: x^ = (q - 2^(bits-1)) * step;   min-max: x^ = q * step + lo
 void unpack_dequantise_cpu(const uint8_t* in, const QuantGeometry& g, const DequantParams& q, float* out);
+
+/// The wire scales and per-group quantities from the per-group min and max (G = p.groups each),
+/// threaded over the groups: the arithmetic of quant_logic.h's scales_group, which writes the
+/// ATen path's bytes (Note [fused scales]). max-abs scales max(-mn, mx) (NaN propagates), min-max
+/// mn then mx. False when a wire scale is not finite.
+bool quant_scales_cpu(const float* mn, const float* mx, const gpu::ScaleParams& p, uint8_t* wire, float* a, float* b,
+                      float* step, float* lo);
+/// step and lo (min-max only) of every group from the wire scales, as quant_logic.h's derive_group.
+void quant_derive_cpu(const uint8_t* wire, const gpu::ScaleParams& p, float* step, float* lo);
 
 }  // namespace tl::codec
 

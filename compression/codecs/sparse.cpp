@@ -139,8 +139,7 @@ void SparseCodec::select(const at::Tensor& x, int64_t rows, int64_t D, at::Tenso
     case SparseKind::kTopK: {
       const int64_t k = k_for(D);
       if (cpu) {
-        auto cuts = codec::topk_cuts_cpu(xf.data_ptr<float>(), rows, D, k);
-        codec::emit_cuts_cpu(xf.data_ptr<float>(), rows, D, cuts, k, idx, vals);
+        codec::topk_select_cpu(xf.data_ptr<float>(), rows, D, k, idx, vals);
         break;
       }
       at::Tensor a = flat.to(at::kFloat).abs().reshape({rows, D});
@@ -309,6 +308,15 @@ std::vector<SectionedCodec::Section> SparseCodec::sections(const Payload& rest) 
 
 namespace {
 at::Tensor scatter(const Payload& shape_of, int64_t numel, const at::Tensor& idx, const at::Tensor& values) {
+  const auto vt = values.scalar_type();
+  if (shape_of.dtype == at::kFloat && codec::use_cpu_kernel(values) && idx.device().is_cpu() &&
+      (vt == at::kFloat || vt == at::kHalf || vt == at::kBFloat16)) {
+    at::Tensor out = at::empty({numel}, values.options().dtype(at::kFloat));  // every element written
+    const at::Tensor i = idx.contiguous(), v = values.reshape({-1}).contiguous();
+    // Unsorted int indices (a corrupt payload) take the ATen path below.
+    if (codec::scatter_sorted_cpu(i.data_ptr<int64_t>(), v, numel, out.data_ptr<float>()))
+      return out.view(shape_of.shape);
+  }
   at::Tensor out = at::zeros({numel}, values.options().dtype(shape_of.dtype));
   if (idx.numel() > 0) out.index_put_({idx.to(values.device())}, values.reshape({-1}).to(shape_of.dtype));
   return out.view(shape_of.shape);

@@ -229,7 +229,11 @@ int64_t index_delta_bytes(const at::Tensor& idx) {
   return idx.numel() == 0 ? 0 : varint_lengths(gaps_of(idx)).sum().item<int64_t>();
 }
 
-IndexFormat pick_index_format(const at::Tensor& idx, int64_t universe, std::optional<IndexFormat> forced) {
+namespace {
+// pick_index_format, also returning the delta size where it was computed (else -1).
+IndexFormat pick_format(const at::Tensor& idx, int64_t universe, std::optional<IndexFormat> forced,
+                        int64_t& delta_bytes) {
+  delta_bytes = -1;
   if (forced) return *forced;
   // Varints take at least one byte per index, so the delta size is only computed when it can win.
   // Off the CPU it is not computed at all: its size depends on the data, and knowing it would
@@ -237,15 +241,25 @@ IndexFormat pick_index_format(const at::Tensor& idx, int64_t universe, std::opti
   const int64_t n = idx.numel();
   const int64_t plain = index_int_bytes(n, universe), bitmap = index_bitmap_bytes(universe);
   const int64_t best = std::min(plain, bitmap);
-  if (!on_device(idx) && n < best && index_delta_bytes(idx) < best) return IndexFormat::kDelta;
+  if (!on_device(idx) && n < best) {
+    delta_bytes = index_delta_bytes(idx);
+    if (delta_bytes < best) return IndexFormat::kDelta;
+  }
   return bitmap < plain ? IndexFormat::kBitmap : IndexFormat::kInt;
+}
+}  // namespace
+
+IndexFormat pick_index_format(const at::Tensor& idx, int64_t universe, std::optional<IndexFormat> forced) {
+  int64_t delta_bytes;
+  return pick_format(idx, universe, forced, delta_bytes);
 }
 
 EncodedIndex encode_index(const at::Tensor& idx_in, int64_t universe, std::optional<IndexFormat> forced) {
   TORCH_CHECK(idx_in.scalar_type() == at::kLong && idx_in.dim() == 1, "encode_index: expected (n) int64 indices");
   at::Tensor idx = idx_in.contiguous();
   const int64_t n = idx.numel();
-  const IndexFormat f = pick_index_format(idx, universe, forced);
+  int64_t delta_bytes;
+  const IndexFormat f = pick_format(idx, universe, forced, delta_bytes);
   const bool cpu = use_cpu_kernel(idx);
   at::Tensor bytes;
   switch (f) {
@@ -254,7 +268,7 @@ EncodedIndex encode_index(const at::Tensor& idx_in, int64_t universe, std::optio
       break;
     case IndexFormat::kDelta:
       if (cpu) {
-        bytes = at::empty({index_delta_bytes(idx)}, idx.options().dtype(at::kByte));
+        bytes = at::empty({delta_bytes >= 0 ? delta_bytes : index_delta_bytes(idx)}, idx.options().dtype(at::kByte));
         delta_encode_cpu(idx.data_ptr<int64_t>(), n, bytes.data_ptr<uint8_t>());
       } else {
         bytes = delta_encode_portable(idx, universe);

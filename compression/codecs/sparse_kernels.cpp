@@ -5,6 +5,10 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <cmath>
+#include <functional>
+#include <memory>
 #include <mutex>
 
 namespace tl::codec {
@@ -24,43 +28,32 @@ uint32_t walk(const std::array<int64_t, N>& hist, int64_t& need) {
   TORCH_CHECK(false, "topk: internal error: histogram holds fewer elements than k");
 }
 
-// Radix select on the 31-bit keys in three levels (12 + 11 + 8 bits). Level 1 scans the row;
-// the elements of the boundary bin are gathered and levels 2 and 3 run on them only.
-RowCut cut_segment(const float* x, int64_t D, int64_t k) {
-  if (k <= 0) return {0xffffffffu, 0};
-  if (k >= D) return {0, D};
-  const int64_t chunks = std::max<int64_t>(1, std::min(threads(), D / kMinChunk));
-  const int64_t len = (D + chunks - 1) / chunks;
-  std::vector<std::array<int64_t, 4096>> h1(chunks);
-  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      auto& h = h1[c];
-      h.fill(0);
-      for (int64_t j = c * len, e = std::min(D, j + len); j < e; ++j) ++h[magnitude_key(x[j]) >> 19];
-    }
-  });
-  for (int64_t c = 1; c < chunks; ++c)
-    for (int b = 0; b < 4096; ++b) h1[0][b] += h1[c][b];
+// The cut keeping the k largest of keys[0, count) (0 < k <= count): a radix select on the 31-bit
+// keys in three levels (12 + 11 + 8 bits; level 1 histograms all keys, levels 2 and 3 only those
+// of the boundary bin), or for few keys nth_element.
+RowCut cut_keys(const uint32_t* keys, int64_t count, int64_t k) {
+  if (count <= 8192) {  // few keys: a selection on a copy costs less than the histograms
+    std::vector<uint32_t> c(keys, keys + count);
+    std::nth_element(c.begin(), c.begin() + (k - 1), c.end(), std::greater<uint32_t>());
+    const uint32_t cut = c[k - 1];
+    int64_t above = 0;
+    for (int64_t i = 0; i < count; ++i) above += keys[i] > cut;
+    return {cut, k - above};
+  }
+  std::array<int64_t, 4096> h1{};
+  for (int64_t i = 0; i < count; ++i) ++h1[keys[i] >> 19];
   int64_t need = k;
-  const uint32_t b1 = walk(h1[0], need);
-
-  std::vector<std::vector<uint32_t>> cand(chunks);
-  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c)
-      for (int64_t j = c * len, e = std::min(D, j + len); j < e; ++j) {
-        const uint32_t key = magnitude_key(x[j]);
-        if ((key >> 19) == b1) cand[c].push_back(key);
-      }
-  });
+  const uint32_t b1 = walk(h1, need);
+  std::vector<uint32_t> cand;
+  for (int64_t i = 0; i < count; ++i)
+    if ((keys[i] >> 19) == b1) cand.push_back(keys[i]);
   std::array<int64_t, 2048> h2{};
-  for (const auto& v : cand)
-    for (uint32_t key : v) ++h2[(key >> 8) & 0x7ff];
+  for (uint32_t key : cand) ++h2[(key >> 8) & 0x7ff];
   const uint32_t b2 = walk(h2, need);
   std::array<int64_t, 256> h3{};
   const uint32_t prefix = (b1 << 11) | b2;
-  for (const auto& v : cand)
-    for (uint32_t key : v)
-      if ((key >> 8) == prefix) ++h3[key & 0xff];
+  for (uint32_t key : cand)
+    if ((key >> 8) == prefix) ++h3[key & 0xff];
   const uint32_t b3 = walk(h3, need);
   return {(prefix << 8) | b3, need};
 }
@@ -141,16 +134,179 @@ void emit(const float* x, int64_t rows, int64_t D, const std::vector<int64_t>& r
 
 }  // namespace
 
-std::vector<RowCut> topk_cuts_cpu(const float* x, int64_t rows, int64_t D, int64_t k) {
-  std::vector<RowCut> cuts(rows);
-  if (rows >= threads()) {
-    at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) cuts[r] = cut_segment(x + r * D, D, k);
-    });
-  } else {
-    for (int64_t r = 0; r < rows; ++r) cuts[r] = cut_segment(x + r * D, D, k);  // parallel inside
+// Note [top-k by a sampled threshold]. The k largest |x| of a row, exactly, in about one pass
+// over it. A sample of the row's keys (whole cache lines spread over the row) gives a magnitude
+// `lo` that some margin more than k elements reach; one pass keeps every element with key >= lo
+// (the candidates, in index order: a superset of the selection, ~1.2 k of them); a radix select
+// over the candidates' keys finds the cut, and a last pass over the candidates keeps key > cut
+// plus the first `ties` with key == cut. Whatever the sample, the result is the exact selection:
+// every element at or above the cut is a candidate, so the cut and the tie order (index order)
+// are those of the whole row; when fewer than k elements reach `lo` (the sample misled), the row
+// is gathered again with a lower `lo`, down to 0 (every element). Rows are split into pieces
+// when there are fewer rows than threads x 2 (scope=global: one row), each piece gathering its
+// candidates in parallel.
+namespace {
+
+constexpr int64_t kSampleLines = 128, kLine = 16;  // floats per cache line
+
+// The smallest key among the `rank + 1` largest of a sample of the row; 0 (everything) when the
+// sample is too small to tell. `attempt` widens the margin.
+uint32_t sampled_floor(const float* x, int64_t D, int64_t k, int attempt) {
+  const int64_t lines = std::min<int64_t>(kSampleLines, D / (16 * kLine));  // at most 1/16 of the row
+  if (attempt >= 3 || lines < 8) return 0;
+  std::vector<uint32_t> keys;
+  keys.reserve(lines * kLine);
+  for (int64_t l = 0; l < lines; ++l) {
+    const int64_t b = l * (D / lines) / kLine * kLine;
+    for (int64_t j = b; j < b + kLine; ++j) keys.push_back(magnitude_key(x[j]));
   }
-  return cuts;
+  const int64_t m = static_cast<int64_t>(keys.size());
+  const double expect = static_cast<double>(k) * m / D;
+  const double margin = (3.0 + 3.0 * attempt) * std::sqrt(expect) + 16.0 * (1 << (2 * attempt));
+  const int64_t rank = static_cast<int64_t>(expect + margin);
+  if (rank >= m) return 0;
+  std::nth_element(keys.begin(), keys.begin() + rank, keys.end(), std::greater<uint32_t>());
+  return keys[rank];
+}
+
+// Candidates of one piece: flat indices and values, in index order (buffers grown, never
+// zero-filled: only [0, count) is read).
+struct Candidates {
+  std::unique_ptr<int64_t[]> pos;
+  std::unique_ptr<float[]> val;
+  int64_t capacity = 0, count = 0;
+
+  void reserve(int64_t want) {
+    if (want <= capacity) return;
+    std::unique_ptr<int64_t[]> p(new int64_t[want]);
+    std::unique_ptr<float[]> v(new float[want]);
+    if (count > 0) {
+      std::memcpy(p.get(), pos.get(), count * sizeof(int64_t));
+      std::memcpy(v.get(), val.get(), count * sizeof(float));
+    }
+    pos = std::move(p);
+    val = std::move(v);
+    capacity = want;
+  }
+};
+
+// Elements of x[b, e) (flat indices base + j) with key >= lo, in index order.
+void gather_candidates(const float* x, int64_t base, int64_t b, int64_t e, uint32_t lo, int64_t expect, Candidates& c) {
+  constexpr int64_t kBlock = 256;
+  c.count = 0;
+  c.reserve(expect + kBlock);
+  int64_t o = 0;
+  for (int64_t j0 = b; j0 < e; j0 += kBlock) {
+    if (o + kBlock > c.capacity) {
+      c.count = o;
+      c.reserve(2 * c.capacity);
+    }
+    int64_t* pp = c.pos.get();
+    float* vp = c.val.get();
+    // Every element is written, the position advances past kept ones only (no branch).
+    for (int64_t j = j0, je = std::min(e, j0 + kBlock); j < je; ++j) {
+      const float v = x[j];
+      pp[o] = base + j;
+      vp[o] = v;
+      o += magnitude_key(v) >= lo;
+    }
+  }
+  c.count = o;
+}
+
+}  // namespace
+
+void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Tensor& idx_out, at::Tensor& vals_out) {
+  const int64_t n = rows * k;
+  at::Tensor idx = at::empty({n}, at::kLong), vals = at::empty({n}, at::kFloat);
+  idx_out = idx;
+  vals_out = vals;
+  if (n == 0) return;
+  int64_t* ip = idx.data_ptr<int64_t>();
+  float* vp = vals.data_ptr<float>();
+  if (k >= D) {
+    at::parallel_for(0, n, kMinChunk, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) ip[i] = i;
+      std::memcpy(vp + i0, x + i0, (i1 - i0) * sizeof(float));
+    });
+    return;
+  }
+  const std::vector<Chunk> pieces = make_chunks(rows, D);
+  const int64_t np = static_cast<int64_t>(pieces.size());
+  std::vector<int64_t> first(rows + 1, np);  // pieces of row r: [first[r], first[r + 1])
+  for (int64_t p = np - 1; p >= 0; --p) first[pieces[p].row] = p;
+  std::vector<Candidates> cand(np);
+  std::vector<uint32_t> lo(rows);
+  std::vector<int> attempt(rows, 0);
+  std::vector<int64_t> todo(rows);
+  for (int64_t r = 0; r < rows; ++r) todo[r] = r;
+  // Gather; rows whose candidates fall short of k are gathered again with a wider margin.
+  while (!todo.empty()) {
+    for (int64_t r : todo) lo[r] = sampled_floor(x + r * D, D, k, attempt[r]);
+    std::vector<int64_t> work;
+    for (int64_t r : todo)
+      for (int64_t p = first[r]; p < first[r + 1]; ++p) work.push_back(p);
+    at::parallel_for(0, static_cast<int64_t>(work.size()), 1, [&](int64_t w0, int64_t w1) {
+      for (int64_t w = w0; w < w1; ++w) {
+        const Chunk& ch = pieces[work[w]];
+        const int64_t len = ch.end - ch.begin;
+        const int64_t expect = lo[ch.row] == 0 ? len : (k * len / D) * 5 / 4 + 1024;
+        gather_candidates(x + ch.row * D, ch.row * D, ch.begin, ch.end, lo[ch.row], expect, cand[work[w]]);
+      }
+    });
+    std::vector<int64_t> again;
+    for (int64_t r : todo) {
+      int64_t total = 0;
+      for (int64_t p = first[r]; p < first[r + 1]; ++p) total += cand[p].count;
+      if (total < k) {
+        TORCH_CHECK(lo[r] != 0, "topk: internal error: a row of ", D, " elements gathered ", total, " < k = ", k);
+        ++attempt[r];
+        again.push_back(r);
+      }
+    }
+    todo.swap(again);
+  }
+  // The cut of each row over its candidates, then each piece's share of the row's k.
+  std::vector<RowCut> cuts(rows);
+  std::vector<int64_t> offset(np + 1, 0), ties(np, 0);
+  at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
+    std::vector<uint32_t> keys;
+    for (int64_t r = r0; r < r1; ++r) {
+      keys.clear();
+      for (int64_t p = first[r]; p < first[r + 1]; ++p)
+        for (int64_t i = 0; i < cand[p].count; ++i) keys.push_back(magnitude_key(cand[p].val[i]));
+      cuts[r] = cut_keys(keys.data(), static_cast<int64_t>(keys.size()), k);
+      int64_t budget = cuts[r].ties, o = r * k;
+      for (int64_t p = first[r]; p < first[r + 1]; ++p) {
+        int64_t gt = 0, eq = 0;
+        for (int64_t i = 0; i < cand[p].count; ++i) {
+          const uint32_t key = magnitude_key(cand[p].val[i]);
+          gt += key > cuts[r].key;
+          eq += key == cuts[r].key;
+        }
+        ties[p] = std::min(eq, budget);
+        budget -= ties[p];
+        offset[p] = o;
+        o += gt + ties[p];
+      }
+      TORCH_CHECK(o == (r + 1) * k, "topk: internal error: row ", r, " kept ", o - r * k, " elements, expected ", k);
+    }
+  });
+  at::parallel_for(0, np, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const Candidates& c = cand[p];
+      const uint32_t cut = cuts[pieces[p].row].key;
+      int64_t o = offset[p], t = ties[p];
+      for (int64_t i = 0; i < c.count; ++i) {
+        const uint32_t key = magnitude_key(c.val[i]);
+        if (key > cut || (key == cut && t-- > 0)) {
+          ip[o] = c.pos[i];
+          vp[o] = c.val[i];
+          ++o;
+        }
+      }
+    }
+  });
 }
 
 void emit_cuts_cpu(const float* x, int64_t rows, int64_t D, const std::vector<RowCut>& cuts, int64_t row_count,
@@ -171,6 +327,88 @@ void emit_mask_cpu(const float* x, const uint8_t* mask, int64_t rows, int64_t D,
   std::vector<int64_t> ties(rows, 0);
   emit(
       x, rows, D, ties, row_count, [&](int64_t r, int64_t j) { return mask[r * D + j] ? 1 : 0; }, idx, vals);
+}
+
+namespace {
+// Entries [i0, i1) of idx (first output j, stretch end e) write out[j, e): zeros, and each entry's
+// value at its index. Blocks of 1024 outputs are zeroed with one memset, then their entries are
+// written (a memset per gap between entries cost more than the gaps). False at an index that is not
+// increasing or not below e.
+template <class T>
+bool write_stretch(const int64_t* idx, const T* v, int64_t i0, int64_t i1, int64_t j, int64_t e, float* out) {
+  constexpr int64_t kBlock = 1024;
+  int64_t i = i0, last = j - 1;
+  for (int64_t b = j; b < e; b += kBlock) {
+    const int64_t be = std::min(e, b + kBlock);
+    std::memset(out + b, 0, (be - b) * sizeof(float));
+    for (; i < i1 && idx[i] < be; ++i) {
+      const int64_t t = idx[i];
+      if (t <= last) return false;
+      out[t] = static_cast<float>(v[i]);
+      last = t;
+    }
+  }
+  return i == i1;
+}
+
+// Each range of entries writes its stretch of out; the last one runs to the end.
+template <class T>
+bool scatter_sorted(const int64_t* idx, const T* v, int64_t n, int64_t numel, float* out) {
+  if (n == 0) {
+    at::parallel_for(0, numel, kMinChunk, [&](int64_t e0, int64_t e1) { std::fill(out + e0, out + e1, 0.0f); });
+    return true;
+  }
+  std::atomic<bool> ok{true};
+  // Grain: entries covering about kMinChunk outputs on average.
+  const int64_t grain = std::max<int64_t>(1, kMinChunk * n / std::max<int64_t>(numel, 1));
+  at::parallel_for(0, n, grain, [&](int64_t i0, int64_t i1) {
+    const int64_t j = i0 == 0 ? 0 : idx[i0 - 1] + 1;
+    const int64_t e = i1 == n ? numel : idx[i1 - 1] + 1;
+    if (!write_stretch(idx, v, i0, i1, j, e, out)) ok = false;
+  });
+  return ok;
+}
+
+// Row r of out (rows, D): the values of row r at its channels (ascending), zeros elsewhere.
+template <class T>
+bool scatter_rows(const int64_t* channels, const T* v, int64_t rows, int64_t D, int64_t k, float* out) {
+  std::atomic<bool> ok{true};
+  at::parallel_for(0, rows, std::max<int64_t>(1, kMinChunk / std::max<int64_t>(D, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      if (!write_stretch(channels + r * k, v + r * k, 0, k, 0, D, out + r * D)) ok = false;
+  });
+  return ok;
+}
+
+template <class F>
+bool dispatch_values(const at::Tensor& values, F f) {
+  switch (values.scalar_type()) {
+    case at::kFloat:
+      return f(values.data_ptr<float>());
+    case at::kHalf:
+      return f(values.data_ptr<at::Half>());
+    case at::kBFloat16:
+      return f(values.data_ptr<at::BFloat16>());
+    default:
+      TORCH_CHECK(false, "sparse: values of type ", values.scalar_type(), "; accepted: float32, float16, bfloat16");
+  }
+}
+}  // namespace
+
+bool scatter_sorted_cpu(const int64_t* idx, const at::Tensor& values, int64_t numel, float* out) {
+  return dispatch_values(values, [&](auto* v) { return scatter_sorted(idx, v, values.numel(), numel, out); });
+}
+
+bool scatter_rows_cpu(const int64_t* channels, const at::Tensor& values, int64_t rows, int64_t D, float* out) {
+  const int64_t k = rows > 0 ? values.numel() / rows : 0;
+  return dispatch_values(values, [&](auto* v) { return scatter_rows(channels, v, rows, D, k, out); });
+}
+
+void gather_rows_cpu(const float* x, int64_t rows, int64_t D, const int64_t* channels, int64_t k, float* out) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, kMinChunk / std::max<int64_t>(k, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = 0; c < k; ++c) out[r * k + c] = x[r * D + channels[r * k + c]];
+  });
 }
 
 void randk_mask_cpu(at::CPUGeneratorImpl* gen, int64_t rows, int64_t D, int64_t k, uint8_t* mask) {

@@ -51,6 +51,20 @@ TEST(HadQuant, RotationIsTheRandomisedHadamardTransformAndOrthogonal) {
   EXPECT_ERROR_CONTAINS(codec::hadamard_rotate(at::randn({2, 6}), at::ones({6})), "power of two");
 }
 
+// The CPU fast path transforms each tile in place (h = t/2 down to 1); its float32 results equal
+// the portable path's Stockham stages bit for bit, both ways.
+TEST(HadQuant, InPlaceTransformEqualsTheStagesBitForBit) {
+  at::manual_seed(4);
+  for (int64_t t : {2, 4, 8, 64, 128, 4096}) {
+    at::Tensor x = at::randn({37, t}) * at::exp(at::randn({37, 1}) * 3);  // (M, t), scales over 1e-4..1e4
+    at::Tensor s = codec::hadamard_signs(t, 11, x.options());
+    at::Tensor fast_y = codec::hadamard_rotate(x, s), fast_x = codec::hadamard_unrotate(fast_y, s);
+    codec::PortableKernelsGuard g;
+    EXPECT_TRUE(at::equal(fast_y, codec::hadamard_rotate(x, s))) << "rotate, t=" << t;
+    EXPECT_TRUE(at::equal(fast_x, codec::hadamard_unrotate(fast_y, s))) << "unrotate, t=" << t;
+  }
+}
+
 // Activations with a few outlier channels (as in LLM residual streams) and heavy-tailed data: the
 // rotation spreads an outlier over its tile, so the tile's scale stops being set by one element.
 TEST(HadQuant, BeatsPlainTileQuantisationOnOutliers) {

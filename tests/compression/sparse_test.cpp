@@ -196,6 +196,41 @@ TEST(Sparse, CpuAndPortablePathsGiveIdenticalPayloads) {
   }
 }
 
+// The CPU selection estimates its threshold from a sample of each row (Note [top-k by a sampled
+// threshold] in sparse_kernels.cpp); whatever the sample shows, the payload is the exact one.
+// Rows here: Gaussian; sorted magnitudes; all ties (+-1); zeros; huge values exactly on the sampled
+// cache lines (the estimate overshoots and the row is gathered again); huge values everywhere
+// but there (the estimate undershoots); and a long single row (scope=global: gathered in pieces).
+TEST(TopK, SampledThresholdGivesTheExactSelection) {
+  at::manual_seed(8);
+  constexpr int64_t D = 8192, kLines = 32, kLine = 16;  // the sample's geometry in sparse_kernels.cpp
+  at::Tensor x = at::randn({6, D});
+  x[1] = at::linspace(-3, 5, D);
+  x[2] = at::where(at::rand({D}) < 0.5, 1.0f, -1.0f);
+  x[3].zero_();
+  at::Tensor on_sample = at::zeros({D}, at::kBool);
+  for (int64_t l = 0; l < kLines; ++l) on_sample.narrow(0, l * (D / kLines) / kLine * kLine, kLine).fill_(true);
+  x[4] = at::where(on_sample, 100 + at::rand({D}), at::randn({D}));
+  x[5] = at::where(on_sample, at::randn({D}), 100 + at::rand({D}));
+  at::Tensor wide = at::randn({1, 1 << 18});
+  CodecContext ctx;
+  for (const at::Tensor& t : {x, wide}) {
+    for (const char* spec :
+         {"topk(0.1)", "topk(0.01)", "topk(0.1, scope=global)", "topk(7)", "topk(0.5, index=int32)", "topk(1.0)"}) {
+      const std::string where = std::string(spec) + " on " + c10::str(t.sizes());
+      auto c = parse_compressor(spec);
+      Payload fast = c->encode(t, ctx);
+      Payload portable;
+      {
+        codec::PortableKernelsGuard g;
+        portable = parse_compressor(spec)->encode(t, ctx);
+      }
+      EXPECT_TRUE(same_payload(fast, portable)) << where;
+      EXPECT_TRUE(at::equal(c->decode(fast, ctx), round_trip(parse_compressor(spec), t))) << where;
+    }
+  }
+}
+
 TEST(Sparse, HalfInputs) {
   at::manual_seed(6);
   at::Tensor x = at::randn({4, 64}).to(at::kHalf);
