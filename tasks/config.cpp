@@ -424,6 +424,12 @@ const std::vector<Key>& schema() {
           for (const auto& item : split_list(v))
             c.dp.compress_stages.push_back(parse_int(item, 0, 4096, "'all' or stage indices >= 0, e.g. 0,1"));
         });
+    add("dp.bucket_mib", "25", "number > 0 (MiB)",
+        "uncompressed data-parallel gradients are summed in flat buckets of at most this size, in place, "
+        "reduce-scatter then all-gather (a parameter is never split)",
+        [](Config& c, const std::string& v) {
+          c.dp.bucket_mib = parse_double(v, 1.0 / 1024, 1e6, "a number > 0 (MiB), e.g. 25");
+        });
     add("dp.bandwidth_mbps", "0", "number >= 0",
         "link emulation between the replicas of a stage: bandwidth in Mbit/s, each direction (0: unlimited)",
         [](Config& c, const std::string& v) {

@@ -49,6 +49,8 @@ Options parse(int argc, char** argv) {
         }
     } else if (a == "--mp-rounds") {
       o.mp_rounds = std::max(1, std::atoi(value().c_str()));
+    } else if (a == "--mp-only") {
+      o.mp_only = true;
     } else if (a == "--no-links") {
       o.links = false;
     } else if (a == "--calibrate") {
@@ -61,7 +63,7 @@ Options parse(int argc, char** argv) {
     } else if (a.rfind("--", 0) == 0) {
       TORCH_CHECK(false, "unknown option '", a,
                   "'; usage: bench_pipeline [rounds] [micro-batches] [--models resnet8,gpt2,resnet18] [--mp 4,2|none] "
-                  "[--mp-rounds R] [--no-links] [--calibrate]");
+                  "[--mp-rounds R] [--no-links] [--calibrate] [--mp-only]");
     } else if (positional == 0) {
       o.rounds = std::max(1, std::atoi(a.c_str())), ++positional;
     } else if (positional == 1) {

@@ -20,6 +20,7 @@ struct Options {
   int mp_rounds = -1;            // -1: rounds
   bool links = true;
   bool calibrate_only = false;  // --calibrate: the device model's calibration lines only
+  bool mp_only = false;         // --mp-only: the processes' rows only (bench/peer_pipeline.sh)
   int blas_threads = 0;         // OpenBLAS's threads as main set them (for the JSON lines; not an option)
   // Rank workers only.
   bool worker = false;

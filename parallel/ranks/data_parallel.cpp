@@ -15,6 +15,8 @@ namespace tl::ranks {
 namespace {
 
 // Message tags: step: 30 bits | kind: 4 bits (C10dChannel uses 1-3 and 9-11).
+// Bucket b of the uncompressed gradients: kind 4 with b + 1 in the low bits (the packed
+// compressed gradients are bucket 0).
 constexpr int64_t kKindGradients = 4, kKindBuffers = 5;
 int64_t tag(int64_t step, int64_t kind) { return ((step & ((int64_t(1) << 30) - 1)) << 30) | (kind << 26); }
 
@@ -149,17 +151,75 @@ std::vector<std::vector<Payload>> DataParallelSync::all_gather(const std::vector
   return all;
 }
 
+void DataParallelSync::set_bucket_bytes(int64_t bytes) {
+  TORCH_CHECK(bytes > 0, "dp.bucket_mib: a bucket of ", bytes, " bytes; accepted: more than 0");
+  bucket_bytes_ = bytes;
+}
+
+// Note [uncompressed gradients in buckets]. Returns which parameters went through a bucket.
+std::vector<bool> DataParallelSync::reduce_in_buckets(int64_t step, const std::string& where) {
+  struct Part {
+    size_t param;
+    int64_t offset;
+  };
+  std::vector<bool> done(params_.size(), false);
+  std::vector<std::vector<Part>> layout;
+  std::vector<int64_t> sizes;
+  std::vector<at::ScalarType> dtypes;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& g = params_[i].second.grad();
+    if (!g.defined() || !g.is_cpu() || !at::isFloatingType(g.scalar_type()) || codecs_[i]->spec() != "identity")
+      continue;
+    if (layout.empty() || dtypes.back() != g.scalar_type() ||
+        (sizes.back() > 0 && (sizes.back() + g.numel()) * g.element_size() > bucket_bytes_))
+      layout.emplace_back(), sizes.push_back(0), dtypes.push_back(g.scalar_type());
+    layout.back().push_back({i, sizes.back()});
+    sizes.back() += g.numel();
+    done[i] = true;
+  }
+  buckets_.resize(layout.size());
+  const std::string context = where + ", data-parallel gradients of replica " + std::to_string(replica_);
+  for (size_t b = 0; b < layout.size(); ++b) {
+    at::Tensor& flat = buckets_[b];
+    // A bucket is reused when nothing else holds it: no gradient's view, no send still in flight.
+    const bool reuse = flat.defined() && flat.numel() == sizes[b] && flat.scalar_type() == dtypes[b] &&
+                       flat.use_count() == 1 && flat.storage().use_count() == 1;
+    if (!reuse) flat = at::empty({sizes[b]}, at::TensorOptions().dtype(dtypes[b]));
+    for (const Part& part : layout[b]) {
+      const at::Tensor& g = params_[part.param].second.grad();
+      at::Tensor dst = flat.narrow(0, part.offset, g.numel());
+      if (g.is_contiguous())  // a memcpy: no thread pool woken (its spinning threads starve the peer on few cores)
+        std::memcpy(dst.data_ptr(), g.data_ptr(), static_cast<size_t>(g.numel() * g.element_size()));
+      else
+        dst.view(g.sizes()).copy_(g);
+    }
+    const at::Tensor sum = all_reduce_in_rank_order(
+        transport_, group_, replica_, flat, tag(step, kKindGradients) | int64_t(b + 1),
+        context + ", bucket " + std::to_string(b), [&](const std::string& to, int64_t bytes) {
+          fault_point(FaultPhase::AllReduce, -1, &transport_, true, to);  // Note [fault injection]
+          ++stats_.messages, stats_.bytes += bytes, stats_.raw_bytes += bytes;
+        });
+    for (const Part& part : layout[b]) {
+      Variable p = params_[part.param].second;
+      p.set_grad(sum.narrow(0, part.offset, p.numel()).view(p.sizes()));
+    }
+  }
+  return done;
+}
+
 void DataParallelSync::reduce_gradients(int64_t step, const std::string& where) {
   const int D = static_cast<int>(group_.size());
   if (D == 1 || params_.empty()) return;
   NoGradGuard no_grad;
+  const std::vector<bool> in_bucket = reduce_in_buckets(step, where);
+  if (std::all_of(in_bucket.begin(), in_bucket.end(), [](bool b) { return b; })) return;
   CodecContext ctx;
   std::vector<Payload> mine;
   int64_t raw = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Variable& p = params_[i].second;
     const at::Tensor& g = p.grad();
-    if (!g.defined()) {  // none here, none on the other replicas: an empty placeholder
+    if (in_bucket[i] || !g.defined()) {  // summed already, or none here (none on the other replicas): a placeholder
       mine.push_back(identity_compressor()->encode(at::empty({0}, p.options()), ctx));
       continue;
     }
@@ -180,6 +240,7 @@ void DataParallelSync::reduce_gradients(int64_t step, const std::string& where) 
                   " on replica ", e, " (the replicas ran different stages)");
       return payload;
     };
+    if (in_bucket[i]) continue;
     if (!here) {
       check(0);
       continue;

@@ -16,6 +16,16 @@
 // 2 (D - 1) / D of the gradient's bytes out of each rank, so for D = 2 both send one gradient's
 // bytes.
 //
+// Note [uncompressed gradients in buckets]. Uncompressed (identity, or a parameter its codec
+// leaves out), the gradients are laid out back to back in flat buckets of at most dp.bucket_mib
+// (in parameter order, one dtype a bucket, a parameter never split), allocated once and reused
+// while nothing else holds them, and each bucket is summed by all_reduce_in_rank_order
+// (group_sum.h): reduce-scatter then all-gather in place (two replicas: one exchange, summed in
+// the received buffer), 2 (D - 1) / D of the bucket's bytes out of each rank as a ring
+// all-reduce, and the same bits as the sum in replica order above, so a grid still gives one
+// process's numbers. The gradients then are views of the sum. (The sums start after the
+// step's backward; overlapping them with the last micro-batches' backward is not done.)
+//
 // What is compressed: each parameter's gradient is viewed as a matrix (shape[0], the rest), as
 // PowerSGD compresses a layer's gradient (a convolution's (out, in * kh * kw)); parameters of
 // fewer than 2 dims (biases, norms' scales) go uncompressed, as in Vogels et al. Each parameter
@@ -47,6 +57,7 @@ struct DataParallelOptions {
   int replicas = 1;                     // parallel.dp: D
   CodecSpec compression;  // dp.compression: codec of the gradients (identity)
   std::vector<int64_t> compress_stages;  // dp.compress_stages: stages whose gradients are compressed (empty: all)
+  int64_t bucket_bytes = int64_t(25) << 20;  // dp.bucket_mib: uncompressed gradients per flat bucket
   bool compresses(int64_t stage) const;
 };
 
@@ -70,8 +81,9 @@ class DataParallelSync {
                    std::vector<std::pair<std::string, Variable>> buffers, std::vector<double> decay,
                    const CodecSpec& spec);
 
-  /// Replaces every parameter's gradient by the sum over the replicas (Note [all-reduce by
-  /// all-gather of payloads]). A parameter without gradient here has none on any replica (the
+  /// Replaces every parameter's gradient by the sum over the replicas: the uncompressed ones in
+  /// flat buckets (Note [uncompressed gradients in buckets]), the compressed ones by all-gather
+  /// (Note [all-reduce by all-gather of payloads]). A parameter without gradient here has none on any replica (the
   /// replicas run the same stages) and keeps none. `step` tags the messages and names the step in
   /// errors.
   void reduce_gradients(int64_t step, const std::string& where);
@@ -87,6 +99,8 @@ class DataParallelSync {
   std::vector<at::Tensor> snapshot_buffers() const;
   bool has_buffers() const { return !buffers_.empty(); }
 
+  /// Bytes of uncompressed gradients per bucket (dp.bucket_mib; > 0).
+  void set_bucket_bytes(int64_t bytes);
   const DataParallelStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
   /// Every codec's state (error-feedback residuals, PowerSGD warm starts), keyed
@@ -101,6 +115,8 @@ class DataParallelSync {
  private:
   // Sends this replica's payloads as one message to every other replica of the group and returns
   // every replica's, by replica. raw_bytes >= 0: counted in stats() as that many raw bytes each.
+  // Sums the uncompressed gradients in buckets; returns which parameters it summed.
+  std::vector<bool> reduce_in_buckets(int64_t step, const std::string& where);
   std::vector<std::vector<Payload>> all_gather(const std::vector<Payload>& mine, int64_t tag, const std::string& context,
                                                at::Device device, int64_t raw_bytes);
 
@@ -110,6 +126,8 @@ class DataParallelSync {
   std::vector<std::pair<std::string, Variable>> params_, buffers_;
   std::vector<double> decay_;  // per buffer
   std::vector<CompressorPtr> codecs_;  // per parameter
+  int64_t bucket_bytes_ = int64_t(25) << 20;
+  std::vector<at::Tensor> buckets_;  // flat, reused from step to step while their sizes hold
   DataParallelStats stats_;
 };
 

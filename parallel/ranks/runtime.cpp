@@ -113,6 +113,7 @@ DistExecutor::DistExecutor(Pipeline& pipeline, Transport& transport, LossFn loss
     }
     dp_ = std::make_unique<DataParallelSync>(transport_, grid_.data_group(rank_, tensor_rank_), replica_, std::move(params),
                                              compressed, std::move(buffers), std::move(decay), dp.compression);
+    dp_->set_bucket_bytes(dp.bucket_bytes);
   } else {
     const std::string problem = dp_codec_problem(dp.compression);
     TORCH_CHECK(problem.empty(), "dp.compression = ", dp.compression, ": ", problem);

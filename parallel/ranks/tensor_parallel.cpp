@@ -115,7 +115,17 @@ at::Tensor TensorParallelSync::all_reduce(const at::Tensor& x, const std::string
   ctx.training = training_;
   if (training_) ++stats_.all_reduces;
   at::Tensor out;
-  if (!compress) {
+  if (!compress && x.is_cpu() && at::isFloatingType(x.scalar_type()) && group_.size() > 1) {
+    // Note [uncompressed tensor-parallel sums]: in place on a copy, reduce-scatter then all-gather.
+    // Two ranks sum into the received buffer and leave x as it is; more change their copy in place.
+    const at::Tensor flat = group_.size() == 2 ? x.contiguous().view(-1) : x.contiguous().clone().view(-1);
+    auto before_send = [&](const std::string& to, int64_t bytes) {
+      fault_point(FaultPhase::AllReduce, -1, &transport_, true, to);  // Note [fault injection]
+      if (training_) ++stats_.messages, stats_.bytes += bytes, stats_.raw_bytes += bytes;
+    };
+    out = all_reduce_in_rank_order(transport_, group_, rank_, flat, tag(step_, calls_), what, before_send)
+              .view(x.sizes());
+  } else if (!compress) {
     out = all_gather_sum(x, nullptr, what, ctx);
   } else {
     auto& codecs = direction == TpDirection::Forward ? it->second.forward : it->second.backward;

@@ -16,9 +16,12 @@
 //     (T - 1) chunk payloads twice, about 2 (T - 1) / T of one payload of the whole tensor: for
 //     T = 4, 1.5 payloads instead of 3. The sum is quantised twice (once per partial sum, once as
 //     a sum), as in EQuARX and Flash Communication.
-// Uncompressed (identity), allgather is used: the sum is formed in rank order, the same bits on
-// every rank (Gloo's ring all-reduce would also give every rank the same bits, but the transport's
-// collectives span the whole world, not a group).
+// Note [uncompressed tensor-parallel sums]. Uncompressed (identity, or compression off), a CPU
+// tensor is summed by all_reduce_in_rank_order (group_sum.h): reduce-scatter then all-gather over
+// the group's messages, 2 (T - 1) / T of the tensor out of each rank as Gloo's ring all-reduce
+// sends, and the sum in rank order, the same bits on every rank and as one process. (Gloo's own
+// ring all-reduce would sum each chunk starting at a different rank, and the transport's
+// collectives span the whole world, not a group.) Elsewhere (a CUDA tensor) allgather is used.
 // Stateful codecs: each rank keeps, per site and direction, one codec per rank of the group. It
 // encodes with its own (the sender's state: an ef(...) residual of its partial sum) and decodes
 // rank e's payloads with the instance of e (the receiver's state of e's stream: EF21's A). All are

@@ -332,19 +332,25 @@ struct Transport::Impl {
     h[kWordTag] = p.tag;
     h[kWordBytes] = n;
     h[kWordStamp] = p.stamp_ns;
-    h[kWordBodyCrc] =
-        opts.checksum && p.body.is_cpu() ? body_crc_word(p.body.data_ptr<uint8_t>(), static_cast<size_t>(n)) : 0;
     if (p.corrupt == Corruption::None && opts.corrupt_rate > 0 &&
         std::uniform_real_distribution<double>(0.0, 1.0)(corrupt_rng) < opts.corrupt_rate)
       p.corrupt = Corruption::BitFlip;  // dist.corrupt_rate (the soak)
+    uint8_t* w = f.frame.data_ptr<uint8_t>();
+    // An inlined body is copied into the frame and summed in one pass (checksum.h's crc32c_copy).
+    const bool copied = inl && n > 0 && p.corrupt == Corruption::None && opts.checksum && p.body.is_cpu();
+    if (copied)
+      h[kWordBodyCrc] =
+          kBodyCrcPresent | crc32c_copy(w + kHeaderBytes, p.body.data_ptr<uint8_t>(), static_cast<size_t>(n));
+    else
+      h[kWordBodyCrc] =
+          opts.checksum && p.body.is_cpu() ? body_crc_word(p.body.data_ptr<uint8_t>(), static_cast<size_t>(n)) : 0;
     at::Tensor body = p.body;  // what goes on the wire after the frame, for a large body
     const bool flip_header = p.corrupt != Corruption::None && corrupt(p, h, f.frame, body, inl);
     h[kWordCheck] = check_word(h);
     if (flip_header) h[kWordSeq] ^= int64_t(1) << 7;
-    uint8_t* w = f.frame.data_ptr<uint8_t>();
     std::memcpy(w, h, kHeaderBytes);
     const int64_t inline_n = f.frame.numel() - kHeaderBytes;
-    if (inl && inline_n > 0) std::memcpy(w + kHeaderBytes, body.data_ptr<uint8_t>(), inline_n);
+    if (inl && inline_n > 0 && !copied) std::memcpy(w + kHeaderBytes, body.data_ptr<uint8_t>(), inline_n);
     try {
       // Both sends are posted before waiting for either: the body's announcement travels right
       // behind the frame, and the receiver can take the body as soon as it has read the header.

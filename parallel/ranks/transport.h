@@ -26,7 +26,9 @@
 // bit flipped anywhere between the two (a faulty NIC, memory or switch that the 16-bit TCP
 // checksum misses, or a frame shorter than its header says) is an error naming the peer and the
 // message, never a wrong tensor. Bodies on a CUDA device (NCCL) carry no checksum (word 0) and are
-// not checked. Cost: one pass over the body at each end (SSE4.2, parallel/ranks/checksum.h).
+// not checked. Cost: one pass over the body at each end (AVX-512 carry-less folding where the CPU
+// has it, else SSE4.2: parallel/ranks/checksum.h); an inlined body is summed as it is copied into
+// the frame, in the same pass.
 //
 // Note [failures are errors, never hangs]. Every operation waits at most timeout_s
 // (config dist.timeout_s). A dead peer (its socket closes) fails the pending operation at once; a

@@ -37,7 +37,7 @@ bool outside_fingerprint(const std::string& key) {
                                                 "run.device",   "data.root",     "data.prefetch", "model.weights",
                                                 "pipeline.nproc", "dist.timeout_s", "dist.checksum", "dist.inject_fault",
                                                 "dist.corrupt_rate", "dist.corrupt_seed", "parallel.dp",
-                                                "dp.compression", "dp.compress_stages"};
+                                                "dp.compression", "dp.compress_stages", "dp.bucket_mib"};
   return key.rfind("boundary.", 0) == 0 || std::find(keys.begin(), keys.end(), key) != keys.end();
 }
 

@@ -17,16 +17,21 @@ TEST(Checksum, Crc32cMatchesTheStandardCheckValue) {
   EXPECT_EQ(crc32c(nullptr, 0), 0u);
 }
 
-// The fast path (three interleaved streams of 8 KiB, combined) against the table, at lengths around
-// the stream boundaries, and continued from a partial CRC.
+// The fast paths (folding 256-byte blocks from 512 bytes on; three interleaved streams of 8 KiB,
+// combined) against the table, at lengths around the block and stream boundaries, and continued
+// from a partial CRC.
 TEST(Checksum, FastPathEqualsTheTableAtEveryLength) {
   std::mt19937 gen(5);
-  for (size_t n : {1, 7, 8, 9, 63, 4096, 24575, 24576, 24577, 49152 + 13, 300001}) {
+  for (size_t n : {1, 7, 8, 9, 63, 255, 256, 511, 512, 513, 767, 768, 769, 1024 + 255, 4096, 24575, 24576, 24577,
+                   49152 + 13, 300001, (1 << 20) + 3}) {
     std::vector<uint8_t> v(n);
     for (auto& b : v) b = static_cast<uint8_t>(gen());
     const uint32_t want = crc32c_portable(v.data(), n);
     EXPECT_EQ(crc32c(v.data(), n), want) << n;
     EXPECT_EQ(crc32c(v.data() + n / 3, n - n / 3, crc32c(v.data(), n / 3)), want) << n;
+    std::vector<uint8_t> copy(n);
+    EXPECT_EQ(tl::ranks::crc32c_copy(copy.data(), v.data(), n), want) << n;
+    EXPECT_EQ(copy, v) << n;
     v[n / 2] ^= 1;  // one flipped bit changes it
     EXPECT_NE(crc32c(v.data(), n), want) << n;
   }
