@@ -10,6 +10,7 @@
 #include "tasks/data/dataset.h"
 #include "tasks/runner/compare.h"
 #include "tasks/runner/report.h"
+#include "tasks/runner/trainer.h"
 #include "tests/tasks/task_testing.h"
 
 namespace tl {
@@ -71,6 +72,23 @@ TEST(Sweep, StateOfARunDirectory) {
   s.last.epoch = 2;
   write_file_atomic((d / "summary.json").string(), summary_json(s));
   EXPECT_EQ(run_state(d.string()), RunState::kFinished);
+}
+
+TEST(Sweep, StudyConfigsDifferOnlyInTheirCodecs) {
+  // configs/studies/{finetune,lm}/ (docs/TIME.md): one sweep each, whose runs compare.
+  for (const char* folder : {"finetune", "lm"}) {
+    const fs::path dir = kConfigs / "studies" / folder;
+    const Config dense = Config::load((dir / "dense_bf16.ini").string());
+    EXPECT_EQ(dense.timeline.device, "h100") << folder;
+    int count = 0;
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      if (entry.path().extension() != ".ini") continue;
+      ++count;
+      EXPECT_EQ(config_fingerprint(Config::load(entry.path().string())), config_fingerprint(dense))
+          << folder << "/" << entry.path().filename().string() << " differs from dense_bf16.ini outside [boundary]";
+    }
+    EXPECT_EQ(count, 8) << folder;  // dense bf16, quant 8 and 4, hadquant, AQ-SGD, TopK, AE, adaptive
+  }
 }
 
 std::string file_text(const fs::path& p) {
