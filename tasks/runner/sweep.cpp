@@ -229,11 +229,13 @@ int run_sweep(const SweepOptions& options, std::ostream& log) {
   struct Active {
     size_t index;
     clock::time_point start;
+    std::string shown;  // the log line last printed for it
   };
   std::map<pid_t, Active> active;
   size_t next = 0;
   int failed = 0, done = 0, stopped = 0;
   const auto sweep_start = clock::now();
+  auto last_report = sweep_start;
   auto start = [&](size_t i) {
     const SweepRun& r = *todo[i];
     fs::create_directories(r.dir);
@@ -248,7 +250,7 @@ int run_sweep(const SweepOptions& options, std::ostream& log) {
     if (!user_threads) argv.push_back("--run.threads=" + std::to_string(threads));
     const std::string log_path = (fs::path(r.dir) / "train.log").string();
     const pid_t pid = spawn(argv, log_path);
-    active[pid] = {i, clock::now()};
+    active[pid] = {i, clock::now(), ""};
     log << "[" << i + 1 << "/" << todo.size() << "] start " << r.name
         << (states[i] == RunState::kResume    ? " (resuming from its checkpoint)"
             : states[i] == RunState::kRestart ? " (again from the start: no checkpoint)"
@@ -259,7 +261,20 @@ int run_sweep(const SweepOptions& options, std::ostream& log) {
   while (next < todo.size() || !active.empty()) {
     while (next < todo.size() && static_cast<int>(active.size()) < jobs) start(next++);
     int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, 0);
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid == 0) {  // all still running: every minute, each run's latest log line (when it changed)
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      if (clock::now() - last_report < std::chrono::seconds(options.report_every_s)) continue;
+      last_report = clock::now();
+      for (auto& [p, a] : active) {
+        const std::string line = last_line_of((fs::path(todo[a.index]->dir) / "train.log").string());
+        if (line.empty() || line == a.shown) continue;
+        a.shown = line;
+        log << "[" << a.index + 1 << "/" << todo.size() << "] " << todo[a.index]->name << ": " << line << "\n"
+            << std::flush;
+      }
+      continue;
+    }
     if (pid < 0) {
       if (errno == EINTR) continue;
       throw std::runtime_error(std::string("sweep: waitpid: ") + std::strerror(errno));

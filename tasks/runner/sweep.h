@@ -52,10 +52,12 @@ struct SweepOptions {
   std::string executable;                                      // tapeline; empty: this process's own
   int64_t stop_after_epochs = 0;  // > 0: each run stops after this many epochs (a later sweep resumes it)
   bool plot = true;               // false: no curves.png per run (train --no-plot)
+  int report_every_s = 60;        // seconds between lines showing each running run's latest log line
 };
 
 /// Runs every run that is not finished, `jobs` at a time, each child's output in DIR/train.log;
-/// one progress line per start and end to `log`. Returns the number of runs that failed (a run
+/// progress lines to `log`: one per start and end, and every report_every_s each running run's
+/// latest log line. Returns the number of runs that failed (a run
 /// stopped by stop_after_epochs has not failed).
 int run_sweep(const SweepOptions& options, std::ostream& log);
 

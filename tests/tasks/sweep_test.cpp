@@ -116,8 +116,10 @@ TEST(Sweep, StopsResumesSkipsAndRefusesOtherSettings) {
   o.executable = testing::tapeline_path().string();
   o.plot = false;
   o.stop_after_epochs = 1;
+  o.report_every_s = 1;  // a run takes seconds: at least one line of its log shows in between
   std::ostringstream log;
   ASSERT_EQ(run_sweep(o, log), 0) << log.str();
+  EXPECT_NE(log.str().find("] baseline.seed1: "), std::string::npos) << log.str();
   const fs::path one = fs::path(o.out_dir) / "baseline.seed1", two = fs::path(o.out_dir) / "baseline.seed2";
   EXPECT_NE(log.str().find("2 to run, 2 at a time"), std::string::npos) << log.str();
   EXPECT_NE(log.str().find("stopped baseline.seed1 after epoch 1 of 2"), std::string::npos) << log.str();
