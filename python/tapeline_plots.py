@@ -583,9 +583,13 @@ def seeds_figure(groups):
                 ax.text(i, 0, why, ha="center", va="bottom", fontsize=7)
                 continue
             mean, half, n = ci
-            ax.bar(i, mean * scale, color=colors[i], alpha=0.75)
-            if n > 1:
-                ax.errorbar(i, mean * scale, yerr=half * scale, color="black", capsize=4, lw=1)
+            if key == "metric_on":  # a point: the axis does not start at 0
+                ax.errorbar(i, mean * scale, yerr=half * scale if n > 1 else None, color=colors[i], fmt="o",
+                            capsize=4, lw=1.2)
+            else:
+                ax.bar(i, mean * scale, color=colors[i], alpha=0.75)
+                if n > 1:
+                    ax.errorbar(i, mean * scale, yerr=half * scale, color="black", capsize=4, lw=1)
             notes = []
             if n == 1:
                 notes.append("n=1")
@@ -594,16 +598,13 @@ def seeds_figure(groups):
             if notes:
                 ax.annotate(", ".join(notes), (i, (mean + half) * scale), ha="center", va="bottom", fontsize=7,
                             xytext=(0, 2), textcoords="offset points")
+        ax.set_xlim(-0.6, len(groups) - 0.4)
+        if key != "metric_on":
+            ax.set_ylim(bottom=0)
         ax.set_xticks(x)
         ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
         ax.set_ylabel(title or _metric_label(metric).replace("test", "final test") + ", on")
         if key == "metric_on":
-            values = [_ci(g.get(key)) for g in groups]
-            lows = [(m - h) * scale for m, h, _ in (v for v in values if v)]
-            highs = [(m + h) * scale for m, h, _ in (v for v in values if v)]
-            if lows:
-                pad = 0.1 * (max(highs) - min(lows) or 1.0)
-                ax.set_ylim(min(lows) - pad, max(highs) + pad)
             targets = {g.get("target") for g in groups if g.get("target") is not None}
             if len(targets) == 1:
                 ax.axhline(targets.pop() * scale, color="gray", ls="--", lw=1, label="target")
