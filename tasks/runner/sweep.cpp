@@ -219,9 +219,10 @@ int run_sweep(const SweepOptions& options, std::ostream& log) {
   const bool user_threads = std::any_of(options.overrides.begin(), options.overrides.end(),
                                         [](const auto& kv) { return kv.first == "run.threads"; });
   const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / jobs);
-  log << "sweep: " << runs.size() << " runs (" << options.configs.size() << " configs x " << options.seeds.size()
-      << " seeds) in " << options.out_dir << ": " << finished << " finished, " << todo.size() << " to run, " << jobs
-      << " at a time"
+  auto count = [](size_t n, const char* what) { return std::to_string(n) + " " + what + (n == 1 ? "" : "s"); };
+  log << "sweep: " << count(runs.size(), "run") << " (" << count(options.configs.size(), "config") << " x "
+      << count(options.seeds.size(), "seed") << ") in " << options.out_dir << ": " << finished << " finished, "
+      << todo.size() << " to run, " << jobs << " at a time"
       << (user_threads ? "" : ", " + std::to_string(threads) + (threads == 1 ? " thread" : " threads") + " each")
       << "\n"
       << std::flush;
