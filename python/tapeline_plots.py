@@ -21,6 +21,7 @@ this Python, so the caller can try another interpreter or skip with a note):
 
   python3 tapeline_plots.py run RUN_DIR [--out FILE.png]      # RUN_DIR/curves.png by default
   python3 tapeline_plots.py compare --out DIR RUN_DIR...      # DIR/*.png and DIR/*.svg
+  python3 tapeline_plots.py seeds --out DIR SEEDS.json        # DIR/seeds.png and .svg: means, 95% intervals
   python3 tapeline_plots.py check                             # exit 0 when matplotlib imports
 """
 
@@ -33,7 +34,7 @@ import sys
 __all__ = [
     "Run", "read_run", "load_runs", "run_figure", "metric_per_epoch_figure", "frontier_figure",
     "train_loss_figure", "boundary_stats_figure", "bytes_figure", "levels_axes", "write_run_plot",
-    "write_compare_plots",
+    "write_compare_plots", "seeds_figure", "write_seed_plots",
     "have_matplotlib", "save",
 ]
 
@@ -547,10 +548,89 @@ def write_compare_plots(run_dirs, out_dir, labels=None):
     return written
 
 
+# ---- seeds of one config (error bars) -------------------------------------------------------------
+def _ci(entry):
+    """(mean, half-width or 0, n) of one statistic of seeds.json (the C++ side computed them)."""
+    if not isinstance(entry, dict) or entry.get("n", 0) == 0:
+        return None
+    half = entry.get("half_width")
+    return float(entry["mean"]), float(half) if half is not None else 0.0, int(entry["n"])
+
+
+def seeds_figure(groups):
+    """Per config: the final metric (compression on), steps to target and time to target, each a
+    mean with its 95% interval as an error bar (none where n = 1, marked "n=1"). Configs with seeds
+    that missed the target say "k missed" over their bar. `groups` is seeds.json's "groups"."""
+    if not groups:
+        raise ValueError("seeds.json has no groups")
+    panels = [("metric_on", None), ("steps_to_target", "steps to target"), ("time_to_target_s", "time to target (s)")]
+    if any("planned_time_to_target_s" in g for g in groups):
+        panels.append(("planned_time_to_target_s", "planned time to target (s)"))
+    if not any(g.get("target") is not None for g in groups):
+        panels = panels[:1]
+    fig, axes = _figure(len(panels), width=max(4.0, 0.6 * len(groups) + 2.0))
+    colors = _colors(len(groups))
+    x = list(range(len(groups)))
+    labels = [g["label"] for g in groups]
+    metric = groups[0].get("metric", "accuracy")
+    for ax, (key, title) in zip(axes[0], panels):
+        scale = _scale(metric) if key == "metric_on" else 1.0
+        for i, g in enumerate(groups):
+            ci = _ci(g.get(key))
+            if ci is None:
+                why = "no plan" if key == "planned_time_to_target_s" and "plan" not in g else \
+                    f"{g['missed']} missed" if key != "metric_on" and g.get("missed") else "-"
+                ax.text(i, 0, why, ha="center", va="bottom", fontsize=7)
+                continue
+            mean, half, n = ci
+            if key == "metric_on":  # a point: the axis does not start at 0
+                ax.errorbar(i, mean * scale, yerr=half * scale if n > 1 else None, color=colors[i], fmt="o",
+                            capsize=4, lw=1.2)
+            else:
+                ax.bar(i, mean * scale, color=colors[i], alpha=0.75)
+                if n > 1:
+                    ax.errorbar(i, mean * scale, yerr=half * scale, color="black", capsize=4, lw=1)
+            notes = []
+            if n == 1:
+                notes.append("n=1")
+            if key != "metric_on" and g.get("missed"):
+                notes.append(f"{g['missed']} missed")
+            if notes:
+                ax.annotate(", ".join(notes), (i, (mean + half) * scale), ha="center", va="bottom", fontsize=7,
+                            xytext=(0, 2), textcoords="offset points")
+        ax.set_xlim(-0.6, len(groups) - 0.4)
+        if key != "metric_on":
+            ax.set_ylim(bottom=0)
+        ax.set_xticks(x)
+        ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(title or _metric_label(metric).replace("test", "final test") + ", on")
+        if key == "metric_on":
+            targets = {g.get("target") for g in groups if g.get("target") is not None}
+            if len(targets) == 1:
+                ax.axhline(targets.pop() * scale, color="gray", ls="--", lw=1, label="target")
+                ax.legend(fontsize=7)
+    fig.suptitle("mean over seeds, 95% interval (Student t)", fontsize=10)
+    return fig
+
+
+def write_seed_plots(seeds_json, out_dir):
+    """DIR/seeds.png and seeds.svg from the seeds.json `tapeline compare` writes; returns the paths."""
+    try:
+        with open(seeds_json) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{seeds_json}: not a seeds.json ({e})")
+    if not isinstance(data, dict) or "groups" not in data:
+        raise ValueError(f"{seeds_json}: no \"groups\" (not a seeds.json written by tapeline compare)")
+    os.makedirs(out_dir, exist_ok=True)
+    return save(seeds_figure(data["groups"]), os.path.join(out_dir, "seeds"))
+
+
 # ---- command line -------------------------------------------------------------------------------
 _USAGE = """usage:
   tapeline_plots.py run RUN_DIR [--out FILE.png]
   tapeline_plots.py compare --out DIR RUN_DIR...
+  tapeline_plots.py seeds --out DIR SEEDS.json
   tapeline_plots.py check"""
 
 
@@ -567,8 +647,9 @@ def main(argv):
             return 2
         out = rest[i + 1]
         rest = rest[:i] + rest[i + 2:]
-    if cmd not in ("run", "compare", "check"):
-        print(f"tapeline_plots: unknown command '{cmd}'; accepted: run, compare, check\n{_USAGE}", file=sys.stderr)
+    if cmd not in ("run", "compare", "seeds", "check"):
+        print(f"tapeline_plots: unknown command '{cmd}'; accepted: run, compare, seeds, check\n{_USAGE}",
+              file=sys.stderr)
         return 2
     if not have_matplotlib():
         print(f"tapeline_plots: matplotlib is not installed for {sys.executable} "
@@ -584,6 +665,12 @@ def main(argv):
                 print(f"tapeline_plots run: expected one RUN_DIR, got {len(rest)}\n{_USAGE}", file=sys.stderr)
                 return 2
             print(write_run_plot(rest[0], out))
+        elif cmd == "seeds":
+            if out is None or len(rest) != 1:
+                print(f"tapeline_plots seeds: needs --out DIR and one SEEDS.json\n{_USAGE}", file=sys.stderr)
+                return 2
+            for p in write_seed_plots(rest[0], out):
+                print(p)
         else:
             if out is None or not rest:
                 print(f"tapeline_plots compare: needs --out DIR and at least one RUN_DIR\n{_USAGE}", file=sys.stderr)

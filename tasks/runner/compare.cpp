@@ -5,18 +5,23 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <stdexcept>
+
+#include "tasks/config.h"
+#include "tasks/runner/trainer.h"
 
 extern char** environ;
 
@@ -53,27 +58,31 @@ std::vector<std::string> split_csv_line(const std::string& line) {
   return out;
 }
 
-// The last row of metrics.csv as column name -> value (numbers only; empty cells left out).
-std::map<std::string, double> last_csv_row(const fs::path& path) {
-  std::map<std::string, double> row;
+// The rows of metrics.csv as column name -> value (numbers only; empty cells left out); no rows
+// without the file.
+std::vector<std::map<std::string, double>> csv_rows(const fs::path& path) {
+  std::vector<std::map<std::string, double>> rows;
   std::ifstream in(path);
-  if (!in) return row;
-  std::string header_line, line, last;
-  if (!std::getline(in, header_line)) return row;
-  while (std::getline(in, line))
-    if (!line.empty() && line != "\r") last = line;
-  if (last.empty()) return row;
-  auto header = split_csv_line(header_line), cells = split_csv_line(last);
-  if (header.size() != cells.size())
-    throw std::runtime_error(path.string() + ": the last row has " + std::to_string(cells.size()) +
-                             " cells but the header names " + std::to_string(header.size()) + " columns");
-  for (size_t i = 0; i < header.size(); ++i) {
-    if (cells[i].empty()) continue;
-    char* end = nullptr;
-    double v = std::strtod(cells[i].c_str(), &end);
-    if (end && *end == '\0') row[header[i]] = v;
+  if (!in) return rows;
+  std::string header_line, line;
+  if (!std::getline(in, header_line)) return rows;
+  const auto header = split_csv_line(header_line);
+  for (int64_t n = 2; std::getline(in, line); ++n) {
+    if (line.empty() || line == "\r") continue;
+    const auto cells = split_csv_line(line);
+    if (header.size() != cells.size())
+      throw std::runtime_error(path.string() + ": row " + std::to_string(n) + " has " + std::to_string(cells.size()) +
+                               " cells but the header names " + std::to_string(header.size()) + " columns");
+    std::map<std::string, double> row;
+    for (size_t i = 0; i < header.size(); ++i) {
+      if (cells[i].empty()) continue;
+      char* end = nullptr;
+      double v = std::strtod(cells[i].c_str(), &end);
+      if (end && *end == '\0') row[header[i]] = v;
+    }
+    rows.push_back(std::move(row));
   }
-  return row;
+  return rows;
 }
 
 std::optional<double> csv_value(const std::map<std::string, double>& row, std::initializer_list<const char*> names) {
@@ -268,7 +277,8 @@ RunRecord read_run_record(const std::string& dir) {
     }
   }
   if (!j.is_object()) throw std::runtime_error(summary_path.string() + ": not a tapeline summary.json (not an object)");
-  const auto row = last_csv_row(d / "metrics.csv");
+  const auto rows = csv_rows(d / "metrics.csv");
+  const std::map<std::string, double> row = rows.empty() ? std::map<std::string, double>() : rows.back();
 
   RunRecord r;
   r.dir = dir;
@@ -313,6 +323,40 @@ RunRecord read_run_record(const std::string& dir) {
   const auto total = number_of(j, {"total_steps"});
   const auto time = pick({"train_time_s"});
   if (total && *total > 0 && time && *time > 0) r.time_per_step_s = *time / *total;
+  r.timeline_device = string_of(j, "timeline_device", "measured");
+
+  int64_t steps_so_far = 0;
+  for (const auto& e : rows) {
+    RunRecord::Epoch h;
+    h.epoch = static_cast<int64_t>(csv_value(e, {"epoch"}).value_or(0));
+    steps_so_far += static_cast<int64_t>(csv_value(e, {"steps"}).value_or(0));
+    h.steps = steps_so_far;
+    h.metric_on = csv_value(e, {"test_metric_compressed", "test_acc_compressed"});
+    h.train_time_s = csv_value(e, {"train_time_s"});
+    h.train_loss = csv_value(e, {"train_loss"});
+    r.history.push_back(h);
+  }
+  // The seed and the settings without it, from the run's resolved config (absent: runs stay apart).
+  if (fs::exists(d / "config.ini")) {
+    try {
+      const Config config = Config::load((d / "config.ini").string());
+      std::vector<std::pair<std::string, std::string>> seedless;
+      std::string others;
+      for (const auto& [k, v] : config.resolved()) {
+        if (k == "run.seed") {
+          r.seed = std::stoll(v);
+          seedless.emplace_back(k, "0");
+          continue;
+        }
+        seedless.emplace_back(k, v);
+        if (k.rfind("boundary.", 0) == 0 || k.rfind("dp.", 0) == 0 || k == "parallel.dp") others += k + "=" + v + "\n";
+      }
+      r.seedless_fingerprint = config_fingerprint(Config::load("", seedless));
+      r.settings = r.seedless_fingerprint + "\n" + others;
+    } catch (const std::exception&) {
+      r.seed.reset();  // an old config.ini (keys since renamed): shown alone
+    }
+  }
   return r;
 }
 
@@ -378,7 +422,8 @@ Comparison compare_runs(const std::vector<RunRecord>& runs) {
   for (const auto& [task, labels] : by_task) {
     std::map<std::string, std::vector<std::string>> by_fp;
     for (const auto& r : runs)
-      if (r.task + " (" + r.metric + ")" == task && !r.fingerprint.empty()) by_fp[r.fingerprint].push_back(r.label);
+      if (r.task + " (" + r.metric + ")" == task && !r.fingerprint.empty())  // seeds apart
+        by_fp[r.seedless_fingerprint.empty() ? r.fingerprint : r.seedless_fingerprint].push_back(r.label);
     if (by_fp.size() > 1) {
       std::vector<std::string> groups;
       for (const auto& [fp, ls] : by_fp) groups.push_back("{" + join(ls, ", ") + "}");
@@ -399,6 +444,331 @@ Comparison compare_runs(const std::vector<RunRecord>& runs) {
       break;
     }
   return c;
+}
+
+// ---- seeds of one config ----------------------------------------------------------------------------
+namespace {
+
+// Student t density with df degrees of freedom.
+double t_density(double x, double df) {
+  const double c = std::lgamma((df + 1) / 2) - std::lgamma(df / 2) - 0.5 * std::log(df * M_PI);
+  return std::exp(c - (df + 1) / 2 * std::log1p(x * x / df));
+}
+
+// P(0 <= T <= x), Simpson's rule on 2,000 intervals (the density is smooth; error < 1e-9 here).
+double t_mass_to(double x, double df) {
+  const int n = 2000;
+  const double h = x / n;
+  double sum = t_density(0, df) + t_density(x, df);
+  for (int i = 1; i < n; ++i) sum += (i % 2 ? 4 : 2) * t_density(i * h, df);
+  return sum * h / 3;
+}
+
+// "12.3 ± 0.4", "12.3 (n=1, no interval)", "-" (no values), through `text` for the unit.
+std::string ci_text(const MeanCI& m, const std::function<std::string(double)>& text) {
+  if (m.n == 0) return "-";
+  if (!m.half_width) return text(m.mean) + " (n=1, no interval)";
+  return text(m.mean) + " ± " + text(*m.half_width);
+}
+
+// The run's name without a seed suffix: NAME.seed3, NAME-seed3, NAME_seed3, NAME.s3 -> NAME.
+std::string without_seed_suffix(const std::string& label) {
+  for (const char* sep : {".seed", "-seed", "_seed", ".s"}) {
+    const auto pos = label.rfind(sep);
+    if (pos == std::string::npos || pos == 0) continue;
+    const std::string digits = label.substr(pos + std::strlen(sep));
+    if (!digits.empty() && std::all_of(digits.begin(), digits.end(), [](char c) { return std::isdigit(c); }))
+      return label.substr(0, pos);
+  }
+  return label;
+}
+
+json ci_json(const MeanCI& m) {
+  json j = {{"n", m.n}, {"mean", m.mean}};
+  j["half_width"] = m.half_width ? json(*m.half_width) : json(nullptr);
+  return j;
+}
+
+bool reaches(double value, double target, bool higher_is_better) {
+  return higher_is_better ? value >= target : value <= target;
+}
+
+}  // namespace
+
+double student_t95(int64_t df) {
+  if (df < 1) throw std::invalid_argument("student_t95: degrees of freedom must be >= 1, got " + std::to_string(df));
+  // Bisection on P(0 <= T <= x) = 0.475; t_{0.975} is 12.71 at df = 1 and falls towards 1.96.
+  double lo = 1.9, hi = 13.0;
+  for (int i = 0; i < 60; ++i) {
+    const double mid = (lo + hi) / 2;
+    (t_mass_to(mid, double(df)) < 0.475 ? lo : hi) = mid;
+  }
+  return (lo + hi) / 2;
+}
+
+MeanCI mean_ci(const std::vector<double>& xs) {
+  MeanCI m;
+  m.n = static_cast<int64_t>(xs.size());
+  if (xs.empty()) return m;
+  for (double x : xs) m.mean += x;
+  m.mean /= double(xs.size());
+  if (xs.size() < 2) return m;
+  double ss = 0;
+  for (double x : xs) ss += (x - m.mean) * (x - m.mean);
+  const double sd = std::sqrt(ss / double(xs.size() - 1));
+  m.half_width = student_t95(m.n - 1) * sd / std::sqrt(double(xs.size()));
+  return m;
+}
+
+PlannedStep read_plan(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + ": cannot be read (expected a plan.json written by tapeline plan)");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    throw std::runtime_error(path + ": not JSON (" + std::string(e.what()) +
+                             "); expected a plan.json written by tapeline plan");
+  }
+  PlannedStep p;
+  p.file = path;
+  auto it = j.is_object() ? j.find("step_s") : j.end();
+  if (!j.is_object() || it == j.end())
+    throw std::runtime_error(path +
+                             ": no \"step_s\" (the planned seconds of one optimizer step, written by tapeline plan)");
+  if (!it->is_number() || !(it->get<double>() > 0))
+    throw std::runtime_error(path + ": \"step_s\" must be a number > 0 (seconds per planned step), got " + it->dump());
+  p.step_s = it->get<double>();
+  p.device = string_of(j, "device");
+  p.config = string_of(j, "config");
+  return p;
+}
+
+SeedComparison compare_seeds(const std::vector<RunRecord>& runs, const SeedOptions& options) {
+  SeedComparison out;
+  // Groups, in first-seen order: same settings but the seed (runs without a config.ini stay alone).
+  std::vector<std::vector<const RunRecord*>> members;
+  std::map<std::string, size_t> index;
+  for (const auto& r : runs) {
+    const std::string key = r.settings.empty() ? "dir:" + r.dir : r.settings;
+    auto [it, fresh] = index.emplace(key, members.size());
+    if (fresh) members.emplace_back();
+    members[it->second].push_back(&r);
+  }
+  for (const auto& m : members) {
+    SeedGroup g;
+    const RunRecord& first = *m.front();
+    g.label = without_seed_suffix(first.label);
+    for (const RunRecord* r : m)
+      if (without_seed_suffix(r->label) != g.label) {
+        std::string stem = fs::path(first.config).stem().string();
+        g.label = stem.empty() ? first.label : stem;
+        break;
+      }
+    g.task = first.task, g.metric = first.metric, g.higher_is_better = first.higher_is_better;
+    g.config = first.config, g.forward = first.forward, g.backward = first.backward;
+    g.timeline_device = first.timeline_device;
+    out.groups.push_back(g);
+  }
+  // Labels must name one group each (--target-from and --plan refer to them).
+  {
+    std::map<std::string, int> seen;
+    for (auto& g : out.groups)
+      if (++seen[g.label] > 1) g.label += " (" + std::to_string(seen[g.label]) + ")";
+  }
+  auto find_group = [&](const std::string& label) -> size_t {
+    for (size_t i = 0; i < out.groups.size(); ++i)
+      if (out.groups[i].label == label) return i;
+    std::vector<std::string> names;
+    for (const auto& g : out.groups) names.push_back(g.label);
+    throw std::invalid_argument("no config named '" + label + "' among the runs; their configs: " + join(names, ", "));
+  };
+
+  // The final metrics first: --target-from needs its group's mean.
+  for (size_t gi = 0; gi < members.size(); ++gi) {
+    SeedGroup& g = out.groups[gi];
+    std::vector<double> on, off, loss, bytes, step, wall;
+    std::set<int64_t> seeds;
+    for (const RunRecord* r : members[gi]) {
+      g.dirs.push_back(r->dir);
+      g.seeds.push_back(r->seed);
+      if (r->seed && !seeds.insert(*r->seed).second)
+        out.notes.push_back(g.label + ": two runs of seed " + std::to_string(*r->seed) +
+                            " (the same run twice?); both are counted");
+      if (r->epochs > 0 && r->last_epoch < r->epochs)
+        g.unfinished.push_back(r->label + " (epoch " + std::to_string(r->last_epoch) + " of " +
+                               std::to_string(r->epochs) + ")");
+      if (r->metric_on) on.push_back(*r->metric_on);
+      if (r->metric_off) off.push_back(*r->metric_off);
+      if (!r->history.empty() && r->history.back().train_loss) loss.push_back(*r->history.back().train_loss);
+      bytes.push_back(r->bytes_per_step);
+      if (r->time_per_step_s) step.push_back(*r->time_per_step_s);
+      wall.push_back(r->wall_s);
+    }
+    g.metric_on = mean_ci(on), g.metric_off = mean_ci(off), g.train_loss = mean_ci(loss);
+    g.bytes_per_step = mean_ci(bytes), g.time_per_step_s = mean_ci(step), g.wall_s = mean_ci(wall);
+  }
+  std::optional<double> shared_target = options.target;
+  if (!shared_target && !options.target_from.empty()) {
+    const SeedGroup& ref = out.groups[find_group(options.target_from)];
+    if (ref.metric_on.n == 0)
+      throw std::invalid_argument("--target-from " + options.target_from + ": its runs have no final test metric");
+    shared_target = ref.metric_on.mean + options.target_delta;
+  }
+  // A plan without a name is every group's; named plans win over it.
+  for (const auto& [label, plan] : options.plans)
+    if (label.empty())
+      for (auto& g : out.groups) g.plan = plan;
+  for (const auto& [label, plan] : options.plans)
+    if (!label.empty()) out.groups[find_group(label)].plan = plan;
+
+  // Steps and time to target, per run, from metrics.csv.
+  bool any_target = false;
+  for (size_t gi = 0; gi < members.size(); ++gi) {
+    SeedGroup& g = out.groups[gi];
+    std::vector<double> steps, times, planned;
+    for (const RunRecord* r : members[gi]) {
+      const std::optional<double> target = shared_target ? shared_target : r->target;
+      if (!target) continue;
+      if (g.target && std::fabs(*g.target - *target) > 1e-12)
+        out.notes.push_back(g.label + ": its runs have different train.target values; " + r->label +
+                            "'s is used for it");
+      g.target = target;
+      const RunRecord::Epoch* hit = nullptr;
+      for (const auto& e : r->history)
+        if (e.metric_on && reaches(*e.metric_on, *target, r->higher_is_better)) {
+          hit = &e;
+          break;
+        }
+      if (!hit) {
+        const int64_t last = r->history.empty() ? 0 : r->history.back().steps;
+        g.missed.push_back(r->label + " (" + std::to_string(last) + " steps)");
+        continue;
+      }
+      steps.push_back(double(hit->steps));
+      if (hit->train_time_s) times.push_back(*hit->train_time_s);
+      if (g.plan) planned.push_back(double(hit->steps) * g.plan->step_s);
+    }
+    any_target = any_target || g.target.has_value();
+    g.steps_to_target = mean_ci(steps), g.time_to_target_s = mean_ci(times);
+    g.planned_time_to_target_s = mean_ci(planned);
+  }
+
+  // The table.
+  const bool any_plan = std::any_of(out.groups.begin(), out.groups.end(), [](const SeedGroup& g) { return g.plan; });
+  std::vector<std::string> header = {"config",     "n",           "seeds",      "compression (fwd / bwd)",
+                                     "metric, on", "metric, off", "bytes/step", "time/step"};
+  if (any_target)
+    for (const char* h : {"target", "reached", "steps to target", "time to target"}) header.push_back(h);
+  if (any_plan)
+    for (const char* h : {"planned step", "planned time to target"}) header.push_back(h);
+  std::vector<std::vector<std::string>> cells = {header};
+  for (const auto& g : out.groups) {
+    std::vector<std::string> seeds;
+    for (const auto& s : g.seeds) seeds.push_back(s ? std::to_string(*s) : "?");
+    auto metric = [&](double v) { return metric_text(g.metric, v, false); };
+    auto secs = [](double v) { return fixed(v, 3) + " s"; };
+    std::vector<std::string> row = {g.label,
+                                    std::to_string(g.dirs.size()),
+                                    join(seeds, ","),
+                                    g.forward + " / " + g.backward,
+                                    ci_text(g.metric_on, metric),
+                                    ci_text(g.metric_off, metric),
+                                    ci_text(g.bytes_per_step, [](double v) { return human_bytes(v); }),
+                                    ci_text(g.time_per_step_s, secs)};
+    if (any_target) {
+      row.push_back(g.target ? metric(*g.target) : "-");
+      row.push_back(g.target ? std::to_string(g.steps_to_target.n) + " of " + std::to_string(g.dirs.size()) : "-");
+      row.push_back(ci_text(g.steps_to_target, [](double v) { return fixed(v, v == std::floor(v) ? 0 : 1); }));
+      row.push_back(ci_text(g.time_to_target_s, [](double v) { return seconds_text(v); }));
+    }
+    if (any_plan) {
+      row.push_back(g.plan ? fixed(g.plan->step_s, 3) + " s" : "-");
+      row.push_back(ci_text(g.planned_time_to_target_s, [](double v) { return seconds_text(v); }));
+    }
+    cells.push_back(row);
+  }
+  out.table = table_text(cells, 4);
+
+  // What each number is, and what the means leave out.
+  out.notes.push_back(
+      "mean ± half-width of the 95% confidence interval over seeds (Student t, n - 1 degrees of "
+      "freedom); metrics are the last epoch's test metric with compression on and off");
+  if (any_target) {
+    std::set<std::string> devices;
+    for (const auto& g : out.groups)
+      if (g.target) devices.insert(g.timeline_device);
+    out.notes.push_back(
+        "steps to target: measured by training (optimizer steps to the end of the first epoch whose test metric, "
+        "compression on, reaches the target; resolution one epoch), over the runs that reached it");
+    out.notes.push_back("time to target: the runs' own timeline at that epoch (timeline.device = " +
+                        join({devices.begin(), devices.end()}, ", ") +
+                        (devices.count("measured") && devices.size() == 1
+                             ? ": compute measured on this machine, links emulated)"
+                             : ": compute modelled on that device, links emulated)"));
+    if (shared_target)
+      out.notes.push_back(
+          "target " + metric_text(out.groups.front().metric, *shared_target, true) +
+          (options.target ? " (--target)"
+                          : " (--target-from " + options.target_from + ": its mean final metric " +
+                                (options.target_delta >= 0 ? "+ " : "- ") +
+                                metric_text(out.groups.front().metric, std::fabs(options.target_delta), false) + ")"));
+  }
+  if (any_plan) {
+    for (const auto& g : out.groups)
+      if (g.plan)
+        out.notes.push_back(g.label + ": planned time to target = steps to target (measured) x " +
+                            fixed(g.plan->step_s, 3) + " s per step (modelled: " + g.plan->file +
+                            (g.plan->device.empty() ? "" : ", device " + g.plan->device) +
+                            (g.plan->config.empty() ? "" : ", config " + g.plan->config) + ")");
+  }
+  for (const auto& g : out.groups) {
+    if (!g.missed.empty())
+      out.notes.push_back(
+          g.label + ": " + std::to_string(g.missed.size()) + " of " + std::to_string(g.dirs.size()) +
+          " runs did not reach the target and are left out of steps and time to target: " + join(g.missed, ", "));
+    if (!g.unfinished.empty())
+      out.notes.push_back(
+          g.label + ": unfinished runs (tapeline sweep or train --resume continues them): " + join(g.unfinished, ", "));
+    if (g.dirs.size() == 1) out.notes.push_back(g.label + ": n=1, no interval");
+  }
+  {
+    std::set<std::string> tasks;
+    for (const auto& g : out.groups) tasks.insert(g.task + " (" + g.metric + ")");
+    if (tasks.size() > 1)
+      out.notes.push_back("these configs are of different tasks or metrics and do not compare: " +
+                          join({tasks.begin(), tasks.end()}, ", "));
+  }
+
+  json j = json::array();
+  for (const auto& g : out.groups) {
+    json seeds = json::array();
+    for (const auto& s : g.seeds) seeds.push_back(s ? json(*s) : json(nullptr));
+    json e = {{"label", g.label},
+              {"task", g.task},
+              {"metric", g.metric},
+              {"higher_is_better", g.higher_is_better},
+              {"forward", g.forward},
+              {"backward", g.backward},
+              {"runs", g.dirs},
+              {"seeds", seeds},
+              {"metric_on", ci_json(g.metric_on)},
+              {"metric_off", ci_json(g.metric_off)},
+              {"bytes_per_step", ci_json(g.bytes_per_step)},
+              {"time_per_step_s", ci_json(g.time_per_step_s)},
+              {"missed", g.missed.size()},
+              {"steps_to_target", ci_json(g.steps_to_target)},
+              {"time_to_target_s", ci_json(g.time_to_target_s)},
+              {"timeline_device", g.timeline_device}};
+    e["target"] = g.target ? json(*g.target) : json(nullptr);
+    if (g.plan) {
+      e["plan"] = {{"file", g.plan->file}, {"step_s", g.plan->step_s}, {"device", g.plan->device}};
+      e["planned_time_to_target_s"] = ci_json(g.planned_time_to_target_s);
+    }
+    j.push_back(e);
+  }
+  out.json = json({{"groups", j}}).dump(1);
+  return out;
 }
 
 // ---- plots -------------------------------------------------------------------------------------------
@@ -435,6 +805,20 @@ bool write_run_plot(const std::string& run_dir, std::string* note) {
   }
   if (!r.written && note) *note = r.note.empty() ? "curves.png was not written" : r.note;
   return r.written;
+}
+
+PlotResult write_seed_plots(const SeedComparison& seeds, const std::string& out_dir) {
+  PlotResult r;
+  try {
+    fs::create_directories(out_dir);
+    const std::string path = (fs::path(out_dir) / "seeds.json").string();
+    write_file_atomic(path, seeds.json + "\n");
+    run_plot_module({"seeds", "--out", out_dir, path}, r);
+  } catch (const std::exception& e) {
+    r.written = false;
+    r.note = std::string("plots failed: ") + e.what();
+  }
+  return r;
 }
 
 PlotResult write_compare_plots(const std::vector<std::string>& run_dirs, const std::string& out_dir) {

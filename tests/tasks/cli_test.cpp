@@ -89,6 +89,46 @@ TEST(Cli, ConfigurationErrorsExitWithStatus2BeforeRunning) {
   EXPECT_NE(r.output.find("not a tapeline run directory"), std::string::npos) << r.output;
 }
 
+// `tapeline sweep` and `tapeline compare --plan`: bad input is exit status 2, naming what is wrong,
+// and nothing is written.
+TEST(Cli, SweepAndPlanErrorsExitWithStatus2) {
+  REQUIRE_TAPELINE();
+  testing::TempDir dir;
+  const std::string out = (dir.path() / "sweep").string();
+  const std::string cfg = (kConfigs / "baseline.ini").string();
+  Result r = run("sweep --configs " + cfg + " --seeds 1,x --out " + out);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("--seeds '1,x': 'x' is not an integer >= 0"), std::string::npos) << r.output;
+  r = run("sweep --configs " + cfg + " nope.ini --seeds 1 --out " + out);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("nope.ini is not a file"), std::string::npos) << r.output;
+  r = run("sweep --configs " + cfg + " --seeds 1 --out " + out + " --train.epoch=3");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("train.epoch"), std::string::npos) << r.output;
+  r = run("sweep --configs " + cfg + " --seeds 1 --out " + out + " --jobs 0");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_FALSE(fs::exists(out)) << "nothing may be written when the command line is wrong";
+
+  // A run directory for compare, and a plan.json without step_s.
+  const fs::path run_dir = dir.path() / "dense.seed1";
+  fs::create_directories(run_dir);
+  std::ofstream(run_dir / "summary.json") << R"({"name": "dense.seed1", "epochs": 1, "epoch": 1, "forward": "bf16",
+      "backward": "bf16", "test_metric_compressed": 0.5, "test_metric_uncompressed": 0.5})";
+  const fs::path plan = dir.path() / "plan.json";
+  std::ofstream(plan) << R"({"bytes_per_token": 4096})";
+  r = run("compare " + run_dir.string() + " --plan " + plan.string());
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find(plan.string() + ": no \"step_s\""), std::string::npos) << r.output;
+  std::ofstream(plan) << R"({"step_s": 2.0, "device": "h100"})";
+  r = run("compare " + run_dir.string() + " --plan other=" + plan.string());
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("no config named 'other'"), std::string::npos) << r.output;
+  r = run("compare " + run_dir.string() + " --plan " + plan.string());
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("by config, over seeds"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("n=1, no interval"), std::string::npos) << r.output;
+}
+
 // A finished `tapeline train` draws DIR/curves.png when python3 has matplotlib, and otherwise ends
 // with a note and status 0 (the picture never fails a run); --no-plot skips it.
 TEST(Cli, ATrainRunEndsWithItsCurvesOrANote) {

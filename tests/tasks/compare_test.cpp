@@ -3,6 +3,7 @@
 // python/tapeline_plots.py (skipped with a note, never an error, when matplotlib is missing).
 #include "tasks/runner/compare.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -228,6 +229,151 @@ TEST(Compare, WritesCurvesAndComparisonFigures) {
   // A directory that is not a run: a note naming it, no exception.
   EXPECT_FALSE(write_run_plot((dir.path() / "nope").string(), &note));
   EXPECT_NE(note.find("nope"), std::string::npos) << note;
+}
+
+// ---- seeds of one config -------------------------------------------------------------------------
+
+TEST(CompareSeeds, StudentTQuantilesMatchPublishedTables) {
+  // t_{0.975, df} from any statistics table.
+  const std::vector<std::pair<int64_t, double>> table = {{1, 12.706}, {2, 4.303},  {3, 3.182},  {4, 2.776},
+                                                         {9, 2.262},  {10, 2.228}, {30, 2.042}, {120, 1.980}};
+  for (const auto& [df, t] : table) EXPECT_NEAR(student_t95(df), t, 1e-3) << "df " << df;
+  expect_error([] { student_t95(0); }, {"degrees of freedom must be >= 1"});
+}
+
+TEST(CompareSeeds, MeanAndIntervalOfASample) {
+  const MeanCI m = mean_ci({1.0, 2.0, 3.0});  // sd 1
+  EXPECT_EQ(m.n, 3);
+  EXPECT_DOUBLE_EQ(m.mean, 2.0);
+  ASSERT_TRUE(m.half_width.has_value());
+  EXPECT_NEAR(*m.half_width, 4.3027 / std::sqrt(3.0), 1e-4);
+  const MeanCI one = mean_ci({5.0});
+  EXPECT_EQ(one.n, 1);
+  EXPECT_FALSE(one.half_width.has_value());
+  EXPECT_EQ(mean_ci({}).n, 0);
+}
+
+// A run of `name` with seed `seed` and the per-epoch test accuracies `acc` (10 steps and 15 s of
+// timeline each), target 0.8, its config.ini saying the seed and the forward codec.
+fs::path seed_run(const fs::path& root, const std::string& name, int seed, const std::string& forward,
+                  const std::vector<double>& acc) {
+  fs::path d = root / name;
+  std::string csv =
+      "epoch,train_loss,test_metric_compressed,test_metric_uncompressed,bytes_forward,bytes_backward,"
+      "bytes_uncompressed,steps,wall_s,train_time_s\n";
+  for (size_t e = 0; e < acc.size(); ++e)
+    csv += std::to_string(e + 1) + ",0.5," + std::to_string(acc[e]) + "," + std::to_string(acc[e]) +
+           ",1000,1000,4000,10," + std::to_string(20 * (e + 1)) + "," + std::to_string(15 * (e + 1)) + "\n";
+  write(d / "metrics.csv", csv);
+  const std::string n = std::to_string(acc.size());
+  write(d / "summary.json",
+        R"J({"name": ")J" + name + R"J(", "config": "configs/)J" + name.substr(0, name.find('.')) +
+            R"J(.ini", "forward": ")J" + forward + R"J(", "backward": "identity", "epochs": )J" + n +
+            R"J(, "epoch": )J" + n + R"J(, "test_metric_compressed": )J" + std::to_string(acc.back()) +
+            R"J(, "test_metric_uncompressed": )J" + std::to_string(acc.back()) +
+            R"J(, "target": 0.8, "total_steps": )J" + std::to_string(10 * acc.size()) + R"J(, "train_time_s": )J" +
+            std::to_string(15 * acc.size()) + R"J(, "timeline_device": "h100", "fingerprint": "fp-)J" +
+            std::to_string(seed) + R"J("})J");
+  write(d / "config.ini", "[run]\nseed = " + std::to_string(seed) + "\n\n[boundary]\nforward = " + forward + "\n");
+  return d;
+}
+
+std::vector<RunRecord> seed_runs(const fs::path& root) {
+  std::vector<RunRecord> runs;
+  // dense reaches 0.8 after 10, 20 and 30 steps (15, 30, 45 s); quant after 10 steps with seed 1, never with seed 2.
+  runs.push_back(read_run_record(seed_run(root, "dense.seed1", 1, "identity", {0.80, 0.81, 0.80}).string()));
+  runs.push_back(read_run_record(seed_run(root, "quant.seed1", 1, "quant(bits=4)", {0.85, 0.84, 0.86}).string()));
+  runs.push_back(read_run_record(seed_run(root, "dense.seed2", 2, "identity", {0.70, 0.80, 0.82}).string()));
+  runs.push_back(read_run_record(seed_run(root, "dense.seed3", 3, "identity", {0.70, 0.75, 0.84}).string()));
+  runs.push_back(read_run_record(seed_run(root, "quant.seed2", 2, "quant(bits=4)", {0.60, 0.70, 0.78}).string()));
+  return runs;
+}
+
+TEST(CompareSeeds, GroupsSeedsAndCountsRunsThatMissTheTarget) {
+  TempDir dir;
+  const auto runs = seed_runs(dir.path());
+  ASSERT_TRUE(runs[0].seed.has_value());
+  EXPECT_EQ(*runs[0].seed, 1);
+  EXPECT_EQ(runs[0].settings, runs[2].settings);  // seeds of one config
+  EXPECT_NE(runs[0].settings, runs[1].settings);  // another codec
+  const SeedComparison c = compare_seeds(runs, {});
+  ASSERT_EQ(c.groups.size(), 2u);
+  const SeedGroup& dense = c.groups[0];
+  EXPECT_EQ(dense.label, "dense");
+  EXPECT_EQ(dense.dirs.size(), 3u);
+  EXPECT_NEAR(dense.metric_on.mean, 0.82, 1e-9);
+  ASSERT_TRUE(dense.metric_on.half_width.has_value());
+  EXPECT_NEAR(*dense.metric_on.half_width, 4.3027 * 0.02 / std::sqrt(3.0), 1e-5);
+  EXPECT_EQ(dense.steps_to_target.n, 3);
+  EXPECT_DOUBLE_EQ(dense.steps_to_target.mean, 20.0);
+  EXPECT_NEAR(*dense.steps_to_target.half_width, 4.3027 * 10 / std::sqrt(3.0), 1e-3);
+  EXPECT_DOUBLE_EQ(dense.time_to_target_s.mean, 30.0);
+  const SeedGroup& quant = c.groups[1];
+  EXPECT_EQ(quant.steps_to_target.n, 1);
+  EXPECT_FALSE(quant.steps_to_target.half_width.has_value());
+  ASSERT_EQ(quant.missed.size(), 1u);
+  EXPECT_EQ(quant.missed[0], "quant.seed2 (30 steps)");
+  for (const char* cell : {"82.00% ± 4.97%", "3 of 3", "20 ± 24.8", "30.0 s ± 37.3 s", "1 of 2",
+                           "10 (n=1, no interval)", "1,2,3", "quant(bits=4) / identity"})
+    EXPECT_NE(c.table.find(cell), std::string::npos) << cell << " missing from\n" << c.table;
+  std::string notes;
+  for (const auto& n : c.notes) notes += n + "\n";
+  for (const char* text : {"1 of 2 runs did not reach the target", "quant.seed2", "measured by training",
+                           "timeline.device = h100: compute modelled", "Student t"})
+    EXPECT_NE(notes.find(text), std::string::npos) << text << " missing from\n" << notes;
+}
+
+TEST(CompareSeeds, TargetFromAConfigAndPlannedTime) {
+  TempDir dir;
+  const auto runs = seed_runs(dir.path());
+  write(dir.path() / "plan.json", R"({"step_s": 100.0, "device": "h100", "config": "configs/plan/x.ini"})");
+  SeedOptions o;
+  o.target_from = "dense";
+  o.target_delta = 0.015;  // 0.835: dense seeds 1 and 2 never reach it
+  o.plans = {{"", read_plan((dir.path() / "plan.json").string())}};
+  const SeedComparison c = compare_seeds(runs, o);
+  ASSERT_TRUE(c.groups[0].target.has_value());
+  EXPECT_NEAR(*c.groups[0].target, 0.835, 1e-9);
+  EXPECT_EQ(c.groups[0].missed.size(), 2u);
+  EXPECT_EQ(c.groups[0].steps_to_target.n, 1);
+  EXPECT_DOUBLE_EQ(c.groups[0].planned_time_to_target_s.mean, 30 * 100.0);  // 30 steps (measured) x 100 s (planned)
+  EXPECT_DOUBLE_EQ(c.groups[1].planned_time_to_target_s.mean, 10 * 100.0);
+  std::string notes;
+  for (const auto& n : c.notes) notes += n + "\n";
+  for (const char* text :
+       {"steps to target (measured) x 100.000 s per step (modelled", "plan.json", "device h100", "--target-from dense"})
+    EXPECT_NE(notes.find(text), std::string::npos) << text << " missing from\n" << notes;
+  EXPECT_NE(c.table.find("planned time to target"), std::string::npos) << c.table;
+  EXPECT_NE(c.json.find("\"planned_time_to_target_s\""), std::string::npos);
+
+  o.target_from = "nope";
+  expect_error([&] { compare_seeds(runs, o); }, {"no config named 'nope'", "dense, quant"});
+  o.target_from.clear();
+  o.plans = {{"nope", o.plans[0].second}};
+  expect_error([&] { compare_seeds(runs, o); }, {"no config named 'nope'"});
+}
+
+TEST(CompareSeeds, APlanWithoutStepTimeIsAnErrorNamingTheFile) {
+  TempDir dir;
+  const std::string p = (dir.path() / "plan.json").string();
+  write(p, R"({"bytes_per_token": 4096})");
+  expect_error([&] { read_plan(p); }, {p, "no \"step_s\"", "tapeline plan"});
+  write(p, R"({"step_s": -1})");
+  expect_error([&] { read_plan(p); }, {p, "must be a number > 0"});
+  write(p, "{oops");
+  expect_error([&] { read_plan(p); }, {p, "not JSON"});
+  expect_error([&] { read_plan((dir.path() / "none.json").string()); }, {"none.json", "cannot be read"});
+}
+
+TEST(CompareSeeds, DrawsErrorBars) {
+  TempDir dir;
+  const SeedComparison c = compare_seeds(seed_runs(dir.path()), {});
+  const PlotResult p = write_seed_plots(c, (dir.path() / "figs").string());
+  if (p.missing_matplotlib) GTEST_SKIP() << p.note;
+  ASSERT_TRUE(p.written) << p.note;
+  EXPECT_TRUE(fs::exists(dir.path() / "figs" / "seeds.json"));
+  EXPECT_GT(fs::file_size(dir.path() / "figs" / "seeds.png"), 10000u);
+  EXPECT_TRUE(fs::exists(dir.path() / "figs" / "seeds.svg"));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // tapeline: the command-line front end.
 //   tapeline train --config FILE --out DIR [--resume DIR] [--with-baseline] [--nproc N] [--section.key=value ...]
 //   tapeline eval --run DIR [--compression on|off|both] [--section.key=value ...]
+//   tapeline sweep --configs A.ini B.ini --seeds 1,2,3 --out DIR [--jobs K] [--section.key=value ...]
 // Exit status: 0 success, 2 usage or configuration error (nothing ran), 1 failure while running.
 #include <boost/program_options.hpp>
 #ifdef __GLIBC__
@@ -23,6 +24,7 @@
 #include "tasks/runner/plan.h"
 #include "tasks/config.h"
 #include "tasks/runner/report.h"
+#include "tasks/runner/sweep.h"
 #include "tasks/runner/trainer.h"
 
 namespace po = boost::program_options;
@@ -40,10 +42,11 @@ const char* kTopHelp = R"(tapeline: split-model training with compressed stage b
 usage:
   tapeline train --config FILE --out DIR [options] [--section.key=value ...]
   tapeline eval --run DIR [--compression on|off|both] [--section.key=value ...]
-  tapeline compare RUN_DIR... [--plot OUT_DIR]
+  tapeline compare RUN_DIR... [--plot OUT_DIR] [--target V | --target-from CONFIG [--target-delta D]] [--plan [CONFIG=]plan.json]
   tapeline plan --config FILE [--out plan.json] [--sweep key=v1,v2,...] [--section.key=value ...]
+  tapeline sweep --configs A.ini B.ini ... --seeds 1,2,3 --out DIR [--jobs K] [--section.key=value ...]
   tapeline schedule [--schedule 1f1b|gpipe|interleaved|zbh1|zbv] [--stages S] [--virtual-stages V] [--micro-batches M] [--comm] [--slack]
-  tapeline help [train|eval|compare|schedule]
+  tapeline help [train|eval|compare|sweep|plan|schedule]
 
 commands:
   train   train a model cut into stages with a compression boundary at each cut; writes DIR/
@@ -51,10 +54,12 @@ commands:
           curves.png) and prints test accuracy with and without compression and bytes per step
   eval    test accuracy of a run's last checkpoint with compression on or off
   compare one table of finished runs (final metric with compression on and off, bytes per step,
-          wall time); --plot OUT_DIR also draws the figures (PNG and SVG, matplotlib)
+          wall time); --plot OUT_DIR also draws the figures (PNG and SVG, matplotlib). Seeds of one
+          config are aggregated: mean and 95% interval of every metric, steps and time to target
   plan    one training step of the config on shapes only (no data, no arithmetic): step time on
           timeline.device, bytes and busy time per link, bubble, MFU, memory per rank; writes
           plan.json (docs/CONFIG.md, "tapeline plan"); --sweep prints a table over one key's values
+  sweep   train every config with every seed (OUT/NAME.seedN), K at a time; run again to resume
   schedule print every rank's action list of one training step (compute only, or with --comm
           the sends and receives too: SA/RA activation, SG/RG gradient, ~ = sent uncompressed
           by epilogue-only boundaries), as pipeline.schedule runs it
@@ -279,14 +284,25 @@ int cmd_train(const std::vector<std::string>& argv) {
   return 0;
 }
 
-const char* kCompareUsage = "usage: tapeline compare RUN_DIR... [--plot OUT_DIR]";
+const char* kCompareUsage =
+    "usage: tapeline compare RUN_DIR... [--plot OUT_DIR] [--target V | --target-from CONFIG [--target-delta D]] "
+    "[--plan [CONFIG=]plan.json ...]";
 
 int cmd_compare(const std::vector<std::string>& argv) {
   po::options_description desc("compare options");
   desc.add_options()("help,h", "show this help")(
       "plot", po::value<std::string>(),
       "also write figures to OUT_DIR as PNG and SVG: metric per epoch (on solid, off dashed), final metric "
-      "against bytes per step (log x), training loss per step, relative error and density over training");
+      "against bytes per step (log x), training loss per step, relative error and density over training; with "
+      "seeds, the means with their 95% intervals (seeds.png)")(
+      "target", po::value<double>(), "target test metric (compression on) for steps and time to target, instead of "
+      "the runs' train.target (accuracy as a fraction)")(
+      "target-from", po::value<std::string>(), "the target is this config's mean final metric (compression on) ...")(
+      "target-delta", po::value<double>()->default_value(0.0), "... plus this (e.g. -0.01: one point of accuracy less)")(
+      "plan", po::value<std::vector<std::string>>(),
+      "plan.json of tapeline plan: planned time to target = steps to target (measured) x its step_s (modelled); "
+      "CONFIG=FILE for one config, FILE for the others; repeatable")(
+      "seeds", "show the table of seeds per config even when every config has one run");
   po::options_description all;
   all.add(desc).add_options()("runs", po::value<std::vector<std::string>>(), "run directories");
   po::positional_options_description pos;
@@ -317,6 +333,40 @@ int cmd_compare(const std::vector<std::string>& argv) {
   Comparison c = compare_runs(runs);
   std::cout << c.table;
   for (const auto& n : c.notes) std::cout << "note: " << n << "\n";
+
+  // Seeds of one config: mean and interval (docs/CONFIG.md, `compare`).
+  SeedOptions so;
+  if (vm.count("target")) so.target = vm["target"].as<double>();
+  if (vm.count("target-from")) so.target_from = vm["target-from"].as<std::string>();
+  so.target_delta = vm["target-delta"].as<double>();
+  if (so.target && !so.target_from.empty()) throw UsageError("--target and --target-from exclude each other");
+  if (vm.count("plan"))
+    for (const auto& p : vm["plan"].as<std::vector<std::string>>()) {
+      const auto eq = p.find('=');
+      const std::string label = eq == std::string::npos ? "" : p.substr(0, eq);
+      try {
+        so.plans.emplace_back(label, read_plan(eq == std::string::npos ? p : p.substr(eq + 1)));
+      } catch (const std::runtime_error& e) {
+        throw UsageError(std::string("--plan ") + e.what());
+      }
+    }
+  SeedComparison seeds = compare_seeds(runs, so);
+  const bool show_seeds = vm.count("seeds") || so.target || !so.target_from.empty() || !so.plans.empty() ||
+                          seeds.groups.size() < runs.size();
+  if (show_seeds) {
+    std::cout << "\nby config, over seeds:\n" << seeds.table;
+    for (const auto& n : seeds.notes) std::cout << "note: " << n << "\n";
+  }
+  if (vm.count("plot") && show_seeds) {
+    PlotResult p = write_seed_plots(seeds, vm["plot"].as<std::string>());
+    if (p.written) {
+      std::cout << "figures:";
+      for (const auto& f : p.files) std::cout << " " << f;
+      std::cout << "\n";
+    } else {
+      std::cout << "note: " << p.note << "\n";
+    }
+  }
   if (vm.count("plot")) {
     PlotResult p = write_compare_plots(dirs, vm["plot"].as<std::string>());
     if (p.written) {
@@ -333,18 +383,54 @@ int cmd_compare(const std::vector<std::string>& argv) {
   return 0;
 }
 
+int cmd_sweep(const std::vector<std::string>& argv) {
+  std::vector<std::string> rest;
+  auto overrides = split_overrides(argv, rest);
+  po::options_description d("sweep options");
+  d.add_options()("help,h", "show this help")("configs", po::value<std::vector<std::string>>()->multitoken(),
+                                              "INI files, one run directory per config and seed")(
+      "seeds", po::value<std::string>(), "run.seed values: 1,2,3 or 1-3")(
+      "out", po::value<std::string>(), "directory of the run directories (OUT/NAME.seedN)")(
+      "jobs", po::value<int>()->default_value(default_jobs()), "runs at a time (default: half the cores)")(
+      "stop-after", po::value<int64_t>(), "each run stops after N epochs of this invocation (run again to continue)")(
+      "no-plot", "no curves.png per run");
+  po::variables_map vm = parse(rest, d);
+  if (vm.count("help")) {
+    std::cout << "usage: tapeline sweep --configs A.ini B.ini ... --seeds 1,2,3 --out DIR [--jobs K] "
+                 "[--section.key=value ...]\n(each run is `tapeline train`, output in DIR/NAME.seedN/train.log; "
+                 "running the same command again skips finished runs and resumes the others)\n\n"
+              << d;
+    return 0;
+  }
+  if (!vm.count("configs")) throw UsageError("--configs A.ini [B.ini ...] is required");
+  if (!vm.count("seeds")) throw UsageError("--seeds is required (e.g. --seeds 1,2,3)");
+  if (!vm.count("out")) throw UsageError("--out DIR is required");
+  SweepOptions o;
+  o.configs = vm["configs"].as<std::vector<std::string>>();
+  o.seeds = parse_seeds(vm["seeds"].as<std::string>());
+  o.out_dir = vm["out"].as<std::string>();
+  o.overrides = overrides;
+  o.jobs = vm["jobs"].as<int>();
+  if (o.jobs < 1) throw UsageError("--jobs must be >= 1, got " + std::to_string(o.jobs));
+  if (vm.count("stop-after")) o.stop_after_epochs = vm["stop-after"].as<int64_t>();
+  if (vm.count("stop-after") && o.stop_after_epochs < 1) throw UsageError("--stop-after must be >= 1");
+  o.plot = !vm.count("no-plot");
+  return run_sweep(o, std::cout) == 0 ? 0 : 1;
+}
+
 int cmd_schedule(const std::vector<std::string>& argv) {
   po::options_description d("schedule options");
   const std::string schedule_help = std::string(known_schedules()) + " (pipeline.schedule)";
   d.add_options()("help,h", "show this help")("schedule", po::value<std::string>()->default_value("1f1b"),
-                                              schedule_help.c_str())(
-      "stages", po::value<int>()->default_value(4), "number of stages")(
+                                              schedule_help.c_str())("stages", po::value<int>()->default_value(4),
+                                                                     "number of stages")(
       "virtual-stages", po::value<int>()->default_value(1),
       "stages per rank (pipeline.virtual_stages; > 1 with --schedule interleaved, 2 with zbv)")(
       "micro-batches", po::value<int>()->default_value(8), "micro-batches per step (train.micro_batches)")(
       "comm", "list the sends and receives too")(
-      "slack", "also each gradient send's slack on the step's dependency graph (forward 1, backward 2, "
-               "I and W 1 each, free links; 0 = on the critical path) beside Optimus-CC's epilogue-only flag");
+      "slack",
+      "also each gradient send's slack on the step's dependency graph (forward 1, backward 2, "
+      "I and W 1 each, free links; 0 = on the critical path) beside Optimus-CC's epilogue-only flag");
   po::variables_map vm = parse(argv, d);
   if (vm.count("help")) {
     std::cout << "usage: tapeline schedule [options]\n\n" << d;
@@ -490,6 +576,7 @@ int main(int argc, char** argv) {
       if (cmd == "help" && !rest.empty())
         return rest[0] == "train"      ? cmd_train({"--help"})
                : rest[0] == "compare"  ? cmd_compare({"--help"})
+               : rest[0] == "sweep"    ? cmd_sweep({"--help"})
                : rest[0] == "schedule" ? cmd_schedule({"--help"})
                : rest[0] == "plan"     ? cmd_plan({"--help"})
                                        : cmd_eval({"--help"});
@@ -501,7 +588,8 @@ int main(int argc, char** argv) {
     if (cmd == "compare") return cmd_compare(rest);
     if (cmd == "schedule") return cmd_schedule(rest);
     if (cmd == "plan") return cmd_plan(rest);
-    throw UsageError("unknown command '" + cmd + "'; commands: train, eval, compare, schedule, plan (tapeline --help)");
+    if (cmd == "sweep") return cmd_sweep(rest);
+    throw UsageError("unknown command '" + cmd + "'; commands: train, eval, compare, sweep, plan, schedule (tapeline --help)");
   } catch (const UsageError& e) {
     std::cerr << "tapeline " << cmd << ": error: " << e.what() << "\n";
     return failed(2);
