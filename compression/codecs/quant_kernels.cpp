@@ -338,11 +338,11 @@ typedef float Float8 __attribute__((vector_size(32)));
 
 template <bool Nan>
 TL_INLINE float min_of(float v, float m) {
-  return Nan ? ((v < m) | (v != v) ? v : m) : (v < m ? v : m);
+  return Nan ? (((v < m) | (v != v)) ? v : m) : (v < m ? v : m);
 }
 template <bool Nan>
 TL_INLINE float max_of(float v, float m) {
-  return Nan ? ((v > m) | (v != v) ? v : m) : (v > m ? v : m);
+  return Nan ? (((v > m) | (v != v)) ? v : m) : (v > m ? v : m);
 }
 
 template <bool Nan>
