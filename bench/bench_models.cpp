@@ -10,8 +10,15 @@
 // (tokens in the batch / median step time) for both.
 //
 // Usage: bench_models [steps (default 5)] [warmup (default 2)] [gpt2 vocabulary (default 50257)]
+//                     [--device cpu|cuda] [--only resnet18,gpt2,minilm,gpt2_small]
 // With GPT-2's vocabulary the tied output projection is ~80% of the GPT-2 step's FLOPs; a small
 // vocabulary (e.g. 512) puts the transformer blocks in the foreground.
+// --device cuda runs both models on the GPU (float32, as tapeline trains; every step ends with the
+// loss read back, so its kernels are done when its time is taken) with the cases resnet18 (batch
+// 128 there) and gpt2_small (GPT-2 small, 124M: 12 x 768, 8 x 1024 tokens) by default. The torch::nn
+// reference computes attention with explicit products and a softmax, as tapeline does;
+// bench/peer/torch_eager_models.py times the same steps in PyTorch's Python with
+// scaled_dot_product_attention, what a PyTorch user would write.
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -87,19 +94,21 @@ void sync(torch::nn::Module& ref, const tl::Module& ours) {
               "bench_models: the reference model's names differ from tapeline's");
 }
 
-void resnet18(int steps, int warmup) {
+void resnet18(int steps, int warmup, at::Device device) {
   at::manual_seed(0);
-  const int64_t batch = 32;
+  const int64_t batch = device.is_cpu() ? 32 : 128;
   auto ours = tl::make_resnet("resnet18", 3, 10);
   tl::reference::ResNet ref(std::vector<int64_t>{2, 2, 2, 2}, std::vector<int64_t>{64, 128, 256, 512}, 3, 10);
   sync(*ref, *ours);
-  const at::Tensor x = at::randn({batch, 3, 32, 32});
-  const at::Tensor y = at::randint(10, {batch}, at::kLong);
+  ours->to(device), ref->to(device);
+  const at::Tensor x = at::randn({batch, 3, 32, 32}).to(device);
+  const at::Tensor y = at::randint(10, {batch}, at::kLong).to(device);
   const auto opt = tl::GroupOptions().set_lr(0.01).set_momentum(0.9);
   tl::SGD tl_opt(ours->parameters(), opt);
   torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   run_case(
-      "resnet18_cifar_train_step", "B32 3x32x32",
+      device.is_cpu() ? "resnet18_cifar_train_step" : "resnet18_cifar_train_step_cuda",
+      "B" + std::to_string(batch) + " 3x32x32",
       [&] {
         tl_opt.zero_grad();
         tl::Variable loss = tl::cross_entropy(ours->forward(tl::Variable(x)), y);
@@ -117,26 +126,28 @@ void resnet18(int steps, int warmup) {
       steps, warmup);
 }
 
-void gpt2(int steps, int warmup, int64_t vocab) {
+/// GPT-2 of `layers` x `width` (width / 64 heads) on batch x t tokens.
+void gpt2(int steps, int warmup, int64_t vocab, at::Device device, const std::string& name, int64_t layers,
+          int64_t width, int64_t batch, int64_t t) {
   at::manual_seed(1);
-  const int64_t batch = 8, t = 128;
   tl::GPT2Config c;
   c.vocab_size = vocab;
   c.n_positions = t;
-  c.n_embd = 256;
-  c.n_layer = 4;
-  c.n_head = 4;
+  c.n_embd = width;
+  c.n_layer = layers;
+  c.n_head = width / 64;
   c.dropout = 0.0;  // the torch reference has no dropout
   auto ours = std::make_shared<tl::GPT2>(c);
-  tl::reference::GPT2 ref(vocab, t, 256, 4, 4);
+  tl::reference::GPT2 ref(vocab, t, width, layers, width / 64);
   sync(*ref, *ours);
-  const at::Tensor ids = at::randint(vocab, {batch, t}, at::kLong);
-  const at::Tensor target = at::randint(vocab, {batch * t}, at::kLong);
+  ours->to(device), ref->to(device);
+  const at::Tensor ids = at::randint(vocab, {batch, t}, at::kLong).to(device);
+  const at::Tensor target = at::randint(vocab, {batch * t}, at::kLong).to(device);
   const auto opt = tl::GroupOptions().set_lr(0.01).set_momentum(0.9);
   tl::SGD tl_opt(ours->parameters(), opt);
   torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   run_case(
-      "gpt2_4x256_train_step", "B8 T128 V" + std::to_string(vocab),
+      name, "B" + std::to_string(batch) + " T" + std::to_string(t) + " V" + std::to_string(vocab),
       [&] {
         tl_opt.zero_grad();
         tl::Variable logits = tl::reshape(ours->forward(ids), {batch * t, vocab});  // (B*T, V)
@@ -158,7 +169,7 @@ void gpt2(int steps, int warmup, int64_t vocab) {
 /// The fine-tuning step of configs/text/: MiniLM's architecture (6 layers, d = 384, 12 heads,
 /// WordPiece vocabulary) with a 45-way classifier, batch 32 x 32 tokens with padding, AdamW. The
 /// weights are random (the step's cost does not depend on them; no model files needed).
-void minilm(int steps, int warmup) {
+void minilm(int steps, int warmup, at::Device device) {
   at::manual_seed(2);
   const int64_t batch = 32, t = 32, labels = 45;
   tl::BertConfig c;
@@ -175,11 +186,12 @@ void minilm(int steps, int warmup) {
                                                    c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
                                                    c.intermediate_size, labels, c.layer_norm_eps});
   sync(*ref, *ours);
-  const at::Tensor ids = at::randint(1, c.vocab_size, {batch, t}, at::kLong);
+  ours->to(device), ref->to(device);
+  const at::Tensor ids = at::randint(1, c.vocab_size, {batch, t}, at::kLong).to(device);
   const at::Tensor lengths = at::randint(8, t + 1, {batch, 1}, at::kLong);  // (B, 1) real tokens per row
-  const at::Tensor mask = at::arange(t).view({1, t}).lt(lengths).to(at::kLong);  // (B, T) 1 = token
-  const at::Tensor types = at::zeros({batch, t}, at::kLong);
-  const at::Tensor y = at::randint(labels, {batch}, at::kLong);
+  const at::Tensor mask = at::arange(t).view({1, t}).lt(lengths).to(at::kLong).to(device);  // (B, T) 1 = token
+  const at::Tensor types = at::zeros({batch, t}, at::kLong).to(device);
+  const at::Tensor y = at::randint(labels, {batch}, at::kLong).to(device);
   const auto opt = tl::GroupOptions().set_lr(1e-4).set_weight_decay(0.01);
   tl::AdamW tl_opt(ours->parameters(), opt);
   torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(1e-4).weight_decay(0.01));
@@ -205,11 +217,58 @@ void minilm(int steps, int warmup) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int steps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 5;
-  const int warmup = argc > 2 ? std::max(0, std::atoi(argv[2])) : 2;
-  const int64_t vocab = argc > 3 ? std::max<int64_t>(2, std::atoll(argv[3])) : 50257;
-  resnet18(steps, warmup);
-  gpt2(steps, warmup, vocab);
-  minilm(steps, warmup);
+  std::vector<std::string> positional, only;
+  std::string device_name = "cpu";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if ((a == "--device" || a == "--only") && i + 1 < argc) {
+      const std::string v = argv[++i];
+      if (a == "--device") {
+        device_name = v;
+      } else {
+        for (size_t p = 0, q; p <= v.size(); p = q + 1) {
+          q = std::min(v.find(',', p), v.size());
+          only.push_back(v.substr(p, q - p));
+        }
+      }
+    } else if (a.rfind("--", 0) == 0) {
+      std::fprintf(stderr,
+                   "bench_models: unknown option '%s'; usage: bench_models [steps] [warmup] [gpt2 vocabulary] "
+                   "[--device cpu|cuda] [--only resnet18,gpt2,minilm,gpt2_small]\n",
+                   a.c_str());
+      return 2;
+    } else {
+      positional.push_back(a);
+    }
+  }
+  if (device_name != "cpu" && device_name != "cuda") {
+    std::fprintf(stderr, "bench_models: --device %s: accepted: cpu, cuda\n", device_name.c_str());
+    return 2;
+  }
+  const at::Device device(device_name == "cuda" ? at::kCUDA : at::kCPU);
+  if (device.is_cuda() && !at::hasCUDA()) {
+    std::printf("{\"bench\": \"models\", \"device\": \"cuda\", \"skipped\": \"no CUDA device\"}\n");
+    return 0;
+  }
+  const int steps = positional.size() > 0 ? std::max(1, std::atoi(positional[0].c_str())) : 5;
+  const int warmup = positional.size() > 1 ? std::max(0, std::atoi(positional[1].c_str())) : 2;
+  const int64_t vocab = positional.size() > 2 ? std::max<int64_t>(2, std::atoll(positional[2].c_str())) : 50257;
+  if (only.empty())
+    only = device.is_cpu() ? std::vector<std::string>{"resnet18", "gpt2", "minilm"}
+                           : std::vector<std::string>{"resnet18", "gpt2_small"};
+  for (const std::string& name : only) {
+    if (name == "resnet18") {
+      resnet18(steps, warmup, device);
+    } else if (name == "gpt2") {
+      gpt2(steps, warmup, vocab, device, "gpt2_4x256_train_step", 4, 256, 8, 128);
+    } else if (name == "gpt2_small") {
+      gpt2(steps, warmup, vocab, device, "gpt2_small_train_step", 12, 768, 8, 1024);
+    } else if (name == "minilm") {
+      minilm(steps, warmup, device);
+    } else {
+      std::fprintf(stderr, "bench_models: --only %s: accepted: resnet18, gpt2, minilm, gpt2_small\n", name.c_str());
+      return 2;
+    }
+  }
   return 0;
 }

@@ -1,5 +1,7 @@
 #include "parallel/interpreter.h"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <chrono>
 #include <optional>
 
@@ -11,9 +13,22 @@ namespace tl {
 // One compute action's duration: measured, and metered op by op when a device model is set
 // (Note [device model]); the rank's clock takes the modelled seconds when the model drives it.
 // Without a model no meter is installed, so the ops skip their cost accounting (flops() stays 0).
+//
+// Note [timing actions on a GPU]
+// On a CUDA device an action's ops are only queued when its host code returns, so the host's clock
+// would time the launches. Where the measured seconds drive the rank's clock (no device model, or
+// a model that does not drive it: bench_pipeline --calibrate), the timer waits for the device's
+// stream at both ends of the action, so each action is charged its own kernels and not the queue
+// left by the one before. That costs the host its lead over the device: the price of a measured
+// timeline on a GPU. With a device model driving the clock nothing waits.
 class RankInterpreter::ActionTimer {
  public:
-  explicit ActionTimer(RankInterpreter& rank) : rank_(rank), t0_(std::chrono::steady_clock::now()) {
+  explicit ActionTimer(RankInterpreter& rank) : rank_(rank) {
+    if (rank.device_.type() != c10::DeviceType::CPU && !rank.model_clock_) {
+      wait_ = true;
+      wait_for_device();
+    }
+    t0_ = std::chrono::steady_clock::now();
     if (rank.model_) {
       meter_.emplace([m = rank.model_](const OpCost& c) { return m->seconds(c); });
       guard_.emplace(*meter_);
@@ -21,15 +36,24 @@ class RankInterpreter::ActionTimer {
   }
   /// The seconds the action adds to the rank's clock.
   double finish() {
+    if (wait_) wait_for_device();
     const double measured = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
     if (!meter_) return measured;
     rank_.flops_ += meter_->total().flops;
+    rank_.op_bytes_ += meter_->total().bytes;
+    rank_.kernels_ += static_cast<double>(meter_->total().kernels);
     rank_.modelled_s_ += meter_->seconds();
     return rank_.model_clock_ ? meter_->seconds() : measured;
   }
 
  private:
+  void wait_for_device() const {
+    c10::impl::VirtualGuardImpl impl(rank_.device_.type());
+    impl.getStream(rank_.device_).synchronize();
+  }
+
   RankInterpreter& rank_;
+  bool wait_ = false;
   std::chrono::steady_clock::time_point t0_;
   std::optional<CostMeter> meter_;
   std::optional<CostMeterGuard> guard_;  // after meter_: destroyed first
@@ -44,6 +68,9 @@ RankInterpreter::RankInterpreter(Pipeline& pipeline, const StageLayout& layout, 
               layout.stages(), " stages for a ", pipeline.num_stages(), "-stage pipeline");
   TORCH_CHECK(rank >= 0 && rank < layout.ranks, "pipeline: rank ", rank, " of ", layout.ranks, " pipeline ranks");
   for (int s : layout.stages_of(rank)) stages_[s] = std::make_unique<StageRuntime>(pipeline, s, loss_fn);
+  for (int s : layout.stages_of(rank))  // the device whose queue the timer waits for (CPU: none)
+    for (const auto& p : pipeline.stage(s)->parameters())
+      if (p.data().device().type() != c10::DeviceType::Meta) device_ = p.data().device();
   for (const Action& a : list_)
     if (a.type == ActionType::SendGrad) grad_send_place_[{a.stage, a.micro_batch}] = {a.compress_backward, a.critical};
 }

@@ -81,6 +81,9 @@ class RankInterpreter {
   double weight_s() const { return weight_s_; }
   /// FLOPs counted and seconds modelled in compute actions (0 without a device model).
   double flops() const { return flops_; }
+  /// Bytes of memory traffic and kernels counted in compute actions (0 without a device model).
+  double op_bytes() const { return op_bytes_; }
+  double kernels() const { return kernels_; }
   double modelled_s() const { return modelled_s_; }
   /// The most bytes this rank's stages held for pending weight gradients (split schedules; 0 else).
   size_t held_for_weights_peak() const { return held_for_weights_peak_; }
@@ -117,7 +120,8 @@ class RankInterpreter {
   size_t activation_peak_ = 0;
   const DeviceModel* model_ = nullptr;
   bool model_clock_ = false;
-  double flops_ = 0, modelled_s_ = 0;
+  c10::Device device_ = c10::Device(c10::DeviceType::CPU);  // where this rank's stages' parameters are
+  double flops_ = 0, op_bytes_ = 0, kernels_ = 0, modelled_s_ = 0;
 };
 
 /// The inference toggle for a forward-only pass: the pipeline in eval mode, every boundary's

@@ -97,6 +97,8 @@ StepResult LocalExecutor::train_step(const Batch& batch, int64_t micro_batches, 
     timing_.weight_s.push_back(rank->weight_s());
     timing_.held_for_weights_bytes.push_back(rank->held_for_weights_peak());
     timing_.flops.push_back(rank->flops());
+    timing_.op_bytes.push_back(rank->op_bytes());
+    timing_.kernels.push_back(rank->kernels());
     timing_.modelled_s.push_back(rank->modelled_s());
     timing_.activation_bytes.push_back(rank->activation_peak());
   }

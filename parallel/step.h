@@ -68,6 +68,8 @@ struct StepTiming {
   std::vector<double> weight_s;                // per pipeline rank: the part in W actions (split schedules; else 0)
   std::vector<size_t> held_for_weights_bytes;  // per pipeline rank: the most held between I and W
   std::vector<double> flops;                   // per pipeline rank: FLOPs counted in compute (with a device model)
+  std::vector<double> op_bytes;                // per pipeline rank: memory traffic counted likewise (bytes)
+  std::vector<double> kernels;                 // per pipeline rank: kernels counted likewise
   std::vector<double> modelled_s;              // per pipeline rank: compute seconds on the device model (else 0)
   std::vector<size_t> activation_bytes;        // per pipeline rank: the most held for backward (activation_peak)
   /// Idle fraction: 1 - sum(compute) / (ranks * step).

@@ -2,6 +2,7 @@
 #include "bench/pipeline/in_process.h"
 
 #include <ATen/Parallel.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
 #include <chrono>
@@ -189,66 +190,114 @@ void schedules(const Workload& w, int stages, const Options& o, std::map<std::st
   }
 }
 
+/// Waits for the device's queue (a no-op on the CPU): timings on a GPU end when its work does.
+void wait_for(at::Device device) {
+  if (device.is_cpu()) return;
+  c10::impl::VirtualGuardImpl impl(device.type());
+  impl.getStream(device).synchronize();
+}
+
+/// The roofs the device model's constants stand for, measured on `device` in `dtype`: a square
+/// GEMM's FLOP/s (512 on the CPU, 8192 on a GPU), an elementwise add's bytes/s (16 MiB, 256 MiB
+/// on a GPU: past its cache) and the seconds of one tiny kernel in a row of 2,000 (launch and
+/// gap, the launch_s a preset charges). Medians of 7.
+void roofs(at::Device device, at::ScalarType dtype, const DeviceModel& preset) {
+  const bool gpu = !device.is_cpu();
+  const auto opt = at::TensorOptions().device(device).dtype(dtype);
+  const int64_t n = gpu ? 8192 : 512, e = gpu ? (int64_t{1} << 26) : (int64_t{1} << 22);
+  at::Tensor a = at::randn({n, n}, opt), b = at::randn({n, n}, opt), x = at::randn({e}, opt), y = at::randn({e}, opt);
+  at::Tensor one = at::zeros({1}, opt);
+  std::vector<double> gemm, add, launch;
+  for (int r = -1; r < 7; ++r) {  // r = -1: warm-up (cuBLAS handles, the allocator's first blocks)
+    wait_for(device);
+    auto t0 = Clock::now();
+    at::Tensor c = at::mm(a, b);
+    wait_for(device);
+    const double g = 2.0 * n * n * n / seconds_since(t0);
+    t0 = Clock::now();
+    at::Tensor z = x + y;
+    wait_for(device);
+    const double m = 3.0 * static_cast<double>(x.element_size() * e) / seconds_since(t0);
+    t0 = Clock::now();
+    for (int i = 0; i < 2000; ++i) one.add_(1.0);
+    wait_for(device);
+    const double l = seconds_since(t0) / 2000;
+    if (r >= 0) gemm.push_back(g), add.push_back(m), launch.push_back(l);
+  }
+  std::printf("{\"bench\":\"device_roofs\",\"device\":\"%s\",\"dtype\":\"%s\",\"threads\":%d,\"gemm_n\":%lld,"
+              "\"gemm_flops_per_s\":%.4g,\"preset\":\"%s\",\"preset_flops_per_s\":%.4g,\"add_bytes_per_s\":%.4g,"
+              "\"preset_bytes_per_s\":%.4g,\"tiny_kernel_s\":%.3g,\"preset_launch_s\":%.3g}\n",
+              device.str().c_str(), c10::toString(dtype), at::get_num_threads(), static_cast<long long>(n), median(gemm),
+              preset.name.c_str(), preset.peak_flops * preset.flop_efficiency, median(add),
+              preset.memory_bytes_per_s * preset.memory_efficiency, median(launch), preset.launch_s);
+  std::fflush(stdout);
+}
+
 /// Calibration of the device model (Note [device model] in parallel/device_model.h): per stage of
 /// the 4-stage 1F1B step, the measured compute against the compute modelled from the counted
-/// FLOPs and bytes on the "cpu" preset (ratio = measured / modelled; 1 is a calibrated preset),
-/// and what the h100 preset makes of the same step. First this machine's own roofs on 1 thread: a
-/// float32 GEMM's FLOP/s and an elementwise add's bytes/s, the numbers the cpu preset should carry.
+/// FLOPs and bytes on the preset of the device it runs on (ratio = measured / modelled; 1 is a
+/// calibrated preset): "cpu" on the CPU, "h100" on a GPU (Note [timing actions on a GPU]: each
+/// action waits for its kernels). The counted FLOPs, bytes and kernels are printed too, so that a
+/// preset's efficiencies and launch cost can be fitted to the stages. On the CPU the line also says
+/// what the h100 preset makes of the same step. First the device's own roofs.
 void calibration(const Workload& w, const Options& o) {
+  const at::Device device(o.device == "cuda" ? at::kCUDA : at::kCPU);
+  const at::ScalarType dtype = o.dtype == "bf16" ? at::kBFloat16 : at::kFloat;
+  TORCH_CHECK(!device.is_cuda() || at::hasCUDA(), "bench_pipeline --device cuda: this machine has no CUDA device");
+  DeviceModel preset = device_model(device.is_cpu() ? "cpu" : "h100");
+  // The engine counts the bytes of the tensors it runs; the preset's bytes_scale converts float32
+  // counts to its training dtype, so a run already in that dtype is counted at scale 1.
+  if (dtype != at::kFloat) preset.bytes_scale = 1.0;
   static bool roofs_printed = false;
   if (!roofs_printed) {
     roofs_printed = true;
-    const int64_t n = 512, e = 1 << 22;
-    at::Tensor a = at::randn({n, n}), b = at::randn({n, n}), x = at::randn({e}), y = at::randn({e});
-    std::vector<double> gemm, add;
-    for (int r = 0; r < 7; ++r) {
-      auto t0 = Clock::now();
-      at::Tensor c = at::mm(a, b);
-      gemm.push_back(2.0 * n * n * n / seconds_since(t0));
-      t0 = Clock::now();
-      at::Tensor z = x + y;
-      add.push_back(3.0 * 4 * e / seconds_since(t0));
-    }
-    const DeviceModel cpu = device_model("cpu");
-    std::printf("{\"bench\":\"device_roofs\",\"threads\":%d,\"gemm_flops_per_s\":%.4g,\"cpu_preset_flops_per_s\":%.4g,"
-                "\"add_bytes_per_s\":%.4g,\"cpu_preset_bytes_per_s\":%.4g}\n",
-                at::get_num_threads(), median(gemm), cpu.peak_flops * cpu.flop_efficiency, median(add),
-                cpu.memory_bytes_per_s * cpu.memory_efficiency);
+    roofs(device, dtype, preset);
   }
-  const DeviceModel cpu = device_model("cpu"), h100 = device_model("h100");
+  const DeviceModel h100 = device_model("h100");
   auto p = build(w, 4, "identity", "identity");
-  std::vector<std::unique_ptr<LocalExecutor>> on;  // the CPU and the H100 device model, measured clocks
-  for (const DeviceModel* m : {&cpu, &h100}) {
+  p->to(device, dtype);
+  Batch batch = w.batch.to(device);
+  if (at::isFloatingType(batch.input.scalar_type())) batch.input = batch.input.to(dtype);
+  std::vector<const DeviceModel*> models = {&preset};
+  if (device.is_cpu()) models.push_back(&h100);
+  std::vector<std::unique_ptr<LocalExecutor>> on;  // one executor per device model, measured clocks
+  for (const DeviceModel* m : models) {
     on.push_back(std::make_unique<LocalExecutor>(*p, w.loss, ScheduleSettings{"1f1b", 1, {}, *m}));
     on.back()->set_model_drives_clock(false);
   }
-  std::vector<std::vector<double>> measured(4), modelled(4), on_h100(4), flops(4);
+  std::vector<std::vector<double>> measured(4), modelled(4), on_h100(4), flops(4), bytes(4), kernels(4);
   for (int r = -1; r < o.rounds; ++r) {
-    for (auto& param : p->parameters()) param.zero_grad();
-    for (const DeviceModel* m : {&cpu, &h100}) {
+    for (size_t k = 0; k < models.size(); ++k) {
+      for (auto& param : p->parameters()) param.zero_grad();
       StepTiming t;
-      on[m == &cpu ? 0 : 1]->train_step(w.batch, o.m, 0, &t);
+      on[k]->train_step(batch, o.m, 0, &t);
       if (r < 0) continue;
       for (size_t i = 0; i < 4; ++i) {
-        if (m == &cpu) {
-          measured[i].push_back(t.compute_s[i]), modelled[i].push_back(t.modelled_s[i]), flops[i].push_back(t.flops[i]);
+        if (k == 0) {
+          measured[i].push_back(t.compute_s[i]), modelled[i].push_back(t.modelled_s[i]);
+          flops[i].push_back(t.flops[i]), bytes[i].push_back(t.op_bytes[i]), kernels[i].push_back(t.kernels[i]);
         } else {
           on_h100[i].push_back(t.modelled_s[i]);
         }
       }
     }
   }
-  std::vector<double> me, mo, ratio, h, f;
+  std::vector<double> me, mo, ratio, h, f, by, ke;
   for (size_t i = 0; i < 4; ++i) {
-    me.push_back(median(measured[i])), mo.push_back(median(modelled[i])), h.push_back(median(on_h100[i]));
-    f.push_back(median(flops[i]));
+    me.push_back(median(measured[i])), mo.push_back(median(modelled[i]));
+    f.push_back(median(flops[i])), by.push_back(median(bytes[i])), ke.push_back(median(kernels[i]));
+    if (!on_h100[i].empty()) h.push_back(median(on_h100[i]));
     ratio.push_back(me.back() / mo.back());
   }
-  std::printf("{\"bench\":\"device_calibration\",\"model\":\"%s\",\"schedule\":\"1f1b\",\"stages\":4,"
-              "\"micro_batches\":%lld,\"stage_flops\":%s,\"measured_s\":%s,\"cpu_modelled_s\":%s,\"ratio\":%s,"
-              "\"h100_modelled_s\":%s}\n",
-              w.name.c_str(), static_cast<long long>(o.m), json_array(f, "%.4g").c_str(), json_array(me).c_str(),
-              json_array(mo).c_str(), json_array(ratio, "%.3f").c_str(), json_array(h, "%.3g").c_str());
+  std::printf("{\"bench\":\"device_calibration\",\"model\":\"%s\",\"device\":\"%s\",\"dtype\":\"%s\","
+              "\"schedule\":\"1f1b\",\"stages\":4,\"micro_batches\":%lld,\"preset\":\"%s\",\"stage_flops\":%s,"
+              "\"stage_bytes\":%s,\"stage_kernels\":%s,\"measured_s\":%s,\"modelled_s\":%s,\"ratio\":%s",
+              w.name.c_str(), device.str().c_str(), c10::toString(dtype), static_cast<long long>(o.m),
+              preset.name.c_str(), json_array(f, "%.4g").c_str(), json_array(by, "%.4g").c_str(),
+              json_array(ke, "%.0f").c_str(), json_array(me).c_str(), json_array(mo).c_str(),
+              json_array(ratio, "%.3f").c_str());
+  if (!h.empty()) std::printf(",\"h100_modelled_s\":%s", json_array(h, "%.3g").c_str());
+  std::printf("}\n");
   std::fflush(stdout);
 }
 

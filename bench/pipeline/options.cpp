@@ -55,6 +55,12 @@ Options parse(int argc, char** argv) {
       o.links = false;
     } else if (a == "--calibrate") {
       o.calibrate_only = true;
+    } else if (a == "--device") {
+      o.device = value();
+      TORCH_CHECK(o.device == "cpu" || o.device == "cuda", "--device ", o.device, ": accepted: cpu, cuda");
+    } else if (a == "--dtype") {
+      o.dtype = value();
+      TORCH_CHECK(o.dtype == "fp32" || o.dtype == "bf16", "--dtype ", o.dtype, ": accepted: fp32, bf16");
     } else if (a == "--refs") {
       for (const std::string& kv : split(value(), ';')) {
         const size_t eq = kv.find('=');
@@ -63,7 +69,7 @@ Options parse(int argc, char** argv) {
     } else if (a.rfind("--", 0) == 0) {
       TORCH_CHECK(false, "unknown option '", a,
                   "'; usage: bench_pipeline [rounds] [micro-batches] [--models resnet8,gpt2,resnet18] [--mp 4,2|none] "
-                  "[--mp-rounds R] [--no-links] [--calibrate] [--mp-only]");
+                  "[--mp-rounds R] [--no-links] [--calibrate [--device cpu|cuda] [--dtype fp32|bf16]] [--mp-only]");
     } else if (positional == 0) {
       o.rounds = std::max(1, std::atoi(a.c_str())), ++positional;
     } else if (positional == 1) {
@@ -71,6 +77,8 @@ Options parse(int argc, char** argv) {
     }
   }
   if (o.mp_rounds < 0) o.mp_rounds = o.rounds;
+  TORCH_CHECK(o.calibrate_only || (o.device == "cpu" && o.dtype == "fp32"),
+              "--device and --dtype apply to --calibrate only (the pipeline cases run on the CPU in float32)");
   return o;
 }
 

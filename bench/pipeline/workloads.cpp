@@ -26,25 +26,27 @@ Workload resnet(const std::string& name, uint64_t seed, const std::string& half,
   return w;
 }
 
-Workload gpt2() {
+// A GPT-2 of `layers` x `width` (width / 64 heads) on `b` x `t` tokens of a `vocab` vocabulary;
+// 4 stages of layers / 4 blocks each (the first with the embeddings, the last with the head).
+Workload gpt2(const std::string& name, int64_t layers, int64_t width, int64_t vocab, int64_t b, int64_t t) {
   Workload w;
-  w.name = "gpt2_4x256";
-  const int64_t b = 32, t = 64;
-  w.make = [t] {
+  w.name = name;
+  w.make = [=] {
     GPT2Config c;
-    c.vocab_size = 256;
+    c.vocab_size = vocab;
     c.n_positions = t;
-    c.n_embd = 256;
-    c.n_layer = 4;
-    c.n_head = 4;
+    c.n_embd = width;
+    c.n_layer = layers;
+    c.n_head = width / 64;
     c.dropout = 0.0;
     return ModulePtr(std::make_shared<GPT2>(c, at::detail::createCPUGenerator(2)));
   };
-  w.cuts[4] = {"h.0", "h.1", "h.2"};
-  w.cuts[2] = {"h.1"};
+  const int64_t q = layers / 4;
+  w.cuts[4] = {"h." + std::to_string(q - 1), "h." + std::to_string(2 * q - 1), "h." + std::to_string(3 * q - 1)};
+  w.cuts[2] = {"h." + std::to_string(2 * q - 1)};
   at::Generator gen = at::detail::createCPUGenerator(12);
-  w.batch.input = at::randint(256, {b, t}, gen, at::kLong);
-  w.batch.target = at::randint(256, {b, t}, gen, at::kLong);
+  w.batch.input = at::randint(vocab, {b, t}, gen, at::kLong);
+  w.batch.target = at::randint(vocab, {b, t}, gen, at::kLong);
   w.batch.side.token_ids = w.batch.input;
   w.batch.sample_ids = at::arange(b, at::kLong);
   w.batch.units = at::full({b}, t, at::kLong);
@@ -56,9 +58,11 @@ Workload gpt2() {
 
 Workload make_workload(const std::string& name) {
   if (name == "resnet8") return resnet("resnet8", 1, "layer1", 128, 11);
-  if (name == "gpt2" || name == "gpt2_4x256") return gpt2();
+  if (name == "gpt2" || name == "gpt2_4x256") return gpt2("gpt2_4x256", 4, 256, 256, 32, 64);
+  // GPT-2 small (124M), for the GPU calibration: 16 x 1024 tokens, 3 blocks a stage.
+  if (name == "gpt2_12x768") return gpt2("gpt2_12x768", 12, 768, 50257, 16, 1024);
   if (name == "resnet18") return resnet("resnet18", 3, "layer2", 32, 13);
-  TORCH_CHECK(false, "unknown model '", name, "'; known: resnet8, gpt2, resnet18");
+  TORCH_CHECK(false, "unknown model '", name, "'; known: resnet8, gpt2, resnet18, gpt2_12x768");
 }
 
 std::shared_ptr<Pipeline> build(const Workload& w, int stages, const std::string& fwd, const std::string& bwd) {
