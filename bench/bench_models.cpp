@@ -10,15 +10,17 @@
 // (tokens in the batch / median step time) for both.
 //
 // Usage: bench_models [steps (default 5)] [warmup (default 2)] [gpt2 vocabulary (default 50257)]
-//                     [--device cpu|cuda] [--only resnet18,gpt2,minilm,gpt2_small]
+//                     [--device cpu|cuda] [--only resnet18,gpt2,minilm,gpt2_small,gpt2_small_explicit]
 // With GPT-2's vocabulary the tied output projection is ~80% of the GPT-2 step's FLOPs; a small
 // vocabulary (e.g. 512) puts the transformer blocks in the foreground.
 // --device cuda runs both models on the GPU (float32, as tapeline trains; every step ends with the
 // loss read back, so its kernels are done when its time is taken) with the cases resnet18 (batch
-// 128 there) and gpt2_small (GPT-2 small, 124M: 12 x 768, 8 x 1024 tokens) by default. The torch::nn
-// reference computes attention with explicit products and a softmax, as tapeline does;
+// 128 there) and gpt2_small (GPT-2 small, 124M: 12 x 768, 8 x 1024 tokens) by default, the latter
+// twice: with tapeline's default attention (fused on a GPU: Note [fused attention] in
+// autograd/ops/attention.cpp) and with its explicit one (gpt2_small_explicit). The torch::nn
+// reference computes attention with explicit products and a softmax in both;
 // bench/peer/torch_eager_models.py times the same steps in PyTorch's Python with
-// scaled_dot_product_attention, what a PyTorch user would write.
+// scaled_dot_product_attention (what a PyTorch user would write) and with explicit attention.
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -29,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/attention_path.h"
 #include "layers/models/bert.h"
 #include "layers/models/gpt2.h"
 #include "layers/models/resnet.h"
@@ -234,7 +237,7 @@ int main(int argc, char** argv) {
     } else if (a.rfind("--", 0) == 0) {
       std::fprintf(stderr,
                    "bench_models: unknown option '%s'; usage: bench_models [steps] [warmup] [gpt2 vocabulary] "
-                   "[--device cpu|cuda] [--only resnet18,gpt2,minilm,gpt2_small]\n",
+                   "[--device cpu|cuda] [--only resnet18,gpt2,minilm,gpt2_small,gpt2_small_explicit]\n",
                    a.c_str());
       return 2;
     } else {
@@ -255,18 +258,23 @@ int main(int argc, char** argv) {
   const int64_t vocab = positional.size() > 2 ? std::max<int64_t>(2, std::atoll(positional[2].c_str())) : 50257;
   if (only.empty())
     only = device.is_cpu() ? std::vector<std::string>{"resnet18", "gpt2", "minilm"}
-                           : std::vector<std::string>{"resnet18", "gpt2_small"};
+                           : std::vector<std::string>{"resnet18", "gpt2_small", "gpt2_small_explicit"};
   for (const std::string& name : only) {
     if (name == "resnet18") {
       resnet18(steps, warmup, device);
     } else if (name == "gpt2") {
       gpt2(steps, warmup, vocab, device, "gpt2_4x256_train_step", 4, 256, 8, 128);
-    } else if (name == "gpt2_small") {
+    } else if (name == "gpt2_small") {  // attention: tapeline's default (fused on a GPU with libtorch 2.x)
       gpt2(steps, warmup, vocab, device, "gpt2_small_train_step", 12, 768, 8, 1024);
+    } else if (name == "gpt2_small_explicit") {  // tapeline's explicit attention (Note [fused attention])
+      const tl::AttentionPath before = tl::attention_path();
+      tl::set_attention_path(tl::AttentionPath::kExplicit);
+      gpt2(steps, warmup, vocab, device, "gpt2_small_explicit_attention_train_step", 12, 768, 8, 1024);
+      tl::set_attention_path(before);
     } else if (name == "minilm") {
       minilm(steps, warmup, device);
     } else {
-      std::fprintf(stderr, "bench_models: --only %s: accepted: resnet18, gpt2, minilm, gpt2_small\n", name.c_str());
+      std::fprintf(stderr, "bench_models: --only %s: accepted: resnet18, gpt2, minilm, gpt2_small, gpt2_small_explicit\n", name.c_str());
       return 2;
     }
   }

@@ -14,13 +14,72 @@
 // A query row whose keys are all masked has softmax 0/0 = NaN, as in torch's math path (1.13 to
 // 2.4); callers with padded queries should mask the outputs of such rows.
 #include <ATen/ExpandUtils.h>
+#include <torch/version.h>  // TORCH_VERSION_MAJOR
 
+#if TORCH_VERSION_MAJOR >= 2
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/autograd.h>
+#endif
+
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <mutex>
+#include <string>
 
+#include "autograd/attention_path.h"
 #include "autograd/ops/common.h"
 
 namespace tl {
+
+// Note [fused attention]
+// The explicit arithmetic below materialises the (..., Tq, Tk) scores and probabilities and keeps
+// the probabilities for backward: at GPT-2 small's 1024 tokens that is 400 MB a layer for 8
+// sequences in float32, and a dozen kernels. libtorch 2.x's at::scaled_dot_product_attention picks
+// a fused kernel on a GPU (FlashAttention, memory-efficient attention) that never writes them. The
+// fused path is FusedAttentionFn: its forward calls at::scaled_dot_product_attention and keeps only
+// q, k, v (and the mask); its backward runs that forward again under libtorch's own autograd and
+// asks it for the gradients (the recomputation FlashAttention's backward does anyway). It is taken
+// under AttentionPath::kAuto for CUDA tensors with no dropout (a recomputed dropout mask would not
+// be the forward's), 4-D q, k, v with the same leading dims; the explicit path keeps everything
+// else, and the CPU, where its arithmetic is what the tests and the grid compare bit for bit. The
+// two paths agree to float rounding (Attention.FusedPathMatchesTheExplicitOne); rows whose keys are
+// all masked are NaN on the explicit path and may be 0 on a fused kernel. The device model charges
+// both the same FLOPs (the products and the softmax).
+namespace {
+std::atomic<int> path_setting{-1};  // -1: not read yet
+std::atomic<int64_t> fused_calls{0};
+
+AttentionPath path_from_env() {
+  const char* e = std::getenv("TAPELINE_ATTENTION");
+  const std::string v = e ? e : "auto";
+  if (v == "auto" || v.empty()) return AttentionPath::kAuto;
+  if (v == "explicit") return AttentionPath::kExplicit;
+  if (v == "fused") return AttentionPath::kFused;
+  TORCH_CHECK(false, "TAPELINE_ATTENTION='", v, "': accepted: auto, explicit, fused");
+}
+}  // namespace
+
+void set_attention_path(AttentionPath path) { path_setting = static_cast<int>(path); }
+
+AttentionPath attention_path() {
+  int p = path_setting.load();
+  if (p < 0) {
+    static std::once_flag once;
+    std::call_once(once, [] {
+      int expected = -1;
+      path_setting.compare_exchange_strong(expected, static_cast<int>(path_from_env()));
+    });
+    p = path_setting.load();
+  }
+  return static_cast<AttentionPath>(p);
+}
+
+bool fused_attention_available() { return TORCH_VERSION_MAJOR >= 2; }
+
+int64_t fused_attention_calls() { return fused_calls.load(); }
+
 namespace {
 using ops::sum_to_shape;
 using tensor_list = std::vector<at::Tensor>;
@@ -188,11 +247,100 @@ struct ScaledDotProductAttentionFn : Function<ScaledDotProductAttentionFn> {
   }
 };
 
+
+// Note [fused attention]: libtorch's attention, forward and (recomputed) backward.
+#if TORCH_VERSION_MAJOR >= 2
+struct FusedAttentionFn : Function<FusedAttentionFn> {
+  static constexpr const char* name = "scaled_dot_product_attention";
+  static constexpr bool kFreshOutputs = true;
+  struct Saved {
+    bool causal = false;
+  };
+  // mask: bool (true = attend) or float (added), broadcastable to (B, H, Tq, Tk), or undefined;
+  // causal is folded into it when both are given (libtorch refuses a mask with is_causal).
+  static at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                           bool causal) {
+    c10::optional<at::Tensor> m;
+    if (mask.defined()) m = mask;
+    return at::scaled_dot_product_attention(q, k, v, m, 0.0, causal);
+  }
+  static at::Tensor forward(Context& ctx, Saved& saved, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& mask, bool is_causal) {
+    at::Tensor m = mask;
+    bool causal = is_causal;
+    if (causal && m.defined()) {  // query i attends to keys j <= i (top-left aligned)
+      const int64_t tq = q.size(-2), tk = k.size(-2);
+      const at::Tensor keep = at::ones({tq, tk}, q.options().dtype(at::kBool)).tril_();  // (Tq, Tk)
+      m = m.scalar_type() == at::kBool
+              ? m.logical_and(keep)
+              : m.masked_fill(keep.logical_not(), -std::numeric_limits<double>::infinity());
+      causal = false;
+    }
+    saved.causal = causal;
+    ctx.save_for_backward({q, k, v, m});
+    ++fused_calls;
+    const double scores = static_cast<double>(q.size(0) * q.size(1) * q.size(2) * k.size(2));  // N Tq Tk
+    const double product = 2.0 * scores * static_cast<double>(q.size(-1));
+    ctx.set_flops(2.0 * product + 5.0 * scores, {2.0 * product + 5.0 * scores, product, product});
+    return attend(q, k, v, m, causal);  // (B, H, Tq, Dv)
+  }
+  static tensor_list backward(Context& ctx, const Saved& saved, tensor_list g) {
+    const auto& s = ctx.saved();
+    // libtorch's autograd on, below which tapeline's ops run (Note [ATen's autograd is not involved]).
+    c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
+    keys.excluded_ = keys.excluded_ - c10::autograd_dispatch_keyset_with_ADInplaceOrView;
+    const c10::impl::ForceDispatchKeyGuard dispatch(keys);
+    const c10::AutoGradMode grad_mode(true);
+    tensor_list inputs, wanted;
+    for (size_t i = 0; i < 3; ++i) inputs.push_back(s[i].detach().requires_grad_(ctx.needs_input_grad(i)));
+    for (size_t i = 0; i < 3; ++i)
+      if (ctx.needs_input_grad(i)) wanted.push_back(inputs[i]);
+    const at::Tensor out = attend(inputs[0], inputs[1], inputs[2], s[3], saved.causal);
+    const tensor_list got = torch::autograd::grad({out}, wanted, {g[0]}, /*retain_graph=*/false,
+                                                  /*create_graph=*/false, /*allow_unused=*/true);
+    tensor_list grads(3);
+    for (size_t i = 0, j = 0; i < 3; ++i)
+      if (ctx.needs_input_grad(i)) grads[i] = got[j++];
+    return grads;
+  }
+};
+#endif
+
+bool takes_fused_path(const Variable& q, const Variable& k, const Variable& v, double dropout_p) {
+  if (!fused_attention_available() || dropout_p > 0.0) return false;
+  const AttentionPath path = attention_path();
+  if (path == AttentionPath::kExplicit) return false;
+  if (path == AttentionPath::kAuto && !q.data().is_cuda()) return false;
+  return q.data().dim() == 4 && same_leading_dims(q.data(), k.data(), v.data()) &&
+         at::isFloatingType(q.data().scalar_type()) && !q.data().is_meta();
+}
+
 }  // namespace
 
 Variable scaled_dot_product_attention(const Variable& q, const Variable& k, const Variable& v,
                                       const at::Tensor& attn_mask, bool is_causal, double dropout_p,
                                       std::optional<at::Generator> generator) {
+#if TORCH_VERSION_MAJOR >= 2
+  if (takes_fused_path(q, k, v, dropout_p)) {
+    TORCH_CHECK(q.data().size(-1) == k.data().size(-1),
+                "scaled_dot_product_attention: q and k must have the same last dim, got ", q.data().sizes(), " and ",
+                k.data().sizes());
+    TORCH_CHECK(k.data().size(-2) == v.data().size(-2),
+                "scaled_dot_product_attention: k and v must have the same number of keys (dim -2), got ",
+                k.data().sizes(), " and ", v.data().sizes());
+    TORCH_CHECK(!attn_mask.defined() || attn_mask.scalar_type() == at::kBool || at::isFloatingType(attn_mask.scalar_type()),
+                "scaled_dot_product_attention: attn_mask must be bool (true = attend) or floating (added to the "
+                "scores), got ",
+                attn_mask.scalar_type());
+    if (attn_mask.defined()) {
+      const std::vector<int64_t> scores = {q.data().size(0), q.data().size(1), q.data().size(2), k.data().size(2)};
+      const auto shape = at::infer_size(scores, attn_mask.sizes());
+      TORCH_CHECK(at::IntArrayRef(scores).equals(shape), "scaled_dot_product_attention: attn_mask of shape ",
+                  attn_mask.sizes(), " does not broadcast to the scores' shape ", at::IntArrayRef(scores));
+    }
+    return FusedAttentionFn::apply(q, k, v, attn_mask, is_causal);
+  }
+#endif
   const c10::optional<at::Generator> gen = generator ? c10::optional<at::Generator>(*generator) : c10::nullopt;
   return ScaledDotProductAttentionFn::apply(q, k, v, attn_mask, is_causal, dropout_p, gen);
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "autograd/attention_path.h"
 #include "tests/common/testing.h"
 
 namespace tl {
@@ -92,6 +93,60 @@ TEST(Attention, GradcheckAndOracle) {
   EXPECT_THROW(scaled_dot_product_attention(q, k, k), c10::Error) << "sdpa: head dim mismatch";
   EXPECT_THROW(scaled_dot_product_attention(q, q, q, at::ones({3, 3}, at::kBool)), c10::Error)
       << "sdpa: mask that does not broadcast";
+}
+
+// Note [fused attention]: libtorch's fused attention, forced on the CPU, against the same oracle
+// and finite differences; the cases it must leave to the explicit path, and a bad setting.
+TEST(Attention, FusedPathMatchesTheExplicitOne) {
+  if (!fused_attention_available()) GTEST_SKIP() << "this libtorch (1.x) has no fused attention";
+  struct Restore {
+    AttentionPath before = attention_path();
+    ~Restore() { set_attention_path(before); }
+  } restore;
+  set_attention_path(AttentionPath::kFused);
+  at::manual_seed(1);
+  struct Case {
+    Shape q, k;
+    Mask mask;
+    Shape mask_shape;
+    bool causal;
+  };
+  const std::vector<Case> cases = {
+      {{1, 2, 3, 4}, {1, 2, 3, 4}, Mask::None, {}, false},
+      {{2, 1, 3, 2}, {2, 1, 4, 2}, Mask::Bool, {2, 1, 1, 4}, false},  // key padding, Tq != Tk
+      {{1, 2, 3, 2}, {1, 2, 3, 2}, Mask::Float, {3, 3}, false},       // additive bias
+      {{1, 2, 4, 2}, {1, 2, 4, 2}, Mask::None, {}, true},             // causal
+      {{2, 1, 4, 2}, {2, 1, 4, 2}, Mask::Bool, {2, 1, 1, 4}, true},   // causal + padding: one mask
+      {{1, 2, 4, 2}, {1, 2, 4, 2}, Mask::Float, {4, 4}, true},        // causal + bias
+  };
+  for (const auto& c : cases) {
+    const std::string label = "fused sdpa q " + str(c.q) + " k " + str(c.k) +
+                              (c.mask == Mask::Bool ? " bool mask" : c.mask == Mask::Float ? " float mask" : "") +
+                              (c.causal ? " causal" : "");
+    at::Tensor mask;
+    if (c.mask == Mask::Bool) {
+      mask = at::rand(c.mask_shape) > 0.4;
+      mask.select(-1, 0).fill_(true);  // every query keeps key 0
+    } else if (c.mask == Mask::Float) {
+      mask = rnd(c.mask_shape, at::kFloat);
+    }
+    auto fn = [&](const variable_list& v) { return scaled_dot_product_attention(v[0], v[1], v[2], mask, c.causal); };
+    auto ref = [&](const std::vector<at::Tensor>& t) { return reference(t[0], t[1], t[2], mask, c.causal, 0.0, 0); };
+    const int64_t before = fused_attention_calls();
+    EXPECT_TRUE(gradcheck(fn, {rnd(c.q), rnd(c.k), rnd(c.k)}, label));
+    EXPECT_TRUE(matches_torch(fn, ref, {rnd(c.q, at::kFloat), rnd(c.k, at::kFloat), rnd(c.k, at::kFloat)}, label));
+    EXPECT_GT(fused_attention_calls(), before) << label << ": the fused path was not taken";
+  }
+  // Left to the explicit path: dropout (its mask could not be recomputed), broadcast heads.
+  const int64_t before = fused_attention_calls();
+  Variable q(rnd({1, 2, 3, 2}, at::kFloat), true), kv(rnd({1, 1, 3, 2}, at::kFloat), true);
+  scaled_dot_product_attention(q, q, q, {}, false, 0.3, at::detail::createCPUGenerator(3)).data().sum().item();
+  scaled_dot_product_attention(q, kv, kv).data().sum().item();
+  EXPECT_EQ(fused_attention_calls(), before);
+  // Explicit on the CPU under kAuto: the CPU keeps its arithmetic.
+  set_attention_path(AttentionPath::kAuto);
+  scaled_dot_product_attention(q, q, q).data().sum().item();
+  EXPECT_EQ(fused_attention_calls(), before);
 }
 
 }  // namespace
