@@ -17,6 +17,7 @@
 #include <torch/version.h>  // TORCH_VERSION_MAJOR
 
 #if TORCH_VERSION_MAJOR >= 2
+#include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/autograd.h>
 #endif
