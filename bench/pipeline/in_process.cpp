@@ -238,8 +238,9 @@ void roofs(at::Device device, at::ScalarType dtype, const DeviceModel& preset) {
 /// FLOPs and bytes on the preset of the device it runs on (ratio = measured / modelled; 1 is a
 /// calibrated preset): "cpu" on the CPU, "h100" on a GPU (Note [timing actions on a GPU]: each
 /// action waits for its kernels). The counted FLOPs, bytes and kernels are printed too, so that a
-/// preset's efficiencies and launch cost can be fitted to the stages. On the CPU the line also says
-/// what the h100 preset makes of the same step. First the device's own roofs.
+/// preset's efficiencies and launch cost can be fitted to the stages, and the measured compute of
+/// the same step with no meter installed (unmetered_s: what the op accounting costs). On the CPU
+/// the line also says what the h100 preset makes of the same step. First the device's own roofs.
 void calibration(const Workload& w, const Options& o) {
   const at::Device device(o.device == "cuda" ? at::kCUDA : at::kCPU);
   const at::ScalarType dtype = o.dtype == "bf16" ? at::kBFloat16 : at::kFloat;
@@ -256,16 +257,30 @@ void calibration(const Workload& w, const Options& o) {
   const DeviceModel h100 = device_model("h100");
   auto p = build(w, 4, "identity", "identity");
   p->to(device, dtype);
-  Batch batch = w.batch.to(device);
+  Batch batch = w.batch;
+  if (o.batch_scale > 1) {  // the workload's rows repeated: the same shapes, K times the tokens
+    auto repeat = [&](const at::Tensor& t) {
+      std::vector<int64_t> times(static_cast<size_t>(t.dim()), 1);
+      times[0] = o.batch_scale;
+      return t.defined() ? t.repeat(times) : t;
+    };
+    batch.input = repeat(batch.input), batch.target = repeat(batch.target), batch.units = repeat(batch.units);
+    batch.side.token_ids = repeat(batch.side.token_ids);
+    batch.sample_ids = at::arange(batch.input.size(0), at::kLong);
+  }
+  batch = batch.to(device);
   if (at::isFloatingType(batch.input.scalar_type())) batch.input = batch.input.to(dtype);
+  // The presets' meters, then (last) no meter: the measured compute without the op accounting.
+  const DeviceModel unmetered = device_model("measured");
   std::vector<const DeviceModel*> models = {&preset};
   if (device.is_cpu()) models.push_back(&h100);
+  models.push_back(&unmetered);
   std::vector<std::unique_ptr<LocalExecutor>> on;  // one executor per device model, measured clocks
   for (const DeviceModel* m : models) {
     on.push_back(std::make_unique<LocalExecutor>(*p, w.loss, ScheduleSettings{"1f1b", 1, {}, *m}));
     on.back()->set_model_drives_clock(false);
   }
-  std::vector<std::vector<double>> measured(4), modelled(4), on_h100(4), flops(4), bytes(4), kernels(4);
+  std::vector<std::vector<double>> measured(4), modelled(4), on_h100(4), flops(4), bytes(4), kernels(4), bare(4);
   for (int r = -1; r < o.rounds; ++r) {
     for (size_t k = 0; k < models.size(); ++k) {
       for (auto& param : p->parameters()) param.zero_grad();
@@ -276,25 +291,29 @@ void calibration(const Workload& w, const Options& o) {
         if (k == 0) {
           measured[i].push_back(t.compute_s[i]), modelled[i].push_back(t.modelled_s[i]);
           flops[i].push_back(t.flops[i]), bytes[i].push_back(t.op_bytes[i]), kernels[i].push_back(t.kernels[i]);
+        } else if (models[k] == &unmetered) {
+          bare[i].push_back(t.compute_s[i]);
         } else {
           on_h100[i].push_back(t.modelled_s[i]);
         }
       }
     }
   }
-  std::vector<double> me, mo, ratio, h, f, by, ke;
+  std::vector<double> me, mo, ratio, h, f, by, ke, un;
   for (size_t i = 0; i < 4; ++i) {
-    me.push_back(median(measured[i])), mo.push_back(median(modelled[i]));
+    me.push_back(median(measured[i])), mo.push_back(median(modelled[i])), un.push_back(median(bare[i]));
     f.push_back(median(flops[i])), by.push_back(median(bytes[i])), ke.push_back(median(kernels[i]));
     if (!on_h100[i].empty()) h.push_back(median(on_h100[i]));
     ratio.push_back(me.back() / mo.back());
   }
   std::printf("{\"bench\":\"device_calibration\",\"model\":\"%s\",\"device\":\"%s\",\"dtype\":\"%s\","
               "\"schedule\":\"1f1b\",\"stages\":4,\"micro_batches\":%lld,\"preset\":\"%s\",\"stage_flops\":%s,"
-              "\"stage_bytes\":%s,\"stage_kernels\":%s,\"measured_s\":%s,\"modelled_s\":%s,\"ratio\":%s",
+              "\"batch_rows\":%lld,\"stage_bytes\":%s,\"stage_kernels\":%s,\"measured_s\":%s,\"unmetered_s\":%s,"
+              "\"modelled_s\":%s,\"ratio\":%s",
               w.name.c_str(), device.str().c_str(), c10::toString(dtype), static_cast<long long>(o.m),
-              preset.name.c_str(), json_array(f, "%.4g").c_str(), json_array(by, "%.4g").c_str(),
-              json_array(ke, "%.0f").c_str(), json_array(me).c_str(), json_array(mo).c_str(),
+              preset.name.c_str(), json_array(f, "%.4g").c_str(), static_cast<long long>(batch.rows()),
+              json_array(by, "%.4g").c_str(), json_array(ke, "%.0f").c_str(), json_array(me).c_str(),
+              json_array(un).c_str(), json_array(mo).c_str(),
               json_array(ratio, "%.3f").c_str());
   if (!h.empty()) std::printf(",\"h100_modelled_s\":%s", json_array(h, "%.3g").c_str());
   std::printf("}\n");

@@ -58,6 +58,9 @@ Options parse(int argc, char** argv) {
     } else if (a == "--device") {
       o.device = value();
       TORCH_CHECK(o.device == "cpu" || o.device == "cuda", "--device ", o.device, ": accepted: cpu, cuda");
+    } else if (a == "--batch-scale") {
+      o.batch_scale = std::atoi(value().c_str());
+      TORCH_CHECK(o.batch_scale >= 1, "--batch-scale ", o.batch_scale, ": a whole number >= 1");
     } else if (a == "--dtype") {
       o.dtype = value();
       TORCH_CHECK(o.dtype == "fp32" || o.dtype == "bf16", "--dtype ", o.dtype, ": accepted: fp32, bf16");
@@ -69,7 +72,7 @@ Options parse(int argc, char** argv) {
     } else if (a.rfind("--", 0) == 0) {
       TORCH_CHECK(false, "unknown option '", a,
                   "'; usage: bench_pipeline [rounds] [micro-batches] [--models resnet8,gpt2,resnet18] [--mp 4,2|none] "
-                  "[--mp-rounds R] [--no-links] [--calibrate [--device cpu|cuda] [--dtype fp32|bf16]] [--mp-only]");
+                  "[--mp-rounds R] [--no-links] [--calibrate [--device cpu|cuda] [--dtype fp32|bf16] [--batch-scale K]] [--mp-only]");
     } else if (positional == 0) {
       o.rounds = std::max(1, std::atoi(a.c_str())), ++positional;
     } else if (positional == 1) {
@@ -77,8 +80,9 @@ Options parse(int argc, char** argv) {
     }
   }
   if (o.mp_rounds < 0) o.mp_rounds = o.rounds;
-  TORCH_CHECK(o.calibrate_only || (o.device == "cpu" && o.dtype == "fp32"),
-              "--device and --dtype apply to --calibrate only (the pipeline cases run on the CPU in float32)");
+  TORCH_CHECK(o.calibrate_only || (o.device == "cpu" && o.dtype == "fp32" && o.batch_scale == 1),
+              "--device, --dtype and --batch-scale apply to --calibrate only (the pipeline cases run on the CPU "
+              "in float32)");
   return o;
 }
 

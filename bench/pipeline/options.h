@@ -22,6 +22,7 @@ struct Options {
   bool calibrate_only = false;  // --calibrate: the device model's calibration lines only
   std::string device = "cpu";   // --device: where the calibration runs (cpu, cuda)
   std::string dtype = "fp32";   // --dtype: the calibration's training dtype (fp32, bf16)
+  int batch_scale = 1;          // --batch-scale K: the calibration's batches K times the workload's rows
   bool mp_only = false;         // --mp-only: the processes' rows only (bench/peer_pipeline.sh)
   int blas_threads = 0;         // OpenBLAS's threads as main set them (for the JSON lines; not an option)
   // Rank workers only.
