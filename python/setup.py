@@ -33,6 +33,8 @@ class CMakeBuild(build_ext):
                 "-DTAPELINE_BUILD_TESTS=OFF", "-DTAPELINE_BUILD_BENCH=OFF", "-DTAPELINE_CUDA=OFF"]
         if shutil.which("ninja") and not (build / "CMakeCache.txt").exists():
             args += ["-G", "Ninja"]
+        if shutil.which("ccache") and "CMAKE_CXX_COMPILER_LAUNCHER" not in os.environ:
+            args += ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]  # a rebuild, or objects the repository's build made
         subprocess.run(args, check=True)
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
         subprocess.run(["cmake", "--build", str(build), "--target", "tapeline_python", "-j", jobs], check=True)

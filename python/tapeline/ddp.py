@@ -106,7 +106,7 @@ class _Exchange:
     def __init__(self, state, grads, codecs, group, async_op: bool):
         self.grads, self.codecs = grads, codecs
         self.world = dist.get_world_size(group)
-        payloads = [(c._impl if c is not None else _IDENTITY).encode(_as_matrix(g.detach()))
+        payloads = [(c if c is not None else _IDENTITY).encode(_as_matrix(g.detach()))
                     for g, c in zip(grads, codecs)]
         mine = pack_payloads(payloads).to(grads[0].device)
         state.messages += 1
@@ -133,7 +133,7 @@ class _Exchange:
         for i, (g, codec) in enumerate(zip(self.grads, self.codecs)):
             total = None
             for e in range(self.world):  # Note [sums in rank order] in parallel/ranks/group_sum.h
-                d = (codec._impl if codec is not None else _IDENTITY).decode(everyone[e][i])
+                d = (codec if codec is not None else _IDENTITY).decode(everyone[e][i])
                 d = d.reshape(g.shape).to(g.dtype)
                 total = d if e == 0 else (total + d if e == 1 else total.add_(d))
             n = g.numel()

@@ -65,7 +65,29 @@ def worker(rank):
     mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("replicate", "shard"))
     result["sharded"] = sharded_step(mesh["shard"], x, y, "topk(0.25)", mesh["replicate"].get_group())[0]
     result["sharded_plain"] = sharded_step(mesh["shard"], x, y)[0]
+    # a parameter without a gradient: refused with the way out, which then works
+    mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("replicate", "shard"))
+    for unused_params in (False, True):
+        model = HalfUsed()
+        fully_shard(model, mesh=mesh["shard"])
+        model.set_reduce_scatter_unused_params(unused_params)
+        tapeline.fsdp_all_reduce_hook(model, "topk(0.25)", mesh["replicate"].get_group())
+        try:
+            nn.functional.cross_entropy(model(x), y).backward()
+            result[f"unused_{unused_params}"] = model.used.weight.grad.to_local().clone()
+        except RuntimeError as e:
+            result[f"unused_{unused_params}"] = str(e)
     return result
+
+
+class HalfUsed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.used, self.unused = nn.Linear(12, 5), nn.Linear(12, 5)
+
+    def forward(self, x):
+        return self.used(x)
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +148,12 @@ def test_state_per_parameter(fsdp_run):
     assert any(k.startswith("0.weight.") for k in state) and any(k.startswith("2.weight.") for k in state)
     assert any(k.endswith("error") for k in state)  # the error-feedback residuals
     assert not any(k.startswith(("0.bias", "2.bias")) for k in state)  # uncompressed
+
+
+def test_parameters_without_gradient(fsdp_run):
+    assert "set_reduce_scatter_unused_params(True)" in fsdp_run[0]["unused_False"]
+    assert isinstance(fsdp_run[0]["unused_True"], torch.Tensor)
+    assert torch.equal(fsdp_run[0]["unused_True"], fsdp_run[1]["unused_True"])
 
 
 def test_refusals(fsdp_run):
