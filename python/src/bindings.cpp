@@ -8,16 +8,17 @@
 // message (without the C++ backtrace). Any other c10::Error (a corrupt payload, a codec refusing a
 // tensor) is RuntimeError with its message.
 //
-// The codecs' and the boundary halves' encode and decode run without the GIL (they touch no Python
-// object): a DDP hook's reduction or another Python thread goes on meanwhile.
+// The boundary halves' encode and decode run without the GIL (they touch no Python object), a
+// codec's on messages of 1M elements or more (ReleaseGilIfLong): a DDP hook's reduction or another
+// Python thread goes on meanwhile.
 //
 // Note [the binding's cost]. What a codec call from Python costs over the same call in C++
 // (bench/bench_python.py), measured on fp16 of a (64, 4) tensor, 2.5 us per encode in C++: the
-// call with its tensor argument 0.15 to 0.35 us, the Payload object returned 0.2 us, the five
-// defaulted arguments and the GIL's release 0.05 us each; about 1 us per call in all, 2 us per
-// encode + decode, whatever the size. So tapeline.Codec inherits encode and decode from _Codec
-// (a Python method in between cost 1.3 us per pair), and x is detached only when it requires grad
-// (detach() makes a TensorImpl: 0.4 us).
+// call with its tensor argument 0.15 to 0.35 us, the Payload object returned 0.2 us, five defaulted
+// arguments and the GIL's release and retaking 0.05 us or more each; about 1 us per call. So
+// tapeline.Codec inherits encode and decode from _Codec (a Python method in between cost 1.3 us
+// per encode + decode), a one-argument call has its own overload, x is detached only when it
+// requires grad (detach() makes a TensorImpl: 0.4 us), and a short call keeps the GIL.
 
 #include <torch/extension.h>
 
@@ -92,6 +93,20 @@ Payload payload_from_tensor(const at::Tensor& t, at::Device device) {
 // tracks. detach() costs a TensorImpl, so only when x requires grad (Note [the binding's cost]).
 at::Tensor untracked(const at::Tensor& x) { return x.requires_grad() ? x.detach() : x; }
 
+// Lets other Python threads run during a codec call on a message of `elements` elements when it
+// is long enough to matter (4 MiB of float32: 0.3 ms for the cheapest codec); a shorter one keeps
+// the GIL, whose release and retaking cost more than the call's wait is worth (Note [the binding's
+// cost]; Python itself switches threads every 5 ms).
+class ReleaseGilIfLong {
+ public:
+  explicit ReleaseGilIfLong(int64_t elements) {
+    if (elements >= (int64_t(1) << 20)) release_.emplace();
+  }
+
+ private:
+  std::optional<py::gil_scoped_release> release_;
+};
+
 // One codec for one message stream: the C++ compressor and the spec it was built from.
 class Codec {
  public:
@@ -107,6 +122,7 @@ class Codec {
 
   Payload encode(const at::Tensor& x, const std::optional<at::Tensor>& sample_ids, int64_t micro_batch, int64_t epoch,
                  int64_t step, double progress) {
+    const ReleaseGilIfLong gil(x.numel());
     return checked([&] {
       NoGradGuard no_grad;
       return codec_->encode(untracked(x),
@@ -115,6 +131,7 @@ class Codec {
   }
   at::Tensor decode(const Payload& p, const std::optional<at::Tensor>& sample_ids, int64_t micro_batch, int64_t epoch,
                     int64_t step, double progress) {
+    const ReleaseGilIfLong gil(p.numel());
     return checked([&] {
       NoGradGuard no_grad;
       return codec_->decode(p, make_context(sample_ids, micro_batch, step, progress, codec_->is_training(), epoch));
@@ -251,14 +268,19 @@ void define_module(py::module_& m) {
   // Python frame between the caller and the codec (Note [the binding's cost]).
   py::class_<Codec, std::shared_ptr<Codec>>(m, "_Codec")
       .def(py::init<const std::string&>(), py::arg("spec"))
-      .def("encode", &Codec::encode, py::call_guard<py::gil_scoped_release>(), py::arg("x"),
-           py::arg("sample_ids") = py::none(), py::arg("micro_batch") = 0, py::arg("epoch") = 0, py::arg("step") = 0,
-           py::arg("progress") = -1.0,
+      // First the one-argument calls, the common ones: no defaults to fill in.
+      .def(
+          "encode", [](Codec& c, const at::Tensor& x) { return c.encode(x, std::nullopt, 0, 0, 0, -1); }, py::arg("x"))
+      .def(
+          "decode", [](Codec& c, const Payload& p) { return c.decode(p, std::nullopt, 0, 0, 0, -1); },
+          py::arg("payload"))
+      .def("encode", &Codec::encode, py::arg("x"), py::arg("sample_ids") = py::none(), py::arg("micro_batch") = 0,
+           py::arg("epoch") = 0, py::arg("step") = 0, py::arg("progress") = -1.0,
            "Packs x (float32, float16 or bfloat16, any shape) into a Payload. sample_ids: (B) the samples of the "
            "micro-batch, for per-sample codecs (aqsgd, whose warm-up is counted in epochs).")
-      .def("decode", &Codec::decode, py::call_guard<py::gil_scoped_release>(), py::arg("payload"),
-           py::arg("sample_ids") = py::none(), py::arg("micro_batch") = 0, py::arg("epoch") = 0, py::arg("step") = 0,
-           py::arg("progress") = -1.0, "Unpacks a Payload to a tensor of the original shape and dtype.")
+      .def("decode", &Codec::decode, py::arg("payload"), py::arg("sample_ids") = py::none(), py::arg("micro_batch") = 0,
+           py::arg("epoch") = 0, py::arg("step") = 0, py::arg("progress") = -1.0,
+           "Unpacks a Payload to a tensor of the original shape and dtype.")
       .def(
           "decode",
           [](Codec& c, const py::buffer& data, const std::optional<at::Tensor>& sample_ids, int64_t micro_batch,
@@ -267,7 +289,6 @@ void define_module(py::module_& m) {
             const Payload p = checked([&] {
               return Payload::deserialize(static_cast<const uint8_t*>(b.ptr), static_cast<size_t>(b.size * b.itemsize));
             });
-            py::gil_scoped_release no_gil;
             return c.decode(p, sample_ids, micro_batch, epoch, step, progress);
           },
           py::arg("data"), py::arg("sample_ids") = py::none(), py::arg("micro_batch") = 0, py::arg("epoch") = 0,
