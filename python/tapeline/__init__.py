@@ -7,6 +7,7 @@
 
     model = nn.Sequential(a, tapeline.Boundary(forward="topk(0.1)", backward="quant(bits=8)"), b)
     ddp.register_comm_hook(*tapeline.ddp_comm_hook("ef(powersgd(rank=4))"))
+    state = tapeline.fsdp_all_reduce_hook(model, "ef(topk(0.1))", mesh["replicate"].get_group())
 """
 from ._build_info import TORCH_VERSION as _BUILT_FOR
 
@@ -23,5 +24,7 @@ from ._C import Payload, codecs  # noqa: E402
 from .codec import Codec  # noqa: E402
 from .boundary import Boundary  # noqa: E402
 from .ddp import ddp_comm_hook, DDPCommState  # noqa: E402
+from .fsdp import fsdp_all_reduce_hook, FSDPCommState  # noqa: E402
 
-__all__ = ["Codec", "Payload", "Boundary", "ddp_comm_hook", "DDPCommState", "codecs"]
+__all__ = ["Codec", "Payload", "Boundary", "ddp_comm_hook", "DDPCommState", "fsdp_all_reduce_hook",
+           "FSDPCommState", "codecs"]

@@ -44,6 +44,8 @@ def test_roundtrip_shape_dtype_and_bytes():
     assert torch.equal(y[kept], x[kept].half().float())  # values as fp16 by default
     q = tapeline.Payload.from_bytes(raw)
     assert bytes(q) == raw and torch.equal(c.decode(q), y) and torch.equal(c.decode(raw), y)
+    assert torch.equal(c.decode(bytearray(raw)), y) and torch.equal(c.decode(memoryview(raw)), y)
+    assert torch.equal(c.decode(raw, None, 0, 0), y)  # positional sample_ids, micro_batch, epoch
     assert torch.equal(tapeline.Payload.from_tensor(p.to_tensor()).to_tensor(), p.to_tensor())
 
 
@@ -63,6 +65,10 @@ def test_bad_spec_is_value_error_with_parser_message():
         tapeline.Codec("topk(0.1, bogus=2)")
     with pytest.raises(TypeError):
         tapeline.Codec(3)
+    with pytest.raises(TypeError, match=r"(?s)incompatible function arguments.*x: torch.Tensor"):
+        tapeline.Codec("topk(0.1)").encode([1.0, 2.0])
+    with pytest.raises(TypeError, match=r"(?s)incompatible function arguments.*payload: tapeline._C.Payload"):
+        tapeline.Codec("topk(0.1)").decode("not a payload")
 
 
 def test_corrupt_payload_is_runtime_error():

@@ -1,17 +1,11 @@
 """tapeline.ddp_comm_hook under DistributedDataParallel on 2 Gloo processes, against the C++ grid's
 compressed data-parallel sum (DataParallelSync, through tapeline_py_interop dp-sum) for one step."""
-import os
-import subprocess
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 import tapeline
-from tapeline.ddp import pack_payloads, unpack_payloads
-from conftest import free_port
+from conftest import cpp_dp_sum, gloo_ranks
 
 SPECS = ["ef(powersgd(rank=2))", "topk(0.25)"]
 
@@ -26,10 +20,7 @@ def batch(rank):
     return torch.randn(16, 12, generator=g), torch.randint(0, 6, (16,), generator=g)
 
 
-def ddp_worker(rank, world, port, out_dir):
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def ddp_worker(rank):
     x, y = batch(rank)
     result = {}
     for spec in SPECS:
@@ -42,30 +33,12 @@ def ddp_worker(rank, world, port, out_dir):
         result[spec] = dict(local=[p.grad.clone() for p in local.parameters()],
                             reduced=[p.grad.clone() for p in model.parameters()],
                             bytes=state.bytes, raw_bytes=state.raw_bytes, state=dict(state.state_dict()))
-    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.destroy_process_group()
+    return result
 
 
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory):
-    d = tmp_path_factory.mktemp("ddp")
-    mp.start_processes(ddp_worker, args=(2, free_port(), str(d)), nprocs=2, start_method="spawn")
-    return [torch.load(d / f"rank{r}.pt") for r in range(2)]
-
-
-def cpp_dp_sum(interop, spec, grads_by_rank, d):
-    """Runs DataParallelSync::reduce_gradients on 2 C++ ranks over c10d for the given gradients."""
-    ident = tapeline.Codec("identity")
-    port, procs = free_port(), []
-    for r, grads in enumerate(grads_by_rank):
-        (d / f"in{r}.bin").write_bytes(pack_payloads([ident.encode(g) for g in grads]).numpy().tobytes())
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([interop, "dp-sum", spec, str(d / f"in{r}.bin"), str(d / f"out{r}.bin")], env=env))
-    for p in procs:
-        assert p.wait(timeout=120) == 0
-    return [[ident.decode(p) for p in
-             unpack_payloads(torch.frombuffer(bytearray((d / f"out{r}.bin").read_bytes()), dtype=torch.uint8))]
-            for r in range(2)]
+    return gloo_ranks(ddp_worker, tmp_path_factory.mktemp("ddp"))
 
 
 @pytest.mark.parametrize("spec", SPECS)

@@ -1,16 +1,13 @@
 """tapeline.pipelining.CompressedPipelineStage under torch.distributed.pipelining's schedules on 2
 Gloo processes: with the identity codec it computes what torch's own PipelineStage computes; with
 TopK the bytes it sends are the payloads' bytes."""
-import os
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 import tapeline
-from conftest import free_port
+from conftest import gloo_ranks
 
 pytest.importorskip("torch.distributed.pipelining", reason="this torch has no torch.distributed.pipelining")
 
@@ -63,10 +60,7 @@ def run_interleaved(rank, schedule_cls, make_stage):
     return [p.grad.clone() for i in held for p in parts[i].parameters()], [l.detach() for l in losses]
 
 
-def worker(rank, world, port, out_dir):
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def worker(rank):
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
     from tapeline.pipelining import CompressedPipelineStage
     cpu = torch.device("cpu")
@@ -89,15 +83,12 @@ def worker(rank, world, port, out_dir):
             sent = sum(codec.encode(mod(xm)).nbytes for xm in x.chunk(MICRO))
     result["topk"] = dict(grads=grads, losses=losses, bytes=stage.bytes_sent, wire=stage.wire_bytes_sent,
                           messages=stage.messages_sent, stats=stage.stats(), expected=sent)
-    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.destroy_process_group()
+    return result
 
 
 @pytest.fixture(scope="module")
 def pipe_run(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pipe")
-    mp.start_processes(worker, args=(2, free_port(), str(d)), nprocs=2, start_method="spawn")
-    return [torch.load(d / f"rank{r}.pt") for r in range(2)]
+    return gloo_ranks(worker, tmp_path_factory.mktemp("pipe"))
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
