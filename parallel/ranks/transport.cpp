@@ -884,10 +884,9 @@ void Transport::send(int dst, std::vector<uint8_t>&& bytes, int64_t tag, const s
 void Transport::send_payload(int dst, const Payload& payload, int64_t tag, const std::string& context) {
   // Serialized straight into a message buffer, which is then the frame (Note [posted capacity]).
   const int64_t n = static_cast<int64_t>(payload.nbytes());
-  at::Tensor buffer =
-      pooled_buffer(impl_->payload_pool, std::max(kInlineMax, PostedCapacity::round_up(n)), kSendWindow + 2,
-                    &Transport::message_buffer)
-          .narrow(0, 0, n);
+  at::Tensor buffer = pooled_buffer(impl_->payload_pool, std::max(kInlineMax, PostedCapacity::round_up(n)),
+                                    kSendWindow + 2, &Transport::message_buffer)
+                          .narrow(0, 0, n);
   payload.serialize_into(buffer.data_ptr<uint8_t>());
   send(dst, buffer, tag, context);
 }
@@ -903,10 +902,12 @@ Payload Transport::recv_payload(int src, int64_t expected_tag, const std::string
   Message m = recv(src, expected_tag, context);
   Payload p;
   try {
-    // Note [pre-posted frames and reused buffers]: a large body is not copied out of its frame.
+    // Note [pre-posted frames and reused buffers]: a large body is not copied out of a frame about
+    // its size (a held payload keeps its frame).
     constexpr size_t kViewMin = 256 << 10;
-    p = device.is_cpu() && m.size() >= kViewMin ? Payload::deserialize_view(m.body, 0, m.size())
-                                                : Payload::deserialize(m.data(), m.size(), device);
+    const bool view =
+        device.is_cpu() && m.size() >= kViewMin && m.body.storage().nbytes() <= 2 * (m.size() + kHeaderBytes);
+    p = view ? Payload::deserialize_view(m.body, 0, m.size()) : Payload::deserialize(m.data(), m.size(), device);
   } catch (const std::exception& e) {
     TransportError err("rank " + std::to_string(rank()) + ": message #" + std::to_string(m.seq) + " from rank " +
                            std::to_string(src) + " (" + context + ", " + std::to_string(m.size()) +

@@ -78,9 +78,9 @@
 // receiver's frame buffers per source (3), its last separate body buffer (>= 256 KiB) per source,
 // and the sender's frame buffers per destination (one per message in flight). That saves an
 // allocation and the page faults of fresh memory per message. None of this changes what is
-// received or in which order. A received body of 256 KiB or more is a view of its frame (and a
-// received payload's body a view of that), not a copy; smaller ones are copied out, so that a
-// held message does not keep a frame from its pool.
+// received or in which order. A received body is a view of its frame. recv_payload's payload body
+// is a view of that, not a copy, for 256 KiB or more in a frame at most twice its size; other
+// payloads are copied out, so that a held payload does not keep a frame much larger than itself.
 //
 // Threads: one caller thread per Transport (the stage's thread); not for concurrent callers.
 
