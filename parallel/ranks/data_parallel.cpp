@@ -23,11 +23,12 @@ int64_t tag(int64_t step, int64_t kind) { return ((step & ((int64_t(1) << 30) - 
 // The matrix a parameter's gradient is compressed as: (shape[0], the rest).
 at::Tensor as_matrix(const at::Tensor& g) { return g.reshape({g.size(0), -1}); }
 
-// Several payloads as one message: count, each one's length, then their bytes back to back.
+// Several payloads as one message: count, each one's length, then their bytes back to back, in a
+// message buffer (the transport sends it as its frame, without a copy: Note [posted capacity]).
 at::Tensor pack(const std::vector<Payload>& payloads) {
   int64_t total = 8 * static_cast<int64_t>(1 + payloads.size());
   for (const Payload& p : payloads) total += static_cast<int64_t>(p.nbytes());
-  at::Tensor out = at::empty({total}, at::kByte);
+  at::Tensor out = Transport::message_buffer(total);
   uint8_t* w = out.data_ptr<uint8_t>();
   const int64_t count = static_cast<int64_t>(payloads.size());
   std::memcpy(w, &count, 8), w += 8;
@@ -184,7 +185,8 @@ std::vector<bool> DataParallelSync::reduce_in_buckets(int64_t step, const std::s
     // A bucket is reused when nothing else holds it: no gradient's view, no send still in flight.
     const bool reuse = flat.defined() && flat.numel() == sizes[b] && flat.scalar_type() == dtypes[b] &&
                        flat.use_count() == 1 && flat.storage().use_count() == 1;
-    if (!reuse) flat = at::empty({sizes[b]}, at::TensorOptions().dtype(dtypes[b]));
+    // A message buffer: sent whole (two replicas), it is the message's frame, not copied into one.
+    if (!reuse) flat = Transport::message_buffer(sizes[b] * c10::elementSize(dtypes[b])).view(dtypes[b]);
     for (const Part& part : layout[b]) {
       const at::Tensor& g = params_[part.param].second.grad();
       at::Tensor dst = flat.narrow(0, part.offset, g.numel());

@@ -18,13 +18,17 @@
 //
 // Note [uncompressed gradients in buckets]. Uncompressed (identity, or a parameter its codec
 // leaves out), the gradients are laid out back to back in flat buckets of at most dp.bucket_mib
-// (in parameter order, one dtype a bucket, a parameter never split), allocated once and reused
-// while nothing else holds them, and each bucket is summed by all_reduce_in_rank_order
+// (in parameter order, one dtype a bucket, a parameter never split), allocated once (as
+// Transport::message_buffer: sent whole, a bucket is its message's frame, not copied into one) and
+// reused while nothing else holds them, and each bucket is summed by all_reduce_in_rank_order
 // (group_sum.h): reduce-scatter then all-gather in place (two replicas: one exchange, summed in
 // the received buffer), 2 (D - 1) / D of the bucket's bytes out of each rank as a ring
 // all-reduce, and the same bits as the sum in replica order above, so a grid still gives one
 // process's numbers. The gradients then are views of the sum. (The sums start after the
-// step's backward; overlapping them with the last micro-batches' backward is not done.)
+// step's backward; overlapping them with the last micro-batches' backward is not done: the
+// gradients are scaled by 1 / (the step's loss units over every replica) before they are summed,
+// as one process scales its accumulated gradient, and those units are known only after every
+// replica's last forward; summing first and scaling after would change the bits.)
 //
 // What is compressed: each parameter's gradient is viewed as a matrix (shape[0], the rest), as
 // PowerSGD compresses a layer's gradient (a convolution's (out, in * kh * kw)); parameters of

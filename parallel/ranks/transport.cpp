@@ -4,8 +4,10 @@
 #include <c10/util/Exception.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <iostream>
@@ -59,10 +61,29 @@ FrameHeader wire::parse_frame_header(const uint8_t* data, size_t size, int64_t e
          ": the two ranks' schedules disagree");
   const int64_t crc = h[kWordBodyCrc];
   if (crc != 0 && (crc >> 32) != 1) fail("corrupt message header (body checksum word)");
+  if (h[kWordLayout] != kLayoutInFrame && h[kWordLayout] != kLayoutSeparate)
+    fail("corrupt message header (layout word " + std::to_string(h[kWordLayout]) + ")");
   FrameHeader out;
   out.seq = h[kWordSeq], out.tag = h[kWordTag], out.body_bytes = n, out.stamp_ns = h[kWordStamp];
-  out.body_crc = crc;
+  out.body_crc = crc, out.layout = h[kWordLayout];
   return out;
+}
+
+void wire::PostedCapacity::after(int64_t n) {
+  if (floor == 0) return;
+  if (n > bytes && n <= kPostedMax) bytes = round_up(n);
+  window_max = std::max(window_max, n);
+  if (++window == kWindow) {
+    if (window_max * 4 <= bytes) bytes = std::max(floor, round_up(window_max));
+    window = 0, window_max = 0;
+  }
+}
+
+int64_t wire::PostedCapacity::round_up(int64_t n) {
+  int64_t p = 1;
+  while (p * 2 <= n) p *= 2;
+  const int64_t step = std::max<int64_t>(p / 8, 64);
+  return (n + step - 1) / step * step;
 }
 
 int64_t wire::body_crc_word(const uint8_t* body, size_t n) {
@@ -76,13 +97,34 @@ namespace {
 // view, e.g. an inlined body narrowed from a frame).
 bool unshared(const at::Tensor& t) { return t.defined() && t.use_count() == 1 && t.storage().use_count() == 1; }
 
+// The memory of a Transport::message_buffer: the header's room, then the caller's body.
+struct MessageBlock {
+  void* memory = nullptr;
+  std::atomic<bool> sending{false};  // a send of it is in flight: its header room is taken
+};
+
+void free_message_block(void* ctx) {
+  auto* block = static_cast<MessageBlock*>(ctx);
+  std::free(block->memory);
+  delete block;
+}
+
+// The block of `body` when body is (a prefix of) a message_buffer's body, else null.
+MessageBlock* message_block(const at::Tensor& body) {
+  const c10::DataPtr& d = body.storage().data_ptr();
+  if (d.get_deleter() != &free_message_block || body.storage_offset() != kHeaderBytes) return nullptr;
+  return static_cast<MessageBlock*>(d.get_context());
+}
+
 // A buffer of `n` bytes from `pool` that nothing else refers to, or a new one kept in the pool
 // (at most `keep`, replacing one still in use). Reuse saves the allocation and the page faults of
 // touching fresh memory, and keeps the buffer warm in the caches.
-at::Tensor pooled_buffer(std::vector<at::Tensor>& pool, int64_t n, size_t keep) {
+at::Tensor pooled_buffer(
+    std::vector<at::Tensor>& pool, int64_t n, size_t keep,
+    at::Tensor (*make)(int64_t) = [](int64_t n) { return at::empty({n}, at::kByte); }) {
   for (const at::Tensor& t : pool)
     if (t.numel() == n && unshared(t)) return t;
-  at::Tensor b = at::empty({n}, at::kByte);
+  at::Tensor b = make(n);
   if (pool.size() < keep) {
     pool.push_back(b);
   } else {
@@ -154,6 +196,7 @@ struct Pending {
 struct InFlight {
   Pending p;
   at::Tensor frame;
+  MessageBlock* block = nullptr;  // the frame is this message buffer (released once sent)
   compat::WorkPtr frame_work, body_work;
   double posted_s = 0.0;
 };
@@ -181,16 +224,18 @@ struct Transport::Impl {
   SteadyClock clock;
   // Note [pre-posted frames and reused buffers]: per source rank, the recv of its next frame
   // (posted as soon as the previous frame is read), the frame buffers it reuses, and the last
-  // large body buffer; per destination, the frame buffer of the last send.
+  // large body buffer; per destination, the frame buffers of the sends in flight.
   struct PostedFrame {
     std::vector<at::Tensor> tensors;
     compat::WorkPtr work;
+    int64_t capacity = 0;  // body bytes it holds (Note [posted capacity])
   };
   std::vector<std::unique_ptr<PostedFrame>> posted;
-  int64_t inline_max = kInlineMax;  // 0 with NCCL (exact sizes only)
+  std::vector<PostedCapacity> send_capacity, recv_capacity;  // by destination, by source
   std::vector<std::vector<at::Tensor>> frame_pool;
   std::vector<at::Tensor> spare;
   std::vector<std::vector<at::Tensor>> send_pool;
+  std::vector<at::Tensor> payload_pool;  // message buffers that send_payload serializes into
 
   std::mutex mutex;  // guards the queue, the error and the stats
   std::condition_variable wake, drained;
@@ -316,47 +361,64 @@ struct Transport::Impl {
   at::Tensor on_device(const at::Tensor& t) const { return cuda ? t.to(device) : t; }
 
   // ---- messages -------------------------------------------------------------------------------
-  // Posts the frame and (for a large body) the body of `p`, without waiting for either.
+  // Posts the frame and (for a body beyond the posted capacity) the body of `p`, without waiting
+  // for either.
   InFlight post_send(Pending p) {
-    // Note [wire protocol]: the frame is the header, followed by the body when it is small.
+    // Note [wire protocol]: the frame is the header, followed by the body unless it is separate.
     const int64_t n = p.body.numel();
-    const bool inl = n <= inline_max;
+    PostedCapacity& capacity = send_capacity[p.dst];
+    const bool separate = capacity.separate(n);
+    capacity.after(n);
     InFlight f;
     f.posted_s = now_s();
-    // A frame buffer of this destination that no send in flight uses.
-    f.frame = pooled_buffer(send_pool[p.dst], kHeaderBytes + inline_max, kSendWindow + 1)
-                  .narrow(0, 0, kHeaderBytes + (inl ? n : 0));
+    if (p.corrupt == Corruption::None && opts.corrupt_rate > 0 &&
+        std::uniform_real_distribution<double>(0.0, 1.0)(corrupt_rng) < opts.corrupt_rate)
+      p.corrupt = Corruption::BitFlip;  // dist.corrupt_rate (the soak)
     int64_t h[kHeaderWords];
     h[kWordMagic] = kMagic;
     h[kWordSeq] = p.seq;
     h[kWordTag] = p.tag;
     h[kWordBytes] = n;
     h[kWordStamp] = p.stamp_ns;
-    if (p.corrupt == Corruption::None && opts.corrupt_rate > 0 &&
-        std::uniform_real_distribution<double>(0.0, 1.0)(corrupt_rng) < opts.corrupt_rate)
-      p.corrupt = Corruption::BitFlip;  // dist.corrupt_rate (the soak)
-    uint8_t* w = f.frame.data_ptr<uint8_t>();
-    // An inlined body is copied into the frame and summed in one pass (checksum.h's crc32c_copy).
-    const bool copied = inl && n > 0 && p.corrupt == Corruption::None && opts.checksum && p.body.is_cpu();
-    if (copied)
-      h[kWordBodyCrc] =
-          kBodyCrcPresent | crc32c_copy(w + kHeaderBytes, p.body.data_ptr<uint8_t>(), static_cast<size_t>(n));
-    else
-      h[kWordBodyCrc] =
-          opts.checksum && p.body.is_cpu() ? body_crc_word(p.body.data_ptr<uint8_t>(), static_cast<size_t>(n)) : 0;
-    at::Tensor body = p.body;  // what goes on the wire after the frame, for a large body
-    const bool flip_header = p.corrupt != Corruption::None && corrupt(p, h, f.frame, body, inl);
+    h[kWordLayout] = separate ? kLayoutSeparate : kLayoutInFrame;
+    const uint8_t* src = n > 0 ? p.body.data_ptr<uint8_t>() : nullptr;
+    const bool sum = opts.checksum && !cuda;
+    // A message buffer no other send uses is the frame itself (never for a corrupted message: the
+    // caller's bytes stay as they are).
+    MessageBlock* block = separate || p.corrupt != Corruption::None ? nullptr : message_block(p.body);
+    if (block && block->sending.exchange(true)) block = nullptr;
+    at::Tensor body;  // a separate body
+    if (block) {
+      f.block = block;
+      f.frame = at::empty({0}, at::kByte).set_(p.body.storage(), 0, {kHeaderBytes + n}, {1});
+      h[kWordBodyCrc] = sum ? body_crc_word(src, static_cast<size_t>(n)) : 0;
+    } else if (!separate) {
+      // A frame buffer of this destination that no send in flight uses, of this size class; the
+      // body is copied into it and summed in one pass (checksum.h's crc32c_copy).
+      const int64_t room = std::max(kInlineMax, PostedCapacity::round_up(n));
+      f.frame = pooled_buffer(send_pool[p.dst], kHeaderBytes + room, kSendWindow + 1).narrow(0, 0, kHeaderBytes + n);
+      uint8_t* w = f.frame.data_ptr<uint8_t>() + kHeaderBytes;
+      if (sum)
+        h[kWordBodyCrc] = kBodyCrcPresent | crc32c_copy(w, src, static_cast<size_t>(n));
+      else if (n > 0)
+        std::memcpy(w, src, static_cast<size_t>(n)), h[kWordBodyCrc] = 0;
+      else
+        h[kWordBodyCrc] = 0;
+    } else {
+      f.frame = pooled_buffer(send_pool[p.dst], kHeaderBytes + kInlineMax, kSendWindow + 1).narrow(0, 0, kHeaderBytes);
+      body = p.body;
+      h[kWordBodyCrc] = sum ? body_crc_word(src, static_cast<size_t>(n)) : 0;
+    }
+    const bool flip_header = p.corrupt != Corruption::None && corrupt(p, h, f.frame, body, separate);
     h[kWordCheck] = check_word(h);
     if (flip_header) h[kWordSeq] ^= int64_t(1) << 7;
-    std::memcpy(w, h, kHeaderBytes);
-    const int64_t inline_n = f.frame.numel() - kHeaderBytes;
-    if (inl && inline_n > 0 && !copied) std::memcpy(w + kHeaderBytes, body.data_ptr<uint8_t>(), inline_n);
+    std::memcpy(f.frame.data_ptr<uint8_t>(), h, kHeaderBytes);
     try {
       // Both sends are posted before waiting for either: the body's announcement travels right
       // behind the frame, and the receiver can take the body as soon as it has read the header.
       std::vector<at::Tensor> hv{on_device(f.frame)};
       f.frame_work = pg->send(hv, p.dst, kFrameTag);
-      if (!inl && p.corrupt != Corruption::Oversize) {
+      if (separate && p.corrupt != Corruption::Oversize) {
         std::vector<at::Tensor> bv{on_device(body)};
         f.body_work = pg->send(bv, p.dst, kBodyTag);
       }
@@ -368,10 +430,10 @@ struct Transport::Impl {
   }
 
   // Fault injection (Note [fault injection] in parallel/ranks/fault.h), after the checksum was
-  // taken: `h` (the header, check word not yet set), `frame` (header + inlined body) and `body`
-  // (the large body to send) are changed; p.body, the caller's bytes, never is. Returns whether a
+  // taken: `h` (the header, check word not yet set), `frame` (header + a copy of the body) and
+  // `body` (a separate body) are changed; p.body, the caller's bytes, never is. Returns whether a
   // bit of the header is to be flipped once its check word is set (a bit flip of an empty body).
-  bool corrupt(const Pending& p, int64_t* h, at::Tensor& frame, at::Tensor& body, bool inl) {
+  bool corrupt(const Pending& p, int64_t* h, at::Tensor& frame, at::Tensor& body, bool separate) {
     bool flip_header = false;
     const int64_t n = p.body.numel();
     std::ostringstream os;
@@ -379,8 +441,10 @@ struct Transport::Impl {
        << " bytes) ";
     switch (p.corrupt) {
       case Corruption::Truncate:
-        body = p.body.narrow(0, 0, n / 2);
-        if (inl) frame = frame.narrow(0, 0, kHeaderBytes + n / 2);
+        if (separate)
+          body = p.body.narrow(0, 0, n / 2);
+        else
+          frame = frame.narrow(0, 0, kHeaderBytes + n / 2);
         os << "cut to " << n / 2 << " bytes after its checksum";
         break;
       case Corruption::BitFlip: {
@@ -391,15 +455,15 @@ struct Transport::Impl {
         }
         const int64_t byte = static_cast<int64_t>(corrupt_rng() % static_cast<uint64_t>(n));
         const int bit = static_cast<int>(corrupt_rng() % 8);
-        body = p.body.clone();
-        body.data_ptr<uint8_t>()[byte] ^= static_cast<uint8_t>(1u << bit);
+        if (separate) body = p.body.clone();
+        (separate ? body.data_ptr<uint8_t>() : frame.data_ptr<uint8_t>() + kHeaderBytes)[byte] ^=
+            static_cast<uint8_t>(1u << bit);
         os << "had bit " << bit << " of byte " << byte << " flipped after its checksum";
         break;
       }
       case Corruption::Oversize:
         h[kWordBytes] = int64_t(1) << 60;
         frame = frame.narrow(0, 0, kHeaderBytes);
-        body = p.body.narrow(0, 0, 0);
         os << "announced as " << h[kWordBytes] << " bytes, and its body not sent";
         break;
       case Corruption::None:
@@ -419,6 +483,7 @@ struct Transport::Impl {
     } catch (const std::exception& e) {
       throw send_failure(f.p, e);
     }
+    if (f.block) f.block->sending = false;  // (a failed send keeps it: Gloo may still read it)
     std::lock_guard<std::mutex> lock(mutex);
     stats.send_s += now_s() - since;
     stats.bytes_sent += f.p.body.numel();
@@ -535,9 +600,11 @@ struct Transport::Impl {
     };
     at::Tensor frame;
     double t_header = 0.0;
+    int64_t capacity = 0;  // of the frame recv (Note [posted capacity])
     try {
       std::unique_ptr<PostedFrame> pf = std::move(posted[src]);
       if (!pf) pf = post_frame(src);
+      capacity = pf->capacity;
       compat::wait(pf->work, timeout);
       frame = pf->tensors[0].cpu();
       t_header = now_s();
@@ -554,6 +621,12 @@ struct Transport::Impl {
       fail(e.what());
     }
     const int64_t n = h.body_bytes;
+    const bool separate = n > capacity;
+    if (h.layout != (separate ? kLayoutSeparate : kLayoutInFrame))
+      fail("its header says the body " + std::string(separate ? "is in the frame" : "follows on its own") +
+           ", but this rank posted room for " + std::to_string(capacity) + " body bytes: the two ranks disagree " +
+           "about the posted capacity (Note [posted capacity]; another version of tapeline at the other end?)");
+    recv_capacity[src].after(n);
     m.tag = h.tag;
     m.seq = h.seq;
     m.sent_s = steady_ns_to_s(h.stamp_ns);
@@ -563,7 +636,7 @@ struct Transport::Impl {
       at::Tensor body;
       compat::WorkPtr body_work;
       std::vector<at::Tensor> bv;
-      if (n <= inline_max) {
+      if (!separate) {
         body = frame.narrow(0, kHeaderBytes, n);  // came in the frame
       } else {
         body = body_buffer(src, n);
@@ -593,7 +666,7 @@ struct Transport::Impl {
     }
     const double t_body = now_s();
     ++recv_seq[src];
-    m.transfer_s = n > 0 ? t_body - t_header : 0.0;
+    m.transfer_s = separate ? t_body - t_header : 0.0;
     if (links[src] && m.tag >= 0 && !(m.tag & kTagNoLink)) {  // pipeline messages only, not gather_bytes
       // Note [link emulation at the receiver].
       const bool same_clock = !peers[src].boot_id.empty() && peers[src].boot_id == boot_id;
@@ -608,12 +681,13 @@ struct Transport::Impl {
     return m;
   }
 
-  // Posts the recv of src's next frame, as large as the largest frame (Gloo accepts a shorter
-  // message into a larger recv; NCCL does not, hence inline_max = 0 there).
+  // Posts the recv of src's next frame, with room for the posted capacity (Gloo accepts a shorter
+  // message into a larger recv; NCCL does not, hence a capacity of 0 there).
   std::unique_ptr<PostedFrame> post_frame(int src) {
     auto pf = std::make_unique<PostedFrame>();
-    pf->tensors = {cuda ? on_device(at::empty({kHeaderBytes + inline_max}, at::kByte))
-                        : pooled_buffer(frame_pool[src], kHeaderBytes + inline_max, 3)};
+    pf->capacity = recv_capacity[src].bytes;
+    const int64_t size = kHeaderBytes + pf->capacity;
+    pf->tensors = {cuda ? on_device(at::empty({size}, at::kByte)) : pooled_buffer(frame_pool[src], size, 3)};
     pf->work = pg->recv(pf->tensors, src, kFrameTag);
     return pf;
   }
@@ -667,7 +741,6 @@ std::unique_ptr<Transport> Transport::connect(const DistEnv& env, const Transpor
   impl->corrupt_rng.seed(options.corrupt_seed * 1000003u + static_cast<uint64_t>(env.rank));
   impl->timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000.0));
   impl->cuda = options.backend == "nccl";
-  if (impl->cuda) impl->inline_max = 0;
   if (impl->cuda) {
     // Note [one device per NCCL rank]: NCCL refuses two ranks of one communicator on one device
     // ("Duplicate GPU detected"), so ranks wrap round the devices (cuda_device_for) only with Gloo.
@@ -739,6 +812,8 @@ std::unique_ptr<Transport> Transport::connect(const DistEnv& env, const Transpor
   impl->frame_pool.resize(env.world_size);
   impl->spare.resize(env.world_size);
   impl->send_pool.resize(env.world_size);
+  impl->send_capacity.assign(env.world_size, PostedCapacity(impl->cuda ? 0 : kInlineMax));
+  impl->recv_capacity = impl->send_capacity;
   impl->send_seq.assign(env.world_size, 0);
   impl->recv_seq.assign(env.world_size, 0);
   impl->links.resize(env.world_size);
@@ -778,6 +853,19 @@ void Transport::set_rank_names(std::function<std::string(int)> name) { impl_->ra
 int Transport::world_size() const { return impl_->env.world_size; }
 const DistEnv& Transport::env() const { return impl_->env; }
 
+at::Tensor Transport::message_buffer(int64_t n) {
+  TORCH_CHECK(n >= 0, "transport: a message buffer of ", n, " bytes; accepted: 0 or more");
+  const size_t bytes = static_cast<size_t>(kHeaderBytes + n);
+  void* memory = nullptr;
+  TORCH_CHECK(::posix_memalign(&memory, 64, bytes) == 0, "transport: cannot allocate a message buffer of ", n,
+              " bytes");
+  auto* block = new MessageBlock;
+  block->memory = memory;
+  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes,
+                       c10::DataPtr(memory, block, &free_message_block, at::kCPU), nullptr, false);
+  return at::empty({0}, at::kByte).set_(storage, kHeaderBytes, {n}, {1});
+}
+
 void Transport::send(int dst, const at::Tensor& body, int64_t tag, const std::string& context) {
   TORCH_CHECK(tag >= 0, "transport: message tags are >= 0, got ", tag, " (", context, ")");
   impl_->send(dst, body, tag, context);
@@ -794,7 +882,13 @@ void Transport::send(int dst, std::vector<uint8_t>&& bytes, int64_t tag, const s
 }
 
 void Transport::send_payload(int dst, const Payload& payload, int64_t tag, const std::string& context) {
-  send(dst, payload.serialize(), tag, context);
+  // Serialized straight into a message buffer, which is then the frame (Note [posted capacity]).
+  const int64_t n = static_cast<int64_t>(payload.nbytes());
+  at::Tensor buffer = pooled_buffer(impl_->payload_pool, std::max(kInlineMax, PostedCapacity::round_up(n)),
+                                    kSendWindow + 2, &Transport::message_buffer)
+                          .narrow(0, 0, n);
+  payload.serialize_into(buffer.data_ptr<uint8_t>());
+  send(dst, buffer, tag, context);
 }
 
 Message Transport::recv(int src, int64_t expected_tag, const std::string& context) {
@@ -808,7 +902,12 @@ Payload Transport::recv_payload(int src, int64_t expected_tag, const std::string
   Message m = recv(src, expected_tag, context);
   Payload p;
   try {
-    p = Payload::deserialize(m.data(), m.size(), device);
+    // Note [pre-posted frames and reused buffers]: a large body is not copied out of a frame about
+    // its size (a held payload keeps its frame).
+    constexpr size_t kViewMin = 256 << 10;
+    const bool view =
+        device.is_cpu() && m.size() >= kViewMin && m.body.storage().nbytes() <= 2 * (m.size() + kHeaderBytes);
+    p = view ? Payload::deserialize_view(m.body, 0, m.size()) : Payload::deserialize(m.data(), m.size(), device);
   } catch (const std::exception& e) {
     TransportError err("rank " + std::to_string(rank()) + ": message #" + std::to_string(m.seq) + " from rank " +
                            std::to_string(src) + " (" + context + ", " + std::to_string(m.size()) +

@@ -3,21 +3,33 @@
 // (ProcessGroupGloo on CPU; ProcessGroupNCCL where the libtorch has it), plus the few collectives
 // the runtime needs (tied-embedding all-reduce, barrier, broadcast and gather of byte strings).
 //
-// Note [wire protocol]. A message is one or two plain blocking c10d send/recv pairs, in order:
-//   1. a frame: the header, 7 int64 (56 bytes): magic|version, sequence number on this (src, dst)
-//      pair, the caller's tag, body bytes n, the sender's steady-clock stamp in ns (for link
-//      emulation, see parallel/link.h), the body's checksum (Note [body checksum]), and a check
-//      word (xor of the others with a constant);
-//      followed, when n <= wire::kInlineMax (128 KiB, Gloo only), by the body itself;
-//   2. for a larger body: the body as one uint8 tensor of n bytes.
-// The receiver posts each frame recv at the largest frame size (Gloo accepts a shorter message into
-// a larger recv), so a small message costs one rendezvous instead of two; on NCCL, which needs
-// exact sizes, the frame is the bare header. No batched isend/irecv (it hangs on Gloo). The
-// receiver validates the header before allocating the body: bad magic or check word (garbage, or
-// another program on the port), an absurd size (> TransportOptions::max_message_bytes), a sequence
-// gap, or a tag other than the one expected (the two schedules disagree) are errors naming the peer
-// and the caller's context. (A frame longer than the largest frame cannot be caught: Gloo aborts
-// the process. Only another program would send one.)
+// Note [wire protocol]. A message is one plain blocking c10d send/recv pair: a frame, the header,
+// 8 int64 (64 bytes): magic|version, sequence number on this (src, dst) pair, the caller's tag,
+// body bytes n, the sender's steady-clock stamp in ns (for link emulation, see parallel/link.h),
+// the body's checksum (Note [body checksum]), the layout (0: the body follows in this frame, 1:
+// the body follows as its own operation) and a check word (xor of the others with a constant);
+// then the body, 64-byte aligned in the frame. A body larger than the receiver's posted capacity
+// (Note [posted capacity]) travels as a second operation, once: the capacity grows to it.
+// The receiver posts each frame recv at its capacity (Gloo accepts a shorter message into a
+// larger recv), so a message costs one rendezvous, not two; on NCCL, which needs exact sizes, the
+// capacity is 0: the frame is the bare header and the body always its own operation. No batched
+// isend/irecv (it hangs on Gloo). The receiver validates the header before it reads the body:
+// bad magic or check word (garbage, or another program on the port), an absurd size
+// (> TransportOptions::max_message_bytes), a sequence gap, a layout other than its capacity says,
+// or a tag other than the one expected (the two schedules disagree) are errors naming the peer
+// and the caller's context. (A frame longer than the posted capacity cannot be caught: Gloo
+// aborts the process. Only another program would send one.)
+//
+// Note [posted capacity]. Both ends of a (src, dst) pair keep the same capacity, the body bytes
+// the receiver's next frame recv holds: 128 KiB to start (wire::kInlineMax), raised after a
+// larger message to its size (rounded up to 1/8 of a power of two, at most wire::kPostedMax), and
+// lowered when 16 messages in a row were all at most a quarter of it. Each end updates it from
+// the sizes of the messages of the pair, in order, so the sender knows what the receiver posted
+// without asking: a stream of messages of one size is one operation each, after the first of a
+// larger size. The frame of a body the sender wrote into a Transport::message_buffer() is that
+// buffer itself (the header goes in the 64 bytes before the body: no copy); another body is
+// copied into a pooled frame, summed in the same pass (checksum.h's crc32c_copy).
+//
 // On Gloo a send completes only once the peer posts the matching recv, so callers must order
 // sends and recvs as parallel/lowering.h's Note [blocking send/recv] explains.
 //
@@ -27,8 +39,8 @@
 // checksum misses, or a frame shorter than its header says) is an error naming the peer and the
 // message, never a wrong tensor. Bodies on a CUDA device (NCCL) carry no checksum (word 0) and are
 // not checked. Cost: one pass over the body at each end (AVX-512 carry-less folding where the CPU
-// has it, else SSE4.2: parallel/ranks/checksum.h); an inlined body is summed as it is copied into
-// the frame, in the same pass.
+// has it, else SSE4.2: parallel/ranks/checksum.h); a body copied into its frame is summed in the
+// same pass.
 //
 // Note [failures are errors, never hangs]. Every operation waits at most timeout_s
 // (config dist.timeout_s). A dead peer (its socket closes) fails the pending operation at once; a
@@ -58,17 +70,17 @@
 // receiver's recv is posted and the receiver has told the sender so (a "recv ready" notice, half a
 // round trip before any byte flows). As soon as it has read a frame from rank s, the receiver
 // posts the recv of that frame's body, if one follows (that notice first: the sender waits for
-// it), then the recv of s's next frame (Gloo only):
-// s's next frame then flows as soon as s sends it, without waiting for the receiver to call recv()
-// or for this body to land, so a stream of small messages flows like raw c10d sends, and a larger
-// message waits for one recv-ready notice (its body's) instead of two. (Posting the next body's
-// recv in advance too, at a fixed capacity, measured slower on Gloo 2022 over loopback, and would
-// need the sender to know that capacity; it is not done.)
+// it), then the recv of s's next frame at the capacity (Gloo only): s's next message then flows
+// as soon as s sends it, without waiting for the receiver to call recv() or to check this body,
+// so a stream of messages flows like raw c10d sends.
 // Buffers are reused once nothing else refers to them: neither another handle to the tensor (a
-// Message's body, a queued send) nor a view of its storage (an inlined body narrowed from its
-// frame): the receiver's frame buffers per source, its last large body buffer (>= 256 KiB) per
-// source, and the sender's frame buffers per destination (one per message in flight). That saves an allocation and the page
-// faults of fresh memory per message. None of this changes what is received or in which order.
+// Message's body, a queued send) nor a view of its storage (a body narrowed from its frame): the
+// receiver's frame buffers per source (3), its last separate body buffer (>= 256 KiB) per source,
+// and the sender's frame buffers per destination (one per message in flight). That saves an
+// allocation and the page faults of fresh memory per message. None of this changes what is
+// received or in which order. A received body is a view of its frame. recv_payload's payload body
+// is a view of that, not a copy, for 256 KiB or more in a frame at most twice its size; other
+// payloads are copied out, so that a held payload does not keep a frame much larger than itself.
 //
 // Threads: one caller thread per Transport (the stage's thread); not for concurrent callers.
 
@@ -90,30 +102,51 @@ namespace tl::ranks {
 
 /// Note [wire protocol]'s header, for tools and tests that speak it.
 namespace wire {
-constexpr int64_t kMagic = (int64_t(0x544C4D53) << 16) | 3;  // "TLMS", version 3
+constexpr int64_t kMagic = (int64_t(0x544C4D53) << 16) | 4;  // "TLMS", version 4
 constexpr int64_t kCheckSalt = 0x5A5A5A5A5A5A5A5ALL;
-constexpr int64_t kHeaderWords = 7;
+constexpr int64_t kHeaderWords = 8;
 constexpr int64_t kHeaderBytes = kHeaderWords * 8;
-constexpr int64_t kInlineMax = 128 << 10;  // bodies up to this size travel in the frame (Gloo)
+constexpr int64_t kInlineMax = 128 << 10;           // the posted capacity to start with (Gloo)
+constexpr int64_t kPostedMax = int64_t(256) << 20;  // larger bodies always travel as their own operation
 /// A tag with this bit set is not delayed by the emulated link (side messages that exist only
 /// for statistics: Note [reference tensors] in parallel/channel.h).
 constexpr int64_t kTagNoLink = int64_t(1) << 61;
-enum Word { kWordMagic = 0, kWordSeq, kWordTag, kWordBytes, kWordStamp, kWordBodyCrc, kWordCheck };
+enum Word { kWordMagic = 0, kWordSeq, kWordTag, kWordBytes, kWordStamp, kWordBodyCrc, kWordLayout, kWordCheck };
+/// The layout word: the body follows in the frame, or as its own operation.
+constexpr int64_t kLayoutInFrame = 0, kLayoutSeparate = 1;
 /// The body word: bit 32 says a checksum is present, the low 32 bits are the body's CRC-32C.
 constexpr int64_t kBodyCrcPresent = int64_t(1) << 32;
-/// The check word of a header whose first six words are set.
+/// The check word of a header whose other words are set.
 inline int64_t check_word(const int64_t* h) {
-  return h[kWordMagic] ^ h[kWordSeq] ^ h[kWordTag] ^ h[kWordBytes] ^ h[kWordStamp] ^ h[kWordBodyCrc] ^ kCheckSalt;
+  return h[kWordMagic] ^ h[kWordSeq] ^ h[kWordTag] ^ h[kWordBytes] ^ h[kWordStamp] ^ h[kWordBodyCrc] ^ h[kWordLayout] ^
+         kCheckSalt;
 }
 /// The body word for `n` host bytes (Note [body checksum]).
 int64_t body_crc_word(const uint8_t* body, size_t n);
+/// Note [posted capacity]: the body bytes the receiver's next frame recv from a peer holds, kept
+/// alike at both ends of the pair from the sizes of its messages, in order.
+struct PostedCapacity {
+  static constexpr int kWindow = 16;
+  int64_t floor = kInlineMax;  // 0: every body is its own operation (NCCL: exact sizes only)
+  int64_t bytes = kInlineMax;
+  int64_t window_max = 0;  // the largest body of the current window of kWindow messages
+  int window = 0;
+
+  explicit PostedCapacity(int64_t start = kInlineMax) : floor(start), bytes(start) {}
+  /// Whether a body of n bytes travels as its own operation.
+  bool separate(int64_t n) const { return n > bytes; }
+  /// Updates the capacity after a message of n body bytes.
+  void after(int64_t n);
+  /// n rounded up to a multiple of 1/8 of the largest power of two <= n (at most 12.5% more).
+  static int64_t round_up(int64_t n);
+};
 /// A received frame's header, validated.
 struct FrameHeader {
-  int64_t seq = 0, tag = 0, body_bytes = 0, stamp_ns = 0, body_crc = 0;
+  int64_t seq = 0, tag = 0, body_bytes = 0, stamp_ns = 0, body_crc = 0, layout = kLayoutInFrame;
 };
 /// Reads and checks the header at the start of a received frame of `size` bytes: the magic, the
-/// check word, a body size in [0, max_body_bytes], the expected sequence number and (when
-/// `expected_tag` is given) the tag. Throws std::runtime_error saying what was wrong; the
+/// check word, a body size in [0, max_body_bytes], a known layout, the expected sequence number
+/// and (when `expected_tag` is given) the tag. Throws std::runtime_error saying what was wrong; the
 /// transport adds the peer, the message and the context.
 FrameHeader parse_frame_header(const uint8_t* data, size_t size, int64_t expected_seq, const int64_t* expected_tag,
                                int64_t max_body_bytes);
@@ -162,7 +195,7 @@ struct Message {
   at::Tensor body;          // (n) uint8 on CPU, n may be 0
   double sent_s = 0.0;      // sender's stamp, steady clock seconds
   double wait_s = 0.0;      // how long recv() blocked, link emulation included
-  double transfer_s = 0.0;  // header arrived -> body arrived (0 for a body inlined in the frame)
+  double transfer_s = 0.0;  // header arrived -> separate body arrived (0 for a body in the frame)
   double link_s = 0.0;      // time slept for the emulated link
   const uint8_t* data() const { return body.numel() ? body.data_ptr<uint8_t>() : nullptr; }
   size_t size() const { return static_cast<size_t>(body.numel()); }
@@ -193,6 +226,11 @@ class Transport {
   int rank() const;
   int world_size() const;
   const DistEnv& env() const;
+
+  /// `n` bytes for the caller to fill and send(), or a prefix of them (narrow(0, 0, m)): the frame
+  /// is the buffer itself, its header written in the 64 bytes before them (Note [posted
+  /// capacity]). While one send of it is in flight, another is copied. Any other tensor works too.
+  static at::Tensor message_buffer(int64_t n);
 
   /// Sends `body` (uint8; 1-D, contiguous, CPU) to `dst` with the caller's `tag` (>= 0; the
   /// receiver may check it). `context` says where in the run this is, for error messages.

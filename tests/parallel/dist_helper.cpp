@@ -60,9 +60,13 @@ namespace {
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // Payload i of the exchange: identical on both ranks (seeded), sizes from 0 to ~1.5 MB.
+// Message i's payload: sizes from 0 to 1.5 MiB, growing the posted capacity (Note [posted
+// capacity] in transport.h) at messages 4, 5 and 7; messages 14-33 small (it shrinks after
+// message 31), 34 on as at first (it grows again).
 Payload make_payload(int i) {
   static const int64_t sizes[] = {0, 1, 3, 1000, 65536, 250000, 7, 393216, 12345, 1};
-  const int64_t n = sizes[i % 10] + 17 * (i / 10);
+  const bool small = i >= 14 && i < 34;
+  const int64_t n = (small ? sizes[i % 10] % 4099 : sizes[i % 10]) + 17 * (i / 10);
   Payload p;
   p.codec = codec_id("identity");
   p.dtype = at::kFloat;
@@ -118,8 +122,14 @@ int run_exchange(const DistEnv& env, int n, bool comm) {
       }
     };
     for (int i = 0; i < n; ++i) {
-      std::vector<uint8_t> copy = sent[i];
-      t->send(1, std::move(copy), i, "payload " + std::to_string(i));
+      if (i % 2) {  // in a message buffer (the frame is the buffer), or copied into a frame
+        at::Tensor b = Transport::message_buffer(static_cast<int64_t>(sent[i].size()));
+        if (!sent[i].empty()) std::memcpy(b.data_ptr<uint8_t>(), sent[i].data(), sent[i].size());
+        t->send(1, b, i, "payload " + std::to_string(i));
+      } else {
+        std::vector<uint8_t> copy = sent[i];
+        t->send(1, std::move(copy), i, "payload " + std::to_string(i));
+      }
       if (!comm) check_echo(i);
     }
     if (comm)
@@ -133,7 +143,10 @@ int run_exchange(const DistEnv& env, int n, bool comm) {
         std::printf("FAIL payload %d differs\n", i);
         std::exit(1);
       }
-      t->send(0, p.serialize(), i, "echo " + std::to_string(i));
+      if (i % 3)
+        t->send_payload(0, p, i, "echo " + std::to_string(i));
+      else
+        t->send(0, p.serialize(), i, "echo " + std::to_string(i));
     }
   }
   t->flush("after exchange");

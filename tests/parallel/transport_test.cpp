@@ -61,11 +61,11 @@ std::string logs_of(const std::vector<RankRun>& runs) {
   return s;
 }
 
-// Both ranks of the helper's "exchange 30" finished and said so.
+// Both ranks of the helper's "exchange 40" finished and said so.
 void expect_exchanged(const std::vector<RankRun>& runs) {
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(exit_code(runs[r].status), 0) << logs_of(runs);
-    EXPECT_NE(runs[r].log.find("OK exchange rank " + std::to_string(r) + " agent_store=0 sent=30 received=30"),
+    EXPECT_NE(runs[r].log.find("OK exchange rank " + std::to_string(r) + " agent_store=0 sent=40 received=40"),
               std::string::npos)
         << logs_of(runs);
   }
@@ -73,12 +73,12 @@ void expect_exchanged(const std::vector<RankRun>& runs) {
 
 TEST(Transport, TwoRanksExchangeVariableSizePayloadsExactly) {
   SKIP_WITHOUT_TRANSPORT();
-  expect_exchanged(run_ranks("exchange", 2, {"exchange", "30"}, 120));
+  expect_exchanged(run_ranks("exchange", 2, {"exchange", "40"}, 120));
 }
 
 TEST(Transport, CommunicationThreadKeepsOrderAndBytes) {
   SKIP_WITHOUT_TRANSPORT();
-  auto runs = run_ranks("exchange_comm", 2, {"exchange", "30", "comm"}, 120);
+  auto runs = run_ranks("exchange_comm", 2, {"exchange", "40", "comm"}, 120);
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(exit_code(runs[r].status), 0) << logs_of(runs);
     EXPECT_NE(runs[r].log.find("OK exchange rank " + std::to_string(r)), std::string::npos) << logs_of(runs);
@@ -243,7 +243,7 @@ TEST(Transport, ConnectFailsWhenARankNeverArrives) {
 // on devices 0 and 1. Skipped with the reason where NCCL or two devices are missing.
 TEST(TransportGpu, NcclRanksExchangePayloadsExactly) {
   SKIP_WITHOUT_NCCL_PAIR();
-  expect_exchanged(run_ranks("nccl_exchange", 2, {"exchange", "30"}, 180, {{"TL_BACKEND", "nccl"}}));
+  expect_exchanged(run_ranks("nccl_exchange", 2, {"exchange", "40"}, 180, {{"TL_BACKEND", "nccl"}}));
 }
 
 TEST(TransportGpu, NcclKilledPeerIsNamedByTheSurvivor) {
@@ -265,6 +265,33 @@ TEST(RankDevice, RankModDeviceCount) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Note [posted capacity]: both ends derive the receiver's room from the sizes alone.
+TEST(Transport, PostedCapacityGrowsToAMessageAndShrinksAfterSixteenSmallOnes) {
+  wire::PostedCapacity c;
+  EXPECT_EQ(c.bytes, wire::kInlineMax);
+  EXPECT_FALSE(c.separate(wire::kInlineMax));
+  EXPECT_TRUE(c.separate(wire::kInlineMax + 1));
+  c.after(1000);
+  EXPECT_EQ(c.bytes, wire::kInlineMax);
+  c.after(int64_t(64) << 20);  // a power of two stays itself
+  EXPECT_EQ(c.bytes, int64_t(64) << 20);
+  c.after((int64_t(64) << 20) + 1);  // rounded up to 1/8 of 64 MiB
+  EXPECT_EQ(c.bytes, int64_t(72) << 20);
+  c.after(wire::kPostedMax + 1);  // beyond the largest room: separate, and no growth
+  EXPECT_EQ(c.bytes, int64_t(72) << 20);
+  for (int i = 0; i < 16; ++i) c.after(1000);  // its window held a 256 MiB body: no change
+  EXPECT_EQ(c.bytes, int64_t(72) << 20);
+  for (int i = 0; i < 16; ++i) c.after(i == 3 ? (int64_t(1) << 20) : 10);  // all <= 1/4: shrinks to the largest
+  EXPECT_EQ(c.bytes, int64_t(1) << 20);
+  for (int i = 0; i < 16; ++i) c.after(10);
+  EXPECT_EQ(c.bytes, wire::kInlineMax);  // never below the start
+  wire::PostedCapacity nccl(0);  // exact sizes: every body separate
+  nccl.after(int64_t(1) << 20);
+  EXPECT_EQ(nccl.bytes, 0);
+  EXPECT_TRUE(nccl.separate(1));
+  EXPECT_FALSE(nccl.separate(0));
 }
 
 TEST(Transport, UnknownBackendIsAnError) {
