@@ -5,12 +5,19 @@
 #include <algorithm>
 
 namespace tl {
+namespace {
+// Note [the host's floor]: this engine's host time per counted kernel, measured on an H200 machine's
+// host (bench_pipeline --calibrate --device cuda, docs/TIME.md). A property of the engine and the
+// host's CPU, not of the GPU, so both GPU presets carry it.
+constexpr double kHostPerKernel = 25e-6;
+}  // namespace
 
 double DeviceModel::seconds(const OpCost& c) const {
   if (measured()) return 0.0;
   const double compute = c.flops / (peak_flops * flop_efficiency);
   const double memory = c.bytes * bytes_scale / (memory_bytes_per_s * memory_efficiency);
-  return std::max(compute, memory) + static_cast<double>(c.kernels) * launch_s;
+  const double kernels = static_cast<double>(c.kernels);
+  return std::max(std::max(compute, memory) + kernels * launch_s, kernels * host_s);  // Note [the host's floor]
 }
 
 const std::vector<std::string>& device_model_names() {
@@ -24,8 +31,10 @@ DeviceModel device_model(const std::string& name) {
   if (name == "measured") return m;
   if (name == "h100") {
     m.peak_flops = 989e12, m.memory_bytes_per_s = 3.35e12;
+    m.host_s = kHostPerKernel;
   } else if (name == "a100") {
     m.peak_flops = 312e12, m.memory_bytes_per_s = 2.04e12;
+    m.host_s = kHostPerKernel;
   } else if (name == "cpu") {
     // bench_pipeline --calibrate on the 2-core machines, 1 thread (docs/TIME.md): float32 GEMMs
     // and elementwise passes as ATen runs them there, and ~5 us of dispatch per op.

@@ -242,15 +242,16 @@ void roofs(at::Device device, at::ScalarType dtype, const DeviceModel& preset) {
 /// the same step with no meter installed (unmetered_s: what the op accounting costs). On the CPU
 /// the line also says what the h100 preset makes of the same step. First the device's own roofs.
 void calibration(const Workload& w, const Options& o) {
-  const at::Device device(o.device == "cuda" ? at::kCUDA : at::kCPU);
+  const at::Device device(o.device == "cuda" ? at::kCUDA : o.device == "meta" ? at::kMeta : at::kCPU);
+  const bool meta = device.is_meta();  // shapes only: the measured seconds mean nothing
   const at::ScalarType dtype = o.dtype == "bf16" ? at::kBFloat16 : at::kFloat;
   TORCH_CHECK(!device.is_cuda() || at::hasCUDA(), "bench_pipeline --device cuda: this machine has no CUDA device");
-  DeviceModel preset = device_model(device.is_cpu() ? "cpu" : "h100");
+  DeviceModel preset = device_model(device.is_cpu() ? "cpu" : "h100");  // meta: the GPU's preset
   // The engine counts the bytes of the tensors it runs; the preset's bytes_scale converts float32
   // counts to its training dtype, so a run already in that dtype is counted at scale 1.
   if (dtype != at::kFloat) preset.bytes_scale = 1.0;
   static bool roofs_printed = false;
-  if (!roofs_printed) {
+  if (!roofs_printed && !meta) {
     roofs_printed = true;
     roofs(device, dtype, preset);
   }
@@ -274,7 +275,7 @@ void calibration(const Workload& w, const Options& o) {
   const DeviceModel unmetered = device_model("measured");
   std::vector<const DeviceModel*> models = {&preset};
   if (device.is_cpu()) models.push_back(&h100);
-  models.push_back(&unmetered);
+  if (!meta) models.push_back(&unmetered);
   std::vector<std::unique_ptr<LocalExecutor>> on;  // one executor per device model, measured clocks
   for (const DeviceModel* m : models) {
     on.push_back(std::make_unique<LocalExecutor>(*p, w.loss, ScheduleSettings{"1f1b", 1, {}, *m}));
@@ -301,7 +302,8 @@ void calibration(const Workload& w, const Options& o) {
   }
   std::vector<double> me, mo, ratio, h, f, by, ke, un;
   for (size_t i = 0; i < 4; ++i) {
-    me.push_back(median(measured[i])), mo.push_back(median(modelled[i])), un.push_back(median(bare[i]));
+    me.push_back(median(measured[i])), mo.push_back(median(modelled[i]));
+    un.push_back(bare[i].empty() ? 0.0 : median(bare[i]));
     f.push_back(median(flops[i])), by.push_back(median(bytes[i])), ke.push_back(median(kernels[i]));
     if (!on_h100[i].empty()) h.push_back(median(on_h100[i]));
     ratio.push_back(me.back() / mo.back());

@@ -20,7 +20,7 @@ struct Options {
   int mp_rounds = -1;            // -1: rounds
   bool links = true;
   bool calibrate_only = false;  // --calibrate: the device model's calibration lines only
-  std::string device = "cpu";   // --device: where the calibration runs (cpu, cuda)
+  std::string device = "cpu";   // --device: where the calibration runs (cpu, cuda, meta: modelled only)
   std::string dtype = "fp32";   // --dtype: the calibration's training dtype (fp32, bf16)
   int batch_scale = 1;          // --batch-scale K: the calibration's batches K times the workload's rows
   bool mp_only = false;         // --mp-only: the processes' rows only (bench/peer_pipeline.sh)
