@@ -61,8 +61,10 @@ Workload make_workload(const std::string& name) {
   if (name == "gpt2" || name == "gpt2_4x256") return gpt2("gpt2_4x256", 4, 256, 256, 32, 64);
   // GPT-2 small (124M), for the GPU calibration: 16 x 1024 tokens, 3 blocks a stage.
   if (name == "gpt2_12x768") return gpt2("gpt2_12x768", 12, 768, 50257, 16, 1024);
+  // The same with the vocabulary padded to a multiple of 64 (50,304, as nanoGPT does).
+  if (name == "gpt2_12x768_v50304") return gpt2("gpt2_12x768_v50304", 12, 768, 50304, 16, 1024);
   if (name == "resnet18") return resnet("resnet18", 3, "layer2", 32, 13);
-  TORCH_CHECK(false, "unknown model '", name, "'; known: resnet8, gpt2, resnet18, gpt2_12x768");
+  TORCH_CHECK(false, "unknown model '", name, "'; known: resnet8, gpt2, resnet18, gpt2_12x768, gpt2_12x768_v50304");
 }
 
 std::shared_ptr<Pipeline> build(const Workload& w, int stages, const std::string& fwd, const std::string& bwd) {

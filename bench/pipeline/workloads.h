@@ -21,8 +21,8 @@ struct Workload {
   LossFn loss;
 };
 
-/// "resnet8", "gpt2" (or "gpt2_4x256"), "resnet18" or "gpt2_12x768" (GPT-2 small, for the GPU
-/// calibration); same weights and batch every call.
+/// "resnet8", "gpt2" (or "gpt2_4x256"), "resnet18", "gpt2_12x768" (GPT-2 small, for the GPU
+/// calibration) or "gpt2_12x768_v50304" (its vocabulary padded); same weights and batch every call.
 Workload make_workload(const std::string& name);
 
 /// The workload's model split into `stages` at its cuts, every boundary (fwd, bwd), no error
