@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cmath>
 #include <iomanip>
+#include <memory>
+#include <optional>
 #include <sstream>
 
 #include "layers/nn/init.h"
@@ -19,19 +21,23 @@ namespace {
 
 at::TensorOptions meta(at::ScalarType dtype) { return at::TensorOptions().dtype(dtype).device(at::kMeta); }
 
-// A training batch of the task's shape on the meta device: token ids (B, T) with next-token
-// targets (lm) or class ids (text); images (B, C, H, W) with class ids (vision). Units and sample
-// ids stay on the CPU, as a real batch's do.
-Batch shape_batch(const Config& config, const TaskShape& shape) {
+// A training batch of the task's shape: token ids (B, T) with next-token targets (lm) or class ids
+// (text); images (B, C, H, W) with class ids (vision). On the meta device (`random` false: shapes
+// only), or on the CPU with random ids and normal images. Units and sample ids stay on the CPU,
+// as a real batch's do.
+Batch shape_batch(const Config& config, const TaskShape& shape, bool random) {
   const int64_t B = config.train.batch_size;
+  auto ids = [&](at::IntArrayRef size, int64_t high) {
+    return random ? at::randint(high, size, at::kLong) : at::empty(size, meta(at::kLong));
+  };
   Batch b;
   if (shape.input == TaskShape::Input::Tokens) {
-    const int64_t T = shape.output == TaskShape::Output::NextToken ? config.data.seq_len : config.data.max_length;
-    b.input = at::empty({B, T}, meta(at::kLong));
-    b.target = shape.output == TaskShape::Output::NextToken ? at::empty({B, T}, meta(at::kLong))
-                                                            : at::empty({B}, meta(at::kLong));
+    const bool lm = shape.output == TaskShape::Output::NextToken;
+    const int64_t T = lm ? config.data.seq_len : config.data.max_length;
+    b.input = ids({B, T}, shape.vocab_size);
+    b.target = lm ? ids({B, T}, shape.vocab_size) : ids({B}, shape.num_classes);
     b.side.token_ids = b.input;
-    b.units = shape.output == TaskShape::Output::NextToken ? at::full({B}, T, at::kLong) : at::ones({B}, at::kLong);
+    b.units = lm ? at::full({B}, T, at::kLong) : at::ones({B}, at::kLong);
   } else {
     // The image side: data.image_size, else the dataset's (CIFAR 32, MNIST and Fashion-MNIST 28).
     const bool cifar = config.data.dataset.rfind("cifar", 0) == 0;
@@ -39,12 +45,51 @@ Batch shape_batch(const Config& config, const TaskShape& shape) {
                 "tapeline plan: data.dataset = ", config.data.dataset,
                 " has no fixed image size; set data.image_size to plan it");
     const int64_t side = config.data.image_size > 0 ? config.data.image_size : (cifar ? 32 : 28);
-    b.input = at::empty({B, shape.channels, side, side}, meta(at::kFloat));
-    b.target = at::empty({B}, meta(at::kLong));
+    b.input = random ? at::randn({B, shape.channels, side, side})
+                     : at::empty({B, shape.channels, side, side}, meta(at::kFloat));
+    b.target = ids({B}, shape.num_classes);
     b.units = at::ones({B}, at::kLong);
   }
   b.sample_ids = at::arange(B, at::kLong);
   return b;
+}
+
+// What one step of a config runs on, assembled as `train` assembles it: the task, the model (on
+// the meta device for a plan), the boundaries with their codecs, the pipeline and the in-process
+// executor with the config's schedule, links and device model. Heap-held parts: the executor
+// refers to the pipeline and the task.
+struct StepSetup {
+  std::unique_ptr<Task> task;
+  TaskShape shape;
+  BuiltModel built;
+  std::shared_ptr<Pipeline> pipeline;
+  ScheduleSettings settings;
+  std::unique_ptr<LocalExecutor> executor;
+};
+
+StepSetup assemble(const Config& config, bool on_meta, const std::function<void(const std::string&)>& say) {
+  StepSetup s;
+  s.task = make_task(config);
+  s.shape = s.task->shape();
+  const std::vector<std::string> cuts = configured_cuts(config, [&] { return s.shape; });
+  say("building " + config.model.arch + (on_meta ? " on the meta device" : ""));
+  at::Generator gen = at::detail::createCPUGenerator(0);
+  {
+    std::optional<init::MetaGuard> guard;  // Note [building on the meta device]
+    if (on_meta) guard.emplace();
+    s.built = build_model(config, s.shape, gen);
+  }
+  RunBoundaries rb = build_boundaries(config, cuts);
+  if (on_meta)
+    for (const auto& b : rb.boundaries) b->set_given_sizes(config.plan.forward_bytes, config.plan.backward_bytes);
+  s.pipeline = std::make_shared<Pipeline>(s.built.model, cuts, rb.boundaries);
+  s.pipeline->set_measure_error(false);
+  s.pipeline->train();
+  s.settings = schedule_settings(config, rb.links);
+  Task* task = s.task.get();
+  s.executor = std::make_unique<LocalExecutor>(
+      *s.pipeline, [task](const Variable& out, const Batch& mb) { return task->loss(out, mb); }, s.settings);
+  return s;
 }
 
 int64_t optimizer_states(const TrainSection& t) {
@@ -84,40 +129,25 @@ Plan plan_step(const Config& config, const std::function<void(const std::string&
               ": the planner plans one pipeline (P ranks); data and tensor parallelism across processes are not "
               "planned; set both to 1");
   Plan plan;
-  std::unique_ptr<Task> task = make_task(config);
-  const TaskShape shape = task->shape();
-  const std::vector<std::string> cuts = configured_cuts(config, [&] { return shape; });
-
-  say("building " + config.model.arch + " on the meta device");
-  at::Generator gen = at::detail::createCPUGenerator(0);
-  BuiltModel built;
-  {
-    init::MetaGuard on_meta;  // Note [building on the meta device]
-    built = build_model(config, shape, gen);
-  }
-  RunBoundaries rb = build_boundaries(config, cuts);
-  for (const auto& b : rb.boundaries) b->set_given_sizes(config.plan.forward_bytes, config.plan.backward_bytes);
-  auto pipeline = std::make_shared<Pipeline>(built.model, cuts, rb.boundaries);
-  pipeline->set_measure_error(false);
-  pipeline->train();
-  const ScheduleSettings settings = schedule_settings(config, rb.links);
-  LocalExecutor executor(
-      *pipeline, [&](const Variable& out, const Batch& mb) { return task->loss(out, mb); }, settings);
+  StepSetup setup = assemble(config, true, say);
+  LocalExecutor& executor = *setup.executor;
+  const ScheduleSettings& settings = setup.settings;
+  const auto& pipeline = setup.pipeline;
   plan.parameters = executor.model_parameters();
-  plan.model = built.describe(plan.parameters);
+  plan.model = setup.built.describe(plan.parameters);
   const StageLayout& layout = executor.layout();
   plan.stages = layout.stages();
   plan.ranks = layout.ranks;
   plan.schedule = settings.schedule;
   plan.device = settings.device.name;
   plan.link_model = config.timeline.link_model;
-  plan.unit = task->unit_name();
+  plan.unit = setup.task->unit_name();
   plan.micro_batches = config.train.micro_batches;
   plan.rows = config.train.batch_size;
 
   say("running one step: " + std::to_string(plan.micro_batches) + " micro-batches through " +
       std::to_string(plan.stages) + " stages on " + std::to_string(plan.ranks) + " ranks");
-  const Batch batch = shape_batch(config, shape);
+  const Batch batch = shape_batch(config, setup.shape, false);
   StepPosition at;
   at.step = 1;
   at.progress = 0;
@@ -230,6 +260,15 @@ std::string Plan::to_text() const {
       << l.busy_s << "  " << std::setw(10) << l.size << "  " << l.codec << "\n";
   o << std::setprecision(2) << "planned in " << planning_s << " s\n";
   return o.str();
+}
+
+StepTiming real_step(const Config& config, double* units) {
+  StepSetup setup = assemble(config, false, [](const std::string&) {});
+  StepTiming timing;
+  const StepResult r = setup.executor->train_step(shape_batch(config, setup.shape, true), config.train.micro_batches,
+                                                  StepPosition(0, 1, 0.0), &timing);
+  if (units) *units = r.units;
+  return timing;
 }
 
 void write_plan(const Plan& plan, const std::string& path) { write_file_atomic(path, plan.to_json()); }

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "parallel/link.h"
+#include "parallel/step.h"
 #include "tasks/config.h"
 
 namespace tl {
@@ -72,6 +73,12 @@ struct Plan {
 /// Errors name what cannot be planned: timeline.device = measured, a codec the planner cannot
 /// size (naming it), a model whose ops have no meta kernel (naming the op).
 Plan plan_step(const Config& config, const std::function<void(const std::string&)>& progress = {});
+
+/// One real training step of `config`, assembled as plan_step assembles it but with the model
+/// built and initialised on the CPU, on a batch of the same shapes with random token ids (or
+/// normal images): its timeline on the same device model. What a plan is checked against
+/// (tests/tasks/plan_test.cpp, bench/bench_plan.cpp). `units`, if given, receives its loss units.
+StepTiming real_step(const Config& config, double* units = nullptr);
 
 /// Writes plan.to_json() to `path` (temp file and rename).
 void write_plan(const Plan& plan, const std::string& path);
