@@ -4,8 +4,10 @@
 #include <chrono>
 #include <cmath>
 #include <iomanip>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "layers/nn/init.h"
@@ -171,6 +173,27 @@ Plan plan_step(const Config& config, const std::function<void(const std::string&
     plan.flops += pr.flops;
     plan.rank_plans.push_back(pr);
   }
+  // Note [tied sums in a plan]: a parameter in the stages of two or more ranks.
+  std::map<const void*, std::pair<int64_t, std::set<int>>> holders;
+  for (int r = 0; r < layout.ranks; ++r)
+    for (int s : layout.stages_of(r))
+      for (const auto& p : pipeline->stage(static_cast<size_t>(s))->parameters()) {
+        auto& h = holders[p.data().unsafeGetTensorImpl()];
+        h.first = static_cast<int64_t>(p.numel()) * 4, h.second.insert(r);  // float32 gradients
+      }
+  std::set<int> tied_ranks;
+  for (const auto& [impl, h] : holders)
+    if (h.second.size() > 1) plan.tied_bytes += h.first, tied_ranks.insert(h.second.begin(), h.second.end());
+  plan.tied_ranks = static_cast<int>(tied_ranks.size());
+  if (plan.tied_ranks > 1) {
+    LinkSpec slowest = settings.links.empty() ? LinkSpec{} : settings.links.front();
+    for (const LinkSpec& l : settings.links)
+      if (l.bandwidth_mbps > 0 && (slowest.bandwidth_mbps <= 0 || l.bandwidth_mbps < slowest.bandwidth_mbps))
+        slowest = l;
+    const double k = plan.tied_ranks, each_way = 2 * (k - 1) / k * static_cast<double>(plan.tied_bytes);
+    plan.tied_sum_s = (slowest.bandwidth_mbps > 0 ? each_way * 8 / (slowest.bandwidth_mbps * 1e6) : 0) +
+                      2 * (k - 1) * slowest.latency_ms / 1e3;
+  }
   plan.mfu = plan.step_s > 0 ? plan.flops / (plan.step_s * plan.ranks * settings.device.peak_flops) : 0;
 
   for (const LocalExecutor::LinkUse& u : executor.last_links()) {
@@ -209,7 +232,8 @@ std::string Plan::to_json() const {
     << ",\n  \"unit\": " << json_string(unit) << ",\n  \"units\": " << num(units) << ",\n  \"step_s\": " << num(step_s)
     << ",\n  \"bubble\": " << num(bubble) << ",\n  \"flops\": " << num(flops) << ",\n  \"mfu\": " << num(mfu)
     << ",\n  \"forward_bytes_per_unit\": " << num(forward_bytes_per_unit)
-    << ",\n  \"backward_bytes_per_unit\": " << num(backward_bytes_per_unit)
+    << ",\n  \"backward_bytes_per_unit\": " << num(backward_bytes_per_unit) << ",\n  \"tied_bytes\": " << tied_bytes
+    << ",\n  \"tied_ranks\": " << tied_ranks << ",\n  \"tied_sum_s\": " << num(tied_sum_s)
     << ",\n  \"planning_s\": " << num(planning_s) << ",\n  \"ranks_detail\": [";
   for (size_t i = 0; i < rank_plans.size(); ++i) {
     const PlanRank& r = rank_plans[i];
@@ -244,6 +268,10 @@ std::string Plan::to_text() const {
     << flops / 1e12 << " TFLOP, MFU " << std::setprecision(2) << 100 * mfu << "%\n";
   o << std::setprecision(1) << "bytes per " << unit << " on the busiest link: " << forward_bytes_per_unit
     << " forward, " << backward_bytes_per_unit << " backward\n";
+  if (tied_ranks > 1)
+    o << std::setprecision(2) << "tied parameters: " << tied_bytes / 1e6 << " MB of gradients summed over "
+      << tied_ranks << " ranks after the backward, " << std::setprecision(3) << tied_sum_s
+      << " s on the slowest link (not in the step: on a real network the step is " << step_s + tied_sum_s << " s)\n";
   o << "rank  stages  compute_s  wait_s   params_MB  optim_MB  activ_MB\n";
   for (const PlanRank& r : rank_plans) {
     std::string st;
