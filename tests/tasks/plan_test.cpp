@@ -75,6 +75,8 @@ TEST(Plan, ResNetsAndBertPlanToo) {
   const Plan plan = plan_step(resnet);
   const StepTiming real = real_step(resnet);
   EXPECT_NEAR(plan.step_s, real.step_s, 0.01 * real.step_s);
+  EXPECT_EQ(plan.tied_ranks, 0);  // nothing shared between ranks
+  EXPECT_EQ(plan.tied_sum_s, 0);
   EXPECT_GT(plan_step(Config::load("", {{"task.name", "vision"},
                                         {"data.dataset", "cifar10"},
                                         {"model.arch", "resnet18"},
@@ -111,6 +113,11 @@ TEST(Plan, ReportsLinksBytesAndSizes) {
   for (const PlanRank& r : plan.rank_plans) EXPECT_EQ(r.optimizer_bytes, 2 * r.parameter_bytes);  // adamw
   EXPECT_GT(plan.mfu, 0);
   EXPECT_LT(plan.mfu, 1);
+  // Note [tied sums in a plan]: wte (256 x 128) on ranks 0 and 3, summed by a 2-rank ring: its
+  // float32 bytes each way and two latencies on the (every) 200 Mbit/s + 5 ms link.
+  EXPECT_EQ(plan.tied_ranks, 2);
+  EXPECT_EQ(plan.tied_bytes, 256 * 128 * 4);
+  EXPECT_NEAR(plan.tied_sum_s, 8.0 * 256 * 128 * 4 / 200e6 + 2 * 0.005, 1e-12);
 
   const Plan worst = plan_step(small_gpt({{"boundary.backward", "topk(0.1)"}}));
   bool marked = false;
