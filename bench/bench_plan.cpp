@@ -16,9 +16,7 @@
 #include <iostream>
 
 #include "bench/bench_util.h"
-#include "parallel/local_executor.h"
-#include "tasks/models.h"
-#include "tasks/runner/experiment.h"
+#include "parallel/executor.h"
 #include "tasks/runner/plan.h"
 
 using namespace tl;
@@ -36,33 +34,6 @@ Config small() {
                            {"boundary.backward", "bf16"},
                            {"boundary.bandwidth_mbps", "200"},
                            {"boundary.latency_ms", "50"}});
-}
-
-// One real step of `c` on this CPU (random tokens) through the executor `train` uses: its wall
-// time and its modelled step.
-std::pair<double, double> real_step(const Config& c) {
-  auto task = make_task(c);
-  const TaskShape shape = task->shape();
-  at::Generator gen = at::detail::createCPUGenerator(0);
-  BuiltModel built = build_model(c, shape, gen);
-  const std::vector<std::string> cuts = configured_cuts(c, [&] { return shape; });
-  RunBoundaries rb = build_boundaries(c, cuts);
-  auto pipeline = std::make_shared<Pipeline>(built.model, cuts, rb.boundaries);
-  pipeline->set_measure_error(false);
-  LocalExecutor ex(
-      *pipeline, [&](const Variable& out, const Batch& mb) { return task->loss(out, mb); },
-      schedule_settings(c, rb.links));
-  const int64_t B = c.train.batch_size, T = c.data.seq_len;
-  Batch b;
-  b.input = at::randint(shape.vocab_size, {B, T}, at::kLong);
-  b.target = at::randint(shape.vocab_size, {B, T}, at::kLong);
-  b.side.token_ids = b.input;
-  b.units = at::full({B}, T, at::kLong);
-  b.sample_ids = at::arange(B, at::kLong);
-  StepTiming t;
-  const double t0 = bench::now_s();
-  ex.train_step(b, c.train.micro_batches, StepPosition(0, 1, 0.0), &t);
-  return {bench::now_s() - t0, t.step_s};
 }
 
 }  // namespace
@@ -89,9 +60,9 @@ int main(int argc, char** argv) {
       const Plan p = plan_step(c);
       plan_s.push_back(p.planning_s);
       planned = p.step_s;
-      const auto [wall, step] = real_step(c);
-      real_s.push_back(wall);
-      modelled = step;
+      const double t0 = bench::now_s();
+      modelled = real_step(c).step_s;
+      real_s.push_back(bench::now_s() - t0);
     }
     const double ps = bench::median(plan_s), rs = bench::median(real_s);
     std::cout << "{\"bench\": \"plan\", \"row\": \"small\", \"plan_s\": " << bench::json_number(ps)

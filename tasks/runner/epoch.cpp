@@ -86,9 +86,11 @@ EpochMetrics Experiment::train_epoch(int64_t epoch, const std::function<void(con
     pipeline_->after_optimizer_step();  // every codec's hook (subspace projection, lazy EF carry)
     scheduler_->step();
     m.train_time_s += timing.step_s;
+    m.rank_compute_s.resize(timing.compute_s.size()), m.rank_comm_s.resize(timing.comm_s.size());
     for (size_t s = 0; s < timing.compute_s.size(); ++s) {  // averaged over the pipeline ranks run here
       m.compute_s += timing.compute_s[s] / static_cast<double>(timing.compute_s.size());
       m.comm_s += timing.comm_s[s] / static_cast<double>(timing.comm_s.size());
+      m.rank_compute_s[s] += timing.compute_s[s], m.rank_comm_s[s] += timing.comm_s[s];
     }
     const Tally step{r.loss * r.units, r.units, r.correct};
     total.loss_sum += step.loss_sum, total.units += step.units, total.correct += step.correct;
@@ -123,6 +125,7 @@ EpochMetrics Experiment::train_epoch(int64_t epoch, const std::function<void(con
     const double n = static_cast<double>(totals.train_time_s.size());
     m.train_time_s = *std::max_element(totals.train_time_s.begin(), totals.train_time_s.end());
     m.compute_s = m.comm_s = 0;
+    m.rank_compute_s = totals.compute_s, m.rank_comm_s = totals.comm_s;
     for (size_t i = 0; i < totals.compute_s.size(); ++i)
       m.compute_s += totals.compute_s[i] / n, m.comm_s += totals.comm_s[i] / n;
     peak_rss_bytes_ = totals.peak_rss_bytes;

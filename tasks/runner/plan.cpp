@@ -4,6 +4,10 @@
 #include <chrono>
 #include <cmath>
 #include <iomanip>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
 #include <sstream>
 
 #include "layers/nn/init.h"
@@ -19,19 +23,23 @@ namespace {
 
 at::TensorOptions meta(at::ScalarType dtype) { return at::TensorOptions().dtype(dtype).device(at::kMeta); }
 
-// A training batch of the task's shape on the meta device: token ids (B, T) with next-token
-// targets (lm) or class ids (text); images (B, C, H, W) with class ids (vision). Units and sample
-// ids stay on the CPU, as a real batch's do.
-Batch shape_batch(const Config& config, const TaskShape& shape) {
+// A training batch of the task's shape: token ids (B, T) with next-token targets (lm) or class ids
+// (text); images (B, C, H, W) with class ids (vision). On the meta device (`random` false: shapes
+// only), or on the CPU with random ids and normal images. Units and sample ids stay on the CPU,
+// as a real batch's do.
+Batch shape_batch(const Config& config, const TaskShape& shape, bool random) {
   const int64_t B = config.train.batch_size;
+  auto ids = [&](at::IntArrayRef size, int64_t high) {
+    return random ? at::randint(high, size, at::kLong) : at::empty(size, meta(at::kLong));
+  };
   Batch b;
   if (shape.input == TaskShape::Input::Tokens) {
-    const int64_t T = shape.output == TaskShape::Output::NextToken ? config.data.seq_len : config.data.max_length;
-    b.input = at::empty({B, T}, meta(at::kLong));
-    b.target = shape.output == TaskShape::Output::NextToken ? at::empty({B, T}, meta(at::kLong))
-                                                            : at::empty({B}, meta(at::kLong));
+    const bool lm = shape.output == TaskShape::Output::NextToken;
+    const int64_t T = lm ? config.data.seq_len : config.data.max_length;
+    b.input = ids({B, T}, shape.vocab_size);
+    b.target = lm ? ids({B, T}, shape.vocab_size) : ids({B}, shape.num_classes);
     b.side.token_ids = b.input;
-    b.units = shape.output == TaskShape::Output::NextToken ? at::full({B}, T, at::kLong) : at::ones({B}, at::kLong);
+    b.units = lm ? at::full({B}, T, at::kLong) : at::ones({B}, at::kLong);
   } else {
     // The image side: data.image_size, else the dataset's (CIFAR 32, MNIST and Fashion-MNIST 28).
     const bool cifar = config.data.dataset.rfind("cifar", 0) == 0;
@@ -39,12 +47,51 @@ Batch shape_batch(const Config& config, const TaskShape& shape) {
                 "tapeline plan: data.dataset = ", config.data.dataset,
                 " has no fixed image size; set data.image_size to plan it");
     const int64_t side = config.data.image_size > 0 ? config.data.image_size : (cifar ? 32 : 28);
-    b.input = at::empty({B, shape.channels, side, side}, meta(at::kFloat));
-    b.target = at::empty({B}, meta(at::kLong));
+    b.input = random ? at::randn({B, shape.channels, side, side})
+                     : at::empty({B, shape.channels, side, side}, meta(at::kFloat));
+    b.target = ids({B}, shape.num_classes);
     b.units = at::ones({B}, at::kLong);
   }
   b.sample_ids = at::arange(B, at::kLong);
   return b;
+}
+
+// What one step of a config runs on, assembled as `train` assembles it: the task, the model (on
+// the meta device for a plan), the boundaries with their codecs, the pipeline and the in-process
+// executor with the config's schedule, links and device model. Heap-held parts: the executor
+// refers to the pipeline and the task.
+struct StepSetup {
+  std::unique_ptr<Task> task;
+  TaskShape shape;
+  BuiltModel built;
+  std::shared_ptr<Pipeline> pipeline;
+  ScheduleSettings settings;
+  std::unique_ptr<LocalExecutor> executor;
+};
+
+StepSetup assemble(const Config& config, bool on_meta, const std::function<void(const std::string&)>& say) {
+  StepSetup s;
+  s.task = make_task(config);
+  s.shape = s.task->shape();
+  const std::vector<std::string> cuts = configured_cuts(config, [&] { return s.shape; });
+  say("building " + config.model.arch + (on_meta ? " on the meta device" : ""));
+  at::Generator gen = at::detail::createCPUGenerator(0);
+  {
+    std::optional<init::MetaGuard> guard;  // Note [building on the meta device]
+    if (on_meta) guard.emplace();
+    s.built = build_model(config, s.shape, gen);
+  }
+  RunBoundaries rb = build_boundaries(config, cuts);
+  if (on_meta)
+    for (const auto& b : rb.boundaries) b->set_given_sizes(config.plan.forward_bytes, config.plan.backward_bytes);
+  s.pipeline = std::make_shared<Pipeline>(s.built.model, cuts, rb.boundaries);
+  s.pipeline->set_measure_error(false);
+  s.pipeline->train();
+  s.settings = schedule_settings(config, rb.links);
+  Task* task = s.task.get();
+  s.executor = std::make_unique<LocalExecutor>(
+      *s.pipeline, [task](const Variable& out, const Batch& mb) { return task->loss(out, mb); }, s.settings);
+  return s;
 }
 
 int64_t optimizer_states(const TrainSection& t) {
@@ -84,40 +131,25 @@ Plan plan_step(const Config& config, const std::function<void(const std::string&
               ": the planner plans one pipeline (P ranks); data and tensor parallelism across processes are not "
               "planned; set both to 1");
   Plan plan;
-  std::unique_ptr<Task> task = make_task(config);
-  const TaskShape shape = task->shape();
-  const std::vector<std::string> cuts = configured_cuts(config, [&] { return shape; });
-
-  say("building " + config.model.arch + " on the meta device");
-  at::Generator gen = at::detail::createCPUGenerator(0);
-  BuiltModel built;
-  {
-    init::MetaGuard on_meta;  // Note [building on the meta device]
-    built = build_model(config, shape, gen);
-  }
-  RunBoundaries rb = build_boundaries(config, cuts);
-  for (const auto& b : rb.boundaries) b->set_given_sizes(config.plan.forward_bytes, config.plan.backward_bytes);
-  auto pipeline = std::make_shared<Pipeline>(built.model, cuts, rb.boundaries);
-  pipeline->set_measure_error(false);
-  pipeline->train();
-  const ScheduleSettings settings = schedule_settings(config, rb.links);
-  LocalExecutor executor(
-      *pipeline, [&](const Variable& out, const Batch& mb) { return task->loss(out, mb); }, settings);
+  StepSetup setup = assemble(config, true, say);
+  LocalExecutor& executor = *setup.executor;
+  const ScheduleSettings& settings = setup.settings;
+  const auto& pipeline = setup.pipeline;
   plan.parameters = executor.model_parameters();
-  plan.model = built.describe(plan.parameters);
+  plan.model = setup.built.describe(plan.parameters);
   const StageLayout& layout = executor.layout();
   plan.stages = layout.stages();
   plan.ranks = layout.ranks;
   plan.schedule = settings.schedule;
   plan.device = settings.device.name;
   plan.link_model = config.timeline.link_model;
-  plan.unit = task->unit_name();
+  plan.unit = setup.task->unit_name();
   plan.micro_batches = config.train.micro_batches;
   plan.rows = config.train.batch_size;
 
   say("running one step: " + std::to_string(plan.micro_batches) + " micro-batches through " +
       std::to_string(plan.stages) + " stages on " + std::to_string(plan.ranks) + " ranks");
-  const Batch batch = shape_batch(config, shape);
+  const Batch batch = shape_batch(config, setup.shape, false);
   StepPosition at;
   at.step = 1;
   at.progress = 0;
@@ -140,6 +172,27 @@ Plan plan_step(const Config& config, const std::function<void(const std::string&
     pr.activation_bytes = static_cast<int64_t>(timing.activation_bytes[r]);
     plan.flops += pr.flops;
     plan.rank_plans.push_back(pr);
+  }
+  // Note [tied sums in a plan]: a parameter in the stages of two or more ranks.
+  std::map<const void*, std::pair<int64_t, std::set<int>>> holders;
+  for (int r = 0; r < layout.ranks; ++r)
+    for (int s : layout.stages_of(r))
+      for (const auto& p : pipeline->stage(static_cast<size_t>(s))->parameters()) {
+        auto& h = holders[p.data().unsafeGetTensorImpl()];
+        h.first = static_cast<int64_t>(p.numel()) * 4, h.second.insert(r);  // float32 gradients
+      }
+  std::set<int> tied_ranks;
+  for (const auto& [impl, h] : holders)
+    if (h.second.size() > 1) plan.tied_bytes += h.first, tied_ranks.insert(h.second.begin(), h.second.end());
+  plan.tied_ranks = static_cast<int>(tied_ranks.size());
+  if (plan.tied_ranks > 1) {
+    LinkSpec slowest = settings.links.empty() ? LinkSpec{} : settings.links.front();
+    for (const LinkSpec& l : settings.links)
+      if (l.bandwidth_mbps > 0 && (slowest.bandwidth_mbps <= 0 || l.bandwidth_mbps < slowest.bandwidth_mbps))
+        slowest = l;
+    const double k = plan.tied_ranks, each_way = 2 * (k - 1) / k * static_cast<double>(plan.tied_bytes);
+    plan.tied_sum_s = (slowest.bandwidth_mbps > 0 ? each_way * 8 / (slowest.bandwidth_mbps * 1e6) : 0) +
+                      2 * (k - 1) * slowest.latency_ms / 1e3;
   }
   plan.mfu = plan.step_s > 0 ? plan.flops / (plan.step_s * plan.ranks * settings.device.peak_flops) : 0;
 
@@ -179,7 +232,8 @@ std::string Plan::to_json() const {
     << ",\n  \"unit\": " << json_string(unit) << ",\n  \"units\": " << num(units) << ",\n  \"step_s\": " << num(step_s)
     << ",\n  \"bubble\": " << num(bubble) << ",\n  \"flops\": " << num(flops) << ",\n  \"mfu\": " << num(mfu)
     << ",\n  \"forward_bytes_per_unit\": " << num(forward_bytes_per_unit)
-    << ",\n  \"backward_bytes_per_unit\": " << num(backward_bytes_per_unit)
+    << ",\n  \"backward_bytes_per_unit\": " << num(backward_bytes_per_unit) << ",\n  \"tied_bytes\": " << tied_bytes
+    << ",\n  \"tied_ranks\": " << tied_ranks << ",\n  \"tied_sum_s\": " << num(tied_sum_s)
     << ",\n  \"planning_s\": " << num(planning_s) << ",\n  \"ranks_detail\": [";
   for (size_t i = 0; i < rank_plans.size(); ++i) {
     const PlanRank& r = rank_plans[i];
@@ -214,6 +268,10 @@ std::string Plan::to_text() const {
     << flops / 1e12 << " TFLOP, MFU " << std::setprecision(2) << 100 * mfu << "%\n";
   o << std::setprecision(1) << "bytes per " << unit << " on the busiest link: " << forward_bytes_per_unit
     << " forward, " << backward_bytes_per_unit << " backward\n";
+  if (tied_ranks > 1)
+    o << std::setprecision(2) << "tied parameters: " << tied_bytes / 1e6 << " MB of gradients summed over "
+      << tied_ranks << " ranks after the backward, " << std::setprecision(3) << tied_sum_s
+      << " s on the slowest link (not in the step: on a real network the step is " << step_s + tied_sum_s << " s)\n";
   o << "rank  stages  compute_s  wait_s   params_MB  optim_MB  activ_MB\n";
   for (const PlanRank& r : rank_plans) {
     std::string st;
@@ -230,6 +288,15 @@ std::string Plan::to_text() const {
       << l.busy_s << "  " << std::setw(10) << l.size << "  " << l.codec << "\n";
   o << std::setprecision(2) << "planned in " << planning_s << " s\n";
   return o.str();
+}
+
+StepTiming real_step(const Config& config, double* units) {
+  StepSetup setup = assemble(config, false, [](const std::string&) {});
+  StepTiming timing;
+  const StepResult r = setup.executor->train_step(shape_batch(config, setup.shape, true), config.train.micro_batches,
+                                                  StepPosition(0, 1, 0.0), &timing);
+  if (units) *units = r.units;
+  return timing;
 }
 
 void write_plan(const Plan& plan, const std::string& path) { write_file_atomic(path, plan.to_json()); }

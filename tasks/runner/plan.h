@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "parallel/link.h"
+#include "parallel/step.h"
 #include "tasks/config.h"
 
 namespace tl {
@@ -60,7 +61,13 @@ struct Plan {
   double forward_bytes_per_unit = 0, backward_bytes_per_unit = 0;  // the busiest link's, each way
   std::vector<PlanRank> rank_plans;
   std::vector<PlanLink> links;
-  double planning_s = 0;  // wall time of plan_step
+  // Note [tied sums in a plan]: parameters held by several ranks (GPT-2's wte on the first and the
+  // last) have their gradients summed by an all-reduce after the last backward. Not on the timeline
+  // (step_s): the in-process timeline and emulated links do not charge collectives.
+  int64_t tied_bytes = 0;  // float32 gradient bytes of the tied parameters, each holder's contribution
+  int tied_ranks = 0;      // ranks holding a tied parameter (0: none)
+  double tied_sum_s = 0;   // a ring all-reduce of tied_bytes among them on the slowest configured link
+  double planning_s = 0;   // wall time of plan_step
 
   /// plan.json (docs/CONFIG.md, "tapeline plan", documents every field).
   std::string to_json() const;
@@ -72,6 +79,18 @@ struct Plan {
 /// Errors name what cannot be planned: timeline.device = measured, a codec the planner cannot
 /// size (naming it), a model whose ops have no meta kernel (naming the op).
 Plan plan_step(const Config& config, const std::function<void(const std::string&)>& progress = {});
+
+/// Note [tied sums in a plan]. On a real network the tied parameters' all-reduce crosses the links:
+/// among k ranks a ring all-reduce of n bytes sends 2 (k - 1) / k x n bytes each way on each link
+/// and waits 2 (k - 1) latencies; the plan charges that on the slowest configured link (the ranks
+/// meet there or worse). A run of processes on emulated links sends it over the real network
+/// (loopback: free), which is what `train --nproc` measures; on shaped links (two nodes) it is
+/// part of the step. So the step of a real network is step_s + tied_sum_s.
+/// One real training step of `config`, assembled as plan_step assembles it but with the model
+/// built and initialised on the CPU, on a batch of the same shapes with random token ids (or
+/// normal images): its timeline on the same device model. What a plan is checked against
+/// (tests/tasks/plan_test.cpp, bench/bench_plan.cpp). `units`, if given, receives its loss units.
+StepTiming real_step(const Config& config, double* units = nullptr);
 
 /// Writes plan.to_json() to `path` (temp file and rename).
 void write_plan(const Plan& plan, const std::string& path);

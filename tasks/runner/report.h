@@ -44,6 +44,9 @@ struct EpochMetrics {
   double compute_s = 0.0;     // this epoch: time a stage spent computing (mean over stages)
   double comm_s = 0.0;        // this epoch: time a stage waited for messages (mean over stages)
   double bubble = 0.0;        // this epoch: idle fraction of the stages, 1 - compute / (stages x time)
+  // This epoch, per rank (per process of a multi-process run, per pipeline rank in process):
+  // compute_s and comm_s before the mean (metrics.jsonl's "rank_times" only).
+  std::vector<double> rank_compute_s, rank_comm_s;
   // Mean over the epoch's messages of ||x - x^|| / ||x|| and of the fraction of nonzero entries
   // of what was received, forward and backward (metrics.jsonl only; 0 and 1 where uncompressed).
   double forward_rel_error = 0.0, backward_rel_error = 0.0;

@@ -302,6 +302,9 @@ RunSummary run_training(const TrainRequest& req) {
                                  {"backward_rel_error", b.backward_rel_error},
                                  {"forward_density", b.forward_density},
                                  {"backward_density", b.backward_density}});
+    j["rank_times"] = json::array();
+    for (size_t r = 0; r < m.rank_comm_s.size(); ++r)
+      j["rank_times"].push_back({{"rank", r}, {"compute_s", m.rank_compute_s.at(r)}, {"comm_s", m.rank_comm_s[r]}});
     if (writer) append_line(jsonl, j.dump());
     write_file(csv, metrics_csv(history));
     summary.last = m;

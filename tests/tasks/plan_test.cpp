@@ -16,12 +16,8 @@
 #include <iostream>
 #include <sstream>
 
-#include "layers/nn/init.h"
 #include "parallel/channel.h"
 #include "parallel/executor.h"
-#include "parallel/local_executor.h"
-#include "tasks/models.h"
-#include "tasks/runner/experiment.h"
 #include "tests/common/testing.h"
 #include "tests/tasks/task_testing.h"
 
@@ -42,40 +38,6 @@ Config small_gpt(const std::vector<std::pair<std::string, std::string>>& more = 
                                                         {"boundary.backward", "quant(8, scale=channel)"}};
   o.insert(o.end(), more.begin(), more.end());
   return Config::load("", o);
-}
-
-// One real training step of `config` (CPU tensors, random tokens) through the executor that
-// `train` uses, on the same device model: its timeline.
-StepTiming real_step(const Config& config, double* units = nullptr) {
-  auto task = make_task(config);
-  const TaskShape shape = task->shape();
-  at::Generator gen = at::detail::createCPUGenerator(0);
-  BuiltModel built = build_model(config, shape, gen);
-  const std::vector<std::string> cuts = configured_cuts(config, [&] { return shape; });
-  RunBoundaries rb = build_boundaries(config, cuts);
-  auto pipeline = std::make_shared<Pipeline>(built.model, cuts, rb.boundaries);
-  pipeline->set_measure_error(false);
-  pipeline->train();
-  LocalExecutor ex(
-      *pipeline, [&](const Variable& out, const Batch& mb) { return task->loss(out, mb); },
-      schedule_settings(config, rb.links));
-  const int64_t B = config.train.batch_size, T = config.data.seq_len;
-  Batch b;
-  if (shape.input == TaskShape::Input::Images) {  // Fashion-MNIST's 28 x 28
-    b.input = at::randn({B, shape.channels, 28, 28});
-    b.target = at::randint(shape.num_classes, {B}, at::kLong);
-    b.units = at::ones({B}, at::kLong);
-  } else {
-    b.input = at::randint(shape.vocab_size, {B, T}, at::kLong);
-    b.target = at::randint(shape.vocab_size, {B, T}, at::kLong);
-    b.side.token_ids = b.input;
-    b.units = at::full({B}, T, at::kLong);
-  }
-  b.sample_ids = at::arange(B, at::kLong);
-  StepTiming t;
-  const StepResult r = ex.train_step(b, config.train.micro_batches, StepPosition(0, 1, 0.0), &t);
-  if (units) *units = r.units;
-  return t;
 }
 
 TEST(Plan, EqualsTheInProcessTimelineOfARealStep) {
@@ -113,6 +75,8 @@ TEST(Plan, ResNetsAndBertPlanToo) {
   const Plan plan = plan_step(resnet);
   const StepTiming real = real_step(resnet);
   EXPECT_NEAR(plan.step_s, real.step_s, 0.01 * real.step_s);
+  EXPECT_EQ(plan.tied_ranks, 0);  // nothing shared between ranks
+  EXPECT_EQ(plan.tied_sum_s, 0);
   EXPECT_GT(plan_step(Config::load("", {{"task.name", "vision"},
                                         {"data.dataset", "cifar10"},
                                         {"model.arch", "resnet18"},
@@ -149,6 +113,11 @@ TEST(Plan, ReportsLinksBytesAndSizes) {
   for (const PlanRank& r : plan.rank_plans) EXPECT_EQ(r.optimizer_bytes, 2 * r.parameter_bytes);  // adamw
   EXPECT_GT(plan.mfu, 0);
   EXPECT_LT(plan.mfu, 1);
+  // Note [tied sums in a plan]: wte (256 x 128) on ranks 0 and 3, summed by a 2-rank ring: its
+  // float32 bytes each way and two latencies on the (every) 200 Mbit/s + 5 ms link.
+  EXPECT_EQ(plan.tied_ranks, 2);
+  EXPECT_EQ(plan.tied_bytes, 256 * 128 * 4);
+  EXPECT_NEAR(plan.tied_sum_s, 8.0 * 256 * 128 * 4 / 200e6 + 2 * 0.005, 1e-12);
 
   const Plan worst = plan_step(small_gpt({{"boundary.backward", "topk(0.1)"}}));
   bool marked = false;

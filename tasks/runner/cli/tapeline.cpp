@@ -121,6 +121,13 @@ po::variables_map parse(const std::vector<std::string>& args, const po::options_
   return vm;
 }
 
+// With --help: prints `usage`, a blank line and the options, and says so (the command returns 0).
+bool printed_help(const po::variables_map& vm, const std::string& usage, const po::options_description& desc) {
+  if (!vm.count("help")) return false;
+  std::cout << usage << "\n\n" << desc;
+  return true;
+}
+
 // Whether every boundary of `c` is uncompressed both ways (the run is itself a baseline).
 bool all_identity(const Config& c) {
   auto ends_with = [](const std::string& s, const std::string& suffix) {
@@ -395,13 +402,12 @@ int cmd_sweep(const std::vector<std::string>& argv) {
       "stop-after", po::value<int64_t>(), "each run stops after N epochs of this invocation (run again to continue)")(
       "no-plot", "no curves.png per run");
   po::variables_map vm = parse(rest, d);
-  if (vm.count("help")) {
-    std::cout << "usage: tapeline sweep --configs A.ini B.ini ... --seeds 1,2,3 --out DIR [--jobs K] "
-                 "[--section.key=value ...]\n(each run is `tapeline train`, output in DIR/NAME.seedN/train.log; "
-                 "running the same command again skips finished runs and resumes the others)\n\n"
-              << d;
+  if (printed_help(vm,
+                   "usage: tapeline sweep --configs A.ini B.ini ... --seeds 1,2,3 --out DIR [--jobs K] "
+                   "[--section.key=value ...]\n(each run is `tapeline train`, output in DIR/NAME.seedN/train.log; "
+                   "running the same command again skips finished runs and resumes the others)",
+                   d))
     return 0;
-  }
   if (!vm.count("configs")) throw UsageError("--configs A.ini [B.ini ...] is required");
   if (!vm.count("seeds")) throw UsageError("--seeds is required (e.g. --seeds 1,2,3)");
   if (!vm.count("out")) throw UsageError("--out DIR is required");
@@ -432,10 +438,7 @@ int cmd_schedule(const std::vector<std::string>& argv) {
       "also each gradient send's slack on the step's dependency graph (forward 1, backward 2, "
       "I and W 1 each, free links; 0 = on the critical path) beside Optimus-CC's epilogue-only flag");
   po::variables_map vm = parse(argv, d);
-  if (vm.count("help")) {
-    std::cout << "usage: tapeline schedule [options]\n\n" << d;
-    return 0;
-  }
+  if (printed_help(vm, "usage: tapeline schedule [options]", d)) return 0;
   const int stages = vm["stages"].as<int>(), m = vm["micro-batches"].as<int>(), v = vm["virtual-stages"].as<int>();
   if (stages < 1 || m < 1 || v < 1) throw UsageError("--stages, --virtual-stages and --micro-batches must be >= 1");
   std::vector<RankSchedule> lists;
@@ -466,12 +469,11 @@ int cmd_eval(const std::vector<std::string>& argv) {
   auto overrides = split_overrides(argv, rest);
   auto desc = eval_options();
   po::variables_map vm = parse(rest, desc);
-  if (vm.count("help")) {
-    std::cout << "usage: tapeline eval --run DIR [--compression on|off|both] [--section.key=value ...]\n"
-              << "(overrides such as --data.root or --run.device change how the run is evaluated)\n\n"
-              << desc;
+  if (printed_help(vm,
+                   "usage: tapeline eval --run DIR [--compression on|off|both] [--section.key=value ...]\n"
+                   "(overrides such as --data.root or --run.device change how the run is evaluated)",
+                   desc))
     return 0;
-  }
   if (!vm.count("run")) throw UsageError("--run DIR is required");
   std::string run = vm["run"].as<std::string>(), mode = vm["compression"].as<std::string>();
   if (mode != "on" && mode != "off" && mode != "both")
@@ -496,13 +498,12 @@ int cmd_plan(const std::vector<std::string>& argv) {
       "sweep", po::value<std::string>(), "key=v1,v2,...: one plan per value of a config key, as a table")(
       "quiet", "no progress lines");
   po::variables_map vm = parse(rest, desc);
-  if (vm.count("help")) {
-    std::cout << "usage: tapeline plan --config FILE [--out plan.json] [--sweep key=v1,v2,...] "
-                 "[--section.key=value ...]\n(timeline.device must name a device model; docs/CONFIG.md, "
-                 "\"tapeline plan\")\n\n"
-              << desc;
+  if (printed_help(vm,
+                   "usage: tapeline plan --config FILE [--out plan.json] [--sweep key=v1,v2,...] "
+                   "[--section.key=value ...]\n(timeline.device must name a device model; docs/CONFIG.md, "
+                   "\"tapeline plan\")",
+                   desc))
     return 0;
-  }
   const std::string config_path = vm.count("config") ? vm["config"].as<std::string>() : "";
   const bool quiet = vm.count("quiet") > 0;
   auto progress = [quiet](const std::string& s) {
