@@ -73,7 +73,13 @@ int main(int argc, char** argv) {
               << ", \"loadavg\": " << bench::json_number(bench::loadavg_1m(), "%.2f") << "}" << std::endl;
   }
   {
-    const Config c = Config::load(ini);  // names the file when it is not there (run from the repository root)
+    Config c;
+    try {
+      c = Config::load(ini);
+    } catch (const std::exception& e) {  // run from the repository root, or give --config
+      std::cerr << "bench_plan: " << e.what() << " (run from the repository root, or give --config INI)\n";
+      return 2;
+    }
     std::vector<double> plan_s;
     double planned = 0;
     const int64_t rss0 = peak_resident_bytes();

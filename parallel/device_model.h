@@ -22,10 +22,10 @@
 // Note [the host's floor]
 // An engine that issues its ops one by one from the host cannot finish an op on the device
 // sooner than the host takes to issue it: this engine's autograd bookkeeping, ATen's dispatch and
-// the launches. On an H200 (bench_pipeline --calibrate --device cuda --dtype bf16, docs/TIME.md)
-// that is 23 to 35 us per counted kernel for GPT-2 and ResNet-8 stages whose kernels are small, so
-// those stages ran 2.2 to 9 times slower than the roofline with a 4 us launch said; stages whose
-// kernels are large ran within 8 to 21% of it. host_s is that floor: an op takes
+// the launches. On three H200 machines (bench_pipeline --calibrate --device cuda --dtype bf16,
+// docs/TIME.md) that was 20 to 41 us per counted kernel for GPT-2 and ResNet-8 stages whose kernels
+// are small, so those stages ran 2.2 to 9 times slower than the roofline with a 4 us launch said;
+// stages whose kernels are large ran within 3 to 21% of it. The presets take 30 us. host_s is that floor: an op takes
 // max(roofline + launches, kernels x host_s). Per op, so a stage of large GEMMs and small
 // elementwise ops is charged the GEMMs' time and the small ops' host time. The host's lead over
 // the device (it issues op i + 1 while op i runs) is left out: an op is charged one or the other.
