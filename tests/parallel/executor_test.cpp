@@ -281,8 +281,13 @@ TEST(DeviceModel, RooflinePerOp) {
   // An elementwise pass is memory-bound: float32 counted, bf16 modelled (half the bytes).
   const OpCost add{n * n, 3 * n * n * 4, 1};
   EXPECT_NEAR(h100.seconds(add), 3 * n * n * 2 / (0.8 * 3.35e12) + 4e-6, 1e-12);
-  // A tiny op costs its launch.
-  EXPECT_NEAR(h100.seconds(OpCost{10, 40, 1}), 4e-6, 1e-9);
+  // A tiny op costs the host's floor (Note [the host's floor]), per kernel; none on a model without one.
+  EXPECT_NEAR(h100.seconds(OpCost{10, 40, 1}), h100.host_s, 1e-12);
+  EXPECT_NEAR(h100.seconds(OpCost{10, 40, 3}), 3 * h100.host_s, 1e-12);
+  EXPECT_GT(h100.host_s, 4e-6);
+  DeviceModel no_floor = h100;
+  no_floor.host_s = 0;
+  EXPECT_NEAR(no_floor.seconds(OpCost{10, 40, 1}), 4e-6, 1e-9);
   EXPECT_EQ(device_model("measured").seconds(gemm), 0.0);
   try {
     device_model("tpu");
