@@ -30,11 +30,14 @@ from .ddp import _CompressedSumState, _Exchange
 
 
 def _fsdp_api():
+    # Debian's torch 1.13 under Python 3.11: importing torch.distributed.fsdp itself fails, with a
+    # ValueError from dataclasses (a mutable default in its sharded-tensor metadata); 1.13 has no
+    # FSDP2 in any case.
     try:
         from torch.distributed.fsdp import FSDPModule
-    except ImportError as e:
+    except Exception as e:  # noqa: BLE001 (ImportError, or the ValueError above)
         raise RuntimeError(f"fsdp_all_reduce_hook: this torch ({torch.__version__}) has no FSDP2 "
-                           f"(torch.distributed.fsdp.FSDPModule): {e}") from None
+                           f"(torch.distributed.fsdp.FSDPModule, torch >= 2.6): {type(e).__name__}: {e}") from None
     if not hasattr(FSDPModule, "set_all_reduce_hook"):
         raise RuntimeError(f"fsdp_all_reduce_hook: this torch ({torch.__version__}) has no "
                            "FSDPModule.set_all_reduce_hook (torch 2.7 added it)")

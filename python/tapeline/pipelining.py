@@ -27,7 +27,13 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import PipelineStage
+
+try:
+    from torch.distributed.pipelining import PipelineStage
+except ImportError as e:  # torch before 2.4 (Debian's 1.13): the stage has nothing to subclass
+    raise ImportError(f"tapeline.pipelining needs torch.distributed.pipelining (PipelineStage and its schedules, "
+                      f"torch >= 2.4), which this torch ({torch.__version__}, {torch.__file__}) does not have: {e}. "
+                      "tapeline.Codec, tapeline.Boundary and tapeline.ddp_comm_hook work without it") from None
 
 from . import _C
 
