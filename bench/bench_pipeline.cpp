@@ -159,6 +159,10 @@ int main(int argc, char** argv) {
     // reference of the ranks' (see the header).
     o.blas_threads = set_compute_threads(1);  // ATen's and OpenBLAS's (Note [OpenBLAS threads])
     if (o.worker) return rank_worker(o);
+    if (o.overhead_only) {
+      step_overhead();
+      return 0;
+    }
 
     std::map<std::string, double> refs;
     std::vector<Workload> ws;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "layers/models/gpt2.h"
 #include "parallel/local_executor.h"
 #include "parallel/simulate.h"
 
@@ -354,6 +355,49 @@ void plans(const Workload& w, const Options& o) {
                 median(lower) / median(wall), median(lookup) / median(wall));
     std::fflush(stdout);
   }
+}
+
+/// What the executor adds to a step (issue 36, "per step, nothing is rebuilt that the step does not
+/// change"): a 1-layer GPT-2 (width 64, 2 heads, 64 tokens of vocabulary, 4 x 16 tokens) as one
+/// stage and one micro-batch through LocalExecutor, against the same model's forward, loss and
+/// backward called directly; the difference is the executor's per-step cost (the micro-batch split,
+/// the schedule lookup, one RankInterpreter and its stage runtime, the channel, the gradient
+/// accumulator, the timing). Medians of 300 steps each, alternated.
+void step_overhead() {
+  auto make = [] {
+    GPT2Config c;
+    c.vocab_size = 64, c.n_positions = 16, c.n_embd = 64, c.n_layer = 1, c.n_head = 2, c.dropout = 0.0;
+    return std::make_shared<GPT2>(c, at::detail::createCPUGenerator(5));
+  };
+  const auto direct_model = make();
+  auto p = Pipeline::build(make(), {}, {});
+  LocalExecutor ex(*p, next_token_loss, ScheduleSettings{"1f1b", 1, {}, device_model("measured")});
+  at::Generator gen = at::detail::createCPUGenerator(6);
+  Batch b;
+  b.input = at::randint(64, {4, 16}, gen, at::kLong);  // (B, T)
+  b.target = at::randint(64, {4, 16}, gen, at::kLong);
+  b.side.token_ids = b.input;
+  b.sample_ids = at::arange(4, at::kLong);
+  b.units = at::full({4}, 16, at::kLong);
+  std::vector<double> through, direct;
+  for (int i = -20; i < 300; ++i) {
+    for (auto& param : p->parameters()) param.zero_grad();
+    auto t0 = Clock::now();
+    ex.train_step(b, 1, 0);
+    const double a = seconds_since(t0);
+    for (auto& param : direct_model->parameters()) param.zero_grad();
+    t0 = Clock::now();
+    Variable out = direct_model->forward(b.input);
+    next_token_loss(out, b).loss.backward();
+    const double d = seconds_since(t0);
+    if (i >= 0) through.push_back(a), direct.push_back(d);
+  }
+  const double a = median(through), d = median(direct);
+  std::printf("{\"bench\":\"step_overhead\",\"model\":\"gpt2 1 x 64, 4 x 16 tokens\",\"stages\":1,"
+              "\"micro_batches\":1,\"executor_step_s\":%.3g,\"direct_step_s\":%.3g,\"overhead_us\":%.1f,"
+              "\"ratio\":%.3f}\n",
+              a, d, (a - d) * 1e6, a / d);
+  std::fflush(stdout);
 }
 
 /// 1F1B on 80 Mbit/s links in process (4 stages); records the timelines in `refs`.

@@ -14,6 +14,8 @@ namespace tl::bench_pipeline {
 /// The device model's calibration on the 4-stage 1F1B step (one "device_calibration" line; the
 /// machine's roofs first, once).
 void calibration(const Workload& w, const Options& o);
+/// The executor's per-step cost on a 1-layer model (one "step_overhead" line).
+void step_overhead();
 /// GPipe and 1F1B on `stages` stages, and with 4 stages interleaved 1F1B and ZB-H1.
 void schedules(const Workload& w, int stages, const Options& o, std::map<std::string, double>& refs);
 /// What a step's plan costs (one "plans" line per schedule, 4 stages): lowering the schedule, as

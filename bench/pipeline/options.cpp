@@ -55,6 +55,8 @@ Options parse(int argc, char** argv) {
       o.links = false;
     } else if (a == "--calibrate") {
       o.calibrate_only = true;
+    } else if (a == "--overhead") {
+      o.overhead_only = true;
     } else if (a == "--device") {
       o.device = value();
       TORCH_CHECK(o.device == "cpu" || o.device == "cuda" || o.device == "meta", "--device ", o.device,
@@ -73,7 +75,7 @@ Options parse(int argc, char** argv) {
     } else if (a.rfind("--", 0) == 0) {
       TORCH_CHECK(false, "unknown option '", a,
                   "'; usage: bench_pipeline [rounds] [micro-batches] [--models resnet8,gpt2,resnet18] [--mp 4,2|none] "
-                  "[--mp-rounds R] [--no-links] [--calibrate [--device cpu|cuda|meta] [--dtype fp32|bf16] [--batch-scale K]] [--mp-only]");
+                  "[--mp-rounds R] [--no-links] [--calibrate [--device cpu|cuda|meta] [--dtype fp32|bf16] [--batch-scale K]] [--mp-only] [--overhead]");
     } else if (positional == 0) {
       o.rounds = std::max(1, std::atoi(a.c_str())), ++positional;
     } else if (positional == 1) {

@@ -20,6 +20,7 @@ struct Options {
   int mp_rounds = -1;            // -1: rounds
   bool links = true;
   bool calibrate_only = false;  // --calibrate: the device model's calibration lines only
+  bool overhead_only = false;   // --overhead: the executor's per-step cost on a 1-layer model only
   std::string device = "cpu";   // --device: where the calibration runs (cpu, cuda, meta: modelled only)
   std::string dtype = "fp32";   // --dtype: the calibration's training dtype (fp32, bf16)
   int batch_scale = 1;          // --batch-scale K: the calibration's batches K times the workload's rows
