@@ -1,6 +1,7 @@
 #include "parallel/device_model.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
 
@@ -19,6 +20,12 @@ double DeviceModel::seconds(const OpCost& c) const {
   const double memory = c.bytes * bytes_scale / (memory_bytes_per_s * memory_efficiency);
   const double kernels = static_cast<double>(c.kernels);
   return std::max(std::max(compute, memory) + kernels * launch_s, kernels * host_s);  // Note [the host's floor]
+}
+
+void wait_for_device(const c10::Device& device) {
+  if (device.is_cpu() || device.is_meta()) return;
+  c10::impl::VirtualGuardImpl impl(device.type());
+  impl.getStream(device).synchronize();
 }
 
 const std::vector<std::string>& device_model_names() {

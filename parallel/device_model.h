@@ -30,6 +30,8 @@
 // elementwise ops is charged the GEMMs' time and the small ops' host time. The host's lead over
 // the device (it issues op i + 1 while op i runs) is left out: an op is charged one or the other.
 
+#include <c10/core/Device.h>
+
 #include <string>
 #include <vector>
 
@@ -51,6 +53,10 @@ struct DeviceModel {
   /// Seconds of `c` on this device (Note [device model]); 0 for "measured".
   double seconds(const OpCost& c) const;
 };
+
+/// Waits until `device`'s current stream has run what was queued on it (nothing on the CPU or the
+/// meta device): a measured time on a GPU ends when its kernels do (Note [timing actions on a GPU]).
+void wait_for_device(const c10::Device& device);
 
 /// The names device_model() accepts: measured, h100, a100, cpu.
 const std::vector<std::string>& device_model_names();

@@ -1,7 +1,5 @@
 #include "parallel/interpreter.h"
 
-#include <c10/core/impl/VirtualGuardImpl.h>
-
 #include <chrono>
 #include <optional>
 
@@ -26,7 +24,7 @@ class RankInterpreter::ActionTimer {
   explicit ActionTimer(RankInterpreter& rank) : rank_(rank) {
     if (rank.device_.type() != c10::DeviceType::CPU && !rank.model_clock_) {
       wait_ = true;
-      wait_for_device();
+      wait_for_device(rank.device_);
     }
     t0_ = std::chrono::steady_clock::now();
     if (rank.model_) {
@@ -36,7 +34,7 @@ class RankInterpreter::ActionTimer {
   }
   /// The seconds the action adds to the rank's clock.
   double finish() {
-    if (wait_) wait_for_device();
+    if (wait_) wait_for_device(rank_.device_);
     const double measured = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
     if (!meter_) return measured;
     rank_.flops_ += meter_->total().flops;
@@ -47,11 +45,6 @@ class RankInterpreter::ActionTimer {
   }
 
  private:
-  void wait_for_device() const {
-    c10::impl::VirtualGuardImpl impl(rank_.device_.type());
-    impl.getStream(rank_.device_).synchronize();
-  }
-
   RankInterpreter& rank_;
   bool wait_ = false;
   std::chrono::steady_clock::time_point t0_;

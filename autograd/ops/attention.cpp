@@ -115,6 +115,38 @@ at::Tensor with_leading_dims(const at::Tensor& t, const at::Tensor& like) {
   return t.view(shape);
 }
 
+// q, k, v (..., T, D): what both paths require of their shapes.
+void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(q.dim() >= 2 && k.dim() >= 2 && v.dim() >= 2,
+              "scaled_dot_product_attention: q, k, v must be (..., T, D), got shapes ", q.sizes(), ", ", k.sizes(),
+              ", ", v.sizes());
+  TORCH_CHECK(q.size(-1) == k.size(-1), "scaled_dot_product_attention: q and k must have the same last dim, got ",
+              q.sizes(), " and ", k.sizes());
+  TORCH_CHECK(k.size(-2) == v.size(-2),
+              "scaled_dot_product_attention: k and v must have the same number of keys "
+              "(dim -2), got ",
+              k.sizes(), " and ", v.sizes());
+}
+
+// The mask: bool (true = attend) or floating (added), broadcasting to the scores' shape (..., Tq, Tk).
+void check_mask(const at::Tensor& mask, at::IntArrayRef scores) {
+  TORCH_CHECK(mask.scalar_type() == at::kBool || at::isFloatingType(mask.scalar_type()),
+              "scaled_dot_product_attention: attn_mask must be bool (true = attend) or floating (added to the "
+              "scores), got ",
+              mask.scalar_type());
+  const auto shape = at::infer_size(scores, mask.sizes());
+  TORCH_CHECK(scores.equals(shape), "scaled_dot_product_attention: attn_mask of shape ", mask.sizes(),
+              " does not broadcast to the scores' shape ", scores);
+}
+
+// Note [op costs]: the two products, 2 Tq Tk D each per batch-head, and about 5 FLOPs per score for
+// scale, mask and softmax. In backward, dq needs dP = dO V^T and dS K; dk and dv one each. Both
+// paths are charged alike (Note [fused attention]).
+void set_attention_flops(Context& ctx, double scores, int64_t d) {  // scores: N Tq Tk
+  const double product = 2.0 * scores * static_cast<double>(d);
+  ctx.set_flops(2.0 * product + 5.0 * scores, {2.0 * product + 5.0 * scores, product, product});
+}
+
 struct ScaledDotProductAttentionFn : Function<ScaledDotProductAttentionFn> {
   static constexpr const char* name = "scaled_dot_product_attention";
   static constexpr bool kFreshOutputs = true;
@@ -125,15 +157,7 @@ struct ScaledDotProductAttentionFn : Function<ScaledDotProductAttentionFn> {
   static at::Tensor forward(Context& ctx, Saved& saved, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& mask, bool is_causal, double dropout_p,
                             const c10::optional<at::Generator>& gen) {
-    TORCH_CHECK(q.dim() >= 2 && k.dim() >= 2 && v.dim() >= 2,
-                "scaled_dot_product_attention: q, k, v must be (..., T, D), got shapes ", q.sizes(), ", ", k.sizes(),
-                ", ", v.sizes());
-    TORCH_CHECK(q.size(-1) == k.size(-1), "scaled_dot_product_attention: q and k must have the same last dim, got ",
-                q.sizes(), " and ", k.sizes());
-    TORCH_CHECK(k.size(-2) == v.size(-2),
-                "scaled_dot_product_attention: k and v must have the same number of keys "
-                "(dim -2), got ",
-                k.sizes(), " and ", v.sizes());
+    check_qkv(q, k, v);
     TORCH_CHECK(!gen || dropout_p == 0.0 || gen->device().type() == q.device().type(),
                 "scaled_dot_product_attention: the dropout generator is on ", gen->device(), " but the inputs are on ",
                 q.device(), "; give a generator of the inputs' device");
@@ -152,13 +176,7 @@ struct ScaledDotProductAttentionFn : Function<ScaledDotProductAttentionFn> {
     }
     s.mul_(scale);
     if (mask.defined()) {
-      TORCH_CHECK(mask.scalar_type() == at::kBool || at::isFloatingType(mask.scalar_type()),
-                  "scaled_dot_product_attention: attn_mask must be bool (true = attend) or floating (added to the "
-                  "scores), got ",
-                  mask.scalar_type());
-      const auto shape = at::infer_size(s.sizes(), mask.sizes());
-      TORCH_CHECK(s.sizes().equals(shape), "scaled_dot_product_attention: attn_mask of shape ", mask.sizes(),
-                  " does not broadcast to the scores' shape ", s.sizes());
+      check_mask(mask, s.sizes());
       if (mask.scalar_type() == at::kBool) {
         s.masked_fill_(mask.logical_not(), neg_inf);
       } else {
@@ -190,11 +208,7 @@ struct ScaledDotProductAttentionFn : Function<ScaledDotProductAttentionFn> {
     }
     saved.scale = scale;
     saved.batched = batched;
-    // Note [op costs]: the two products, 2 Tq Tk D each per batch-head, and about 5 FLOPs per score
-    // for scale, mask and softmax. In backward, dq needs dP = dO V^T and dS K; dk and dv one each.
-    const double scores = static_cast<double>(p.numel());  // N Tq Tk
-    const double product = 2.0 * scores * static_cast<double>(q.size(-1));
-    ctx.set_flops(2.0 * product + 5.0 * scores, {2.0 * product + 5.0 * scores, product, product});
+    set_attention_flops(ctx, static_cast<double>(p.numel()), q.size(-1));
     if (batched) return at::bmm(as_batch(pd), v3).view(out_shape(q, v));  // (..., Tq, Dv)
     return at::matmul(pd, v);                                             // (..., Tq, Dv)
   }
@@ -280,9 +294,7 @@ struct FusedAttentionFn : Function<FusedAttentionFn> {
     saved.causal = causal;
     ctx.save_for_backward({q, k, v, m});
     ++fused_calls;
-    const double scores = static_cast<double>(q.size(0) * q.size(1) * q.size(2) * k.size(2));  // N Tq Tk
-    const double product = 2.0 * scores * static_cast<double>(q.size(-1));
-    ctx.set_flops(2.0 * product + 5.0 * scores, {2.0 * product + 5.0 * scores, product, product});
+    set_attention_flops(ctx, static_cast<double>(q.size(0) * q.size(1) * q.size(2) * k.size(2)), q.size(-1));
     return attend(q, k, v, m, causal);  // (B, H, Tq, Dv)
   }
   static tensor_list backward(Context& ctx, const Saved& saved, tensor_list g) {
@@ -323,22 +335,9 @@ Variable scaled_dot_product_attention(const Variable& q, const Variable& k, cons
                                       std::optional<at::Generator> generator) {
 #if TORCH_VERSION_MAJOR >= 2
   if (takes_fused_path(q, k, v, dropout_p)) {
-    TORCH_CHECK(q.data().size(-1) == k.data().size(-1),
-                "scaled_dot_product_attention: q and k must have the same last dim, got ", q.data().sizes(), " and ",
-                k.data().sizes());
-    TORCH_CHECK(k.data().size(-2) == v.data().size(-2),
-                "scaled_dot_product_attention: k and v must have the same number of keys (dim -2), got ",
-                k.data().sizes(), " and ", v.data().sizes());
-    TORCH_CHECK(!attn_mask.defined() || attn_mask.scalar_type() == at::kBool || at::isFloatingType(attn_mask.scalar_type()),
-                "scaled_dot_product_attention: attn_mask must be bool (true = attend) or floating (added to the "
-                "scores), got ",
-                attn_mask.scalar_type());
-    if (attn_mask.defined()) {
-      const std::vector<int64_t> scores = {q.data().size(0), q.data().size(1), q.data().size(2), k.data().size(2)};
-      const auto shape = at::infer_size(scores, attn_mask.sizes());
-      TORCH_CHECK(at::IntArrayRef(scores).equals(shape), "scaled_dot_product_attention: attn_mask of shape ",
-                  attn_mask.sizes(), " does not broadcast to the scores' shape ", at::IntArrayRef(scores));
-    }
+    check_qkv(q.data(), k.data(), v.data());
+    if (attn_mask.defined())
+      check_mask(attn_mask, {q.data().size(0), q.data().size(1), q.data().size(2), k.data().size(2)});
     return FusedAttentionFn::apply(q, k, v, attn_mask, is_causal);
   }
 #endif

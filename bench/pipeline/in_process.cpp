@@ -2,7 +2,6 @@
 #include "bench/pipeline/in_process.h"
 
 #include <ATen/Parallel.h>
-#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
 #include <chrono>
@@ -191,13 +190,6 @@ void schedules(const Workload& w, int stages, const Options& o, std::map<std::st
   }
 }
 
-/// Waits for the device's queue (a no-op on the CPU): timings on a GPU end when its work does.
-void wait_for(at::Device device) {
-  if (device.is_cpu()) return;
-  c10::impl::VirtualGuardImpl impl(device.type());
-  impl.getStream(device).synchronize();
-}
-
 /// The roofs the device model's constants stand for, measured on `device` in `dtype`: a square
 /// GEMM's FLOP/s (512 on the CPU, 8192 on a GPU), an elementwise add's bytes/s (16 MiB, 256 MiB
 /// on a GPU: past its cache) and the seconds of one tiny kernel in a row of 2,000 (launch and
@@ -210,18 +202,18 @@ void roofs(at::Device device, at::ScalarType dtype, const DeviceModel& preset) {
   at::Tensor one = at::zeros({1}, opt);
   std::vector<double> gemm, add, launch;
   for (int r = -1; r < 7; ++r) {  // r = -1: warm-up (cuBLAS handles, the allocator's first blocks)
-    wait_for(device);
+    wait_for_device(device);
     auto t0 = Clock::now();
     at::Tensor c = at::mm(a, b);
-    wait_for(device);
+    wait_for_device(device);
     const double g = 2.0 * n * n * n / seconds_since(t0);
     t0 = Clock::now();
     at::Tensor z = x + y;
-    wait_for(device);
+    wait_for_device(device);
     const double m = 3.0 * static_cast<double>(x.element_size() * e) / seconds_since(t0);
     t0 = Clock::now();
     for (int i = 0; i < 2000; ++i) one.add_(1.0);
-    wait_for(device);
+    wait_for_device(device);
     const double l = seconds_since(t0) / 2000;
     if (r >= 0) gemm.push_back(g), add.push_back(m), launch.push_back(l);
   }
