@@ -1,5 +1,6 @@
 #include "compression/cuda/aqsgd_cuda.h"
 #include "compression/cuda/aqsgd_logic.h"
+#include "compression/cuda/entries.h"
 #include "compression/cuda/quant_cuda.h"  // no_cuda_kernels
 
 namespace tl::codec::gpu {
@@ -7,10 +8,13 @@ namespace {
 thread_local int64_t t_host_runs = 0;
 }  // namespace
 
-#ifndef TAPELINE_CUDA_KERNELS
-void aqsgd_delta_cuda(int, const float*, const CacheRows&, float*) { no_cuda_kernels("aqsgd"); }
-void aqsgd_update_cuda(int, const float*, const CacheRows&, float*) { no_cuda_kernels("aqsgd"); }
-#endif
+// The launchers live in the plugin (Note [CUDA as a plugin], autograd/cuda_plugin.h).
+void aqsgd_delta_cuda(int device, const float* x, const CacheRows& m, float* delta) {
+  TL_CUDA_CALL(tl_cuda_aqsgd_delta, "aqsgd", device, x, m, delta);
+}
+void aqsgd_update_cuda(int device, const float* c, const CacheRows& m, float* out) {
+  TL_CUDA_CALL(tl_cuda_aqsgd_update, "aqsgd", device, c, m, out);
+}
 
 void aqsgd_delta_host(const float* x, const CacheRows& m, float* delta) {
   ++t_host_runs;

@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "autograd/cuda_plugin.h"
+#include "compression/cuda/entries.h"
 #include "compression/cuda/quant_cuda.h"
 #include "compression/cuda/quant_logic.h"
 
@@ -24,31 +26,36 @@ bool kernels_enabled() {
     const char* v = std::getenv("TAPELINE_CUDA_KERNELS");
     return v == nullptr || std::strcmp(v, "0") != 0;
   }();
-  return kernels_built() && env_on;
+  return kernels_built() && env_on && cuda_plugin_loaded();
 }
 
 void no_cuda_kernels(const char* codec) {
-  TORCH_CHECK(false, codec,
+  TORCH_CHECK(kernels_built(), codec,
               ": this build of tapeline has no CUDA kernels (configure against a CUDA libtorch with nvcc on PATH, "
               "docs/GPU.md); CUDA tensors take the ATen path");
+  TORCH_CHECK(false, codec, ": the CUDA kernels are in libtl_cuda.so, which is ", cuda_plugin_status(),
+              " (Note [CUDA as a plugin], autograd/cuda_plugin.h)");
 }
 
-#ifndef TAPELINE_CUDA_KERNELS
-void quantise_pack_cuda(int, const float*, const QuantGeometry&, const QuantParams&, uint8_t*) {
-  no_cuda_kernels("quant");
+// The launchers live in the plugin (Note [CUDA as a plugin]); these find and call them.
+void quantise_pack_cuda(int device, const float* x, const QuantGeometry& g, const QuantParams& q, uint8_t* out) {
+  TL_CUDA_CALL(tl_cuda_quantise_pack, "quant", device, x, g, q, out);
 }
-void unpack_dequantise_cuda(int, const uint8_t*, const QuantGeometry&, const DequantParams&, float*) {
-  no_cuda_kernels("quant");
+void unpack_dequantise_cuda(int device, const uint8_t* in, const QuantGeometry& g, const DequantParams& q,
+                            float* out) {
+  TL_CUDA_CALL(tl_cuda_unpack_dequantise, "quant", device, in, g, q, out);
 }
-void quantise_pack_residual_cuda(int, const float*, const QuantGeometry&, const QuantParams&, const DequantParams&,
-                                 uint8_t*, float*) {
-  no_cuda_kernels("ef(quant)");
+void quantise_pack_residual_cuda(int device, const float* x, const QuantGeometry& g, const QuantParams& q,
+                                 const DequantParams& d, uint8_t* out, float* residual) {
+  TL_CUDA_CALL(tl_cuda_quantise_pack_residual, "ef(quant)", device, x, g, q, d, out, residual);
 }
-void quant_scales_cuda(int, const float*, const float*, const ScaleParams&, uint8_t*, float*, float*, float*, float*) {
-  no_cuda_kernels("quant");
+void quant_scales_cuda(int device, const float* v, const float* mx, const ScaleParams& p, uint8_t* wire, float* a,
+                       float* b, float* step, float* lo) {
+  TL_CUDA_CALL(tl_cuda_quant_scales, "quant", device, v, mx, p, wire, a, b, step, lo);
 }
-void quant_derive_cuda(int, const uint8_t*, const ScaleParams&, float*, float*) { no_cuda_kernels("quant"); }
-#endif
+void quant_derive_cuda(int device, const uint8_t* wire, const ScaleParams& p, float* step, float* lo) {
+  TL_CUDA_CALL(tl_cuda_quant_derive, "quant", device, wire, p, step, lo);
+}
 
 void quant_scales_host(const float* v, const float* mx, const ScaleParams& p, uint8_t* wire, float* a, float* b,
                        float* step, float* lo) {

@@ -1,3 +1,4 @@
+#include "compression/cuda/entries.h"
 #include "compression/cuda/quant_cuda.h"  // no_cuda_kernels
 #include "compression/cuda/sparse_cuda.h"
 #include "compression/cuda/sparse_logic.h"
@@ -7,11 +8,16 @@ namespace {
 thread_local int64_t t_host_runs = 0;
 }  // namespace
 
-#ifndef TAPELINE_CUDA_KERNELS
-void sparse_pack_cuda(int, const float*, const int64_t*, const SparseLayout&, uint8_t*) { no_cuda_kernels("sparse"); }
-void bitmap_counts_cuda(int, const uint8_t*, int64_t, int64_t*) { no_cuda_kernels("sparse"); }
-void sparse_unpack_cuda(int, const uint8_t*, const int64_t*, const SparseLayout&, float*) { no_cuda_kernels("sparse"); }
-#endif
+// The launchers live in the plugin (Note [CUDA as a plugin], autograd/cuda_plugin.h).
+void sparse_pack_cuda(int device, const float* x, const int64_t* idx, const SparseLayout& s, uint8_t* body) {
+  TL_CUDA_CALL(tl_cuda_sparse_pack, "sparse", device, x, idx, s, body);
+}
+void bitmap_counts_cuda(int device, const uint8_t* bitmap, int64_t bytes, int64_t* counts) {
+  TL_CUDA_CALL(tl_cuda_bitmap_counts, "sparse", device, bitmap, bytes, counts);
+}
+void sparse_unpack_cuda(int device, const uint8_t* body, const int64_t* ranks, const SparseLayout& s, float* out) {
+  TL_CUDA_CALL(tl_cuda_sparse_unpack, "sparse", device, body, ranks, s, out);
+}
 
 void sparse_pack_host(const float* x, const int64_t* idx, const SparseLayout& s, uint8_t* body) {
   ++t_host_runs;

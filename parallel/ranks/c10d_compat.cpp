@@ -4,13 +4,12 @@
 
 #include <cstdlib>
 
+#include "autograd/cuda_plugin.h"
+#include "parallel/ranks/nccl_backend.h"
 #include "parallel/ranks/rendezvous.h"
 
 #ifdef USE_C10D_GLOO
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#endif
-#ifdef USE_C10D_NCCL
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
 namespace tl::ranks::compat {
@@ -87,7 +86,7 @@ BackendPtr make_gloo(const StorePtr& store, int rank, int size, std::chrono::mil
 }
 
 // Note [nccl.h must match libtorch's NCCL]. ProcessGroupNCCL::Options holds an ncclConfig_t by
-// value and Options::create is inline: this file allocates sizeof(Options) from the nccl.h it was
+// value and Options::create is inline: nccl_backend.cpp (in libtl_cuda.so) allocates sizeof(Options) from the nccl.h it was
 // compiled with, and libtorch's out-of-line constructor fills in its own, compiled against the NCCL
 // libtorch was built with. NCCL grows ncclConfig_t between minor versions (2.28 -> 2.30 added four
 // ints), so a different nccl.h (the CUDA toolkit's, say) writes past the object. CMake takes the
@@ -95,15 +94,13 @@ BackendPtr make_gloo(const StorePtr& store, int rank, int size, std::chrono::mil
 // that major.minor too, or there is no process group.
 BackendPtr make_nccl(const StorePtr& store, int rank, int size, std::chrono::milliseconds timeout) {
 #ifdef USE_C10D_NCCL
-  const std::string loaded = c10d::getNcclVersion();  // "2.30.7"
-  const std::string built = std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + ".";
-  TORCH_CHECK(loaded.rfind(built, 0) == 0, "rank ", rank, ": tapeline was compiled against nccl.h ", NCCL_MAJOR, ".",
-              NCCL_MINOR, " but the NCCL loaded is ", loaded,
-              " (Note [nccl.h must match libtorch's NCCL] in parallel/ranks/c10d_compat.cpp); rebuild with NCCL_HOME "
-              "pointing at the NCCL this libtorch was built with");
-  auto opts = c10d::ProcessGroupNCCL::Options::create();
-  opts->timeout = timeout;
-  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
+  // ProcessGroupNCCL is made in libtl_cuda.so (Note [CUDA as a plugin], autograd/cuda_plugin.h).
+  auto* make = cuda_plugin_function<decltype(tl_cuda_make_nccl)>("tl_cuda_make_nccl");
+  TORCH_CHECK(make != nullptr, "rank ", rank, ": the NCCL backend is in libtl_cuda.so, which is ",
+              cuda_plugin_status());
+  BackendPtr backend;
+  make(store, rank, size, static_cast<int64_t>(timeout.count()), &backend);
+  return backend;
 #else
   TORCH_CHECK(false, "tapeline was built without c10d's NCCL backend (libtorch ", TORCH_VERSION,
               " without CUDA/NCCL, or nccl.h not found when configuring); use backend gloo");

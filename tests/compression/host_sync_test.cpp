@@ -17,14 +17,10 @@
 #include <set>
 #include <string>
 
-// Only a libtorch built with CUDA ships c10/cuda/impl/cuda_cmake_macros.h (the CPU build has the
-// other c10/cuda headers but cannot compile them).
-#if __has_include(<cuda_runtime_api.h>) && __has_include(<c10/cuda/impl/cuda_cmake_macros.h>)
-#include <c10/cuda/CUDAFunctions.h>
-#define TL_HAVE_CUDA_HEADERS 1
-#endif
 
+#include "autograd/cuda_plugin.h"
 #include "compression/codecs/common.h"
+#include "compression/cuda/entries.h"
 #include "compression/codecs/sparse_index.h"
 #include "compression/spec.h"
 #include "tests/common/testing.h"
@@ -186,10 +182,11 @@ TEST(HostSync, NestedPayloadsTravelWithTheirParentInProcess) {
 }
 
 TEST(HostSync, CudaEncodeDecodeNeverSynchronises) {
-#ifndef TL_HAVE_CUDA_HEADERS
-  GTEST_SKIP() << "built against a libtorch without CUDA";
-#else
+  if (!cuda_plugin_built()) GTEST_SKIP() << "built against a libtorch without CUDA";
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  // c10_cuda's switch, through libtl_cuda.so (Note [CUDA as a plugin]): the test links libtorch_cpu.
+  auto* set_sync_debug_mode = cuda_plugin_function<decltype(tl_cuda_set_sync_debug_mode)>("tl_cuda_set_sync_debug_mode");
+  ASSERT_NE(set_sync_debug_mode, nullptr) << cuda_plugin_status();
   at::manual_seed(5);
   const at::Tensor x = at::randn({6, 3, 40}, at::kCUDA), g = at::randn({6, 3, 40}, at::kCUDA);
   CodecContext ctx;
@@ -197,7 +194,7 @@ TEST(HostSync, CudaEncodeDecodeNeverSynchronises) {
     auto c = parse_compressor(spec);
     c->to(at::kCUDA);
     c->decode(c->encode(x, ctx), ctx);  // first call: lazily created state may synchronise
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+    set_sync_debug_mode(2);  // every host synchronisation throws
     try {
       Payload p = c->encode(x, ctx);
       c->decode(p, ctx);
@@ -205,9 +202,8 @@ TEST(HostSync, CudaEncodeDecodeNeverSynchronises) {
     } catch (const c10::Error& e) {
       ADD_FAILURE() << spec << ": synchronised with the device: " << e.what_without_backtrace();
     }
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+    set_sync_debug_mode(0);
   }
-#endif
 }
 
 }  // namespace
