@@ -6,6 +6,7 @@
 // TAPELINE_CUDA_KERNELS=0's ATen path agrees with them.
 #include "compression/cuda/quant_cuda.h"
 
+#include "autograd/cuda_plugin.h"
 #include "compression/codecs/common.h"
 #include "compression/cuda/quant_logic.h"
 #include "compression/stateful/error_feedback.h"
@@ -175,7 +176,8 @@ TEST(QuantKernelLogic, ErrorFeedbackStateSameAsDecodePath) {
 TEST(QuantKernelLogic, KernelsFollowTheBuildAndTheEnvironment) {
   const char* env = std::getenv("TAPELINE_CUDA_KERNELS");
   const bool env_on = env == nullptr || std::string(env) != "0";
-  EXPECT_EQ(codec::gpu::kernels_enabled(), codec::gpu::kernels_built() && env_on);
+  // The kernels are in libtl_cuda.so, loaded where there is a GPU (Note [CUDA as a plugin]).
+  EXPECT_EQ(codec::gpu::kernels_enabled(), codec::gpu::kernels_built() && env_on && cuda_plugin_loaded());
   EXPECT_FALSE(codec::use_cuda_kernel(at::zeros({8})));  // a CPU tensor never takes them
   if (!codec::gpu::kernels_built()) {
     at::Tensor x = at::zeros({8});
