@@ -56,8 +56,8 @@ int64_t delta_bytes_cpu(const int64_t* idx, int64_t n) {
   return total;
 }
 
-void delta_encode_cpu(const int64_t* idx, int64_t n, uint8_t* out) {
-  const std::vector<int64_t> bytes = delta_chunk_bytes(idx, n);
+// `bytes`: delta_chunk_bytes(idx, n).
+void delta_encode_cpu(const int64_t* idx, int64_t n, const std::vector<int64_t>& bytes, uint8_t* out) {
   std::vector<int64_t> offset(bytes.size() + 1, 0);
   for (size_t c = 0; c < bytes.size(); ++c) offset[c + 1] = offset[c] + bytes[c];
   at::parallel_for(0, static_cast<int64_t>(bytes.size()), 1, [&](int64_t c0, int64_t c1) {
@@ -316,10 +316,11 @@ int64_t index_delta_bytes(const at::Tensor& idx) {
 }
 
 namespace {
-// pick_index_format, also returning the delta size where it was computed (else -1).
+// pick_index_format, also returning the delta size per chunk where it was computed on the CPU
+// (else empty).
 IndexFormat pick_format(const at::Tensor& idx, int64_t universe, std::optional<IndexFormat> forced,
-                        int64_t& delta_bytes) {
-  delta_bytes = -1;
+                        std::vector<int64_t>& delta_chunks) {
+  delta_chunks.clear();
   if (forced) return *forced;
   // Varints take at least one byte per index, so the delta size is only computed when it can win.
   // Off the CPU it is not computed at all: its size depends on the data, and knowing it would
@@ -328,7 +329,13 @@ IndexFormat pick_format(const at::Tensor& idx, int64_t universe, std::optional<I
   const int64_t plain = index_int_bytes(n, universe), bitmap = index_bitmap_bytes(universe);
   const int64_t best = std::min(plain, bitmap);
   if (!on_device(idx) && n < best) {
-    delta_bytes = index_delta_bytes(idx);
+    int64_t delta_bytes = 0;
+    if (use_cpu_kernel(idx)) {
+      delta_chunks = delta_chunk_bytes(idx.data_ptr<int64_t>(), n);
+      for (int64_t b : delta_chunks) delta_bytes += b;
+    } else {
+      delta_bytes = index_delta_bytes(idx);
+    }
     if (delta_bytes < best) return IndexFormat::kDelta;
   }
   return bitmap < plain ? IndexFormat::kBitmap : IndexFormat::kInt;
@@ -336,16 +343,16 @@ IndexFormat pick_format(const at::Tensor& idx, int64_t universe, std::optional<I
 }  // namespace
 
 IndexFormat pick_index_format(const at::Tensor& idx, int64_t universe, std::optional<IndexFormat> forced) {
-  int64_t delta_bytes;
-  return pick_format(idx, universe, forced, delta_bytes);
+  std::vector<int64_t> delta_chunks;
+  return pick_format(idx.contiguous(), universe, forced, delta_chunks);
 }
 
 EncodedIndex encode_index(const at::Tensor& idx_in, int64_t universe, std::optional<IndexFormat> forced) {
   TORCH_CHECK(idx_in.scalar_type() == at::kLong && idx_in.dim() == 1, "encode_index: expected (n) int64 indices");
   at::Tensor idx = idx_in.contiguous();
   const int64_t n = idx.numel();
-  int64_t delta_bytes;
-  const IndexFormat f = pick_format(idx, universe, forced, delta_bytes);
+  std::vector<int64_t> delta_chunks;
+  const IndexFormat f = pick_format(idx, universe, forced, delta_chunks);
   const bool cpu = use_cpu_kernel(idx);
   at::Tensor bytes;
   switch (f) {
@@ -354,8 +361,11 @@ EncodedIndex encode_index(const at::Tensor& idx_in, int64_t universe, std::optio
       break;
     case IndexFormat::kDelta:
       if (cpu) {
-        bytes = at::empty({delta_bytes >= 0 ? delta_bytes : index_delta_bytes(idx)}, idx.options().dtype(at::kByte));
-        delta_encode_cpu(idx.data_ptr<int64_t>(), n, bytes.data_ptr<uint8_t>());
+        if (delta_chunks.empty()) delta_chunks = delta_chunk_bytes(idx.data_ptr<int64_t>(), n);
+        int64_t total = 0;
+        for (int64_t b : delta_chunks) total += b;
+        bytes = at::empty({total}, idx.options().dtype(at::kByte));
+        delta_encode_cpu(idx.data_ptr<int64_t>(), n, delta_chunks, bytes.data_ptr<uint8_t>());
       } else {
         bytes = delta_encode_portable(idx, universe);
       }

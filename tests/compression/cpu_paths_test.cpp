@@ -2,6 +2,8 @@
 // quantisation by a reciprocal near half-integers (Note [quotient by a reciprocal]), outputs large
 // enough for streaming stores (Note [streaming stores]), and delta indices decoded in chunks
 // (Note [delta index in parallel]), with odd sizes and corrupt streams.
+#include <limits>
+
 #include "compression/codecs/sparse_index.h"
 #include "tests/common/testing.h"
 #include "tests/compression/codec_testing.h"
@@ -12,7 +14,8 @@ namespace {
 using codec::IndexFormat;
 using testing::same_payload;
 
-// Payload of `spec` on the CPU path equals the portable path's, and decodes to the same values.
+// Payload of `spec` on the CPU path equals the portable path's, and decodes to the same values
+// (x: float32).
 void expect_paths_agree(const std::string& spec, const at::Tensor& x, const std::string& where) {
   CodecContext ctx;
   auto c = parse_compressor(spec);
@@ -27,7 +30,9 @@ void expect_paths_agree(const std::string& spec, const at::Tensor& x, const std:
     y_portable = cp->decode(fast, ctx);
   }
   EXPECT_TRUE(same_payload(fast, portable)) << spec << " on " << where;
-  EXPECT_TRUE(at::equal(y_fast, y_portable)) << spec << " decoded on " << where;
+  // Bit for bit (a NaN included): the float32 outputs as int32.
+  EXPECT_TRUE(at::equal(y_fast.contiguous().view(at::kInt), y_portable.contiguous().view(at::kInt)))
+      << spec << " decoded on " << where;
 }
 
 // Values whose quotient x / a * 2^(bits-1) lies on, or one float step either side of, a
@@ -74,6 +79,23 @@ TEST(TopK, StreamedScatterEqualsThePortablePath) {
   at::Tensor x = at::randn({4, (int64_t(1) << 20) + 3});  // 16 MiB + 48 bytes
   for (const char* spec : {"topk(0.1)", "topk(0.01, scope=global)", "topk(0.05, index=int32)"})
     expect_paths_agree(spec, x, "(4, 2^20 + 3)");
+}
+
+// Value sections are written into the body by one loop (Note [values into the body on the CPU]):
+// saturated and rounded as the ATen cast, and a section holding a NaN is made by ATen.
+TEST(Sparse, ValueSectionsMatchTheAtenCast) {
+  at::manual_seed(40);
+  at::Tensor x = at::randn({3, 5000}) * 1e3;
+  x[1][20] = std::numeric_limits<float>::infinity();
+  x[2][30] = -1e6;
+  x[2][31] = 3e-8;  // an fp16 subnormal
+  at::Tensor with_nan = x.clone();
+  with_nan[0][10] = std::numeric_limits<float>::quiet_NaN();
+  for (const char* spec : {"topk(0.1)", "topk(0.1, values=bf16)", "topk(0.1, values=fp32)", "fp16", "bf16",
+                           "threshold(1000, values=bf16)"})
+    expect_paths_agree(spec, x, "finite and inf");
+  // (A NaN is only selected alike by the casts: the portable TopK and threshold paths differ there.)
+  for (const char* spec : {"fp16", "bf16"}) expect_paths_agree(spec, with_nan, "with a NaN");
 }
 
 // Indices whose delta stream spans many chunks of kDeltaChunk bytes, with varints of 1 to 4 bytes
