@@ -431,12 +431,60 @@ TL_INLINE void minmax_span_t(const float* x, int64_t len, float& mn, float& mx) 
   }
 }
 
+// Note [four chains]. minmax_span_t carries one vector of minima and one of maxima from iteration
+// to iteration: each step waits for the compare-and-blend before it (about 5 cycles for 8
+// elements, 60 us for a 1 MiB tensor that L2 delivers in 15). Four independent pairs of vectors
+// run at the loads' pace, and a NaN is noted aside (`v < a ? v : a` is then one min instruction,
+// which skips a NaN: any NaN makes both results NaN, as propagation does). Minima and maxima do not
+// depend on the order of the elements, with one exception: -0 and +0 compare equal and the first
+// one seen is kept, so when a result is a zero (whose sign reaches the wire scale) the span is
+// walked again in minmax_span_t's order.
+template <bool Nan>
+TL_INLINE void minmax_span_chains(const float* x, int64_t len, float& mn, float& mx) {
+  constexpr int kChains = 4;
+  if (len < 8 * kChains * 4) return minmax_span_t<Nan>(x, len, mn, mx);
+  const float mn0 = mn, mx0 = mx;
+  Float8 a[kChains], b[kChains];
+  Float8 nan{};  // lanes that saw a NaN: all bits set
+  for (int c = 0; c < kChains; ++c)
+    for (int k = 0; k < 8; ++k) {
+      a[c][k] = mn;
+      b[c][k] = mx;
+    }
+  int64_t j = 0;
+  for (; j + 8 * kChains <= len; j += 8 * kChains) {
+    for (int c = 0; c < kChains; ++c) {
+      Float8 v;
+      std::memcpy(&v, x + j + 8 * c, sizeof(v));
+      if (Nan) nan = v != v ? v : nan;
+      a[c] = v < a[c] ? v : a[c];
+      b[c] = v > b[c] ? v : b[c];
+    }
+  }
+  for (int c = 0; c < kChains; ++c)
+    for (int k = 0; k < 8; ++k) {
+      mn = min_of<false>(a[c][k], mn);
+      mx = max_of<false>(b[c][k], mx);
+    }
+  for (int k = 0; k < 8; ++k)
+    if (Nan && nan[k] != nan[k]) mn = mx = nan[k];
+  for (; j < len; ++j) {
+    mn = min_of<Nan>(x[j], mn);
+    mx = max_of<Nan>(x[j], mx);
+  }
+  if (mn == 0.0f || mx == 0.0f) {  // the sign of a zero: minmax_span_t's order
+    mn = mn0;
+    mx = mx0;
+    minmax_span_t<Nan>(x, len, mn, mx);
+  }
+}
+
 TL_TARGET_CLONES
 void minmax_span(const float* x, int64_t len, bool nan, float& mn, float& mx) {
   if (nan)
-    minmax_span_t<true>(x, len, mn, mx);
+    minmax_span_chains<true>(x, len, mn, mx);
   else
-    minmax_span_t<false>(x, len, mn, mx);
+    minmax_span_chains<false>(x, len, mn, mx);
 }
 
 TL_TARGET_CLONES
