@@ -1,6 +1,7 @@
 #include "compression/codecs/quant_kernels.h"
 
 #include <ATen/Parallel.h>
+#include <c10/macros/Macros.h>
 
 #include <algorithm>
 #include <atomic>
@@ -9,6 +10,10 @@
 #include <limits>
 #include <mutex>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "compression/codecs/stream_store.h"
 #include "compression/cuda/quant_logic.h"
@@ -587,10 +592,14 @@ struct MidGrid {
   int64_t count;  // L - 1
   float a, b, inv;
   std::vector<int32_t> start;
+  std::vector<float> padded;  // -inf, mid, +inf: padded[c] = mid[c - 1] for c in [0, count + 1]
 };
 
 MidGrid make_grid(const float* mid, int64_t count) {
-  MidGrid g{mid, count, mid[0], mid[count - 1], 0.0f, {}};
+  MidGrid g{mid, count, mid[0], mid[count - 1], 0.0f, {}, {}};
+  g.padded.push_back(-std::numeric_limits<float>::infinity());
+  g.padded.insert(g.padded.end(), mid, mid + count);
+  g.padded.push_back(std::numeric_limits<float>::infinity());
   const int64_t cells = 8 * (count + 1);
   if (g.b > g.a) {
     g.inv = static_cast<float>(cells) / (g.b - g.a);
@@ -611,10 +620,51 @@ TL_INLINE int32_t nearest_code(const MidGrid& g, float v) {
   int64_t c = static_cast<int64_t>((v - g.a) * g.inv);
   c = c < 0 ? 0 : c >= cells ? cells - 1 : c;
   int32_t code = g.start[c];
+  // A cell holds at most one midpoint where the codewords are dense: one step, then a check that
+  // the code is the count (mid[code - 1] < v <= mid[code]), predictably true. Otherwise (a cell
+  // with several midpoints, an edge rounded in float) the walks below.
+  const float* m = g.padded.data() + 1;  // m[-1] = -inf, m[count] = +inf
+  const int32_t one = code + (m[code] < v);
+  if (C10_LIKELY(m[one - 1] < v && !(m[one] < v))) return one;
   while (code < g.count && g.mid[code] < v) ++code;  // edges rounded in float: fix up both ways
   while (code > 0 && !(g.mid[code - 1] < v)) --code;
   return code;
 }
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define TL_GATHER_CODES 1
+// nearest_code for 8 elements at once with AVX2 gathers (the scalar form waits on three dependent
+// loads per element: 10 ns an element): the cell's first code, one step, and the check; lanes that
+// fail the check (or NaN, -inf: -inf < v fails) take nearest_code. Same codes as nearest_code.
+__attribute__((target("avx2"))) void grid_codes_avx2(const float* x, int64_t len, const MidGrid& g, uint8_t* codes) {
+  const int64_t cells = static_cast<int64_t>(g.start.size());
+  int64_t j = 0;
+  if (cells > 0) {
+    const __m256 a = _mm256_set1_ps(g.a), inv = _mm256_set1_ps(g.inv),
+                 last = _mm256_set1_ps(static_cast<float>(cells - 1)), zero = _mm256_setzero_ps();
+    const int* start = g.start.data();
+    const float* pm = g.padded.data();  // pm[c] = mid[c - 1]
+    for (; j + 8 <= len; j += 8) {
+      const __m256 v = _mm256_loadu_ps(x + j);
+      // maxps returns its second operand for a NaN: NaN -> cell 0
+      __m256 t = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_sub_ps(v, a), inv), zero), last);
+      const __m256i code = _mm256_i32gather_epi32(start, _mm256_cvttps_epi32(t), 4);
+      const __m256i one_off = _mm256_add_epi32(code, _mm256_set1_epi32(1));  // index of mid[code] in pm
+      const __m256 below = _mm256_cmp_ps(_mm256_i32gather_ps(pm, one_off, 4), v, _CMP_LT_OQ);
+      const __m256i one = _mm256_sub_epi32(code, _mm256_castps_si256(below));                       // + (mid[code] < v)
+      const __m256 prev = _mm256_i32gather_ps(pm, one, 4);                                          // mid[one - 1]
+      const __m256 next = _mm256_i32gather_ps(pm, _mm256_add_epi32(one, _mm256_set1_epi32(1)), 4);  // mid[one]
+      const __m256 ok = _mm256_andnot_ps(_mm256_cmp_ps(next, v, _CMP_LT_OQ), _mm256_cmp_ps(prev, v, _CMP_LT_OQ));
+      alignas(32) int32_t out[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(out), one);
+      const int good = _mm256_movemask_ps(ok);
+      for (int k = 0; k < 8; ++k)
+        codes[j + k] = static_cast<uint8_t>((good >> k) & 1 ? out[k] : nearest_code(g, x[j + k]));
+    }
+  }
+  for (; j < len; ++j) codes[j] = static_cast<uint8_t>(nearest_code(g, x[j]));
+}
+#endif
 
 // Up to 4 bits (15 midpoints) a code is a count of comparisons, with no branch: the compiler
 // vectorises it over the elements. NaN compares false everywhere: code 0.
@@ -643,6 +693,9 @@ void codes_span(const float* x, int64_t len, const MidGrid& grid, int bits, uint
     case 4:
       return count_codes<15>(x, len, grid.mid, codes);
     default:
+#ifdef TL_GATHER_CODES
+      if (__builtin_cpu_supports("avx2")) return grid_codes_avx2(x, len, grid, codes);
+#endif
       for (int64_t i = 0; i < len; ++i) codes[i] = static_cast<uint8_t>(nearest_code(grid, x[i]));
   }
 }

@@ -81,6 +81,30 @@ TEST(TopK, StreamedScatterEqualsThePortablePath) {
     expect_paths_agree(spec, x, "(4, 2^20 + 3)");
 }
 
+// Codes of 5 to 8 bits: the grid lookup, 8 elements at a time with gathers where AVX2 is present,
+// against at::bucketize (codes and decoded values; the mean codebook may differ in its last bit).
+TEST(Quantile, GridCodesMatchBucketize) {
+  at::manual_seed(41);
+  at::Tensor x = at::cat({at::randn({100003}), at::rand({5000}) * 1e-3, at::full({3}, 0.0f)});
+  x[7] = std::numeric_limits<float>::infinity();
+  x[8] = -std::numeric_limits<float>::infinity();
+  CodecContext ctx;
+  for (const char* spec : {"quantile(8)", "quantile(6, centers=quantile)", "quantile(5)"}) {
+    auto c = parse_compressor(spec);
+    Payload fast = c->encode(x, ctx);
+    Payload portable;
+    {
+      codec::PortableKernelsGuard g;
+      portable = parse_compressor(spec)->encode(x, ctx);
+    }
+    const int64_t book = 4 * (int64_t(1) << fast.params[0]);
+    ASSERT_EQ(fast.body.numel(), portable.body.numel()) << spec;
+    EXPECT_TRUE(at::equal(fast.body.narrow(0, book, fast.body.numel() - book),
+                          portable.body.narrow(0, book, portable.body.numel() - book)))
+        << spec << ": codes";
+  }
+}
+
 // Value sections are written into the body by one loop (Note [values into the body on the CPU]):
 // saturated and rounded as the ATen cast, and a section holding a NaN is made by ATen.
 TEST(Sparse, ValueSectionsMatchTheAtenCast) {
