@@ -15,7 +15,6 @@
 #include <immintrin.h>
 #endif
 
-#include "compression/codecs/stream_store.h"
 #include "compression/cuda/quant_logic.h"
 
 // Note [target clones]. The hot loops below are plain C++ written so that GCC vectorises them;
@@ -357,37 +356,23 @@ void quantise_tile(const float* x, int64_t t0, int64_t t1, const QuantGeometry& 
   pack(codes, t1 - t0, q.bits, out + t0 / 8 * q.bits);
 }
 
-// With `stream`, the values go through a buffer in L1 and out with streaming stores (Note
-// [streaming stores] in stream_store.h).
 TL_TARGET_CLONES
 void dequantise_tile(const uint8_t* in, int64_t t0, int64_t t1, const QuantGeometry& g, const DequantParams& q,
-                     bool stream, float* out) {
-  constexpr int64_t kBuffer = 2048;
+                     float* out) {
   uint8_t codes[kTile];
   unpack(in + t0 / 8 * q.bits, t1 - t0, q.bits, codes);
   const float p = static_cast<float>(1 << (q.bits - 1));
-  // Values of [b0, b1) into dst[0, b1 - b0).
-  auto values = [&](int64_t b0, int64_t b1, float* dst) __attribute__((always_inline)) {
-    for_spans(
-        g, b0, b1, [&](int64_t i, int64_t len, int64_t s, bool row) __attribute__((always_inline)) {
-          const uint8_t* c = codes + (i - t0);
-          const float* lo = q.minmax ? q.lo + s : q.step + s;
-          float* o = dst + (i - b0);
-          if (q.minmax)
-            row ? dequantise_span<true, true>(c, len, q.step + s, lo, p, o)
-                : dequantise_span<false, true>(c, len, q.step + s, lo, p, o);
-          else
-            row ? dequantise_span<true, false>(c, len, q.step + s, lo, p, o)
-                : dequantise_span<false, false>(c, len, q.step + s, lo, p, o);
-        });
-  };
-  if (!stream) return values(t0, t1, out + t0);
-  float buffer[kBuffer];
-  for (int64_t b0 = t0; b0 < t1; b0 += kBuffer) {
-    const int64_t b1 = std::min(t1, b0 + kBuffer);
-    values(b0, b1, buffer);
-    stream_copy(out + b0, buffer, b1 - b0);
-  }
+  for_spans(
+      g, t0, t1, [&](int64_t i, int64_t len, int64_t s, bool row) __attribute__((always_inline)) {
+        const uint8_t* c = codes + (i - t0);
+        const float* lo = q.minmax ? q.lo + s : q.step + s;
+        if (q.minmax)
+          row ? dequantise_span<true, true>(c, len, q.step + s, lo, p, out + i)
+              : dequantise_span<false, true>(c, len, q.step + s, lo, p, out + i);
+        else
+          row ? dequantise_span<true, false>(c, len, q.step + s, lo, p, out + i)
+              : dequantise_span<false, false>(c, len, q.step + s, lo, p, out + i);
+      });
 }
 
 // A min/max reduction is only vectorised by the compiler when it may reorder it, which float
@@ -530,20 +515,16 @@ void quantise_pack_cpu(const float* x, const QuantGeometry& g, const QuantParams
   std::vector<float> recip(!q.minmax && !q.stochastic ? g.groups : 0);
   const float p = static_cast<float>(1 << (q.bits - 1));
   for (size_t s = 0; s < recip.size(); ++s) recip[s] = p / q.a[s];
-  // Each thread walks its tiles backwards: group_minmax_cpu walked the same range forwards just
-  // before, so the first tiles read here are those still in the last-level cache.
   at::parallel_for(0, tiles, 4, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b1 - 1; b >= b0; --b)
+    for (int64_t b = b0; b < b1; ++b)
       quantise_tile(x, b * kTile, std::min(g.n, (b + 1) * kTile), g, q, recip.data(), out);
   });
 }
 
 void unpack_dequantise_cpu(const uint8_t* in, const QuantGeometry& g, const DequantParams& q, float* out) {
   const int64_t tiles = (g.n + kTile - 1) / kTile;
-  const bool stream = g.n * static_cast<int64_t>(sizeof(float)) >= kStreamBytes;
   at::parallel_for(0, tiles, 4, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) dequantise_tile(in, b * kTile, std::min(g.n, (b + 1) * kTile), g, q, stream, out);
-    if (stream) stream_fence();
+    for (int64_t b = b0; b < b1; ++b) dequantise_tile(in, b * kTile, std::min(g.n, (b + 1) * kTile), g, q, out);
   });
 }
 

@@ -16,7 +16,6 @@
 #include <immintrin.h>
 #endif
 
-#include "compression/codecs/stream_store.h"
 
 namespace tl::codec {
 namespace {
@@ -407,26 +406,21 @@ void emit_mask_cpu(const float* x, const uint8_t* mask, int64_t rows, int64_t D,
 namespace {
 // Entries [i0, i1) of idx (first output j, stretch end e) write out[j, e): zeros, and each entry's
 // value at its index. Blocks of 1024 outputs are zeroed with one memset, then their entries are
-// written (a memset per gap between entries cost more than the gaps); with `stream`, in a buffer
-// then copied out with streaming stores (Note [streaming stores] in stream_store.h). False at an
-// index that is not increasing or not below e.
+// written (a memset per gap between entries cost more than the gaps). False at an index that is not
+// increasing or not below e.
 template <class T>
-bool write_stretch(const int64_t* idx, const T* v, int64_t i0, int64_t i1, int64_t j, int64_t e, bool stream,
-                   float* out) {
+bool write_stretch(const int64_t* idx, const T* v, int64_t i0, int64_t i1, int64_t j, int64_t e, float* out) {
   constexpr int64_t kBlock = 1024;
-  float buffer[kBlock];
   int64_t i = i0, last = j - 1;
   for (int64_t b = j; b < e; b += kBlock) {
     const int64_t be = std::min(e, b + kBlock);
-    float* block = stream ? buffer : out + b;  // outputs [b, be)
-    std::memset(block, 0, (be - b) * sizeof(float));
+    std::memset(out + b, 0, (be - b) * sizeof(float));
     for (; i < i1 && idx[i] < be; ++i) {
       const int64_t t = idx[i];
       if (t <= last) return false;
-      block[t - b] = static_cast<float>(v[i]);
+      out[t] = static_cast<float>(v[i]);
       last = t;
     }
-    if (stream) stream_copy(out + b, buffer, be - b);
   }
   return i == i1;
 }
@@ -439,14 +433,12 @@ bool scatter_sorted(const int64_t* idx, const T* v, int64_t n, int64_t numel, fl
     return true;
   }
   std::atomic<bool> ok{true};
-  const bool stream = numel * static_cast<int64_t>(sizeof(float)) >= kStreamBytes;
   // Grain: entries covering about kMinChunk outputs on average.
   const int64_t grain = std::max<int64_t>(1, kMinChunk * n / std::max<int64_t>(numel, 1));
   at::parallel_for(0, n, grain, [&](int64_t i0, int64_t i1) {
     const int64_t j = i0 == 0 ? 0 : idx[i0 - 1] + 1;
     const int64_t e = i1 == n ? numel : idx[i1 - 1] + 1;
-    if (!write_stretch(idx, v, i0, i1, j, e, stream, out)) ok = false;
-    if (stream) stream_fence();
+    if (!write_stretch(idx, v, i0, i1, j, e, out)) ok = false;
   });
   return ok;
 }
@@ -455,11 +447,9 @@ bool scatter_sorted(const int64_t* idx, const T* v, int64_t n, int64_t numel, fl
 template <class T>
 bool scatter_rows(const int64_t* channels, const T* v, int64_t rows, int64_t D, int64_t k, float* out) {
   std::atomic<bool> ok{true};
-  const bool stream = rows * D * static_cast<int64_t>(sizeof(float)) >= kStreamBytes;
   at::parallel_for(0, rows, std::max<int64_t>(1, kMinChunk / std::max<int64_t>(D, 1)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
-      if (!write_stretch(channels + r * k, v + r * k, 0, k, 0, D, stream, out + r * D)) ok = false;
-    if (stream) stream_fence();
+      if (!write_stretch(channels + r * k, v + r * k, 0, k, 0, D, out + r * D)) ok = false;
   });
   return ok;
 }

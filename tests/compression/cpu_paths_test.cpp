@@ -1,7 +1,8 @@
 // The CPU fast paths of issue 36 against the portable ATen path, on inputs that reach them:
-// quantisation by a reciprocal near half-integers (Note [quotient by a reciprocal]), outputs large
-// enough for streaming stores (Note [streaming stores]), and delta indices decoded in chunks
-// (Note [delta index in parallel]), with odd sizes and corrupt streams.
+// quantisation by a reciprocal near half-integers (Note [quotient by a reciprocal]), tensors of
+// many tiles and threads' shares, grid codes of quantile, value sections written by one loop, and
+// delta indices decoded in chunks (Note [delta index in parallel]), with odd sizes and corrupt
+// streams.
 #include <limits>
 
 #include "compression/codecs/sparse_index.h"
@@ -66,15 +67,15 @@ TEST(Quant, ReciprocalPathKeepsTheDivisionsBytes) {
     expect_paths_agree(spec, r, "(3, 40001) normal");
 }
 
-// Outputs of at least 16 MiB are written with streaming stores.
-TEST(Quant, StreamedDecodeEqualsThePortablePath) {
+// 16 MiB and a tail: many tiles, each thread's share ending inside a byte group.
+TEST(Quant, LargeTensorsMatchThePortablePath) {
   at::manual_seed(37);
   at::Tensor x = at::randn({(int64_t(4) << 20) + 5});  // 16 MiB + 20 bytes of float32
   for (const char* spec : {"quant(8)", "quant(3, mode=minmax)", "quant(4, scale=block, block=256)"})
     expect_paths_agree(spec, x, "4M + 5 elements");
 }
 
-TEST(TopK, StreamedScatterEqualsThePortablePath) {
+TEST(TopK, LargeTensorsMatchThePortablePath) {
   at::manual_seed(38);
   at::Tensor x = at::randn({4, (int64_t(1) << 20) + 3});  // 16 MiB + 48 bytes
   for (const char* spec : {"topk(0.1)", "topk(0.01, scope=global)", "topk(0.05, index=int32)"})
