@@ -16,7 +16,6 @@
 #include <immintrin.h>
 #endif
 
-
 namespace tl::codec {
 namespace {
 
@@ -258,12 +257,16 @@ __attribute__((target("avx2,popcnt"))) int64_t compact_avx2(const float* x, int3
 }
 #endif
 
+constexpr int64_t kGatherBlock = 256;  // elements compacted between checks of the room left
+// Room for the candidates of a piece expected to hold `expect` of them.
+int64_t candidate_room(int64_t expect) { return expect + kGatherBlock + 8; }
+
 // Elements of x[b, e) with key >= lo, in index order: positions relative to b, flat index base + b + pos.
 void gather_candidates(const float* x, int64_t base, int64_t b, int64_t e, uint32_t lo, int64_t expect, Candidates& c) {
-  constexpr int64_t kBlock = 256;
+  constexpr int64_t kBlock = kGatherBlock;
   c.base = base + b;
   c.count = 0;
-  c.reserve(expect + kBlock + 8);
+  c.reserve(candidate_room(expect));
 #ifdef TL_COMPACT_AVX2
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
 #else
@@ -317,15 +320,21 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
   // Gather; rows whose candidates fall short of k are gathered again with a wider margin.
   while (!todo.empty()) {
     for (int64_t r : todo) lo[r] = sampled_floor(x + r * D, D, k, attempt[r]);
-    std::vector<int64_t> work;
+    std::vector<int64_t> work, expect(np, 0);
     for (int64_t r : todo)
-      for (int64_t p = first[r]; p < first[r + 1]; ++p) work.push_back(p);
+      for (int64_t p = first[r]; p < first[r + 1]; ++p) {
+        work.push_back(p);
+        const int64_t len = pieces[p].end - pieces[p].begin;
+        expect[p] = lo[r] == 0 ? len : (k * len / D) * 5 / 4 + 1024;
+        // Reserved here, on the calling thread: what a worker allocates comes from its own malloc
+        // arena, which glibc returns to the kernel when it empties (fresh pages, each a fault, on
+        // every call: 3.3k a call of topk(0.1) on 64 MiB).
+        cand[p].reserve(candidate_room(expect[p]));
+      }
     at::parallel_for(0, static_cast<int64_t>(work.size()), 1, [&](int64_t w0, int64_t w1) {
       for (int64_t w = w0; w < w1; ++w) {
         const Chunk& ch = pieces[work[w]];
-        const int64_t len = ch.end - ch.begin;
-        const int64_t expect = lo[ch.row] == 0 ? len : (k * len / D) * 5 / 4 + 1024;
-        gather_candidates(x + ch.row * D, ch.row * D, ch.begin, ch.end, lo[ch.row], expect, cand[work[w]]);
+        gather_candidates(x + ch.row * D, ch.row * D, ch.begin, ch.end, lo[ch.row], expect[work[w]], cand[work[w]]);
       }
     });
     std::vector<int64_t> again;
