@@ -351,7 +351,7 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
   }
   // The cut of each row over its candidates, then each piece's share of the row's k.
   std::vector<RowCut> cuts(rows);
-  std::vector<int64_t> offset(np + 1, 0), ties(np, 0);
+  std::vector<int64_t> offset(np + 1, n), ties(np, 0);  // offset[np] = n: the end of the last piece
   at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
     std::vector<uint32_t> keys;
     for (int64_t r = r0; r < r1; ++r) {
@@ -379,14 +379,17 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
     for (int64_t p = p0; p < p1; ++p) {
       const Candidates& c = cand[p];
       const uint32_t cut = cuts[pieces[p].row].key;
+      // Every candidate is written, the position advances past kept ones only (about half of the
+      // candidates are kept: a branch on it mispredicts), and the loop ends with the piece's share.
       int64_t o = offset[p], t = ties[p];
-      for (int64_t i = 0; i < c.count; ++i) {
+      const int64_t end = offset[p + 1];
+      for (int64_t i = 0; i < c.count && o < end; ++i) {
         const uint32_t key = magnitude_key(c.val[i]);
-        if (key > cut || (key == cut && t-- > 0)) {
-          ip[o] = c.base + c.pos[i];
-          vp[o] = c.val[i];
-          ++o;
-        }
+        const bool tie = key == cut && t > 0;
+        t -= tie;
+        ip[o] = c.base + c.pos[i];
+        vp[o] = c.val[i];
+        o += (key > cut) | tie;
       }
     }
   });
