@@ -432,7 +432,7 @@ TL_INLINE void minmax_span_t(const float* x, int64_t len, float& mn, float& mx) 
 template <bool Nan>
 TL_INLINE void minmax_span_chains(const float* x, int64_t len, float& mn, float& mx) {
   constexpr int kChains = 4;
-  if (len < 8 * kChains * 4) return minmax_span_t<Nan>(x, len, mn, mx);
+  if (len < 1024) return minmax_span_t<Nan>(x, len, mn, mx);  // short spans (blocks): the combine would dominate
   const float mn0 = mn, mx0 = mx;
   Float8 a[kChains], b[kChains];
   Float8 nan{};  // lanes that saw a NaN: all bits set
