@@ -435,7 +435,7 @@ TL_INLINE void minmax_span_chains(const float* x, int64_t len, float& mn, float&
   if (len < 1024) return minmax_span_t<Nan>(x, len, mn, mx);  // short spans (blocks): the combine would dominate
   const float mn0 = mn, mx0 = mx;
   Float8 a[kChains], b[kChains];
-  Float8 nan{};  // lanes that saw a NaN: all bits set
+  Float8 nan{};  // a lane that saw a NaN holds one
   for (int c = 0; c < kChains; ++c)
     for (int k = 0; k < 8; ++k) {
       a[c][k] = mn;
