@@ -24,8 +24,10 @@
 // (M_MMAP_MAX = 0, no trimming). --raw-malloc measures with the default behaviour; each line says
 // which was used ("allocator").
 //
-// Usage: bench_compression [--repeats N] [--threads N] [--raw-malloc] [--only SUBSTRING]
+// Usage: bench_compression [--repeats N] [--threads N] [--raw-malloc] [--only SUBSTRING] [--exact SPEC]
 //                          [--sizes MIB,MIB,...]  (each a power of two from 1 to 256; default 1,64)
+// --only keeps the codecs whose spec contains SUBSTRING, --exact the one spelled SPEC (for a
+// profile of one codec: `quant(8)` is also part of `powersgd(4) | quant(8)`).
 #include <malloc.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -138,7 +140,8 @@ double time_ms(const std::function<void()>& f, int repeats, const std::function<
   return best(t);
 }
 
-void run_device(const char* device, const at::Tensor& x, int repeats, const std::string& only, bool raw_malloc) {
+void run_device(const char* device, const at::Tensor& x, int repeats, const std::string& only, bool exact,
+                bool raw_malloc) {
   const bool cuda = x.is_cuda();
   at::Tensor flag = at::zeros({1}, x.options());
   // A device-to-host read of one element waits for the stream (no CUDA headers needed).
@@ -153,7 +156,7 @@ void run_device(const char* device, const at::Tensor& x, int repeats, const std:
     memcpy_ms = cuda ? copy_ms : time_ms([&] { std::memcpy(host.data(), x.data_ptr(), x.nbytes()); }, repeats, sync);
   };
   for (const Case& c : cases()) {
-    if (!only.empty() && c.spec.find(only) == std::string::npos) continue;
+    if (!only.empty() && (exact ? c.spec != only : c.spec.find(only) == std::string::npos)) continue;
     // On CUDA, the codecs with fused kernels run twice: the kernels and the ATen path
     // (TAPELINE_CUDA_KERNELS=0's fallback), each against the same device copy.
     std::vector<std::string> paths = {cuda ? "aten" : "cpu"};
@@ -187,7 +190,7 @@ void run_device(const char* device, const at::Tensor& x, int repeats, const std:
 int main(int argc, char** argv) {
   int repeats = 9;
   int threads = 0;
-  bool raw_malloc = false;
+  bool raw_malloc = false, exact = false;
   std::string only;
   std::vector<int64_t> sizes = {1, 64};  // MiB
   for (int i = 1; i < argc; ++i) {
@@ -198,8 +201,9 @@ int main(int argc, char** argv) {
       threads = std::atoi(argv[++i]);
     } else if (a == "--raw-malloc") {
       raw_malloc = true;
-    } else if (a == "--only" && i + 1 < argc) {
+    } else if ((a == "--only" || a == "--exact") && i + 1 < argc) {
       only = argv[++i];
+      exact = a == "--exact";
     } else if (a == "--sizes" && i + 1 < argc) {
       sizes.clear();
       const std::string list = argv[++i];
@@ -217,7 +221,8 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--repeats N] [--threads N] [--raw-malloc] [--only SUBSTRING] [--sizes MIB,MIB,...]\n",
+                   "usage: %s [--repeats N] [--threads N] [--raw-malloc] [--only SUBSTRING] [--exact SPEC] "
+                   "[--sizes MIB,MIB,...]\n",
                    argv[0]);
       return 2;
     }
@@ -230,8 +235,8 @@ int main(int argc, char** argv) {
   for (int64_t mib : sizes) {
     at::manual_seed(0);
     at::Tensor x = at::randn({64, mib * 4096});  // (64, D) fp32: mib MiB
-    run_device("cpu", x, repeats, only, raw_malloc);
-    if (at::hasCUDA()) run_device("cuda", x.cuda(), repeats, only, raw_malloc);
+    run_device("cpu", x, repeats, only, exact, raw_malloc);
+    if (at::hasCUDA()) run_device("cuda", x.cuda(), repeats, only, exact, raw_malloc);
   }
   if (!at::hasCUDA()) std::printf("{\"bench\":\"compression\",\"device\":\"cuda\",\"skipped\":\"no CUDA device\"}\n");
   return 0;

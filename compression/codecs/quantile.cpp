@@ -3,6 +3,8 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
+#include <cstring>
+
 #include "compression/codecs/common.h"
 #include "compression/codecs/quant_kernels.h"
 
@@ -41,7 +43,13 @@ Payload QuantileCodec::encode(const at::Tensor& x, const CodecContext& ctx) {
   at::Tensor xf = x.to(at::kFloat).contiguous().reshape({-1});
   const int64_t n = xf.numel(), levels = int64_t(1) << o_.bits;
   at::Tensor book = at::zeros({levels}, xf.options());
-  at::Tensor codes = at::empty({n}, xf.options().dtype(at::kByte));
+  // On the CPU the body is made once: the codebook, then the packed codes; 8-bit codes are written
+  // into it directly (the ATen form copies them twice: pack_bits, then BodyWriter).
+  const bool cpu = codec::use_cpu_kernel(xf);
+  const int64_t book_bytes = levels * static_cast<int64_t>(c10::elementSize(o_.codebook));
+  at::Tensor body = cpu ? at::empty({book_bytes + (n * o_.bits + 7) / 8}, xf.options().dtype(at::kByte)) : at::Tensor();
+  at::Tensor codes =
+      cpu && o_.bits == 8 ? body.narrow(0, book_bytes, n) : at::empty({n}, xf.options().dtype(at::kByte));
   if (n > 0) {
     const int64_t stride = n > o_.sample ? n / o_.sample : 1;
     at::Tensor sample = stride > 1 ? xf.slice(0, 0, stride * o_.sample, stride) : xf;
@@ -49,7 +57,7 @@ Payload QuantileCodec::encode(const at::Tensor& x, const CodecContext& ctx) {
     at::Tensor words = at::quantile(sample, probs);  // (L) sorted
     at::Tensor mid = ((words.narrow(0, 1, levels - 1) + words.narrow(0, 0, levels - 1)) / 2).contiguous();  // (L-1)
     at::Tensor sums, counts;
-    if (codec::use_cpu_kernel(xf)) {
+    if (cpu) {
       sums = at::empty({levels}, xf.options().dtype(at::kDouble));
       counts = at::empty({levels}, xf.options().dtype(at::kLong));
       codec::nearest_codes_cpu(xf.data_ptr<float>(), n, mid.data_ptr<float>(), static_cast<int>(o_.bits),
@@ -67,15 +75,24 @@ Payload QuantileCodec::encode(const at::Tensor& x, const CodecContext& ctx) {
     book = o_.mean_centers ? at::where(counts > 0, sums / counts.clamp_min(1), words.to(at::kDouble)).to(at::kFloat)
                            : words;
   }
-  BodyWriter w;
-  w.put(book.to(o_.codebook));
-  w.put(pack_bits(codes, o_.bits));
+  if (cpu) {
+    const at::Tensor b = book.to(o_.codebook).contiguous();
+    std::memcpy(body.data_ptr<uint8_t>(), b.data_ptr(), book_bytes);
+    if (o_.bits < 8 && n > 0)
+      codec::pack_codes_cpu(codes.data_ptr<uint8_t>(), n, static_cast<int>(o_.bits),
+                            body.data_ptr<uint8_t>() + book_bytes);
+  } else {
+    BodyWriter w;
+    w.put(book.to(o_.codebook));
+    w.put(pack_bits(codes, o_.bits));
+    body = w.finish();
+  }
   Payload p;
   p.codec = codec_id(kName);
   p.dtype = x.scalar_type();
   p.shape = x.sizes().vec();
   p.params = {o_.bits, o_.sample, o_.mean_centers ? 1 : 0, codec::wire_type_param(o_.codebook)};
-  p.body = w.finish();
+  p.body = body;
   return p;
 }
 
@@ -89,8 +106,10 @@ at::Tensor QuantileCodec::decode(const Payload& p, const CodecContext& ctx) {
   const int64_t n = p.numel(), levels = int64_t(1) << bits;
   BodyReader r(p, kName);
   at::Tensor book = r.take(book_type, levels).to(at::kFloat).contiguous();
-  at::Tensor codes = unpack_bits(r.take(at::kByte, (n * bits + 7) / 8), bits, n);
+  const at::Tensor packed = r.take(at::kByte, (n * bits + 7) / 8);
   r.finish();
+  // 8-bit codes are read where they lie on the CPU (unpack_bits would copy them).
+  at::Tensor codes = bits == 8 && codec::use_cpu_kernel(packed) ? packed.contiguous() : unpack_bits(packed, bits, n);
   at::Tensor out;
   if (codec::use_cpu_kernel(codes)) {
     out = at::empty({n}, book.options());

@@ -3,6 +3,8 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <atomic>
 #include <limits>
 #include <vector>
 
@@ -14,57 +16,141 @@ namespace {
 
 constexpr int64_t kInt32Universe = int64_t(1) << 31;
 
-int varint_len(uint64_t v) {
-  int n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    ++n;
-  }
-  return n;
-}
+// Bytes of the varint of v: 7 bits per byte.
+int varint_len(uint64_t v) { return (64 - __builtin_clzll(v | 1) + 6) / 7; }
 
 // ---- CPU loops ----
-int64_t delta_bytes_cpu(const int64_t* idx, int64_t n) {
-  int64_t total = 0, prev = -1;
-  for (int64_t i = 0; i < n; ++i) {
+// Note [delta index in parallel]. A varint stream is sequential by nature, but both directions
+// split: encoding, chunks of indices count their bytes (the gap before a chunk's first index comes
+// from its predecessor's last), then each writes at the prefix sum of the counts. Decoding, a chunk
+// of bytes starts at the first varint that starts in it (the byte after one without the
+// continuation bit); chunks count their varints (bytes without that bit), then decode into their
+// place with positions relative to the chunk's start, then add the sum of the gaps before them.
+// The bytes and indices are those of the one-pass loop, and corrupt streams are refused as there.
+constexpr int64_t kDeltaChunk = int64_t(1) << 16;  // indices (encode) or bytes (decode) per work item
+
+// Varint bytes of the gaps of idx[i0, i1) (the first gap from idx[i0 - 1], or from -1).
+int64_t delta_bytes_range(const int64_t* idx, int64_t i0, int64_t i1) {
+  int64_t total = 0, prev = i0 == 0 ? -1 : idx[i0 - 1];
+  for (int64_t i = i0; i < i1; ++i) {
     total += varint_len(static_cast<uint64_t>(idx[i] - prev - 1));
     prev = idx[i];
   }
   return total;
 }
 
-void delta_encode_cpu(const int64_t* idx, int64_t n, uint8_t* out) {
-  int64_t prev = -1;
-  for (int64_t i = 0; i < n; ++i) {
-    uint64_t g = static_cast<uint64_t>(idx[i] - prev - 1);
-    prev = idx[i];
-    while (g >= 0x80) {
-      *out++ = static_cast<uint8_t>(g | 0x80);
-      g >>= 7;
+// Bytes of each chunk of kDeltaChunk indices.
+std::vector<int64_t> delta_chunk_bytes(const int64_t* idx, int64_t n) {
+  const int64_t chunks = (n + kDeltaChunk - 1) / kDeltaChunk;
+  std::vector<int64_t> bytes(chunks, 0);
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c)
+      bytes[c] = delta_bytes_range(idx, c * kDeltaChunk, std::min(n, (c + 1) * kDeltaChunk));
+  });
+  return bytes;
+}
+
+int64_t delta_bytes_cpu(const int64_t* idx, int64_t n) {
+  int64_t total = 0;
+  for (int64_t b : delta_chunk_bytes(idx, n)) total += b;
+  return total;
+}
+
+// `bytes`: delta_chunk_bytes(idx, n).
+void delta_encode_cpu(const int64_t* idx, int64_t n, const std::vector<int64_t>& bytes, uint8_t* out) {
+  std::vector<int64_t> offset(bytes.size() + 1, 0);
+  for (size_t c = 0; c < bytes.size(); ++c) offset[c + 1] = offset[c] + bytes[c];
+  at::parallel_for(0, static_cast<int64_t>(bytes.size()), 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t i0 = c * kDeltaChunk, i1 = std::min(n, i0 + kDeltaChunk);
+      uint8_t* o = out + offset[c];
+      int64_t prev = i0 == 0 ? -1 : idx[i0 - 1];
+      for (int64_t i = i0; i < i1; ++i) {
+        uint64_t g = static_cast<uint64_t>(idx[i] - prev - 1);
+        prev = idx[i];
+        while (g >= 0x80) {
+          *o++ = static_cast<uint8_t>(g | 0x80);
+          g >>= 7;
+        }
+        *o++ = static_cast<uint8_t>(g);
+      }
     }
-    *out++ = static_cast<uint8_t>(g);
-  }
+  });
 }
 
 void delta_decode_cpu(const uint8_t* in, int64_t size, int64_t n, int64_t universe, int64_t* idx, const char* codec) {
-  int64_t pos = 0, prev = -1;
-  for (int64_t i = 0; i < n; ++i) {
-    uint64_t g = 0;
-    int shift = 0;
-    while (true) {
-      TORCH_CHECK(pos < size, codec, ": corrupt delta index: the varints end after ", i, " of ", n, " indices");
-      const uint8_t b = in[pos++];
-      TORCH_CHECK(shift < 63, codec, ": corrupt delta index: varint ", i, " is longer than 9 bytes");
-      g |= static_cast<uint64_t>(b & 0x7f) << shift;
-      shift += 7;
-      if (!(b & 0x80)) break;
-    }
-    TORCH_CHECK(g < static_cast<uint64_t>(universe) && prev + 1 + static_cast<int64_t>(g) < universe, codec,
-                ": corrupt delta index: index ", i, " lies past the ", universe, " elements of the tensor");
-    prev += 1 + static_cast<int64_t>(g);
-    idx[i] = prev;
+  if (n == 0) {
+    TORCH_CHECK(size == 0, codec, ": corrupt delta index: ", size, " bytes left after 0 indices");
+    return;
   }
-  TORCH_CHECK(pos == size, codec, ": corrupt delta index: ", size - pos, " bytes left after ", n, " indices");
+  TORCH_CHECK(size > 0 && !(in[size - 1] & 0x80), codec, ": corrupt delta index: the varints end after fewer than ", n,
+              " indices");
+  // Chunk c covers the varints that start in [c * kDeltaChunk, (c + 1) * kDeltaChunk).
+  const int64_t chunks = (size + kDeltaChunk - 1) / kDeltaChunk;
+  std::vector<int64_t> begin(chunks + 1, size), count(chunks + 1, 0), span(chunks, 0);
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      int64_t b = c * kDeltaChunk;
+      while (b > 0 && b < size && (in[b - 1] & 0x80)) ++b;  // the first varint starting here
+      begin[c] = b;
+      int64_t ends = 0;
+      for (int64_t j = c * kDeltaChunk, e = std::min(size, (c + 1) * kDeltaChunk); j < e; ++j) ends += !(in[j] & 0x80);
+      count[c + 1] = ends;  // the varints ending in the chunk's bytes
+    }
+  });
+  // Ends counted per byte range; a varint belongs to the chunk where it starts, and one that
+  // crosses into chunk c + 1 ends there: move it back (begin[c + 1] > its byte range's start).
+  std::vector<int64_t> first(chunks + 1, 0);
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t crossing = c + 1 < chunks && begin[c + 1] > (c + 1) * kDeltaChunk ? 1 : 0;
+    const int64_t mine = count[c + 1] + crossing - (c > 0 && begin[c] > c * kDeltaChunk ? 1 : 0);
+    first[c + 1] = first[c] + mine;
+  }
+  TORCH_CHECK(first[chunks] == n, codec, ": corrupt delta index: ", first[chunks], " varints, the header announces ",
+              n);
+  std::atomic<bool> long_varint{false}, past{false};
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      int64_t pos = begin[c], rel = -1;  // positions relative to the chunk's start, -1 before it
+      const int64_t e = begin[c + 1];
+      for (int64_t i = first[c]; i < first[c + 1]; ++i) {
+        uint64_t g = 0;
+        int shift = 0;
+        while (true) {
+          const uint8_t b = in[pos++];
+          if (shift >= 63) {
+            long_varint = true;
+            return;
+          }
+          g |= static_cast<uint64_t>(b & 0x7f) << shift;
+          shift += 7;
+          if (!(b & 0x80)) break;
+        }
+        if (g >= static_cast<uint64_t>(universe) || rel + 1 + static_cast<int64_t>(g) >= universe) {
+          past = true;
+          return;
+        }
+        rel += 1 + static_cast<int64_t>(g);
+        idx[i] = rel;
+      }
+      TORCH_CHECK(pos == e, "delta index: internal error: chunk decoded ", pos - begin[c], " bytes of ", e - begin[c]);
+      span[c] = rel + 1;  // the gaps of the chunk, its varints included
+    }
+  });
+  TORCH_CHECK(!long_varint, codec, ": corrupt delta index: a varint is longer than 9 bytes");
+  TORCH_CHECK(!past, codec, ": corrupt delta index: an index lies past the ", universe, " elements of the tensor");
+  std::vector<int64_t> base(chunks, -1);
+  for (int64_t c = 0, b = 0; c < chunks; ++c) {
+    base[c] = b;
+    b += span[c];
+    TORCH_CHECK(b <= universe, codec, ": corrupt delta index: indices run past the ", universe,
+                " elements of the tensor");
+  }
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c)
+      if (base[c] != 0)
+        for (int64_t i = first[c]; i < first[c + 1]; ++i) idx[i] += base[c];
+  });
 }
 
 void bitmap_encode_cpu(const int64_t* idx, int64_t n, uint8_t* out) {
@@ -230,10 +316,11 @@ int64_t index_delta_bytes(const at::Tensor& idx) {
 }
 
 namespace {
-// pick_index_format, also returning the delta size where it was computed (else -1).
+// pick_index_format, also returning the delta size per chunk where it was computed on the CPU
+// (else empty).
 IndexFormat pick_format(const at::Tensor& idx, int64_t universe, std::optional<IndexFormat> forced,
-                        int64_t& delta_bytes) {
-  delta_bytes = -1;
+                        std::vector<int64_t>& delta_chunks) {
+  delta_chunks.clear();
   if (forced) return *forced;
   // Varints take at least one byte per index, so the delta size is only computed when it can win.
   // Off the CPU it is not computed at all: its size depends on the data, and knowing it would
@@ -242,7 +329,13 @@ IndexFormat pick_format(const at::Tensor& idx, int64_t universe, std::optional<I
   const int64_t plain = index_int_bytes(n, universe), bitmap = index_bitmap_bytes(universe);
   const int64_t best = std::min(plain, bitmap);
   if (!on_device(idx) && n < best) {
-    delta_bytes = index_delta_bytes(idx);
+    int64_t delta_bytes = 0;
+    if (use_cpu_kernel(idx)) {
+      delta_chunks = delta_chunk_bytes(idx.data_ptr<int64_t>(), n);
+      for (int64_t b : delta_chunks) delta_bytes += b;
+    } else {
+      delta_bytes = index_delta_bytes(idx);
+    }
     if (delta_bytes < best) return IndexFormat::kDelta;
   }
   return bitmap < plain ? IndexFormat::kBitmap : IndexFormat::kInt;
@@ -250,16 +343,16 @@ IndexFormat pick_format(const at::Tensor& idx, int64_t universe, std::optional<I
 }  // namespace
 
 IndexFormat pick_index_format(const at::Tensor& idx, int64_t universe, std::optional<IndexFormat> forced) {
-  int64_t delta_bytes;
-  return pick_format(idx, universe, forced, delta_bytes);
+  std::vector<int64_t> delta_chunks;
+  return pick_format(idx.contiguous(), universe, forced, delta_chunks);
 }
 
 EncodedIndex encode_index(const at::Tensor& idx_in, int64_t universe, std::optional<IndexFormat> forced) {
   TORCH_CHECK(idx_in.scalar_type() == at::kLong && idx_in.dim() == 1, "encode_index: expected (n) int64 indices");
   at::Tensor idx = idx_in.contiguous();
   const int64_t n = idx.numel();
-  int64_t delta_bytes;
-  const IndexFormat f = pick_format(idx, universe, forced, delta_bytes);
+  std::vector<int64_t> delta_chunks;
+  const IndexFormat f = pick_format(idx, universe, forced, delta_chunks);
   const bool cpu = use_cpu_kernel(idx);
   at::Tensor bytes;
   switch (f) {
@@ -268,8 +361,11 @@ EncodedIndex encode_index(const at::Tensor& idx_in, int64_t universe, std::optio
       break;
     case IndexFormat::kDelta:
       if (cpu) {
-        bytes = at::empty({delta_bytes >= 0 ? delta_bytes : index_delta_bytes(idx)}, idx.options().dtype(at::kByte));
-        delta_encode_cpu(idx.data_ptr<int64_t>(), n, bytes.data_ptr<uint8_t>());
+        if (delta_chunks.empty()) delta_chunks = delta_chunk_bytes(idx.data_ptr<int64_t>(), n);
+        int64_t total = 0;
+        for (int64_t b : delta_chunks) total += b;
+        bytes = at::empty({total}, idx.options().dtype(at::kByte));
+        delta_encode_cpu(idx.data_ptr<int64_t>(), n, delta_chunks, bytes.data_ptr<uint8_t>());
       } else {
         bytes = delta_encode_portable(idx, universe);
       }

@@ -8,8 +8,13 @@
 #include <atomic>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace tl::codec {
 namespace {
@@ -62,9 +67,11 @@ RowCut cut_keys(const uint32_t* keys, int64_t count, int64_t k) {
 struct Chunk {
   int64_t row, begin, end;
 };
-std::vector<Chunk> make_chunks(int64_t rows, int64_t D) {
+// `max_len`: the longest piece allowed.
+std::vector<Chunk> make_chunks(int64_t rows, int64_t D, int64_t max_len = std::numeric_limits<int64_t>::max()) {
   const int64_t t = threads();
-  const int64_t pieces = rows >= 2 * t ? 1 : std::max<int64_t>(1, std::min((2 * t + rows - 1) / rows, D / kMinChunk));
+  int64_t pieces = rows >= 2 * t ? 1 : std::max<int64_t>(1, std::min((2 * t + rows - 1) / rows, D / kMinChunk));
+  if (D > max_len) pieces = std::max(pieces, D / max_len + 1);
   const int64_t len = (D + pieces - 1) / pieces;
   std::vector<Chunk> chunks;
   for (int64_t r = 0; r < rows; ++r)
@@ -169,19 +176,21 @@ uint32_t sampled_floor(const float* x, int64_t D, int64_t k, int attempt) {
   return keys[rank];
 }
 
-// Candidates of one piece: flat indices and values, in index order (buffers grown, never
-// zero-filled: only [0, count) is read).
+// Candidates of one piece: flat indices (base + pos) and values, in index order (buffers grown,
+// never zero-filled: only [0, count) is read). Pieces are shorter than 2^31 (kMaxPiece).
+constexpr int64_t kMaxPiece = int64_t(1) << 30;
 struct Candidates {
-  std::unique_ptr<int64_t[]> pos;
+  int64_t base = 0;
+  std::unique_ptr<int32_t[]> pos;
   std::unique_ptr<float[]> val;
   int64_t capacity = 0, count = 0;
 
   void reserve(int64_t want) {
     if (want <= capacity) return;
-    std::unique_ptr<int64_t[]> p(new int64_t[want]);
+    std::unique_ptr<int32_t[]> p(new int32_t[want]);
     std::unique_ptr<float[]> v(new float[want]);
     if (count > 0) {
-      std::memcpy(p.get(), pos.get(), count * sizeof(int64_t));
+      std::memcpy(p.get(), pos.get(), count * sizeof(int32_t));
       std::memcpy(v.get(), val.get(), count * sizeof(float));
     }
     pos = std::move(p);
@@ -190,26 +199,94 @@ struct Candidates {
   }
 };
 
-// Elements of x[b, e) (flat indices base + j) with key >= lo, in index order.
+// Elements of x[0, len) with key >= lo, appended at pp, vp (room for len + 8); returns how many.
+// Every element is written, the position advances past kept ones only (no branch).
+int64_t compact_scalar(const float* x, int32_t first, int64_t len, uint32_t lo, int32_t* pp, float* vp) {
+  int64_t o = 0;
+  for (int64_t j = 0; j < len; ++j) {
+    const float v = x[j];
+    pp[o] = first + static_cast<int32_t>(j);
+    vp[o] = v;
+    o += magnitude_key(v) >= lo;
+  }
+  return o;
+}
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define TL_COMPACT_AVX2 1
+// Note [compaction by permutation]. The scalar loop costs ~6 instructions an element. With AVX2,
+// 8 keys are compared at once; the 8-bit mask of kept lanes picks a permutation (a table of 256)
+// that moves the kept values and their positions to the front of the vectors, stored whole (the
+// lanes past the kept ones are overwritten by the next store). Same output as compact_scalar.
+struct CompactTable {
+  alignas(32) int32_t perm[256][8];
+  CompactTable() {
+    for (int m = 0; m < 256; ++m) {
+      int o = 0;
+      for (int k = 0; k < 8; ++k)
+        if (m >> k & 1) perm[m][o++] = k;
+      for (; o < 8; ++o) perm[m][o] = 0;
+    }
+  }
+};
+const CompactTable& compact_table() {
+  static const CompactTable t;
+  return t;
+}
+
+__attribute__((target("avx2,popcnt"))) int64_t compact_avx2(const float* x, int32_t first, int64_t len, uint32_t lo,
+                                                            int32_t* pp, float* vp) {
+  const CompactTable& t = compact_table();
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  // Keys are compared as signed ints: both are <= 0x7fffffff (lo from magnitude_key).
+  const __m256i threshold = _mm256_set1_epi32(static_cast<int32_t>(lo) - 1);
+  const __m256i step = _mm256_set1_epi32(8);
+  __m256i pos = _mm256_add_epi32(_mm256_set1_epi32(first), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  int64_t o = 0, j = 0;
+  for (; j + 8 <= len; j += 8) {
+    const __m256 v = _mm256_loadu_ps(x + j);
+    const __m256i key = _mm256_and_si256(_mm256_castps_si256(v), abs_mask);
+    const int m = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(key, threshold)));  // key >= lo
+    const __m256i perm = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.perm[m]));
+    _mm256_storeu_ps(vp + o, _mm256_permutevar8x32_ps(v, perm));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pp + o), _mm256_permutevar8x32_epi32(pos, perm));
+    o += __builtin_popcount(m);
+    pos = _mm256_add_epi32(pos, step);
+  }
+  return o + compact_scalar(x + j, first + static_cast<int32_t>(j), len - j, lo, pp + o, vp + o);
+}
+#endif
+
+constexpr int64_t kGatherBlock = 256;  // elements compacted between checks of the room left
+// Room for the candidates of a piece expected to hold `expect` of them.
+int64_t candidate_room(int64_t expect) { return expect + kGatherBlock + 8; }
+
+// Elements of x[b, e) with key >= lo, in index order: positions relative to b, flat index base + b + pos.
 void gather_candidates(const float* x, int64_t base, int64_t b, int64_t e, uint32_t lo, int64_t expect, Candidates& c) {
-  constexpr int64_t kBlock = 256;
+  constexpr int64_t kBlock = kGatherBlock;
+  c.base = base + b;
   c.count = 0;
-  c.reserve(expect + kBlock);
+  c.reserve(candidate_room(expect));
+#ifdef TL_COMPACT_AVX2
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
+#else
+  constexpr bool avx2 = false;
+#endif
   int64_t o = 0;
   for (int64_t j0 = b; j0 < e; j0 += kBlock) {
-    if (o + kBlock > c.capacity) {
+    if (o + kBlock + 8 > c.capacity) {
       c.count = o;
       c.reserve(2 * c.capacity);
     }
-    int64_t* pp = c.pos.get();
-    float* vp = c.val.get();
-    // Every element is written, the position advances past kept ones only (no branch).
-    for (int64_t j = j0, je = std::min(e, j0 + kBlock); j < je; ++j) {
-      const float v = x[j];
-      pp[o] = base + j;
-      vp[o] = v;
-      o += magnitude_key(v) >= lo;
+    const int64_t len = std::min(e, j0 + kBlock) - j0;
+    const int32_t first = static_cast<int32_t>(j0 - b);
+#ifdef TL_COMPACT_AVX2
+    if (avx2) {
+      o += compact_avx2(x + j0, first, len, lo, c.pos.get() + o, c.val.get() + o);
+      continue;
     }
+#endif
+    o += compact_scalar(x + j0, first, len, lo, c.pos.get() + o, c.val.get() + o);
   }
   c.count = o;
 }
@@ -231,7 +308,7 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
     });
     return;
   }
-  const std::vector<Chunk> pieces = make_chunks(rows, D);
+  const std::vector<Chunk> pieces = make_chunks(rows, D, kMaxPiece);
   const int64_t np = static_cast<int64_t>(pieces.size());
   std::vector<int64_t> first(rows + 1, np);  // pieces of row r: [first[r], first[r + 1])
   for (int64_t p = np - 1; p >= 0; --p) first[pieces[p].row] = p;
@@ -243,15 +320,21 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
   // Gather; rows whose candidates fall short of k are gathered again with a wider margin.
   while (!todo.empty()) {
     for (int64_t r : todo) lo[r] = sampled_floor(x + r * D, D, k, attempt[r]);
-    std::vector<int64_t> work;
+    std::vector<int64_t> work, expect(np, 0);
     for (int64_t r : todo)
-      for (int64_t p = first[r]; p < first[r + 1]; ++p) work.push_back(p);
+      for (int64_t p = first[r]; p < first[r + 1]; ++p) {
+        work.push_back(p);
+        const int64_t len = pieces[p].end - pieces[p].begin;
+        expect[p] = lo[r] == 0 ? len : (k * len / D) * 5 / 4 + 1024;
+        // Reserved here, on the calling thread: what a worker allocates comes from its own malloc
+        // arena, which glibc returns to the kernel when it empties (fresh pages, each a fault, on
+        // every call: 3.3k a call of topk(0.1) on 64 MiB).
+        cand[p].reserve(candidate_room(expect[p]));
+      }
     at::parallel_for(0, static_cast<int64_t>(work.size()), 1, [&](int64_t w0, int64_t w1) {
       for (int64_t w = w0; w < w1; ++w) {
         const Chunk& ch = pieces[work[w]];
-        const int64_t len = ch.end - ch.begin;
-        const int64_t expect = lo[ch.row] == 0 ? len : (k * len / D) * 5 / 4 + 1024;
-        gather_candidates(x + ch.row * D, ch.row * D, ch.begin, ch.end, lo[ch.row], expect, cand[work[w]]);
+        gather_candidates(x + ch.row * D, ch.row * D, ch.begin, ch.end, lo[ch.row], expect[work[w]], cand[work[w]]);
       }
     });
     std::vector<int64_t> again;
@@ -268,7 +351,7 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
   }
   // The cut of each row over its candidates, then each piece's share of the row's k.
   std::vector<RowCut> cuts(rows);
-  std::vector<int64_t> offset(np + 1, 0), ties(np, 0);
+  std::vector<int64_t> offset(np + 1, n), ties(np, 0);  // offset[np] = n: the end of the last piece
   at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
     std::vector<uint32_t> keys;
     for (int64_t r = r0; r < r1; ++r) {
@@ -296,14 +379,17 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
     for (int64_t p = p0; p < p1; ++p) {
       const Candidates& c = cand[p];
       const uint32_t cut = cuts[pieces[p].row].key;
+      // Every candidate is written, the position advances past kept ones only (about half of the
+      // candidates are kept: a branch on it mispredicts), and the loop ends with the piece's share.
       int64_t o = offset[p], t = ties[p];
-      for (int64_t i = 0; i < c.count; ++i) {
+      const int64_t end = offset[p + 1];
+      for (int64_t i = 0; i < c.count && o < end; ++i) {
         const uint32_t key = magnitude_key(c.val[i]);
-        if (key > cut || (key == cut && t-- > 0)) {
-          ip[o] = c.pos[i];
-          vp[o] = c.val[i];
-          ++o;
-        }
+        const bool tie = key == cut && t > 0;
+        t -= tie;
+        ip[o] = c.base + c.pos[i];
+        vp[o] = c.val[i];
+        o += (key > cut) | tie;
       }
     }
   });

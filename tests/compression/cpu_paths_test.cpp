@@ -1,0 +1,169 @@
+// The CPU fast paths of issue 36 against the portable ATen path, on inputs that reach them:
+// quantisation by a reciprocal near half-integers (Note [quotient by a reciprocal]), tensors of
+// many tiles and threads' shares, grid codes of quantile, value sections written by one loop, and
+// delta indices decoded in chunks (Note [delta index in parallel]), with odd sizes and corrupt
+// streams.
+#include <limits>
+
+#include "compression/codecs/sparse_index.h"
+#include "tests/common/testing.h"
+#include "tests/compression/codec_testing.h"
+
+namespace tl {
+namespace {
+
+using codec::IndexFormat;
+using testing::same_payload;
+
+// Payload of `spec` on the CPU path equals the portable path's, and decodes to the same values
+// (x: float32).
+void expect_paths_agree(const std::string& spec, const at::Tensor& x, const std::string& where) {
+  CodecContext ctx;
+  auto c = parse_compressor(spec);
+  Payload fast = c->encode(x, ctx);
+  at::Tensor y_fast = c->decode(fast, ctx);
+  Payload portable;
+  at::Tensor y_portable;
+  {
+    codec::PortableKernelsGuard g;
+    auto cp = parse_compressor(spec);
+    portable = cp->encode(x, ctx);
+    y_portable = cp->decode(fast, ctx);
+  }
+  EXPECT_TRUE(same_payload(fast, portable)) << spec << " on " << where;
+  // Bit for bit (a NaN included): the float32 outputs as int32.
+  EXPECT_TRUE(at::equal(y_fast.contiguous().view(at::kInt), y_portable.contiguous().view(at::kInt)))
+      << spec << " decoded on " << where;
+}
+
+// Values whose quotient x / a * 2^(bits-1) lies on, or one float step either side of, a
+// half-integer: the cases where the product by the reciprocal could round the other way.
+at::Tensor near_half_integers(int64_t n, int64_t bits) {
+  const float p = static_cast<float>(int64_t(1) << (bits - 1));
+  const float a = 1.0f + 1e-6f;  // the divisor of a max-abs scale of 1 (exact in fp16)
+  at::Tensor k = at::randint(-static_cast<int64_t>(p), static_cast<int64_t>(p) - 1, {n}).to(at::kFloat);
+  at::Tensor x = (k + 0.5f) / p * a;  // (n)
+  at::Tensor step = at::randint(-2, 3, {n}).to(at::kFloat);
+  x = at::nextafter(x, x + step.sign() * 1e30f);  // one step up or down, or none
+  x = x.clamp(-1.0f, 1.0f);
+  x[0] = 1.0f;  // the scale: max |x| = 1
+  return x;
+}
+
+TEST(Quant, ReciprocalPathKeepsTheDivisionsBytes) {
+  at::manual_seed(36);
+  for (int64_t bits : {1, 4, 8}) {
+    const std::string b = std::to_string(bits);
+    at::Tensor x = near_half_integers(3 * 8192 + 77, bits);  // several tiles and a tail
+    for (const std::string& spec : {"quant(" + b + ")", "quant(" + b + ", scale=block, block=100)"})
+      expect_paths_agree(spec, x, "near half-integers");
+    // Channel scales along the last dim: a divisor per element of a row.
+    at::Tensor rows = at::cat({near_half_integers(2000, bits), near_half_integers(2000, bits)}).view({4, 1000});
+    expect_paths_agree("quant(" + b + ", scale=channel)", rows, "(4, 1000) near half-integers");
+  }
+  // Random data of an odd size.
+  at::Tensor r = at::randn({3, 40001});
+  for (const char* spec : {"quant(8)", "quant(4)", "quant(2, scale=channel)", "quant(4, scale=block, block=128)"})
+    expect_paths_agree(spec, r, "(3, 40001) normal");
+}
+
+// 16 MiB and a tail: many tiles, each thread's share ending inside a byte group.
+TEST(Quant, LargeTensorsMatchThePortablePath) {
+  at::manual_seed(37);
+  at::Tensor x = at::randn({(int64_t(4) << 20) + 5});  // 16 MiB + 20 bytes of float32
+  for (const char* spec : {"quant(8)", "quant(3, mode=minmax)", "quant(4, scale=block, block=256)"})
+    expect_paths_agree(spec, x, "4M + 5 elements");
+}
+
+TEST(TopK, LargeTensorsMatchThePortablePath) {
+  at::manual_seed(38);
+  at::Tensor x = at::randn({4, (int64_t(1) << 20) + 3});  // 16 MiB + 48 bytes
+  for (const char* spec : {"topk(0.1)", "topk(0.01, scope=global)", "topk(0.05, index=int32)"})
+    expect_paths_agree(spec, x, "(4, 2^20 + 3)");
+}
+
+// Codes of 5 to 8 bits: the grid lookup, 8 elements at a time with gathers where AVX2 is present,
+// against at::bucketize (codes and decoded values; the mean codebook may differ in its last bit).
+TEST(Quantile, GridCodesMatchBucketize) {
+  at::manual_seed(41);
+  at::Tensor x = at::cat({at::randn({100003}), at::rand({5000}) * 1e-3, at::full({3}, 0.0f)});
+  x[7] = std::numeric_limits<float>::infinity();
+  x[8] = -std::numeric_limits<float>::infinity();
+  CodecContext ctx;
+  for (const char* spec : {"quantile(8)", "quantile(6, centers=quantile)", "quantile(5)"}) {
+    auto c = parse_compressor(spec);
+    Payload fast = c->encode(x, ctx);
+    Payload portable;
+    {
+      codec::PortableKernelsGuard g;
+      portable = parse_compressor(spec)->encode(x, ctx);
+    }
+    const int64_t book = 4 * (int64_t(1) << fast.params[0]);
+    ASSERT_EQ(fast.body.numel(), portable.body.numel()) << spec;
+    EXPECT_TRUE(at::equal(fast.body.narrow(0, book, fast.body.numel() - book),
+                          portable.body.narrow(0, book, portable.body.numel() - book)))
+        << spec << ": codes";
+  }
+}
+
+// Value sections are written into the body by one loop (Note [values into the body on the CPU]):
+// saturated and rounded as the ATen cast, and a section holding a NaN is made by ATen.
+TEST(Sparse, ValueSectionsMatchTheAtenCast) {
+  at::manual_seed(40);
+  at::Tensor x = at::randn({3, 5000}) * 1e3;
+  x[1][20] = std::numeric_limits<float>::infinity();
+  x[2][30] = -1e6;
+  x[2][31] = 3e-8;  // an fp16 subnormal
+  at::Tensor with_nan = x.clone();
+  with_nan[0][10] = std::numeric_limits<float>::quiet_NaN();
+  for (const char* spec : {"topk(0.1)", "topk(0.1, values=bf16)", "topk(0.1, values=fp32)", "fp16", "bf16",
+                           "threshold(1000, values=bf16)"})
+    expect_paths_agree(spec, x, "finite and inf");
+  // (A NaN is only selected alike by the casts: the portable TopK and threshold paths differ there.)
+  for (const char* spec : {"fp16", "bf16"}) expect_paths_agree(spec, with_nan, "with a NaN");
+}
+
+// Indices whose delta stream spans many chunks of kDeltaChunk bytes, with varints of 1 to 4 bytes
+// crossing the chunk boundaries.
+TEST(SparseIndex, ChunkedDeltaEqualsThePortablePath) {
+  at::manual_seed(39);
+  const int64_t universe = int64_t(1) << 40;
+  at::Tensor gaps = at::where(at::rand({300000}) < 0.9, at::randint(0, 200, {300000}),
+                              at::randint(0, 1 << 22, {300000}));  // (n) int64
+  at::Tensor idx = (gaps + 1).cumsum(0) - 1;
+  const int64_t n = idx.numel();
+  ASSERT_LT(idx[-1].item<int64_t>(), universe);
+  at::Tensor fast = codec::encode_index(idx, universe, IndexFormat::kDelta).bytes;
+  at::Tensor portable;
+  {
+    codec::PortableKernelsGuard g;
+    portable = codec::encode_index(idx, universe, IndexFormat::kDelta).bytes;
+  }
+  ASSERT_GT(fast.numel(), 4 << 16) << "the stream should span several chunks";
+  EXPECT_TRUE(at::equal(fast, portable));
+  EXPECT_TRUE(at::equal(codec::decode_index(IndexFormat::kDelta, fast, n, universe, "t"), idx));
+  // Corruptions far into the stream: a terminator removed (one varint fewer, and a varint may grow
+  // past 9 bytes), a continuation bit added, an index past the universe, bytes left over.
+  auto next_terminator = [&](int64_t from) {
+    return from + at::nonzero(fast.narrow(0, from, 1000).bitwise_and(0x80) == 0).view(-1)[0].item<int64_t>();
+  };
+  for (int64_t at_byte : {next_terminator(70000), next_terminator((3 << 16) - 1), fast.numel() - 1}) {
+    at::Tensor merged = fast.clone();
+    merged[at_byte] = merged[at_byte].bitwise_or(0x80);
+    EXPECT_ERROR_CONTAINS(codec::decode_index(IndexFormat::kDelta, merged, n, universe, "t"), "t: corrupt delta index");
+  }
+  at::Tensor split = fast.clone();
+  const int64_t cont = at::nonzero(fast.narrow(0, 200000, 1000).bitwise_and(0x80)).view(-1)[0].item<int64_t>();
+  split[200000 + cont] = split[200000 + cont].bitwise_and(0x7f);
+  EXPECT_ERROR_CONTAINS(codec::decode_index(IndexFormat::kDelta, split, n, universe, "t"), "t: corrupt delta index");
+  const int64_t last = idx[-1].item<int64_t>();
+  EXPECT_ERROR_CONTAINS(codec::decode_index(IndexFormat::kDelta, fast, n, last, "t"), "t: corrupt delta index");
+  at::Tensor extra = at::cat({fast, at::zeros({1}, at::kByte)});
+  EXPECT_ERROR_CONTAINS(codec::decode_index(IndexFormat::kDelta, extra, n, universe, "t"), "t: corrupt delta index");
+  at::Tensor longer = at::cat(
+      {fast.narrow(0, 0, 100000), at::full({12}, 0x81, at::kByte), fast.narrow(0, 100000, fast.numel() - 100000)});
+  EXPECT_ERROR_CONTAINS(codec::decode_index(IndexFormat::kDelta, longer, n, universe, "t"), "t: corrupt delta index");
+}
+
+}  // namespace
+}  // namespace tl
