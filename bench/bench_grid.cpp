@@ -16,11 +16,12 @@
 // "during_ms" and "during_ratio_median" (raw time / its time).
 //
 // With --step-rounds R > 0, then: training steps of a P x 2 grid (the world's ranks: P pipeline
-// ranks of 2 replicas; P = ranks / 2) through DistExecutor, a GPT-2 of 4 blocks of width 512 (a
-// vocabulary of 256, 16 x 32 tokens, 4 micro-batches), 1F1B, with the data-parallel sums after the
-// backward (dp.overlap = false) and during it, alternated step by step after a warm-up; medians:
-//   {"bench":"grid_dp_step","ranks":W,"pipeline":P,"replicas":2,"dp_bytes":...,"after_ms":...,
-//    "during_ms":...,"speedup":...}   (dp_bytes: rank 0's gradients summed per step)
+// ranks of 2 replicas; P = ranks / 2) through DistExecutor, one thread a rank, a GPT-2 of 4 blocks
+// of width 512 (a vocabulary of 256, 8 x 16 tokens, 4 micro-batches), in 1F1B and in interleaved
+// 1F1B with two stages a rank, with the data-parallel sums after the backward (dp.overlap = false)
+// and during it, alternated step by step after a warm-up; medians:
+//   {"bench":"grid_dp_step","schedule":..,"ranks":W,"pipeline":P,"virtual_stages":v,"replicas":2,
+//    "dp_bytes":...,"after_ms":...,"during_ms":...,"speedup":...}  (dp_bytes: rank 0's gradients)
 // Memory is allocated as in `tapeline` (Note [allocator]).
 // Options: --ranks D (default 2), --repeats R (default 5), --max-mib M (default 16; 0: no sums),
 // --step-rounds R (default 0), --timeout S.
@@ -35,6 +36,7 @@
 #include <vector>
 
 #include "autograd/autograd.h"
+#include "autograd/threads.h"
 #include "bench/bench_util.h"
 #include "layers/models/gpt2.h"
 #include "parallel/pipeline.h"
@@ -72,51 +74,60 @@ void step_rows(const Args& args, Transport& transport) {
     if (transport.rank() == 0) std::printf("{\"bench\":\"grid_dp_step\",\"skipped\":\"an odd number of ranks\"}\n");
     return;
   }
-  const int P = W / 2, micro_batches = 4;
+  set_compute_threads(1);  // one thread a rank, as the multi-process runs of bench_pipeline
+  const int P = W / 2, micro_batches = 4, rows = 8;
   GPT2Config c;
-  c.vocab_size = 256, c.n_positions = 32, c.n_embd = 512, c.n_layer = 4, c.n_head = 8, c.dropout = 0.0;
-  std::vector<std::string> cuts;
-  for (int p = 1; p < P; ++p) cuts.push_back("h." + std::to_string(c.n_layer * p / P - 1));
-  const Grid grid = Grid::of(W, P, 2);
-  const int stage = grid.pipeline_rank(transport.rank());
-  auto model = std::make_shared<GPT2>(c, at::detail::createCPUGenerator(2), StageSelection::of(cuts, {stage}));
-  auto pipeline = Pipeline::build(model, cuts, std::vector<BoundarySpec>(cuts.size()));
-  pipeline->set_measure_error(false);
+  c.vocab_size = 256, c.n_positions = 16, c.n_embd = 512, c.n_layer = 4, c.n_head = 8, c.dropout = 0.0;
   at::Generator gen = at::detail::createCPUGenerator(12);
   Batch batch;
-  batch.input = at::randint(c.vocab_size, {16, c.n_positions}, gen, at::kLong);  // (B, T)
-  batch.target = at::randint(c.vocab_size, {16, c.n_positions}, gen, at::kLong);
+  batch.input = at::randint(c.vocab_size, {rows, c.n_positions}, gen, at::kLong);  // (B, T)
+  batch.target = at::randint(c.vocab_size, {rows, c.n_positions}, gen, at::kLong);
   batch.side.token_ids = batch.input;
-  batch.sample_ids = at::arange(16, at::kLong);
-  batch.units = at::full({16}, c.n_positions, at::kLong);
-  ScheduleSettings settings;
-  DataParallelOptions dp;
-  dp.replicas = 2;
-  std::vector<std::unique_ptr<DistExecutor>> executors;  // after, during
-  for (const bool during : {false, true}) {
-    dp.overlap = during;
-    executors.push_back(std::make_unique<DistExecutor>(*pipeline, transport, next_token_loss, settings, dp));
-  }
-  int64_t dp_bytes = 0;
-  for (const auto& p : pipeline->parameters()) dp_bytes += p.numel() * p.data().element_size();
-  std::vector<double> times[2];
-  int64_t step = 0;
-  for (int round = -2; round < args.step_rounds; ++round)
-    for (int side = 0; side < 2; ++side) {
-      for (auto& p : pipeline->parameters()) p.zero_grad();
-      transport.barrier("step start");
-      const double t0 = now_s();
-      executors[static_cast<size_t>(side)]->train_step(batch, micro_batches, StepPosition(0, ++step, -1));
-      if (round >= 0) times[side].push_back(now_s() - t0);
+  batch.sample_ids = at::arange(rows, at::kLong);
+  batch.units = at::full({rows}, c.n_positions, at::kLong);
+  const Grid grid = Grid::of(W, P, 2);
+  for (const int v : {1, 2}) {  // 1F1B; interleaved 1F1B with two stages a rank
+    ScheduleSettings settings;
+    settings.schedule = v == 1 ? "1f1b" : "interleaved";
+    settings.virtual_stages = v;
+    const int stages = P * v;
+    if (stages > c.n_layer) continue;
+    std::vector<std::string> cuts;
+    for (int s = 1; s < stages; ++s) cuts.push_back("h." + std::to_string(c.n_layer * s / stages - 1));
+    const std::vector<int> own = settings.layout(stages).stages_of(grid.pipeline_rank(transport.rank()));
+    auto model = std::make_shared<GPT2>(c, at::detail::createCPUGenerator(2),
+                                        StageSelection::of(cuts, std::set<int64_t>(own.begin(), own.end())));
+    auto pipeline = Pipeline::build(model, cuts, std::vector<BoundarySpec>(cuts.size()));
+    pipeline->set_measure_error(false);
+    DataParallelOptions dp;
+    dp.replicas = 2;
+    std::vector<std::unique_ptr<DistExecutor>> executors;  // after, during
+    for (const bool during : {false, true}) {
+      dp.overlap = during;
+      executors.push_back(std::make_unique<DistExecutor>(*pipeline, transport, next_token_loss, settings, dp));
     }
-  if (transport.rank() == 0) {
-    const double after = tl::bench::median(times[0]), during = tl::bench::median(times[1]);
-    std::printf(
-        "{\"bench\":\"grid_dp_step\",\"model\":\"gpt2 4 x 512, 16 x 32 tokens\",\"ranks\":%d,"
-        "\"pipeline\":%d,\"replicas\":2,\"micro_batches\":%d,\"dp_bytes\":%lld,\"after_ms\":%.2f,"
-        "\"during_ms\":%.2f,\"speedup\":%.3f}\n",
-        W, P, micro_batches, (long long)dp_bytes, 1e3 * after, 1e3 * during, after / during);
-    std::fflush(stdout);
+    int64_t dp_bytes = 0;
+    for (const auto& p : pipeline->parameters()) dp_bytes += p.numel() * p.data().element_size();
+    std::vector<double> times[2];
+    int64_t step = 0;
+    for (int round = -2; round < args.step_rounds; ++round)
+      for (int side = 0; side < 2; ++side) {
+        for (auto& p : pipeline->parameters()) p.zero_grad();
+        transport.barrier("step start");
+        const double t0 = now_s();
+        executors[static_cast<size_t>(side)]->train_step(batch, micro_batches, StepPosition(0, ++step, -1));
+        if (round >= 0) times[side].push_back(now_s() - t0);
+      }
+    if (transport.rank() == 0) {
+      const double after = tl::bench::median(times[0]), during = tl::bench::median(times[1]);
+      std::printf(
+          "{\"bench\":\"grid_dp_step\",\"model\":\"gpt2 4 x 512, 8 x 16 tokens\",\"schedule\":\"%s\","
+          "\"ranks\":%d,\"pipeline\":%d,\"virtual_stages\":%d,\"replicas\":2,\"micro_batches\":%d,"
+          "\"dp_bytes\":%lld,\"after_ms\":%.2f,\"during_ms\":%.2f,\"speedup\":%.3f}\n",
+          settings.schedule.c_str(), W, P, v, micro_batches, (long long)dp_bytes, 1e3 * after, 1e3 * during,
+          after / during);
+      std::fflush(stdout);
+    }
   }
 }
 
