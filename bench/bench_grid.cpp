@@ -11,8 +11,21 @@
 // its time against the same raw all-reduce, and its bytes. JSON lines on stdout (rank 0):
 //   {"bench":"grid_dp","ranks":D,"bytes":...,"raw_ms":...,"tapeline_ms":...,"ratio_median":...,
 //    "target":0.9} and {"bench":"grid_dp_compressed",...,"speedup_median":...,"wire_bytes":...}
+// With two ranks a third side times the sum the runtime starts during the backward (dp.overlap:
+// Note [sums started during the backward], on the replicas' own c10d process group):
+// "during_ms" and "during_ratio_median" (raw time / its time).
+//
+// With --step-rounds R > 0, then: training steps of a P x 2 grid (the world's ranks: P pipeline
+// ranks of 2 replicas; P = ranks / 2) through DistExecutor, one thread a rank, a GPT-2 of 4 blocks
+// of width 512 (a vocabulary of 256, 8 x 16 tokens, 4 micro-batches), in 1F1B and in interleaved
+// 1F1B with two stages a rank, with the data-parallel sums after the backward (dp.overlap = false)
+// and during it, alternated step by step after a warm-up; medians:
+//   {"bench":"grid_dp_step","schedule":..,"ranks":W,"pipeline":P,"virtual_stages":v,"replicas":2,
+//    "dp_bytes":...,"after_ms":...,"during_ms":...,"speedup":...}  (dp_bytes: rank 0's gradients)
 // Memory is allocated as in `tapeline` (Note [allocator]).
-// Options: --ranks D (default 2), --repeats R (default 5), --max-mib M (default 16), --timeout S.
+// Options: --ranks D (default 2), --repeats R (default 5), --max-mib M (default 16; 0: no sums),
+// --step-rounds R (default 0), --timeout S.
+#include <ATen/CPUGeneratorImpl.h>
 #include <malloc.h>
 
 #include <algorithm>
@@ -23,12 +36,17 @@
 #include <vector>
 
 #include "autograd/autograd.h"
+#include "autograd/threads.h"
 #include "bench/bench_util.h"
+#include "layers/models/gpt2.h"
+#include "parallel/pipeline.h"
 #include "parallel/ranks/c10d_compat.h"
 #include "parallel/ranks/data_parallel.h"
 #include "parallel/ranks/launch.h"
 #include "parallel/ranks/rendezvous.h"
+#include "parallel/ranks/runtime.h"
 #include "parallel/ranks/transport.h"
+#include "tasks/task.h"
 
 using namespace tl;
 using namespace tl::ranks;
@@ -39,13 +57,78 @@ using tl::bench::now_s;
 
 struct Args : tl::bench::RankArgs {
   int max_mib = 16;
+  int step_rounds = 0;
 };
 
 Args parse(int argc, char** argv) {
   Args a;
-  static_cast<tl::bench::RankArgs&>(a) =
-      tl::bench::parse_rank_options("bench_grid", argc, argv, {{"--max-mib", &a.max_mib}});
+  static_cast<tl::bench::RankArgs&>(a) = tl::bench::parse_rank_options(
+      "bench_grid", argc, argv, {{"--max-mib", &a.max_mib}, {"--step-rounds", &a.step_rounds}});
   return a;
+}
+
+// The grid_dp_step rows (see the header).
+void step_rows(const Args& args, Transport& transport) {
+  const int W = transport.world_size();
+  if (W % 2) {
+    if (transport.rank() == 0) std::printf("{\"bench\":\"grid_dp_step\",\"skipped\":\"an odd number of ranks\"}\n");
+    return;
+  }
+  set_compute_threads(1);  // one thread a rank, as the multi-process runs of bench_pipeline
+  const int P = W / 2, micro_batches = 4, rows = 8;
+  GPT2Config c;
+  c.vocab_size = 256, c.n_positions = 16, c.n_embd = 512, c.n_layer = 4, c.n_head = 8, c.dropout = 0.0;
+  at::Generator gen = at::detail::createCPUGenerator(12);
+  Batch batch;
+  batch.input = at::randint(c.vocab_size, {rows, c.n_positions}, gen, at::kLong);  // (B, T)
+  batch.target = at::randint(c.vocab_size, {rows, c.n_positions}, gen, at::kLong);
+  batch.side.token_ids = batch.input;
+  batch.sample_ids = at::arange(rows, at::kLong);
+  batch.units = at::full({rows}, c.n_positions, at::kLong);
+  const Grid grid = Grid::of(W, P, 2);
+  for (const int v : {1, 2}) {  // 1F1B; interleaved 1F1B with two stages a rank
+    ScheduleSettings settings;
+    settings.schedule = v == 1 ? "1f1b" : "interleaved";
+    settings.virtual_stages = v;
+    const int stages = P * v;
+    if (stages > c.n_layer) continue;
+    std::vector<std::string> cuts;
+    for (int s = 1; s < stages; ++s) cuts.push_back("h." + std::to_string(c.n_layer * s / stages - 1));
+    const std::vector<int> own = settings.layout(stages).stages_of(grid.pipeline_rank(transport.rank()));
+    auto model = std::make_shared<GPT2>(c, at::detail::createCPUGenerator(2),
+                                        StageSelection::of(cuts, std::set<int64_t>(own.begin(), own.end())));
+    auto pipeline = Pipeline::build(model, cuts, std::vector<BoundarySpec>(cuts.size()));
+    pipeline->set_measure_error(false);
+    DataParallelOptions dp;
+    dp.replicas = 2;
+    std::vector<std::unique_ptr<DistExecutor>> executors;  // after, during
+    for (const bool during : {false, true}) {
+      dp.overlap = during;
+      executors.push_back(std::make_unique<DistExecutor>(*pipeline, transport, next_token_loss, settings, dp));
+    }
+    int64_t dp_bytes = 0;
+    for (const auto& p : pipeline->parameters()) dp_bytes += p.numel() * p.data().element_size();
+    std::vector<double> times[2];
+    int64_t step = 0;
+    for (int round = -2; round < args.step_rounds; ++round)
+      for (int side = 0; side < 2; ++side) {
+        for (auto& p : pipeline->parameters()) p.zero_grad();
+        transport.barrier("step start");
+        const double t0 = now_s();
+        executors[static_cast<size_t>(side)]->train_step(batch, micro_batches, StepPosition(0, ++step, -1));
+        if (round >= 0) times[side].push_back(now_s() - t0);
+      }
+    if (transport.rank() == 0) {
+      const double after = tl::bench::median(times[0]), during = tl::bench::median(times[1]);
+      std::printf(
+          "{\"bench\":\"grid_dp_step\",\"model\":\"gpt2 4 x 512, 8 x 16 tokens\",\"schedule\":\"%s\","
+          "\"ranks\":%d,\"pipeline\":%d,\"virtual_stages\":%d,\"replicas\":2,\"micro_batches\":%d,"
+          "\"dp_bytes\":%lld,\"after_ms\":%.2f,\"during_ms\":%.2f,\"speedup\":%.3f}\n",
+          settings.schedule.c_str(), W, P, v, micro_batches, (long long)dp_bytes, 1e3 * after, 1e3 * during,
+          after / during);
+      std::fflush(stdout);
+    }
+  }
 }
 
 // Weight matrices (up to 256 x 1024) plus a bias each, about `bytes` of float32 in all.
@@ -83,40 +166,52 @@ int run_rank(const Args& args) {
       for (auto& [n, p] : params) grads.push_back(p.grad().clone());
       std::vector<bool> compressed(params.size(), true);
       DataParallelSync sync(*transport, group, me, params, compressed, {}, {}, CodecSpec(spec));
+      // The runtime's sum during the backward (two replicas): its buckets started and waited for.
+      std::unique_ptr<DataParallelSync> during;
+      if (D == 2 && spec == "identity") {
+        during = std::make_unique<DataParallelSync>(*transport, group, me, params, compressed,
+                                                    std::vector<std::pair<std::string, Variable>>{},
+                                                    std::vector<double>{}, CodecSpec(spec));
+        during->sum_during_backward(std::vector<std::vector<int>>(params.size()));
+      }
       int64_t numel = 0;
       for (const auto& g : grads) numel += g.numel();
       const int64_t actual_bytes = numel * 4;
       at::Tensor flat = at::empty({numel});
+      auto raw_rounds = [&] {  // raw: one flat all-reduce of every gradient (copied in, as a bucketing DDP does)
+        for (int i = 0; i < k; ++i) {
+          at::cat_out(flat, [&] {
+            std::vector<at::Tensor> v;
+            for (const auto& g : grads) v.push_back(g.reshape(-1));
+            return v;
+          }());
+          std::vector<at::Tensor> v{flat};
+          compat::wait(raw->allreduce(v), timeout);
+        }
+      };
+      auto tapeline_rounds = [&](DataParallelSync& s) {  // the runtime's path
+        for (int i = 0; i < k; ++i) {
+          for (size_t j = 0; j < params.size(); ++j) params[j].second.set_grad(grads[j].clone());
+          s.reduce_gradients(++step, "bench");
+        }
+      };
       const tl::bench::PairedTimes times = tl::bench::time_paired(
-          *transport, args.repeats,
-          [&] {  // raw: one flat all-reduce of every gradient (copied in, as a bucketing DDP does)
-            for (int i = 0; i < k; ++i) {
-              at::cat_out(flat, [&] {
-                std::vector<at::Tensor> v;
-                for (const auto& g : grads) v.push_back(g.reshape(-1));
-                return v;
-              }());
-              std::vector<at::Tensor> v{flat};
-              compat::wait(raw->allreduce(v), timeout);
-            }
-          },
-          [&] { sync.reset_stats(); },
-          [&] {  // tapeline: the runtime's path
-            for (int i = 0; i < k; ++i) {
-              for (size_t j = 0; j < params.size(); ++j) params[j].second.set_grad(grads[j].clone());
-              sync.reduce_gradients(++step, "bench");
-            }
-          });
+          *transport, args.repeats, raw_rounds, [&] { sync.reset_stats(); }, [&] { tapeline_rounds(sync); });
       const double best_raw = times.best_raw, best_tl = times.best_tapeline;
       const int64_t wire = sync.stats().bytes / k;  // of the last round
+      tl::bench::PairedTimes during_times;
+      if (during)
+        during_times = tl::bench::time_paired(
+            *transport, args.repeats, raw_rounds, [] {}, [&] { tapeline_rounds(*during); });
       if (me == 0) {
         if (spec == "identity")
           std::printf(
               "{\"bench\":\"grid_dp\",\"backend\":\"gloo\",\"ranks\":%d,\"bytes\":%lld,\"parameters\":%zu,"
               "\"reductions\":%d,\"raw_ms\":%.3f,\"tapeline_ms\":%.3f,\"ratio\":%.3f,\"ratio_median\":%.3f,"
-              "\"target\":0.9}\n",
+              "\"during_ms\":%.3f,\"during_ratio_median\":%.3f,\"target\":0.95}\n",
               D, (long long)actual_bytes, params.size(), k, 1e3 * best_raw / k, 1e3 * best_tl / k, best_raw / best_tl,
-              tl::bench::median(times.ratios));
+              tl::bench::median(times.ratios), during ? 1e3 * during_times.best_tapeline / k : 0.0,
+              during ? tl::bench::median(during_times.ratios) : 0.0);
         else
           std::printf(
               "{\"bench\":\"grid_dp_compressed\",\"codec\":\"%s\",\"ranks\":%d,\"bytes\":%lld,\"wire_bytes\":%lld,"
@@ -127,6 +222,7 @@ int run_rank(const Args& args) {
       }
     }
   }
+  if (args.step_rounds > 0) step_rows(args, *transport);
   transport->barrier("end");
   return 0;
 }

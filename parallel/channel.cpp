@@ -56,4 +56,10 @@ size_t LocalChannel::in_flight() const {
   return n;
 }
 
+void LocalChannel::reset() {
+  queues_.clear();
+  inbound_free_s_.clear();
+  for (auto& [pair, link] : links_) link.reset();
+}
+
 }  // namespace tl

@@ -86,6 +86,9 @@ class LocalChannel final : public Channel {
   std::optional<Delivered> recv(int src, int dst, const MessageKey& key, double now_s) override;
   /// Messages sent and not received (0 after a complete step).
   size_t in_flight() const;
+  /// A new step on fresh clocks: the queues emptied (a step that failed half-way), every link's
+  /// queue and counters reset; the links and the link model kept.
+  void reset();
 
  private:
   struct Queued {

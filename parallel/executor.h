@@ -8,14 +8,17 @@
 //
 // Both run the one schedule interpreter (parallel/interpreter.h) over a Channel, with the step's
 // lowered action lists made once per (schedule, layout, micro-batches) and kept (Note [plans are
-// made once]: cached_schedule in parallel/schedule.h). The Pipeline (parallel/pipeline.h) is the model, its cuts and
-// its boundaries, and nothing of running: what runs it, and how (schedule, placement, links, device model), lives here.
+// made once]: cached_schedule in parallel/schedule.h), and so are the interpreters and channels
+// that run them (Note [interpreters are kept] in parallel/interpreter.h). The Pipeline
+// (parallel/pipeline.h) is the model, its cuts and its boundaries, and nothing of running: what
+// runs it, and how (schedule, placement, links, device model), lives here.
 //
 // Note [plans are made once]. Lowering a schedule (parallel/schedule.h: generate the compute
 // actions, insert sends and receives, order them, compute slacks for the epilogue flags) costs
 // more than a small model's step; a step changes none of its inputs except, for the last batch
 // of an epoch, the number of micro-batches. The executors take their lists from
-// cached_schedule, which lowers each (schedule, layout, micro-batches) once per process.
+// cached_schedule, which lowers each (schedule, layout, micro-batches) once per process, and keep
+// the interpreters they make for them.
 
 #include <functional>
 #include <map>

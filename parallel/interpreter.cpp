@@ -1,5 +1,6 @@
 #include "parallel/interpreter.h"
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 
@@ -53,10 +54,8 @@ class RankInterpreter::ActionTimer {
 };
 
 RankInterpreter::RankInterpreter(Pipeline& pipeline, const StageLayout& layout, int rank, RankSchedule list,
-                                 const MicroBatches& mbs, const LossFn& loss_fn, Channel& channel,
-                                 Mode mode)
-    : pipeline_(pipeline), layout_(layout), rank_(rank), list_(std::move(list)), mbs_(mbs), channel_(channel),
-      mode_(mode) {
+                                 const LossFn& loss_fn, Channel& channel, Mode mode)
+    : pipeline_(pipeline), layout_(layout), rank_(rank), list_(std::move(list)), channel_(channel), mode_(mode) {
   TORCH_CHECK(static_cast<size_t>(layout.stages()) == pipeline.num_stages(), "pipeline: a layout of ",
               layout.stages(), " stages for a ", pipeline.num_stages(), "-stage pipeline");
   TORCH_CHECK(rank >= 0 && rank < layout.ranks, "pipeline: rank ", rank, " of ", layout.ranks, " pipeline ranks");
@@ -64,8 +63,29 @@ RankInterpreter::RankInterpreter(Pipeline& pipeline, const StageLayout& layout, 
   for (int s : layout.stages_of(rank))  // the device whose queue the timer waits for (CPU: none)
     for (const auto& p : pipeline.stage(s)->parameters())
       if (p.data().device().type() != c10::DeviceType::Meta) device_ = p.data().device();
-  for (const Action& a : list_)
+  for (const Action& a : list_) {
     if (a.type == ActionType::SendGrad) grad_send_place_[{a.stage, a.micro_batch}] = {a.compress_backward, a.critical};
+    micro_batches_ = std::max(micro_batches_, a.micro_batch + 1);
+  }
+  std::map<int, size_t> last;  // Note [stages done]
+  for (size_t i = 0; i < list_.size(); ++i)
+    if (list_[i].type == ActionType::Backward || list_[i].type == ActionType::BackwardInput ||
+        list_[i].type == ActionType::BackwardWeight)
+      last[list_[i].stage] = i;
+  for (const auto& [stage, at] : last) last_backward_.emplace_back(at, stage);
+  std::sort(last_backward_.begin(), last_backward_.end());
+}
+
+void RankInterpreter::begin(const MicroBatches& mbs) {
+  TORCH_CHECK(mbs.size() == micro_batches_, "pipeline: rank ", rank_, "'s list was lowered for ", micro_batches_,
+              " micro-batches; the step has ", mbs.size());
+  mbs_ = &mbs;
+  next_ = stages_done_ = 0;
+  inbox_.clear(), outbox_.clear(), produced_s_.clear();
+  clock_s_ = compute_s_ = comm_s_ = forward_s_ = weight_s_ = 0;
+  held_for_weights_peak_ = activation_peak_ = 0;
+  flops_ = op_bytes_ = kernels_ = modelled_s_ = 0;
+  for (auto& [s, stage] : stages_) stage->reset();
 }
 
 RankInterpreter::~RankInterpreter() = default;
@@ -84,8 +104,10 @@ MessageKey RankInterpreter::key_of(const Action& a) const {
 }
 
 bool RankInterpreter::run() {
+  TORCH_CHECK(mbs_, "pipeline: rank ", rank_, ": run() before begin()");
   while (next_ < list_.size()) {
     const Action& a = list_[next_];
+    if (a.type != ActionType::SendActivation && a.type != ActionType::SendGrad) report_stages_done();
     switch (a.type) {
       case ActionType::Forward:
         forward(a);
@@ -108,7 +130,13 @@ bool RankInterpreter::run() {
     }
     ++next_;
   }
+  report_stages_done();
   return true;
+}
+
+void RankInterpreter::report_stages_done() {
+  for (; stages_done_ < last_backward_.size() && last_backward_[stages_done_].first < next_; ++stages_done_)
+    if (on_stage_done_) on_stage_done_(last_backward_[stages_done_].second);
 }
 
 void RankInterpreter::set_device_model(const DeviceModel* model, bool drives_clock) {
@@ -119,8 +147,8 @@ void RankInterpreter::set_device_model(const DeviceModel* model, bool drives_clo
 void RankInterpreter::forward(const Action& a) {
   ActionTimer timer(*this);
   const int s = a.stage, mb = a.micro_batch;
-  TORCH_CHECK(mb >= 0 && mb < mbs_.size(), "pipeline: rank ", rank_, " forward of micro-batch ", mb, " of ",
-              mbs_.size());
+  TORCH_CHECK(mb >= 0 && mb < mbs_->size(), "pipeline: rank ", rank_, " forward of micro-batch ", mb, " of ",
+              mbs_->size());
   StageMessage in;
   if (s > 0) {
     auto it = inbox_.find({true, s - 1, mb});
@@ -130,7 +158,7 @@ void RankInterpreter::forward(const Action& a) {
     inbox_.erase(it);
   }
   std::optional<StageMessage> out =
-      stages_.at(s)->forward(mb, mbs_.batches[mb], s > 0 ? &in : nullptr, mbs_.contexts[mb], mode_ == Mode::Train);
+      stages_.at(s)->forward(mb, mbs_->batches[mb], s > 0 ? &in : nullptr, mbs_->contexts[mb], mode_ == Mode::Train);
   const bool local = stages_.count(s + 1) > 0;
   if (out) (local ? inbox_ : outbox_)[MessageKey{true, s, mb}] = std::move(*out);  // a local stage takes it at once
   const double dt = timer.finish();

@@ -23,7 +23,24 @@
 // end of a blocking receive across processes). compute_s and comm_s split it. Compute times are
 // measured, or modelled on a device from the ops' counted costs (set_device_model,
 // parallel/device_model.h).
+//
+// Note [interpreters are kept]. An executor makes a rank's interpreter once per (schedule, layout,
+// micro-batches), as it takes the lowered list (Note [plans are made once] in executor.h), and runs
+// it step after step. Kept: the list, the stage runtimes, the gradient sends' places, the device
+// and the device model. The step's, which begin() resets (so a step that failed half-way leaves
+// nothing to the next): the micro-batches, the position in the list, the inbox and outbox, the
+// clocks and counters, and each stage runtime's micro-batches in flight, tally and units
+// (StageRuntime::reset). Nothing of a step survives into the next but the model's gradients and
+// the codecs' state, which live in the Pipeline.
+//
+// Note [stages done]. A stage's weight gradients are final once the step's last action that
+// computes them has run (its last Backward, or BackwardWeight in a split schedule; BackwardInput
+// too, for what runs whole in it). set_on_stage_done() hears of each stage then, before the next
+// action that is not a send (so the messages that action produced leave first) or at the end of
+// the list: the data-parallel sum starts that stage's buckets there (Note [sums started during the
+// backward] in parallel/ranks/data_parallel.h).
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -32,8 +49,8 @@
 #include "parallel/channel.h"
 #include "parallel/device_model.h"
 #include "parallel/pipeline.h"
-#include "parallel/stage_runtime.h"
 #include "parallel/schedule.h"
+#include "parallel/stage_runtime.h"
 
 namespace tl {
 
@@ -44,11 +61,17 @@ class RankInterpreter {
   /// a NoGradGuard and the boundaries' inference switches (ScopedInference).
   enum class Mode { Train, Evaluate };
 
-  /// `rank`: this pipeline rank of `layout`; `list`: its lowered actions; `mbs`: the step's
-  /// micro-batches (indexed by the actions' micro_batch). References must outlive the interpreter.
-  RankInterpreter(Pipeline& pipeline, const StageLayout& layout, int rank, RankSchedule list,
-                  const MicroBatches& mbs, const LossFn& loss_fn, Channel& channel, Mode mode);
+  /// `rank`: this pipeline rank of `layout`; `list`: its lowered actions. References must outlive
+  /// the interpreter. Made once per (schedule, layout, micro-batches) and run step after step
+  /// (Note [interpreters are kept]): begin() starts each step.
+  RankInterpreter(Pipeline& pipeline, const StageLayout& layout, int rank, RankSchedule list, const LossFn& loss_fn,
+                  Channel& channel, Mode mode);
   ~RankInterpreter();
+
+  /// Starts a step (or an evaluation batch) over `mbs`, the micro-batches the actions index (it
+  /// must outlive the step): resets everything of the last step (Note [interpreters are kept]).
+  /// An error when `mbs` holds another number of micro-batches than the list was lowered for.
+  void begin(const MicroBatches& mbs);
 
   /// Meters every compute action with `model` (null or "measured": none); with `drives_clock`,
   /// the clock advances by the modelled seconds instead of the measured ones. `model` must
@@ -57,9 +80,13 @@ class RankInterpreter {
   /// Eager sends: a message leaves when its compute produced it, not when the list reaches its
   /// send action (Note [eager sends] in interpreter.cpp). Default off.
   void set_eager_sends(bool on) { eager_sends_ = on; }
+  /// Note [stages done]: called with a stage of this rank once the step's last action computing
+  /// its gradients has run (and the sends right after it), before the rank goes on.
+  void set_on_stage_done(std::function<void(int stage)> on_done) { on_stage_done_ = std::move(on_done); }
 
   /// Runs actions until the list is done (true) or a receive finds its message not sent yet
-  /// (false: call again after the other ranks ran; only an in-process channel does that).
+  /// (false: call again after the other ranks ran; only an in-process channel does that). After
+  /// begin().
   bool run();
   bool done() const { return next_ >= list_.size(); }
   /// Actions run so far.
@@ -100,27 +127,35 @@ class RankInterpreter {
   void send(const Action& a);
   bool recv(const Action& a);
   MessageKey key_of(const Action& a) const;
+  void report_stages_done();
 
+  // Kept from step to step (Note [interpreters are kept]).
   Pipeline& pipeline_;
   StageLayout layout_;
   int rank_;
   RankSchedule list_;
-  const MicroBatches& mbs_;
+  int micro_batches_ = 0;  // that the list runs: 1 + the largest micro_batch it names
   Channel& channel_;
   Mode mode_;
   std::map<int, std::unique_ptr<StageRuntime>> stages_;  // this rank's stages
-  std::map<MessageKey, StageMessage> inbox_, outbox_;
-  std::map<MessageKey, double> produced_s_;  // eager sends: when each outbox message was produced
   bool eager_sends_ = false;
   // Per (stage, micro-batch): where the lowered list places the gradient it sends.
   std::map<std::pair<int, int>, GradSendPlace> grad_send_place_;
-  size_t next_ = 0;
-  double clock_s_ = 0, compute_s_ = 0, comm_s_ = 0, forward_s_ = 0, weight_s_ = 0;
-  size_t held_for_weights_peak_ = 0;
-  size_t activation_peak_ = 0;
   const DeviceModel* model_ = nullptr;
   bool model_clock_ = false;
   c10::Device device_ = c10::Device(c10::DeviceType::CPU);  // where this rank's stages' parameters are
+  std::function<void(int)> on_stage_done_;
+  std::vector<std::pair<size_t, int>> last_backward_;  // (position, stage): each stage's last backward action, in order
+
+  // The step's: begin() resets them.
+  const MicroBatches* mbs_ = nullptr;
+  size_t next_ = 0;
+  size_t stages_done_ = 0;  // entries of last_backward_ reported
+  std::map<MessageKey, StageMessage> inbox_, outbox_;
+  std::map<MessageKey, double> produced_s_;  // eager sends: when each outbox message was produced
+  double clock_s_ = 0, compute_s_ = 0, comm_s_ = 0, forward_s_ = 0, weight_s_ = 0;
+  size_t held_for_weights_peak_ = 0;
+  size_t activation_peak_ = 0;
   double flops_ = 0, op_bytes_ = 0, kernels_ = 0, modelled_s_ = 0;
 };
 

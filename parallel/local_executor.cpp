@@ -18,6 +18,41 @@ LocalExecutor::LocalExecutor(Pipeline& pipeline, LossFn loss_fn, ScheduleSetting
   links_ = link_specs_by_rank_pair(layout_, settings_.links);  // boundaries sharing a link must agree
 }
 
+struct LocalExecutor::Ranks {
+  LocalChannel channel;
+  std::vector<std::unique_ptr<RankInterpreter>> interpreters;
+};
+
+LocalExecutor::~LocalExecutor() = default;
+
+LocalExecutor::Ranks& LocalExecutor::ranks_for(int micro_batches) {
+  std::unique_ptr<Ranks>& kept = train_ranks_[micro_batches];
+  if (kept) return *kept;
+  const std::vector<RankSchedule>& lists = cached_schedule(settings_.schedule, layout_, micro_batches);
+  auto ranks = std::make_unique<Ranks>();
+  for (const auto& [pair, spec] : links_) ranks->channel.set_link(pair.first, pair.second, spec);
+  ranks->channel.set_link_model(settings_.link_model);
+  for (int r = 0; r < layout_.ranks; ++r) {
+    ranks->interpreters.push_back(std::make_unique<RankInterpreter>(
+        pipeline_, layout_, r, lists[static_cast<size_t>(r)], loss_fn_, ranks->channel, RankInterpreter::Mode::Train));
+    ranks->interpreters.back()->set_eager_sends(settings_.link_model == LinkModel::Inbound);  // Note [link models]
+  }
+  kept = std::move(ranks);
+  return *kept;
+}
+
+LocalExecutor::Ranks& LocalExecutor::evaluation_ranks() {
+  if (evaluation_ranks_) return *evaluation_ranks_;
+  const std::vector<RankSchedule>& lists = cached_forward_only_schedule(layout_);
+  auto ranks = std::make_unique<Ranks>();
+  for (int r = 0; r < layout_.ranks; ++r)
+    ranks->interpreters.push_back(std::make_unique<RankInterpreter>(pipeline_, layout_, r,
+                                                                    lists[static_cast<size_t>(r)], loss_fn_,
+                                                                    ranks->channel, RankInterpreter::Mode::Evaluate));
+  evaluation_ranks_ = std::move(ranks);
+  return *evaluation_ranks_;
+}
+
 const StepTiming& LocalExecutor::last_timing() const {
   TORCH_CHECK(stepped_, "LocalExecutor: no train_step has run yet");
   return timing_;
@@ -53,19 +88,16 @@ void run_to_completion(std::vector<std::unique_ptr<RankInterpreter>>& ranks, con
 StepResult LocalExecutor::train_step(const Batch& batch, int64_t micro_batches, const StepPosition& at,
                                      StepTiming* timing) {
   const MicroBatches split = split_micro_batches(batch, micro_batches, at);
-  const std::vector<RankSchedule>& lists = cached_schedule(settings_.schedule, layout_, split.size());
   // One GradAccumulator over every parameter, so tied parameters (registered in two stages) are
   // divided once: each stage's backward adds its part, seeded with the micro-batch's units.
   GradAccumulator acc(pipeline_.parameters());
-  LocalChannel channel;
-  for (const auto& [pair, spec] : links_) channel.set_link(pair.first, pair.second, spec);
-  channel.set_link_model(settings_.link_model);
-  std::vector<std::unique_ptr<RankInterpreter>> ranks;
-  for (int r = 0; r < layout_.ranks; ++r) {
-    ranks.push_back(std::make_unique<RankInterpreter>(pipeline_, layout_, r, lists[static_cast<size_t>(r)], split,
-                                                      loss_fn_, channel, RankInterpreter::Mode::Train));
-    ranks.back()->set_device_model(&settings_.device, model_clock_);
-    ranks.back()->set_eager_sends(settings_.link_model == LinkModel::Inbound);  // Note [link models]
+  Ranks& kept = ranks_for(split.size());
+  LocalChannel& channel = kept.channel;
+  std::vector<std::unique_ptr<RankInterpreter>>& ranks = kept.interpreters;
+  channel.reset();
+  for (auto& r : ranks) {
+    r->set_device_model(&settings_.device, model_clock_);
+    r->begin(split);
   }
   run_to_completion(ranks, settings_.schedule);
   TORCH_CHECK(channel.in_flight() == 0, "executor: the '", settings_.schedule, "' schedule left ", channel.in_flight(),
@@ -115,12 +147,10 @@ at::Tensor LocalExecutor::evaluate_batch(const Batch& batch, bool compression) {
   NoGradGuard no_grad;
   ScopedInference inference(pipeline_, compression);
   const MicroBatches one = evaluation_batch(batch);
-  const std::vector<RankSchedule>& lists = cached_forward_only_schedule(layout_);
-  LocalChannel channel;
-  std::vector<std::unique_ptr<RankInterpreter>> ranks;
-  for (int r = 0; r < layout_.ranks; ++r)
-    ranks.push_back(std::make_unique<RankInterpreter>(pipeline_, layout_, r, lists[static_cast<size_t>(r)], one,
-                                                      loss_fn_, channel, RankInterpreter::Mode::Evaluate));
+  Ranks& kept = evaluation_ranks();
+  std::vector<std::unique_ptr<RankInterpreter>>& ranks = kept.interpreters;
+  kept.channel.reset();
+  for (auto& r : ranks) r->begin(one);
   run_to_completion(ranks, "evaluation");
   return ranks[static_cast<size_t>(layout_.rank_of(layout_.stages() - 1))]->tally();
 }

@@ -23,6 +23,7 @@ class LocalExecutor : public Executor {
   /// the task's loss of the last stage's output. Errors name a schedule, placement or link setting
   /// that does not fit the pipeline's stages.
   LocalExecutor(Pipeline& pipeline, LossFn loss_fn, ScheduleSettings settings = {});
+  ~LocalExecutor() override;
 
   /// With a device model: whether the timeline advances by the modelled seconds (default: step
   /// times do not depend on this machine) or by the measured ones (calibration: StepTiming has
@@ -64,6 +65,12 @@ class LocalExecutor : public Executor {
   std::string restore_rank_state(const std::string& path) override { return ""; }
 
  private:
+  // The ranks of one action list set: a channel and an interpreter per pipeline rank over it, made
+  // once and kept (Note [interpreters are kept] in parallel/interpreter.h).
+  struct Ranks;
+  Ranks& ranks_for(int micro_batches);
+  Ranks& evaluation_ranks();
+
   Pipeline& pipeline_;
   LossFn loss_fn_;
   ScheduleSettings settings_;
@@ -73,6 +80,8 @@ class LocalExecutor : public Executor {
   StepTiming timing_;
   std::vector<LinkUse> links_used_;
   bool stepped_ = false;
+  std::map<int, std::unique_ptr<Ranks>> train_ranks_;  // by micro-batches of the step
+  std::unique_ptr<Ranks> evaluation_ranks_;
 };
 
 }  // namespace tl

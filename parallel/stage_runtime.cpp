@@ -116,6 +116,13 @@ void StageRuntime::backward_weight(int64_t mb_index) {
   awaiting_weights_.erase(it);  // its tape and saved tensors
 }
 
+void StageRuntime::reset() {
+  in_flight_.clear();
+  awaiting_weights_.clear();
+  tally_ = at::Tensor();
+  units_ = 0;
+}
+
 size_t StageRuntime::held_for_weights_bytes() const {
   size_t n = 0;
   for (const auto& [mb, f] : awaiting_weights_) n += f.weights.held_bytes();

@@ -81,6 +81,9 @@ class StageRuntime {
   double units() const { return units_; }
   /// Micro-batches whose backward has not run yet, wholly or in part (0 after a complete step).
   size_t in_flight() const { return in_flight_.size() + awaiting_weights_.size(); }
+  /// Forgets the last step: its micro-batches in flight (a step that failed half-way), tally and
+  /// units (Note [interpreters are kept] in parallel/interpreter.h).
+  void reset();
 
  private:
   struct InFlight {

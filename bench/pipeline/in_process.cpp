@@ -11,6 +11,7 @@
 
 #include "bench/bench_util.h"
 #include "layers/models/gpt2.h"
+#include "parallel/interpreter.h"
 #include "parallel/local_executor.h"
 #include "parallel/simulate.h"
 
@@ -354,7 +355,9 @@ void plans(const Workload& w, const Options& o) {
 /// stage and one micro-batch through LocalExecutor, against the same model's forward, loss and
 /// backward called directly; the difference is the executor's per-step cost (the micro-batch split,
 /// the schedule lookup, one RankInterpreter and its stage runtime, the channel, the gradient
-/// accumulator, the timing). Medians of 300 steps each, alternated.
+/// accumulator, the timing). Medians of 300 steps each, alternated. Then what keeping the
+/// interpreters saves: a channel and an interpreter made afresh per step (as before) against
+/// begin() on kept ones.
 void step_overhead() {
   auto make = [] {
     GPT2Config c;
@@ -385,10 +388,32 @@ void step_overhead() {
     if (i >= 0) through.push_back(a), direct.push_back(d);
   }
   const double a = median(through), d = median(direct);
-  std::printf("{\"bench\":\"step_overhead\",\"model\":\"gpt2 1 x 64, 4 x 16 tokens\",\"stages\":1,"
-              "\"micro_batches\":1,\"executor_step_s\":%.3g,\"direct_step_s\":%.3g,\"overhead_us\":%.1f,"
-              "\"ratio\":%.3f}\n",
-              a, d, (a - d) * 1e6, a / d);
+  // What keeping the interpreters saves (Note [interpreters are kept]): a step's channel and
+  // interpreter made afresh, as every step did, against begin() on the kept ones.
+  const MicroBatches split = split_micro_batches(b, 1, 0);
+  const RankSchedule& list = cached_schedule("1f1b", StageLayout{}, 1).at(0);
+  LocalChannel kept_channel;
+  RankInterpreter kept(*p, StageLayout{}, 0, list, next_token_loss, kept_channel, RankInterpreter::Mode::Train);
+  std::vector<double> fresh_s, begin_s;
+  for (int i = -20; i < 300; ++i) {
+    auto t0 = Clock::now();
+    {
+      LocalChannel channel;
+      RankInterpreter fresh(*p, StageLayout{}, 0, list, next_token_loss, channel, RankInterpreter::Mode::Train);
+      fresh.begin(split);
+    }
+    const double f = seconds_since(t0);
+    t0 = Clock::now();
+    kept_channel.reset();
+    kept.begin(split);
+    const double k = seconds_since(t0);
+    if (i >= 0) fresh_s.push_back(f), begin_s.push_back(k);
+  }
+  std::printf(
+      "{\"bench\":\"step_overhead\",\"model\":\"gpt2 1 x 64, 4 x 16 tokens\",\"stages\":1,"
+      "\"micro_batches\":1,\"executor_step_s\":%.3g,\"direct_step_s\":%.3g,\"overhead_us\":%.1f,"
+      "\"ratio\":%.3f,\"fresh_interpreter_us\":%.2f,\"kept_interpreter_us\":%.2f}\n",
+      a, d, (a - d) * 1e6, a / d, median(fresh_s) * 1e6, median(begin_s) * 1e6);
   std::fflush(stdout);
 }
 

@@ -10,6 +10,12 @@ C10dChannel::C10dChannel(Transport& transport, std::vector<int> ranks, int64_t s
     : transport_(transport), ranks_(std::move(ranks)), step_(step), phase_(phase), measured_(std::move(measured)),
       where_(std::move(where)), device_(device) {}
 
+void C10dChannel::set_step(int64_t step, std::vector<bool> measured, std::string where) {
+  step_ = step;
+  measured_ = std::move(measured);
+  where_ = std::move(where);
+}
+
 int64_t C10dChannel::tag(int64_t step, Phase phase, const MessageKey& key, bool reference) {
   // step: 30 bits | kind: 4 bits | boundary: 10 bits | micro-batch: 16 bits.
   const int64_t kind = (phase == Phase::Evaluate ? 3 : key.activation ? 1 : 2) | (reference ? 8 : 0);

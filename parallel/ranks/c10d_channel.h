@@ -24,6 +24,12 @@ class C10dChannel final : public Channel {
   C10dChannel(Transport& transport, std::vector<int> ranks, int64_t step, Phase phase, std::vector<bool> measured,
               std::string where, at::Device device);
 
+  /// The next step's (or evaluation batch's) `step`, `measured` and `where`, as the constructor
+  /// takes them: a channel made once runs step after step (Note [interpreters are kept]).
+  void set_step(int64_t step, std::vector<bool> measured, std::string where);
+  /// Where received payloads are decoded.
+  at::Device device() const { return device_; }
+
   void send(int src, int dst, const MessageKey& key, StageMessage message, double now_s) override;
   std::optional<Delivered> recv(int src, int dst, const MessageKey& key, double now_s) override;
 

@@ -157,63 +157,131 @@ void DataParallelSync::set_bucket_bytes(int64_t bytes) {
   bucket_bytes_ = bytes;
 }
 
-// Note [uncompressed gradients in buckets]. Returns which parameters went through a bucket.
-std::vector<bool> DataParallelSync::reduce_in_buckets(int64_t step, const std::string& where) {
-  struct Part {
-    size_t param;
-    int64_t offset;
-  };
-  std::vector<bool> done(params_.size(), false);
-  std::vector<std::vector<Part>> layout;
-  std::vector<int64_t> sizes;
-  std::vector<at::ScalarType> dtypes;
+// Note [uncompressed gradients in buckets]: parameter order, one dtype a bucket, a parameter never
+// split.
+void DataParallelSync::layout_buckets() {
+  std::vector<bool> in(params_.size(), false);
   for (size_t i = 0; i < params_.size(); ++i) {
-    const at::Tensor& g = params_[i].second.grad();
-    if (!g.defined() || !g.is_cpu() || !at::isFloatingType(g.scalar_type()) || codecs_[i]->spec() != "identity")
+    const Variable& p = params_[i].second;
+    in[i] = p.requires_grad() && p.device().is_cpu() && at::isFloatingType(p.scalar_type()) &&
+            codecs_[i]->spec() == "identity";
+  }
+  if (in == in_bucket_ && !buckets_.empty()) return;
+  in_bucket_ = std::move(in);
+  buckets_.clear();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!in_bucket_[i]) continue;
+    const Variable& p = params_[i].second;
+    if (buckets_.empty() || buckets_.back().dtype != p.scalar_type() ||
+        (buckets_.back().numel > 0 && (buckets_.back().numel + p.numel()) * p.data().element_size() > bucket_bytes_))
+      buckets_.emplace_back(), buckets_.back().dtype = p.scalar_type();
+    buckets_.back().parts.push_back({i, buckets_.back().numel});
+    buckets_.back().numel += p.numel();
+  }
+}
+
+void DataParallelSync::sum_bucket(size_t b, double scale) {
+  Bucket& bucket = buckets_[b];
+  at::Tensor& flat = bucket.flat;
+  // A bucket is reused when nothing else holds it: no gradient's view, no send still in flight.
+  const bool reuse =
+      flat.defined() && flat.numel() == bucket.numel && flat.use_count() == 1 && flat.storage().use_count() == 1;
+  // A message buffer: sent whole (two replicas), it is the message's frame, not copied into one.
+  if (!reuse) flat = Transport::message_buffer(bucket.numel * c10::elementSize(bucket.dtype)).view(bucket.dtype);
+  for (const Bucket::Part& part : bucket.parts) {
+    Variable p = params_[part.param].second;
+    at::Tensor g = p.grad();
+    at::Tensor dst = flat.narrow(0, part.offset, p.numel());
+    if (!g.defined()) {  // none on any replica: zeros in its place, and it keeps none
+      std::memset(dst.data_ptr(), 0, static_cast<size_t>(dst.numel() * dst.element_size()));
       continue;
-    if (layout.empty() || dtypes.back() != g.scalar_type() ||
-        (sizes.back() > 0 && (sizes.back() + g.numel()) * g.element_size() > bucket_bytes_))
-      layout.emplace_back(), sizes.push_back(0), dtypes.push_back(g.scalar_type());
-    layout.back().push_back({i, sizes.back()});
-    sizes.back() += g.numel();
-    done[i] = true;
-  }
-  buckets_.resize(layout.size());
-  const std::string context = where + ", data-parallel gradients of replica " + std::to_string(replica_);
-  for (size_t b = 0; b < layout.size(); ++b) {
-    at::Tensor& flat = buckets_[b];
-    // A bucket is reused when nothing else holds it: no gradient's view, no send still in flight.
-    const bool reuse = flat.defined() && flat.numel() == sizes[b] && flat.scalar_type() == dtypes[b] &&
-                       flat.use_count() == 1 && flat.storage().use_count() == 1;
-    // A message buffer: sent whole (two replicas), it is the message's frame, not copied into one.
-    if (!reuse) flat = Transport::message_buffer(sizes[b] * c10::elementSize(dtypes[b])).view(dtypes[b]);
-    for (const Part& part : layout[b]) {
-      const at::Tensor& g = params_[part.param].second.grad();
-      at::Tensor dst = flat.narrow(0, part.offset, g.numel());
-      if (g.is_contiguous())  // a memcpy: no thread pool woken (its spinning threads starve the peer on few cores)
-        std::memcpy(dst.data_ptr(), g.data_ptr(), static_cast<size_t>(g.numel() * g.element_size()));
-      else
-        dst.view(g.sizes()).copy_(g);
     }
-    const at::Tensor sum = all_reduce_in_rank_order(
-        transport_, group_, replica_, flat, tag(step, kKindGradients) | int64_t(b + 1),
-        context + ", bucket " + std::to_string(b), [&](const std::string& to, int64_t bytes) {
-          fault_point(FaultPhase::AllReduce, -1, &transport_, true, to);  // Note [fault injection]
-          ++stats_.messages, stats_.bytes += bytes, stats_.raw_bytes += bytes;
-        });
-    for (const Part& part : layout[b]) {
-      Variable p = params_[part.param].second;
-      p.set_grad(sum.narrow(0, part.offset, p.numel()).view(p.sizes()));
+    if (scale != 1.0) {  // as the runtime's scale_grads would at the step's end: the same bits
+      g.mul_(scale);
+      scaled_.insert(p.impl());
     }
+    if (g.is_contiguous())  // a memcpy: no thread pool woken (its spinning threads starve the peer on few cores)
+      std::memcpy(dst.data_ptr(), g.data_ptr(), static_cast<size_t>(g.numel() * g.element_size()));
+    else
+      dst.view(g.sizes()).copy_(g);
   }
-  return done;
+  bucket.started = true;
+  const std::string context =
+      where_ + ", data-parallel gradients of replica " + std::to_string(replica_) + ", bucket " + std::to_string(b);
+  const int64_t bytes = flat.numel() * flat.element_size();
+  if (sums_during_backward()) {
+    fault_point(FaultPhase::AllReduce, -1, &transport_, false, context);  // Note [fault injection]: no frame follows
+    transport_.start_group_sum(group_, flat, context);
+    ++stats_.messages, stats_.bytes += bytes, stats_.raw_bytes += bytes;  // what two replicas' ring sends each way
+    return;
+  }
+  const at::Tensor sum =
+      all_reduce_in_rank_order(transport_, group_, replica_, flat, tag(step_, kKindGradients) | int64_t(b + 1), context,
+                               [&](const std::string& to, int64_t n) {
+                                 fault_point(FaultPhase::AllReduce, -1, &transport_, true, to);
+                                 ++stats_.messages, stats_.bytes += n, stats_.raw_bytes += n;
+                               });
+  for (const Bucket::Part& part : bucket.parts) {
+    Variable p = params_[part.param].second;
+    if (p.grad().defined()) p.set_grad(sum.narrow(0, part.offset, p.numel()).view(p.sizes()));
+  }
+}
+
+void DataParallelSync::sum_during_backward(std::vector<std::vector<int>> stages) {
+  TORCH_CHECK(stages.size() == params_.size(), "DataParallelSync: stages of ", stages.size(), " parameters for ",
+              params_.size());
+  TORCH_CHECK(group_.size() == 2, "dp.overlap: sums during the backward take two replicas (Gloo's sum of ",
+              group_.size(), " is not in replica order); ", group_.size(), " here");
+  transport_.open_group(group_, "the data-parallel process group of replica " + std::to_string(replica_));
+  stages_ = std::move(stages);
+}
+
+void DataParallelSync::begin_step(int64_t step, const std::string& where, double scale) {
+  if (!sums_during_backward()) return;
+  in_step_ = true, step_ = step, where_ = where, scale_ = scale;
+  done_.clear();
+  scaled_.clear();
+  layout_buckets();
+  for (Bucket& b : buckets_) b.started = false;
+}
+
+void DataParallelSync::stage_done(int stage) {
+  if (!in_step_) return;
+  NoGradGuard no_grad;
+  done_.insert(stage);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (buckets_[b].started) continue;
+    bool ready = true;
+    for (const Bucket::Part& part : buckets_[b].parts) {
+      const std::vector<int>& holders = stages_[part.param];
+      ready = ready && !holders.empty() &&
+              std::all_of(holders.begin(), holders.end(), [&](int s) { return done_.count(s) > 0; });
+    }
+    if (ready) sum_bucket(b, scale_);
+  }
 }
 
 void DataParallelSync::reduce_gradients(int64_t step, const std::string& where) {
   const int D = static_cast<int>(group_.size());
   if (D == 1 || params_.empty()) return;
   NoGradGuard no_grad;
-  const std::vector<bool> in_bucket = reduce_in_buckets(step, where);
+  if (!in_step_) {  // no begin_step: the whole layout is summed now
+    step_ = step, where_ = where;
+    layout_buckets();
+    for (Bucket& b : buckets_) b.started = false;
+  }
+  in_step_ = false;
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    if (!buckets_[b].started) sum_bucket(b, 1.0);  // the caller has scaled the rest
+  if (sums_during_backward()) {
+    transport_.wait_group_sums();
+    for (const Bucket& bucket : buckets_)
+      for (const Bucket::Part& part : bucket.parts) {
+        Variable p = params_[part.param].second;
+        if (p.grad().defined()) p.set_grad(bucket.flat.narrow(0, part.offset, p.numel()).view(p.sizes()));
+      }
+  }
+  const std::vector<bool>& in_bucket = in_bucket_;
   if (std::all_of(in_bucket.begin(), in_bucket.end(), [](bool b) { return b; })) return;
   CodecContext ctx;
   std::vector<Payload> mine;

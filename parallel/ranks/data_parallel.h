@@ -24,11 +24,28 @@
 // (group_sum.h): reduce-scatter then all-gather in place (two replicas: one exchange, summed in
 // the received buffer), 2 (D - 1) / D of the bucket's bytes out of each rank as a ring
 // all-reduce, and the same bits as the sum in replica order above, so a grid still gives one
-// process's numbers. The gradients then are views of the sum. (The sums start after the
-// step's backward; overlapping them with the last micro-batches' backward is not done: the
-// gradients are scaled by 1 / (the step's loss units over every replica) before they are summed,
-// as one process scales its accumulated gradient, and those units are known only after every
-// replica's last forward; summing first and scaling after would change the bits.)
+// process's numbers. The gradients then are views of the sum. The layout is made once from the
+// parameters that require grad (remade only if that set changes); a parameter without gradient
+// in a step (none on any replica) sends zeros in its place and keeps none.
+//
+// Note [sums started during the backward]. With two replicas (dp.overlap, the default), a bucket's
+// sum starts as soon as the step's last backward of every stage holding its parameters has run
+// (stage_done, called by the interpreter: Note [stages done] in parallel/interpreter.h), while the
+// rest of the step runs (the stages before it in the pipeline, this rank's other stages), as
+// PyTorch's DDP starts a bucket when its gradients are ready. The gradients are summed scaled, as
+// one process scales its accumulated gradient: by 1 / (the step's loss units), which every rank
+// knows from the step's batch before it runs (begin_step; the units are integer counts, so their
+// sum is exact in any order), so each gradient is scaled in place, by the same multiplication the
+// runtime applies at the end (scale_grads), before it is copied into its bucket: the same bits.
+// The sum runs on a c10d process group of the two replicas (Transport::start_group_sum, Note
+// [group sums in flight]): Gloo's threads move and add the bytes while the backward goes on, and
+// the step waits for them at its end. Two replicas' sum a + b is the bits of the in-rank-order sum
+// (b + a == a + b); with more replicas Gloo's ring adds the parts in another order, so the
+// buckets are summed after the backward as above. Within one stage's backward the parameters'
+// gradients appear together at its end (autograd/engine.cpp sums a leaf's gradient over the whole
+// pass), so a stage's buckets start together. These bytes carry no body checksum (not tapeline
+// frames; dp.overlap = false keeps the checksummed path), and emulated links (dp.bandwidth_mbps)
+// do not delay them (the runner turns dp.overlap off with them).
 //
 // What is compressed: each parameter's gradient is viewed as a matrix (shape[0], the rest), as
 // PowerSGD compresses a layer's gradient (a convolution's (out, in * kh * kw)); parameters of
@@ -42,7 +59,9 @@
 // sums them over every rank that holds them, all replicas at once (Optimus-CC's fused embedding
 // synchronisation), before this runs.
 
+#include <set>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "compression/codec_spec.h"
@@ -62,6 +81,7 @@ struct DataParallelOptions {
   CodecSpec compression;  // dp.compression: codec of the gradients (identity)
   std::vector<int64_t> compress_stages;  // dp.compress_stages: stages whose gradients are compressed (empty: all)
   int64_t bucket_bytes = int64_t(25) << 20;  // dp.bucket_mib: uncompressed gradients per flat bucket
+  bool overlap = true;  // dp.overlap: buckets summed during the backward (Note [sums started during the backward])
   bool compresses(int64_t stage) const;
 };
 
@@ -85,11 +105,27 @@ class DataParallelSync {
                    std::vector<std::pair<std::string, Variable>> buffers, std::vector<double> decay,
                    const CodecSpec& spec);
 
+  /// Note [sums started during the backward]: the buckets' sums start as stages finish.
+  /// `stages[i]`: this rank's stages that hold params[i] (empty: its gradient is final only at
+  /// the step's end). Makes the replicas' c10d process group (collective over the group). Only
+  /// with two replicas on Gloo (an error otherwise).
+  void sum_during_backward(std::vector<std::vector<int>> stages);
+  bool sums_during_backward() const { return !stages_.empty(); }
+  /// A step starts: its gradients are to be scaled by `scale` (1 / the step's loss units) before
+  /// they are summed. Without sum_during_backward(), nothing.
+  void begin_step(int64_t step, const std::string& where, double scale);
+  /// The step's last backward of `stage` has run: the buckets whose every parameter is now final
+  /// are scaled and their sums started.
+  void stage_done(int stage);
+  /// Whether `p`'s gradient was scaled this step by a bucket started in stage_done (the caller
+  /// scales the others).
+  bool scaled(const Variable& p) const { return scaled_.count(p.impl()) > 0; }
+
   /// Replaces every parameter's gradient by the sum over the replicas: the uncompressed ones in
-  /// flat buckets (Note [uncompressed gradients in buckets]), the compressed ones by all-gather
-  /// (Note [all-reduce by all-gather of payloads]). A parameter without gradient here has none on any replica (the
-  /// replicas run the same stages) and keeps none. `step` tags the messages and names the step in
-  /// errors.
+  /// flat buckets (Note [uncompressed gradients in buckets]; those started during the backward
+  /// are waited for), the compressed ones by all-gather (Note [all-reduce by all-gather of
+  /// payloads]). A parameter without gradient here has none on any replica (the replicas run the
+  /// same stages) and keeps none. `step` tags the messages and names the step in errors.
   void reduce_gradients(int64_t step, const std::string& where);
   /// Note [running statistics across replicas]. After replica e ran its k micro-batches of the
   /// step, from the running average r0 of the step's start (`since`), it holds
@@ -117,10 +153,25 @@ class DataParallelSync {
   const std::vector<CompressorPtr>& codecs() const { return codecs_; }
 
  private:
+  // Note [uncompressed gradients in buckets].
+  struct Bucket {
+    struct Part {
+      size_t param;
+      int64_t offset;
+    };
+    std::vector<Part> parts;
+    int64_t numel = 0;
+    at::ScalarType dtype = at::kFloat;
+    at::Tensor flat;  // reused from step to step while nothing else holds it
+    bool started = false;
+  };
+  // Lays the buckets out, unless the parameters that go in them are those of the last layout.
+  void layout_buckets();
+  // Fills bucket b from the gradients (scaled first by `scale` unless 1) and sums it: started on
+  // the replicas' process group (sum_during_backward), else summed here and the gradients set.
+  void sum_bucket(size_t b, double scale);
   // Sends this replica's payloads as one message to every other replica of the group and returns
   // every replica's, by replica. raw_bytes >= 0: counted in stats() as that many raw bytes each.
-  // Sums the uncompressed gradients in buckets; returns which parameters it summed.
-  std::vector<bool> reduce_in_buckets(int64_t step, const std::string& where);
   std::vector<std::vector<Payload>> all_gather(const std::vector<Payload>& mine, int64_t tag, const std::string& context,
                                                at::Device device, int64_t raw_bytes);
 
@@ -131,7 +182,17 @@ class DataParallelSync {
   std::vector<double> decay_;  // per buffer
   std::vector<CompressorPtr> codecs_;  // per parameter
   int64_t bucket_bytes_ = int64_t(25) << 20;
-  std::vector<at::Tensor> buckets_;  // flat, reused from step to step while their sizes hold
+  std::vector<bool> in_bucket_;  // per parameter: whether its gradient goes in a bucket (the layout's)
+  std::vector<Bucket> buckets_;
+  // Note [sums started during the backward]: per parameter the stages holding it (empty vector:
+  // not summed during the backward), and the step's state.
+  std::vector<std::vector<int>> stages_;
+  bool in_step_ = false;
+  int64_t step_ = 0;
+  std::string where_;
+  double scale_ = 1.0;
+  std::set<int> done_;                              // stages done this step
+  std::unordered_set<const VariableImpl*> scaled_;  // gradients scaled this step by sum_bucket
   DataParallelStats stats_;
 };
 

@@ -8,9 +8,11 @@
 //   rendezvous  before connecting to the others (STEP must be 0);
 //   forward     its first activation send of the step (a rank holding only the last stage has none);
 //   backward    its first gradient send of the step (a rank holding only the first stage has none);
-//   allreduce   the step's first collective (the loss tally); the corruptions need parallel.dp > 1
-//               and hit its first data-parallel gradient message (with one replica the step's
-//               all-reduces are c10d collectives of raw numbers: no tapeline frame to corrupt);
+//   allreduce   the step's first collective: the loss tally, or with two replicas (dp.overlap)
+//               the first bucket summed during the backward; the corruptions need parallel.dp > 1
+//               and hit its first data-parallel gradient message that is a tapeline frame (with
+//               one replica the step's all-reduces, and with dp.overlap the buckets, are c10d
+//               collectives of raw numbers: no tapeline frame to corrupt);
 //   evaluate    its first evaluation send after the step (not the last stage's rank);
 //   checkpoint  the first checkpoint written after the step: rank 0 (which writes the file) halfway
 //               through writing its temporary file, any other rank at the send of its part.

@@ -111,9 +111,18 @@ DistExecutor::DistExecutor(Pipeline& pipeline, Transport& transport, LossFn loss
       auto d = decay_of.find(impl_of(b));
       decay.push_back(d == decay_of.end() ? 0.0 : d->second);
     }
+    std::vector<std::vector<int>> holders;  // per parameter, this rank's stages holding it (none: a codec's)
+    for (const auto& [n, p] : params) {
+      auto it = stages_of.find(impl_of(p));
+      holders.push_back(it == stages_of.end() ? std::vector<int>{}
+                                              : std::vector<int>(it->second.begin(), it->second.end()));
+    }
     dp_ = std::make_unique<DataParallelSync>(transport_, grid_.data_group(rank_, tensor_rank_), replica_, std::move(params),
                                              compressed, std::move(buffers), std::move(decay), dp.compression);
     dp_->set_bucket_bytes(dp.bucket_bytes);
+    // Note [sums started during the backward]: two replicas on Gloo (more: Gloo's ring sums in
+    // another order than the replicas' order; NCCL: device gradients go by all-gather).
+    if (dp.overlap && grid_.data == 2 && device_.is_cpu()) dp_->sum_during_backward(std::move(holders));
   } else {
     const std::string problem = dp_codec_problem(dp.compression);
     TORCH_CHECK(problem.empty(), "dp.compression = ", dp.compression, ": ", problem);
@@ -260,8 +269,10 @@ void run_probe(Pipeline& pipeline, const StageLayout& layout, Transport& transpo
                       C10dChannel::Phase::Evaluate, std::vector<bool>(pipeline.boundaries().size(), false),
                       "checking the model on two training samples", batch.input.device());
   const MicroBatches one = evaluation_batch(batch);  // the interpreter keeps a reference
-  RankInterpreter interpreter(pipeline, layout, rank, cached_forward_only_schedule(layout).at(static_cast<size_t>(rank)),
-                              one, loss_fn, channel, RankInterpreter::Mode::Evaluate);
+  RankInterpreter interpreter(pipeline, layout, rank,
+                              cached_forward_only_schedule(layout).at(static_cast<size_t>(rank)), loss_fn, channel,
+                              RankInterpreter::Mode::Evaluate);
+  interpreter.begin(one);
   interpreter.run();
   transport.barrier("checking the model on two training samples");
 } catch (const TransportError& e) {
@@ -270,6 +281,24 @@ void run_probe(Pipeline& pipeline, const StageLayout& layout, Transport& transpo
 }
 
 // ---- training -------------------------------------------------------------------------------------
+
+struct DistExecutor::TrainRank {
+  C10dChannel channel;
+  std::unique_ptr<RankInterpreter> interpreter;
+};
+
+DistExecutor::~DistExecutor() = default;
+
+DistExecutor::TrainRank& DistExecutor::train_rank(int micro_batches, at::Device device) {
+  std::unique_ptr<TrainRank>& kept = train_ranks_[micro_batches];
+  if (kept && kept->channel.device() == device) return *kept;
+  kept.reset(new TrainRank{C10dChannel(transport_, ranks_, 0, C10dChannel::Phase::Train, {}, "", device), nullptr});
+  kept->interpreter = std::make_unique<RankInterpreter>(
+      pipeline_, layout_, rank_, cached_schedule(schedule_, layout_, micro_batches).at(static_cast<size_t>(rank_)),
+      loss_fn_, kept->channel, RankInterpreter::Mode::Train);
+  if (dp_ && dp_->sums_during_backward()) kept->interpreter->set_on_stage_done([this](int s) { dp_->stage_done(s); });
+  return *kept;
+}
 
 StepResult DistExecutor::train_step(const Batch& batch, int64_t micro_batches, const StepPosition& at,
                                     StepTiming* timing) {
@@ -289,14 +318,22 @@ StepResult DistExecutor::train_step(const Batch& batch, int64_t micro_batches, c
     split.batches.push_back(all.batches[static_cast<size_t>(i)]);
     split.contexts.push_back(all.contexts[static_cast<size_t>(i)]);
   }
+  // The step's loss units, from the batch every rank holds (integer counts: the same sum in any
+  // order as the replicas' sum below), so that gradients can be scaled as soon as they are final
+  // (Note [sums started during the backward] in data_parallel.h).
+  double batch_units = 0;
+  for (const Batch& mb : all.batches) batch_units += mb.weight();
+  TORCH_CHECK(batch_units > 0, "train_step: the batch has no loss units (every target ignored)");
+  if (dp_) dp_->begin_step(step, at_step, 1.0 / batch_units);
   std::vector<at::Tensor> buffers_before;
   if (dp_ && dp_->has_buffers()) buffers_before = dp_->snapshot_buffers();
   std::vector<bool> measured;
   for (const auto& b : pipeline_.boundaries()) measured.push_back(b->measures_error());
-  C10dChannel channel(transport_, ranks_, step, C10dChannel::Phase::Train, measured, at_step, batch.input.device());
+  TrainRank& kept = train_rank(split.size(), batch.input.device());
+  kept.channel.set_step(step, std::move(measured), at_step);
   if (tp_) tp_->set_phase(step, at_step, true, true);
-  RankInterpreter interpreter(pipeline_, layout_, rank_, cached_schedule(schedule_, layout_, split.size()).at(static_cast<size_t>(rank_)), split,
-                              loss_fn_, channel, RankInterpreter::Mode::Train);
+  RankInterpreter& interpreter = *kept.interpreter;
+  interpreter.begin(split);
   interpreter.run();  // a process waits for its messages: it returns when the list is done
 
   // As Pipeline::train_step: the gradient of the mean loss over the batch's units (of every
@@ -304,9 +341,13 @@ StepResult DistExecutor::train_step(const Batch& batch, int64_t micro_batches, c
   const auto t_sync = std::chrono::steady_clock::now();
   fault_point(FaultPhase::AllReduce, step, &transport_, false, at_step + ", the step's loss tally");
   const auto [t, units] = sum_tallies(interpreter.tally(), interpreter.units(), at_step + ", the step's loss");
-  TORCH_CHECK(units > 0, "train_step: the batch has no loss units (every target ignored)");
+  TORCH_CHECK(units == batch_units, "train_step: the replicas' first stages counted ", units,
+              " loss units; the batch holds ", batch_units, " (the ranks were given different batches)");
   reduce_tied_grads(step);
-  scale_grads(pipeline_.parameters(), 1.0 / units);
+  std::vector<Variable> unscaled;  // those the data-parallel sum has not scaled already
+  for (const Variable& p : pipeline_.parameters())
+    if (!dp_ || !dp_->scaled(p)) unscaled.push_back(p);
+  scale_grads(unscaled, 1.0 / units);
   if (dp_) {
     dp_->reduce_gradients(step, at_step);
     if (dp_->has_buffers()) dp_->sync_buffers(step, at_step, buffers_before, share);
@@ -436,8 +477,10 @@ at::Tensor DistExecutor::evaluate_batch(const Batch& batch, bool compression, in
   if (tp_)
     tp_->set_phase(index, "evaluation batch " + std::to_string(index + 1) + " after step " + std::to_string(last_step_),
                    false, compression);
-  RankInterpreter interpreter(pipeline_, layout_, rank_, cached_forward_only_schedule(layout_).at(static_cast<size_t>(rank_)),
-                              one, loss_fn_, channel, RankInterpreter::Mode::Evaluate);
+  RankInterpreter interpreter(pipeline_, layout_, rank_,
+                              cached_forward_only_schedule(layout_).at(static_cast<size_t>(rank_)), loss_fn_, channel,
+                              RankInterpreter::Mode::Evaluate);
+  interpreter.begin(one);
   interpreter.run();
   return interpreter.tally();
 }

@@ -100,6 +100,7 @@ class DistExecutor : public Executor {
   /// dp.compression cannot compress gradients.
   DistExecutor(Pipeline& pipeline, Transport& transport, LossFn loss_fn, const ScheduleSettings& settings,
                const DataParallelOptions& dp = {}, TensorParallelSync* tp = nullptr);
+  ~DistExecutor() override;
 
   /// Pipeline rank (0 .. P - 1), replica (0 .. D - 1) and tensor rank (0 .. T - 1) of this process.
   int pipeline_rank() const { return rank_; }
@@ -168,6 +169,11 @@ class DistExecutor : public Executor {
   Transport& transport() { return transport_; }
 
  private:
+  // This rank's training channel and interpreter for a step of some micro-batches, made once and
+  // kept (Note [interpreters are kept] in parallel/interpreter.h).
+  struct TrainRank;
+  TrainRank& train_rank(int micro_batches, at::Device device);
+
   // Note [the grid's parameters]: what every rank holds, from every rank (collective).
   void learn_structure();
   // Sums the gradients of parameters held by several stages between their ranks.
@@ -199,6 +205,7 @@ class DistExecutor : public Executor {
   std::map<std::string, int64_t> numel_;       // of every parameter (tied ones this rank may not hold)
   int64_t model_parameters_ = 0;
   std::unique_ptr<GridCheckpoint> checkpoint_;  // Note [one checkpoint]
+  std::map<int, std::unique_ptr<TrainRank>> train_ranks_;  // by this replica's micro-batches of a step
 };
 
 }  // namespace tl::ranks

@@ -4,14 +4,15 @@
 #include <c10/util/Exception.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <iostream>
 #include <fstream>
+#include <iostream>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -246,6 +247,15 @@ struct Transport::Impl {
   std::thread thread;
   TransportStats stats;
   std::function<std::string(int)> rank_name;  // set_rank_names
+  // Note [group sums in flight]: a process group per group of ranks, and the sums started.
+  std::map<std::vector<int>, compat::BackendPtr> groups;
+  struct GroupSum {
+    std::vector<int> group;
+    std::vector<at::Tensor> tensors;  // kept alive until waited for
+    compat::WorkPtr work;
+    std::string context;
+  };
+  std::deque<GroupSum> group_sums;
   Corruption corrupt_next = Corruption::None;  // corrupt_next_send (under mutex)
   std::mt19937_64 corrupt_rng;                 // dist.corrupt_rate's draws (the sending thread's)
 
@@ -704,17 +714,23 @@ struct Transport::Impl {
     return b;
   }
 
-  // Runs a collective; errors name the ranks of this machine that are gone.
-  void collective(const std::string& what, const std::string& context, const std::function<compat::WorkPtr()>& op) {
+  // Runs a collective; errors name the ranks of this machine that are gone. `members`: the ranks
+  // taking part (empty: every rank).
+  void collective(const std::string& what, const std::string& context, const std::function<compat::WorkPtr()>& op,
+                  const std::vector<int>& members = {}) {
     try {
       compat::wait(op(), timeout);
     } catch (const std::exception& e) {
-      TransportError err = failure(what, -1, context, cause_of(e));
-      // The peer at fault: the single rank that has exited, or the other rank of two.
-      int dead = -1, count = 0;
+      std::vector<int> others;
       for (int r = 0; r < env.world_size; ++r)
-        if (r != env.rank && liveness(r).find("has exited") != std::string::npos) dead = r, ++count;
-      const int peer = count == 1 ? dead : (count == 0 && env.world_size == 2 ? 1 - env.rank : -1);
+        if (r != env.rank && (members.empty() || std::find(members.begin(), members.end(), r) != members.end()))
+          others.push_back(r);
+      // The peer at fault: the single member that has exited, or the other member of two.
+      int dead = -1, count = 0;
+      for (int r : others)
+        if (liveness(r).find("has exited") != std::string::npos) dead = r, ++count;
+      const int peer = count == 1 ? dead : (count == 0 && others.size() == 1 ? others[0] : -1);
+      TransportError err = failure(what, members.empty() ? -1 : peer, context, cause_of(e));
       TransportError named(err.what(), peer, context, err.suspects());
       record(std::make_exception_ptr(named));
       throw named;
@@ -934,6 +950,55 @@ void Transport::all_reduce_sum(at::Tensor& tensor, const std::string& context) {
     o.timeout = impl_->timeout;
     return impl_->pg->allreduce(v, o);
   });
+}
+
+void Transport::open_group(const std::vector<int>& group, const std::string& context) {
+  impl_->check_ok(context);
+  const auto me = std::find(group.begin(), group.end(), rank());
+  TORCH_CHECK(!impl_->cuda, "rank ", rank(), ": group sums (", context, ") need the gloo backend");
+  TORCH_CHECK(me != group.end(), "rank ", rank(), ": open_group (", context, ") of a group without this rank");
+  if (impl_->groups.count(group)) return;
+  std::string name = "group", ranks;  // its store prefix: group/2/3
+  for (int r : group) {
+    TORCH_CHECK(r >= 0 && r < world_size(), "rank ", rank(), ": open_group (", context, "): rank ", r, " of ",
+                world_size());
+    name += "/" + std::to_string(r);
+    ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  }
+  try {
+    impl_->groups[group] =
+        compat::make_gloo(compat::make_prefix_store(name, impl_->store), static_cast<int>(me - group.begin()),
+                          static_cast<int>(group.size()), impl_->timeout, impl_->env.master_addr);
+  } catch (const std::exception& e) {
+    const int peer = group.size() == 2 ? group[group[0] == rank() ? 1 : 0] : -1;
+    throw impl_->failure("connecting the process group of ranks " + ranks, peer, context, cause_of(e));
+  }
+}
+
+void Transport::start_group_sum(const std::vector<int>& group, const at::Tensor& tensor, const std::string& context) {
+  impl_->check_ok(context);
+  auto it = impl_->groups.find(group);
+  TORCH_CHECK(it != impl_->groups.end(), "rank ", rank(), ": start_group_sum (", context, ") before open_group");
+  TORCH_CHECK(
+      tensor.dim() == 1 && tensor.is_contiguous() && tensor.is_cpu() && at::isFloatingType(tensor.scalar_type()),
+      "rank ", rank(), ": start_group_sum (", context, ") takes a 1-D contiguous floating-point CPU tensor, got ",
+      tensor.toString(), " ", tensor.sizes());
+  Impl::GroupSum sum{group, {tensor}, nullptr, context};
+  c10d::AllreduceOptions o;
+  o.reduceOp = c10d::ReduceOp::SUM;
+  o.timeout = impl_->timeout;
+  sum.work = it->second->allreduce(sum.tensors, o);
+  impl_->group_sums.push_back(std::move(sum));
+}
+
+void Transport::wait_group_sums() {
+  while (!impl_->group_sums.empty()) {
+    Impl::GroupSum sum = std::move(impl_->group_sums.front());
+    impl_->group_sums.pop_front();
+    impl_->collective(
+        "sum of " + std::to_string(sum.tensors[0].numel()) + " values over the group", sum.context,
+        [&] { return sum.work; }, sum.group);
+  }
 }
 
 void Transport::barrier(const std::string& context) {

@@ -252,6 +252,20 @@ class Transport {
 
   /// In-place sum over all ranks (tied embeddings). CPU contiguous for gloo.
   void all_reduce_sum(at::Tensor& tensor, const std::string& context);
+
+  /// Note [group sums in flight]. A c10d process group of the ranks `group` (this rank among
+  /// them; every member passes the same list, in the same order), for sums the caller starts and
+  /// waits for later: open_group() makes it (collective over the group; once per group), then
+  /// start_group_sum() starts an in-place sum of `tensor` (1-D, contiguous, floating, CPU) and
+  /// returns at once, while the process group's own threads move and add the bytes, and
+  /// wait_group_sums() waits for every sum started, in order. Gloo only. What two members get is
+  /// their two tensors added, bit for bit as Note [sums in rank order] (group_sum.h) adds them
+  /// (a + b == b + a); Gloo's ring adds more members' parts in another order. The bytes carry no
+  /// body checksum (they are not tapeline frames). A failure is a TransportError naming the peer
+  /// (of two members, the other; else one that exited), the sum and the caller's context.
+  void open_group(const std::vector<int>& group, const std::string& context);
+  void start_group_sum(const std::vector<int>& group, const at::Tensor& tensor, const std::string& context);
+  void wait_group_sums();
   /// Returns when every rank has called it (after flush()).
   void barrier(const std::string& context);
   /// Root's `bytes` on every rank.

@@ -289,6 +289,8 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
     dp.compression = config_.dp.compression;
     dp.compress_stages = config_.dp.compress_stages;
     dp.bucket_bytes = static_cast<int64_t>(config_.dp.bucket_mib * double(1 << 20));
+    // Emulated links between the replicas delay tapeline messages only: the sums go after the backward.
+    dp.overlap = config_.dp.overlap && config_.dp.bandwidth_mbps <= 0 && config_.dp.latency_ms <= 0;
     for (int64_t s : dp.compress_stages)
       TORCH_CHECK(s < static_cast<int64_t>(pipeline_->num_stages()), "dp.compress_stages: stage ", s,
                   " does not exist; the model has ", pipeline_->num_stages(), " stages (0 .. ",

@@ -32,12 +32,11 @@ std::string fnv1a_hex(const std::string& text) {
 // Keys that do not change what a run computes (presentation, placement, file locations; one process
 // or one per stage compute the same numbers, parallel/ranks/runtime.h).
 bool outside_fingerprint(const std::string& key) {
-  static const std::vector<std::string> keys = {"run.progress", "run.log_every", "run.checkpoint_every", "run.threads",
-                                                "run.measure_error",
-                                                "run.device",   "data.root",     "data.prefetch", "model.weights",
-                                                "pipeline.nproc", "dist.timeout_s", "dist.checksum", "dist.inject_fault",
-                                                "dist.corrupt_rate", "dist.corrupt_seed", "parallel.dp",
-                                                "dp.compression", "dp.compress_stages", "dp.bucket_mib"};
+  static const std::vector<std::string> keys = {
+      "run.progress",   "run.log_every",  "run.checkpoint_every", "run.threads",       "run.measure_error",
+      "run.device",     "data.root",      "data.prefetch",        "model.weights",     "pipeline.nproc",
+      "dist.timeout_s", "dist.checksum",  "dist.inject_fault",    "dist.corrupt_rate", "dist.corrupt_seed",
+      "parallel.dp",    "dp.compression", "dp.compress_stages",   "dp.bucket_mib",     "dp.overlap"};
   return key.rfind("boundary.", 0) == 0 || std::find(keys.begin(), keys.end(), key) != keys.end();
 }
 

@@ -22,6 +22,10 @@
 //                       and prints per size "TIMED bytes=B count=C total_s=.. mean_s=.. median_s=..
 //                       min_s=.. max_s=.. link_s=.." (link_s: mean time slept for link emulation).
 //                       For netns_test.cpp: a tc-shaped loopback against the link emulation.
+//   group_sum [die]     2 ranks: sums of random float32 and float64 tensors of several sizes through
+//                       Transport::start_group_sum, each checked bit for bit against
+//                       all_reduce_in_rank_order of the same tensors; prints "OK group_sum". With
+//                       "die", rank 1 kills itself once the group is open and rank 0's sum must fail.
 //   hello               prints a line to stdout and to stderr, exits 0.
 //   fail RANK CODE      RANK exits with CODE once all ranks are up (TL_UP_DIR) and 0.3 s more (CODE
 //                       "kill": SIGKILL itself); the others sleep (with "stubborn", ignoring SIGTERM)
@@ -49,6 +53,7 @@
 #include <vector>
 
 #include "compression/payload.h"
+#include "parallel/ranks/group_sum.h"
 #include "parallel/ranks/rendezvous.h"
 #include "parallel/ranks/transport.h"
 
@@ -212,6 +217,44 @@ int run_die(const DistEnv& env, int victim, bool in_send, bool thread) {
   }
   std::printf("FAIL: no error from the dead rank\n");
   return 1;
+}
+
+int run_group_sum(const DistEnv& env, bool die) {
+  TransportOptions o = options_from_env();
+  o.comm_thread = true;  // as the runtime runs
+  auto t = Transport::connect(env, o);
+  const std::vector<int> group = {0, 1};
+  t->open_group(group, "group_sum");
+  if (die && t->rank() == 1) ::raise(SIGKILL);
+  const double t0 = now_s();
+  int checked = 0;
+  try {
+    for (const at::ScalarType dtype : {at::kFloat, at::kDouble})
+      for (const int64_t n : {int64_t(1), int64_t(1000), int64_t(1) << 20, (int64_t(3) << 20) + 7}) {
+        at::manual_seed(7 * t->rank() + n);
+        const at::Tensor mine = (at::randn({n}, dtype) * 10).exp_().sub_(1);  // wide exponents: rounding matters
+        at::Tensor started = mine.clone();
+        t->start_group_sum(group, started, "step 4, data-parallel gradients, bucket " + std::to_string(checked));
+        t->wait_group_sums();
+        const at::Tensor ordered =
+            all_reduce_in_rank_order(*t, group, t->rank(), mine.clone(), 100 + checked, "ordered");
+        if (std::memcmp(started.data_ptr(), ordered.data_ptr(), static_cast<size_t>(n * started.element_size())) != 0) {
+          std::printf("FAIL %s sum of %lld values differs from the sum in rank order\n", c10::toString(dtype),
+                      static_cast<long long>(n));
+          return 1;
+        }
+        ++checked;
+      }
+  } catch (const TransportError& e) {
+    caught(e, t0);
+  }
+  if (die) {
+    std::printf("FAIL: no error from the dead rank\n");
+    return 1;
+  }
+  t->barrier("end");
+  std::printf("OK group_sum rank %d checked=%d\n", t->rank(), checked);
+  return 0;
 }
 
 int run_silent(const DistEnv& env, bool collective) {
@@ -434,9 +477,9 @@ int run_fail(const DistEnv& env, int bad, const std::string& code, bool stubborn
 int main(int argc, char** argv) {
   std::vector<std::string> a(argv + 1, argv + argc);
   if (a.empty()) {
-    std::fprintf(
-        stderr,
-        "usage: parallel_dist_helper exchange|die|silent|silent_collective|stalled_chain|garbage|link|timed|hello|fail ...\n");
+    std::fprintf(stderr,
+                 "usage: parallel_dist_helper "
+                 "exchange|die|group_sum|silent|silent_collective|stalled_chain|garbage|link|timed|hello|fail ...\n");
     return 2;
   }
   try {
@@ -446,6 +489,7 @@ int main(int argc, char** argv) {
     if (mode == "die")
       return run_die(env, std::atoi(a.at(1).c_str()), a.size() > 2 && a[2] == "send", a.size() > 3 && a[3] == "thread");
     if (mode == "silent") return run_silent(env, false);
+    if (mode == "group_sum") return run_group_sum(env, a.size() > 1 && a[1] == "die");
     if (mode == "link") return run_link(env);
     if (mode == "timed") {
       const int count = std::atoi(a.at(1).c_str());

@@ -76,6 +76,27 @@ TEST(Transport, TwoRanksExchangeVariableSizePayloadsExactly) {
   expect_exchanged(run_ranks("exchange", 2, {"exchange", "40"}, 120));
 }
 
+// Note [group sums in flight]: two members' sum on their own process group is the bits of the sum
+// in rank order (the data-parallel sum during the backward relies on it), and a dead member is an
+// error naming it and the sum's context.
+TEST(Transport, GroupSumsOfTwoAreTheSumInRankOrder) {
+  SKIP_WITHOUT_TRANSPORT();
+  auto runs = run_ranks("group_sum", 2, {"group_sum"}, 120);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(exit_code(runs[r].status), 0) << logs_of(runs);
+    EXPECT_NE(runs[r].log.find("OK group_sum rank " + std::to_string(r) + " checked=8"), std::string::npos)
+        << logs_of(runs);
+  }
+}
+
+TEST(Transport, AGroupSumWithADeadMemberNamesIt) {
+  SKIP_WITHOUT_TRANSPORT();
+  auto runs = run_ranks("group_sum_die", 2, {"group_sum", "die"}, 60);
+  EXPECT_EQ(exit_code(runs[0].status), 3) << logs_of(runs);
+  EXPECT_NE(runs[0].log.find("CAUGHT peer=1"), std::string::npos) << logs_of(runs);
+  EXPECT_NE(runs[0].log.find("step 4, data-parallel gradients, bucket 0"), std::string::npos) << logs_of(runs);
+}
+
 TEST(Transport, CommunicationThreadKeepsOrderAndBytes) {
   SKIP_WITHOUT_TRANSPORT();
   auto runs = run_ranks("exchange_comm", 2, {"exchange", "40", "comm"}, 120);

@@ -442,6 +442,37 @@ TEST(MultiProcessTrain, GridsOfReplicasComputeTheNumbersOfOneProcess) {
   }
 }
 
+// Note [sums started during the backward] (parallel/ranks/data_parallel.h): the buckets summed while
+// the backward runs, on the replicas' own process group, give the bits of the sums after the
+// backward (dp.overlap = false), in 1F1B and in ZB-H1 (whose weight gradients come in W actions),
+// with BatchNorm buffers and stateful boundary codecs.
+TEST(MultiProcessTrain, DataParallelSumsDuringTheBackwardAreBitIdentical) {
+  REQUIRE_MULTIPROCESS();
+  testing::TempDir dir;
+  const std::string common = "train --config " + write_config(dir.path(), 2) +
+                             " --no-plot --quiet --nproc 4 --parallel.dp=2 --model.cuts=layer2 --out ";
+  for (const std::string schedule : {"1f1b", "zbh1"}) {
+    SCOPED_TRACE(schedule);
+    const fs::path after = dir.path() / ("after_" + schedule), during = dir.path() / ("during_" + schedule);
+    const std::string args = " --pipeline.schedule=" + schedule;
+    auto [s0, o0] = run(common + after.string() + args + " --dp.overlap=false", mp::temp_log("dp-after"));
+    ASSERT_EQ(s0, 0) << o0;
+    auto [s1, o1] = run(common + during.string() + args, mp::temp_log("dp-during"));
+    ASSERT_EQ(s1, 0) << o1;
+    EXPECT_EQ(metrics_without_times(during), metrics_without_times(after));
+    std::string name;
+    EXPECT_EQ(worst_relative_difference(after, during, &name), 0.0) << name;
+  }
+  // And the sums did start during the step: the first all-reduce hook of a step (Note [fault
+  // injection]) is a bucket's start on rank 3, before the step's loss tally.
+  auto [s2, o2] = run(common + (dir.path() / "probe").string() + " --dist.inject_fault=3:allreduce:2:exit",
+                      mp::temp_log("dp-probe"));
+  EXPECT_NE(s2, 0) << o2;
+  EXPECT_NE(o2.find("injected fault"), std::string::npos) << o2;
+  EXPECT_NE(o2.find("at allreduce, epoch 1 step 2, data-parallel gradients of replica 1, bucket 0"), std::string::npos)
+      << o2;
+}
+
 // Compressed data parallelism (PowerSGD with error feedback, Optimus-CC) sends a fraction of the
 // raw gradient bytes, keeps the replicas identical (checked by the runtime every epoch) and
 // trains; compressing only stage 0 (dp.compress_stages) sends more than compressing both.
