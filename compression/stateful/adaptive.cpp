@@ -172,7 +172,7 @@ void CandidateSelector::check_trial_safe() const {
 
 // ---- schedule --------------------------------------------------------------------------------------
 
-Schedule::Schedule(std::vector<CompressorPtr> candidates, std::vector<double> thresholds)
+ScheduledCodec::ScheduledCodec(std::vector<CompressorPtr> candidates, std::vector<double> thresholds)
     : CandidateSelector("Schedule", "schedule", std::move(candidates)), thresholds_(std::move(thresholds)) {
   TORCH_CHECK(thresholds_.size() + 1 == size(), "schedule: ", size(), " codecs need ", size() - 1,
               " switch points, got ", thresholds_.size());
@@ -184,7 +184,7 @@ Schedule::Schedule(std::vector<CompressorPtr> candidates, std::vector<double> th
   }
 }
 
-CompressorPtr Schedule::from_spec(SpecArgs& a) {
+CompressorPtr ScheduledCodec::from_spec(SpecArgs& a) {
   const size_t n = a.call().positional.size();
   if (n < 3 || n % 2 == 0)
     TORCH_CHECK(false,
@@ -207,25 +207,25 @@ CompressorPtr Schedule::from_spec(SpecArgs& a) {
       a.fail(i, key, "a progress above the previous switch point " + codec::format_number(until.back()));
     until.push_back(p);
   }
-  return std::make_shared<Schedule>(std::move(codecs), std::move(until));
+  return std::make_shared<ScheduledCodec>(std::move(codecs), std::move(until));
 }
 
-std::string Schedule::spec() const {
+std::string ScheduledCodec::spec() const {
   std::string s = "schedule(" + candidates_[0]->spec();
   for (size_t i = 0; i < thresholds_.size(); ++i)
     s += ", " + codec::format_number(thresholds_[i]) + ", " + candidates_[i + 1]->spec();
   return s + ")";
 }
 
-size_t Schedule::phase_of(double p) const {
+size_t ScheduledCodec::phase_of(double p) const {
   return static_cast<size_t>(std::upper_bound(thresholds_.begin(), thresholds_.end(), p) - thresholds_.begin());
 }
 
-Payload Schedule::encode(const at::Tensor& x, const CodecContext& ctx) {
+Payload ScheduledCodec::encode(const at::Tensor& x, const CodecContext& ctx) {
   return send_with(ctx.knows_progress() ? phase_of(ctx.progress) : current(), x, ctx);
 }
 
-at::Tensor Schedule::deliver_residual(const at::Tensor& x, const CodecContext& ctx) {
+at::Tensor ScheduledCodec::deliver_residual(const at::Tensor& x, const CodecContext& ctx) {
   return candidates_[ctx.knows_progress() ? phase_of(ctx.progress) : current()]->deliver_residual(x, ctx);
 }
 

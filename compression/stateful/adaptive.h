@@ -82,11 +82,13 @@ class CandidateSelector : public Compressor {
 
 /// schedule(C0, p1, C1, ...): switches codec by training progress (CodecContext::progress, the
 /// fraction of the run's steps done). A message whose context has no progress (evaluation, unit
-/// tests) uses the phase of the last training message (C0 before any).
-class Schedule : public CandidateSelector {
+/// tests) uses the phase of the last training message (C0 before any). Not named Schedule: that is
+/// the learning-rate schedule (layers/optim/schedule.h), and two polymorphic tl::Schedule classes
+/// in one program share one vtable and one type_info symbol.
+class ScheduledCodec : public CandidateSelector {
  public:
   /// thresholds.size() == candidates.size() - 1, strictly increasing, each in (0, 1).
-  Schedule(std::vector<CompressorPtr> candidates, std::vector<double> thresholds);
+  ScheduledCodec(std::vector<CompressorPtr> candidates, std::vector<double> thresholds);
   static CompressorPtr from_spec(SpecArgs& args);
 
   std::string spec() const override;

@@ -143,7 +143,7 @@ void register_stateful_codecs() {
   register_codec({"subspace", 37, make_subspace,
                   "subspace(k, d=0, vocab=0, seed=0, token_std=0.02, wire=SPEC): Protocol Models subspace projection",
                   "subspace(4)", transform()});
-  register_codec({"schedule", 38, Schedule::from_spec,
+  register_codec({"schedule", 38, ScheduledCodec::from_spec,
                   "schedule(C0, p1, C1, ...): C0 while the training progress is below p1, then C1, ...",
                   "schedule({}, 0.5, {})", wrapper()});
   register_codec({"adaptive", 39, Adaptive::from_spec,

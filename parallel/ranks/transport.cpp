@@ -983,7 +983,7 @@ void Transport::start_group_sum(const std::vector<int>& group, const at::Tensor&
       tensor.dim() == 1 && tensor.is_contiguous() && tensor.is_cpu() && at::isFloatingType(tensor.scalar_type()),
       "rank ", rank(), ": start_group_sum (", context, ") takes a 1-D contiguous floating-point CPU tensor, got ",
       tensor.toString(), " ", tensor.sizes());
-  Impl::GroupSum sum{group, {tensor}, nullptr, context};
+  Impl::GroupSum sum{group, {tensor}, compat::WorkPtr(), context};
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp::SUM;
   o.timeout = impl_->timeout;

@@ -94,7 +94,7 @@ TEST(Adaptive, ExactBytesAndFreshReceiver) {
 }
 
 TEST(Adaptive, ScheduleSwitchesAtTheProgress) {
-  auto s = std::dynamic_pointer_cast<Schedule>(parse_compressor("schedule(quant(bits=2), 0.3, quant(bits=4))"));
+  auto s = std::dynamic_pointer_cast<ScheduledCodec>(parse_compressor("schedule(quant(bits=2), 0.3, quant(bits=4))"));
   ASSERT_TRUE(s);
   const at::Tensor x = activations(2);
   // Step s of 10 has progress (s - 1) / 10: steps 1-3 use quant(2), steps 4-10 quant(4).

@@ -1,6 +1,4 @@
-// Study 3 of docs/TIME.md: the shipped plan configs (configs/plan/). Apart from plan_test.cpp
-// because adaptive.h's tl::Schedule (a codec) and layers/optim/schedule.h's (a learning-rate
-// schedule), which parallel/executor.h brings in, cannot meet in one file.
+// Study 3 of docs/TIME.md: the shipped plan configs (configs/plan/).
 #include <gtest/gtest.h>
 
 #include <filesystem>
