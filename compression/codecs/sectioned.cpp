@@ -32,11 +32,15 @@ constexpr int64_t kValueGrain = int64_t(1) << 18;
 #define TL_SECTION_CLONES
 #endif
 
+// One 16-bit value at any byte: a section starts where the previous one ended, odd or even (the fuzz
+// harness of specs found the aligned stores misaligned).
+inline void store16(uint8_t* p, uint16_t x) { std::memcpy(p, &x, sizeof(x)); }
+
 // fp16 (saturated) or bf16 of v[0, n) at out, rounded to nearest even; true when a NaN was seen.
 // Plain loops the compiler vectorises (Note [target clones] in quant_kernels.cpp); fp16 with the
 // F16C conversion where the CPU has it (the same rounding as the scalar form and ATen's cast).
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-__attribute__((target("avx2,f16c"))) bool to_half_f16c(const float* v, int64_t n, uint16_t* out) {
+__attribute__((target("avx2,f16c"))) bool to_half_f16c(const float* v, int64_t n, uint8_t* out) {
   const __m256 hi = _mm256_set1_ps(static_cast<float>(kHalfMax)), lo = _mm256_set1_ps(-static_cast<float>(kHalfMax));
   __m256 nan = _mm256_setzero_ps();
   int64_t i = 0;
@@ -44,33 +48,33 @@ __attribute__((target("avx2,f16c"))) bool to_half_f16c(const float* v, int64_t n
     const __m256 x = _mm256_loadu_ps(v + i);
     nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
     const __m128i h = _mm256_cvtps_ph(_mm256_min_ps(_mm256_max_ps(x, lo), hi), _MM_FROUND_TO_NEAREST_INT);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), h);
   }
   bool seen = _mm256_movemask_ps(nan) != 0;
   for (; i < n; ++i) {
     seen |= v[i] != v[i];
-    out[i] = at::Half(std::min(std::max(v[i], static_cast<float>(-kHalfMax)), static_cast<float>(kHalfMax))).x;
+    store16(out + 2 * i, at::Half(std::min(std::max(v[i], static_cast<float>(-kHalfMax)), static_cast<float>(kHalfMax))).x);
   }
   return seen;
 }
 #endif
 
-TL_SECTION_CLONES bool to_bf16(const float* v, int64_t n, uint16_t* out) {
+TL_SECTION_CLONES bool to_bf16(const float* v, int64_t n, uint8_t* out) {
   int32_t nan = 0;
   for (int64_t i = 0; i < n; ++i) {
     uint32_t u;
     std::memcpy(&u, v + i, sizeof(u));
     nan |= (u & 0x7fffffffu) > 0x7f800000u;
-    out[i] = static_cast<uint16_t>((u + ((u >> 16) & 1) + 0x7fffu) >> 16);  // c10::BFloat16's rounding
+    store16(out + 2 * i, static_cast<uint16_t>((u + ((u >> 16) & 1) + 0x7fffu) >> 16));  // c10::BFloat16's rounding
   }
   return nan != 0;
 }
 
-TL_SECTION_CLONES bool to_half(const float* v, int64_t n, uint16_t* out) {
+TL_SECTION_CLONES bool to_half(const float* v, int64_t n, uint8_t* out) {
   bool nan = false;
   for (int64_t i = 0; i < n; ++i) {
     nan |= v[i] != v[i];
-    out[i] = at::Half(std::min(std::max(v[i], static_cast<float>(-kHalfMax)), static_cast<float>(kHalfMax))).x;
+    store16(out + 2 * i, at::Half(std::min(std::max(v[i], static_cast<float>(-kHalfMax)), static_cast<float>(kHalfMax))).x);
   }
   return nan;
 }
@@ -88,7 +92,7 @@ bool write_values_cpu(const float* v, int64_t n, at::ScalarType wire, uint8_t* o
 #endif
   std::atomic<bool> finite_or_inf{true};
   at::parallel_for(0, n, kValueGrain, [&](int64_t i0, int64_t i1) {
-    auto* o = reinterpret_cast<uint16_t*>(out) + i0;
+    uint8_t* o = out + 2 * i0;  // a section may start at any byte of the body
     bool nan;
     if (wire == at::kBFloat16) {
       nan = to_bf16(v + i0, i1 - i0, o);
