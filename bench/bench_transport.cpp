@@ -23,8 +23,17 @@
 //   {"bench":"crc32c","bytes":...,"crc_GBps":...,"crc_sse42_GBps":...,"memcpy_GBps":...,
 //    "ratio":crc/memcpy,"ratio_sse42":...}
 // (crc_sse42: the crc32-instruction path alone, what crc32c was before the folding path.)
+// Each message line also carries the CPU the two processes spent (getrusage: user + system, every
+// thread, the kernel's socket copies included), summed over both ranks, for raw c10d and for the
+// blocking transport with and without checksums: "raw_cores" = CPU seconds / wall seconds while
+// raw c10d streams (2 on a 2-core machine: the transfer holds every core), "cpu_ratio" = raw CPU /
+// tapeline CPU (with checksums) and "cpu_ratio_no_checksum". Where raw_cores reaches the core
+// count, cpu_ratio bounds the throughput ratio: the checksum passes can only run on cores the
+// transfer needs (Note [what the checksum costs on a full machine], docs/PIPELINE.md).
 // Options: --repeats R (default 5), --min-kib K (default 64), --max-mib M (default 64), --timeout S
 // (default 60).
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -90,6 +99,13 @@ void bench_checksum(const Args& args) {
   }
 }
 
+// CPU seconds (user + system) of this process so far, all threads.
+double cpu_s() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 int run_rank(const Args& args) {
   const DistEnv env = DistEnv::from_env();
   if (env.world_size != 2) {
@@ -129,12 +145,15 @@ int run_rank(const Args& args) {
     for (int i = 0; i < 4; ++i) bufs.push_back(Transport::message_buffer(size).fill_(7));
     double best_raw = 1e30, best_tl = 1e30, best_thread = 1e30;
     std::vector<double> paired, paired_thread, paired_nocrc, paired_copied;  // raw time / tapeline time
+    // This rank's CPU seconds and the wall seconds: raw, tapeline blocking, tapeline without checksums.
+    double cpu[3] = {0, 0, 0}, wall[3] = {0, 0, 0};
     // Small messages are latency-bound, hence the most sensitive to other processes on the
     // machine: they get more (cheap) repeats, so that the best of them finds a quiet moment.
     const int repeats = size <= (int64_t(1) << 20) ? 3 * args.repeats : args.repeats;
     for (int rep = 0; rep < repeats; ++rep) {
       // raw c10d: both sides know the size.
       tl_plain->barrier("raw start");
+      double c0 = cpu_s();
       double t0 = now_s();
       for (int i = 0; i < k; ++i) {
         std::vector<at::Tensor> v{buf};
@@ -145,12 +164,14 @@ int run_rank(const Args& args) {
         compat::wait(me == 0 ? raw->recv(v, 1, 2) : raw->send(v, 0, 2), timeout);
       }
       const double raw_s = now_s() - t0;
+      cpu[0] += cpu_s() - c0, wall[0] += raw_s;
       best_raw = std::min(best_raw, raw_s);
       // tapeline: blocking, with the communication thread, without checksums, and blocking with
       // the plain tensor (copied into a frame); one operation a message.
       for (int variant = 0; variant < 4; ++variant) {
         Transport* t = variant == 1 ? tl_thread.get() : variant == 2 ? tl_nocrc.get() : tl_plain.get();
         t->barrier("tapeline start");
+        c0 = cpu_s();
         t0 = now_s();
         for (int i = 0; i < k; ++i) {
           if (me == 0)
@@ -163,6 +184,7 @@ int run_rank(const Args& args) {
         else
           t->send(0, ack, 0, "ack");
         const double dt = now_s() - t0;
+        if (variant == 0 || variant == 2) cpu[variant / 2 + 1] += cpu_s() - c0, wall[variant / 2 + 1] += dt;
         if (variant >= 2) {
           (variant == 2 ? paired_nocrc : paired_copied).push_back(raw_s / dt);
           continue;
@@ -170,6 +192,14 @@ int run_rank(const Args& args) {
         (t == tl_plain.get() ? best_tl : best_thread) = std::min(t == tl_plain.get() ? best_tl : best_thread, dt);
         (t == tl_plain.get() ? paired : paired_thread).push_back(raw_s / dt);
       }
+    }
+    // Rank 1's CPU seconds join rank 0's.
+    {
+      at::Tensor mine = at::tensor(std::vector<double>(cpu, cpu + 3), at::kDouble);
+      std::vector<at::Tensor> v{mine};
+      compat::wait(me == 0 ? raw->recv(v, 1, 3) : raw->send(v, 0, 3), timeout);
+      if (me == 0)
+        for (int i = 0; i < 3; ++i) cpu[i] += mine[i].item<double>();
     }
     if (me == 0) {
       auto median = [](std::vector<double> v) {
@@ -182,10 +212,10 @@ int run_rank(const Args& args) {
           "{\"bench\":\"transport\",\"backend\":\"gloo\",\"bytes\":%lld,\"messages\":%d,\"repeats\":%d,"
           "\"raw_MBps\":%.1f,\"tapeline_MBps\":%.1f,\"tapeline_thread_MBps\":%.1f,\"ratio\":%.3f,"
           "\"ratio_thread\":%.3f,\"ratio_median\":%.3f,\"ratio_thread_median\":%.3f,"
-          "\"ratio_no_checksum_median\":%.3f,\"ratio_copied_median\":%.3f,\"target\":0.9,"
-          "\"target_no_checksum\":0.95}\n",
+          "\"ratio_no_checksum_median\":%.3f,\"ratio_copied_median\":%.3f,\"raw_cores\":%.2f,"
+          "\"cpu_ratio\":%.3f,\"cpu_ratio_no_checksum\":%.3f,\"target\":0.9,\"target_no_checksum\":0.95}\n",
           (long long)size, k, repeats, mb / best_raw, mb / best_tl, mb / best_thread, best_raw / best_tl,
-          best_raw / best_thread, median(paired), median(paired_thread), median(paired_nocrc), median(paired_copied));
+          best_raw / best_thread, median(paired), median(paired_thread), median(paired_nocrc), median(paired_copied), cpu[0] / wall[0], cpu[0] / cpu[1], cpu[0] / cpu[2]);
       std::fflush(stdout);
     }
   }

@@ -159,24 +159,38 @@ void DataParallelSync::set_bucket_bytes(int64_t bytes) {
 
 // Note [uncompressed gradients in buckets]: parameter order, one dtype a bucket, a parameter never
 // split.
+std::vector<std::vector<size_t>> bucket_layout(const std::vector<int64_t>& numel,
+                                               const std::vector<at::ScalarType>& dtype,
+                                               const std::vector<bool>& in_bucket, int64_t bucket_bytes) {
+  std::vector<std::vector<size_t>> out;
+  int64_t filled = 0;  // elements in the last bucket
+  for (size_t i = 0; i < numel.size(); ++i) {
+    if (!in_bucket[i]) continue;
+    if (out.empty() || dtype[out.back().front()] != dtype[i] ||
+        (filled > 0 && (filled + numel[i]) * static_cast<int64_t>(c10::elementSize(dtype[i])) > bucket_bytes))
+      out.emplace_back(), filled = 0;
+    out.back().push_back(i);
+    filled += numel[i];
+  }
+  return out;
+}
+
 void DataParallelSync::layout_buckets() {
   std::vector<bool> in(params_.size(), false);
+  std::vector<int64_t> numel;
+  std::vector<at::ScalarType> dtype;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Variable& p = params_[i].second;
     in[i] = p.requires_grad() && p.device().is_cpu() && at::isFloatingType(p.scalar_type()) &&
             codecs_[i]->spec() == "identity";
+    numel.push_back(p.numel()), dtype.push_back(p.scalar_type());
   }
   if (in == in_bucket_ && !buckets_.empty()) return;
   in_bucket_ = std::move(in);
   buckets_.clear();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (!in_bucket_[i]) continue;
-    const Variable& p = params_[i].second;
-    if (buckets_.empty() || buckets_.back().dtype != p.scalar_type() ||
-        (buckets_.back().numel > 0 && (buckets_.back().numel + p.numel()) * p.data().element_size() > bucket_bytes_))
-      buckets_.emplace_back(), buckets_.back().dtype = p.scalar_type();
-    buckets_.back().parts.push_back({i, buckets_.back().numel});
-    buckets_.back().numel += p.numel();
+  for (const std::vector<size_t>& members : bucket_layout(numel, dtype, in_bucket_, bucket_bytes_)) {
+    buckets_.emplace_back(), buckets_.back().dtype = dtype[members.front()];
+    for (size_t i : members) buckets_.back().parts.push_back({i, buckets_.back().numel}), buckets_.back().numel += numel[i];
   }
 }
 

@@ -85,6 +85,14 @@ struct DataParallelOptions {
   bool compresses(int64_t stage) const;
 };
 
+/// Note [uncompressed gradients in buckets]'s layout: the buckets, each a list of indices into
+/// `numel` / `dtype` (the parameters, in order; those with `in_bucket` false left out), at most
+/// `bucket_bytes` each unless one parameter alone is larger, one dtype a bucket. The runtime lays
+/// its buckets out with it, and the planner its messages (tasks/runner/plan.h).
+std::vector<std::vector<size_t>> bucket_layout(const std::vector<int64_t>& numel,
+                                               const std::vector<at::ScalarType>& dtype,
+                                               const std::vector<bool>& in_bucket, int64_t bucket_bytes);
+
 /// Bytes of data-parallel messages sent by this rank.
 struct DataParallelStats {
   int64_t messages = 0;

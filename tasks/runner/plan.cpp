@@ -13,6 +13,8 @@
 #include "layers/nn/init.h"
 #include "parallel/executor.h"
 #include "parallel/local_executor.h"
+#include "parallel/ranks/data_parallel.h"
+#include "parallel/stage_runtime.h"
 #include "tasks/models.h"
 #include "tasks/runner/experiment.h"
 #include "tasks/runner/report.h"
@@ -116,6 +118,101 @@ std::string num(double v) {
   return s.str();
 }
 
+// Note [data parallelism in a plan]: the sums of pipeline rank `r`'s data-parallel group after
+// its pipeline part. Fills r's dp_bytes, dp_messages and dp_sum_s; returns how the compressed
+// payloads were sized (the weakest kind among them).
+PayloadSize::Kind plan_dp_sums(const Config& config, const Pipeline& pipeline, const StageLayout& layout, int D,
+                               PlanRank& rank) {
+  const int r = rank.rank;
+  const DpSection& dp = config.dp;
+  const LinkSpec link{dp.bandwidth_mbps, dp.latency_ms};
+  auto round_s = [&](int64_t bytes) {  // one round: messages side by side, one per link
+    return (link.bandwidth_mbps > 0 ? 8.0 * static_cast<double>(bytes) / (link.bandwidth_mbps * 1e6) : 0.0) +
+           link.latency_ms / 1e3;
+  };
+  // The ranks and stages holding each parameter, as DistExecutor sees them.
+  std::map<const void*, std::set<int>> ranks_of, stages_of;
+  for (size_t s = 0; s < pipeline.num_stages(); ++s)
+    for (const auto& [n, p] : pipeline.stage(s)->named_parameters()) {
+      ranks_of[p.impl()].insert(layout.rank_of(static_cast<int>(s)));
+      stages_of[p.impl()].insert(static_cast<int>(s));
+    }
+  // This rank's parameters: its stages' (tied ones are summed over the world: Note [tied sums in
+  // a plan]) and the boundaries' learned codec weights (held by no stage).
+  ranks::DataParallelOptions options;
+  options.compression = dp.compression;
+  options.compress_stages = dp.compress_stages;
+  std::vector<int64_t> numel;
+  std::vector<at::ScalarType> dtype;
+  std::vector<bool> in_bucket;
+  std::vector<PayloadSize> payloads;  // each parameter's in the packed message (a placeholder if in a bucket)
+  bool packed = false;
+  PayloadSize::Kind kind = PayloadSize::Kind::Exact;
+  const PayloadSize placeholder = identity_compressor()->payload_size({0}, at::kFloat);
+  for (const auto& [n, p] : pipeline.named_parameters()) {
+    auto it = ranks_of.find(p.impl());
+    if (it != ranks_of.end() && (!it->second.count(r) || it->second.size() > 1)) continue;
+    const bool compressed = it != ranks_of.end() && p.dim() >= 2 && options.compresses(*stages_of.at(p.impl()).begin());
+    numel.push_back(p.numel()), dtype.push_back(p.scalar_type());
+    // On the CPU (Gloo) every uncompressed floating gradient goes in a bucket.
+    in_bucket.push_back(!compressed && p.requires_grad() && at::isFloatingType(p.scalar_type()));
+    if (in_bucket.back()) {
+      payloads.push_back(placeholder);
+      continue;
+    }
+    packed = true;
+    if (!compressed) {
+      payloads.push_back(identity_compressor()->payload_size(p.sizes().vec(), p.scalar_type()));
+      continue;
+    }
+    const std::vector<int64_t> matrix{p.size(0), p.numel() / std::max<int64_t>(p.size(0), 1)};
+    CompressorPtr codec = dp.compression.build();
+    PayloadSize size = codec->payload_size(matrix, p.scalar_type());
+    TORCH_CHECK(size.bytes > 0, "tapeline plan: the planner cannot size dp.compression = ", dp.compression,
+                " for the gradient of '", n, "' (", matrix[0], " x ", matrix[1],
+                "): it declares no payload size (Note [sizing a payload]); the data-parallel codecs it sizes are "
+                "those of the boundaries");
+    kind = PayloadSize::weaker(kind, size.kind);
+    payloads.push_back(size);
+  }
+  const int64_t bucket_bytes = static_cast<int64_t>(dp.bucket_mib * double(1 << 20));
+  for (const std::vector<size_t>& bucket : ranks::bucket_layout(numel, dtype, in_bucket, bucket_bytes)) {
+    int64_t n = 0;
+    for (size_t i : bucket) n += numel[i];
+    const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype[bucket.front()]));
+    if (D == 2) {  // the whole bucket each way
+      rank.dp_bytes += n * elem, rank.dp_messages += 1, rank.dp_sum_s += round_s(n * elem);
+      continue;
+    }
+    // Reduce-scatter, then all-gather: chunk j (n (j+1) / D - n j / D elements) to member j.
+    int64_t largest = 0;
+    for (int j = 0; j < D; ++j) largest = std::max(largest, n * (j + 1) / D - n * j / D);
+    for (int j = 0; j < D; ++j) {
+      const int64_t mine = n * (j + 1) / D - n * j / D;  // as member j: D - 1 sends of it, then D - 1 of its sum
+      if (j == 0) rank.dp_bytes += 2 * (D - 1) * mine * elem, rank.dp_messages += 2 * (D - 1);
+    }
+    rank.dp_sum_s += 2 * round_s(largest * elem);
+  }
+  if (packed) {  // count, lengths, then the payloads (data_parallel.cpp's pack)
+    int64_t n = 8 * static_cast<int64_t>(1 + payloads.size());
+    for (const PayloadSize& ps : payloads) n += ps.bytes;
+    rank.dp_bytes += (D - 1) * n, rank.dp_messages += D - 1, rank.dp_sum_s += round_s(n);
+  }
+  // The stages' buffers, integer counters as float64.
+  std::vector<int64_t> buffer_payloads;
+  for (int s : rank.stages)
+    for (const auto& [n, b] : pipeline.stage(static_cast<size_t>(s))->named_buffers()) {
+      const at::ScalarType t = at::isFloatingType(b.scalar_type()) ? b.scalar_type() : at::kDouble;
+      buffer_payloads.push_back(identity_compressor()->payload_size(b.sizes().vec(), t).bytes);
+    }
+  if (!buffer_payloads.empty()) {
+    int64_t n = 8 * static_cast<int64_t>(1 + buffer_payloads.size());
+    for (int64_t b : buffer_payloads) n += b;
+    rank.dp_bytes += (D - 1) * n, rank.dp_messages += D - 1, rank.dp_sum_s += round_s(n);
+  }
+  return kind;
+}
+
 }  // namespace
 
 Plan plan_step(const Config& config, const std::function<void(const std::string&)>& progress) {
@@ -126,12 +223,24 @@ Plan plan_step(const Config& config, const std::function<void(const std::string&
   TORCH_CHECK(config.timeline.device != "measured",
               "tapeline plan: timeline.device = measured has nothing to measure on shapes; set timeline.device to a "
               "device model (h100, a100, cpu; docs/TIME.md)");
-  TORCH_CHECK(config.parallel.dp == 1 && config.parallel.tp == 1, "tapeline plan: parallel.dp = ", config.parallel.dp,
-              " and parallel.tp = ", config.parallel.tp,
-              ": the planner plans one pipeline (P ranks); data and tensor parallelism across processes are not "
-              "planned; set both to 1");
+  TORCH_CHECK(config.parallel.tp == 1, "tapeline plan: parallel.tp = ", config.parallel.tp,
+              ": tensor parallelism across processes is not planned (its all-reduces run inside the blocks, "
+              "which the planner's one-process step does not split); set parallel.tp = 1");
+  // Note [data parallelism in a plan]: one replica's share of the step's micro-batches.
+  const int D = static_cast<int>(config.parallel.dp);
+  const int64_t M = config.train.micro_batches;
+  // (Config's validation has checked that M is a multiple of D.)
+  Config replica = config;
+  if (D > 1) {
+    const auto slices = micro_batch_slices(config.train.batch_size, M);
+    int64_t rows = 0;  // replica 0's: the largest share
+    for (int64_t i = 0; i < M / D; ++i) rows += slices[static_cast<size_t>(i)].second;
+    replica.train.batch_size = rows;
+    replica.train.micro_batches = M / D;
+  }
   Plan plan;
-  StepSetup setup = assemble(config, true, say);
+  plan.replicas = D;
+  StepSetup setup = assemble(replica, true, say);
   LocalExecutor& executor = *setup.executor;
   const ScheduleSettings& settings = setup.settings;
   const auto& pipeline = setup.pipeline;
@@ -147,16 +256,17 @@ Plan plan_step(const Config& config, const std::function<void(const std::string&
   plan.micro_batches = config.train.micro_batches;
   plan.rows = config.train.batch_size;
 
-  say("running one step: " + std::to_string(plan.micro_batches) + " micro-batches through " +
-      std::to_string(plan.stages) + " stages on " + std::to_string(plan.ranks) + " ranks");
-  const Batch batch = shape_batch(config, setup.shape, false);
+  say("running one step: " + std::to_string(replica.train.micro_batches) + " micro-batches through " +
+      std::to_string(plan.stages) + " stages on " + std::to_string(plan.ranks) + " ranks" +
+      (D > 1 ? " (one replica of " + std::to_string(D) + ")" : ""));
+  const Batch batch = shape_batch(replica, setup.shape, false);
   StepPosition at;
   at.step = 1;
   at.progress = 0;
   StepTiming timing;
-  const StepResult result = executor.train_step(batch, config.train.micro_batches, at, &timing);
-  plan.units = result.units;
-  plan.step_s = timing.step_s;
+  const StepResult result = executor.train_step(batch, replica.train.micro_batches, at, &timing);
+  plan.units = result.units * D;
+  plan.pipeline_s = plan.step_s = timing.step_s;
   plan.bubble = timing.bubble();
 
   const int64_t states = optimizer_states(config.train);
@@ -172,6 +282,17 @@ Plan plan_step(const Config& config, const std::function<void(const std::string&
     pr.activation_bytes = static_cast<int64_t>(timing.activation_bytes[r]);
     plan.flops += pr.flops;
     plan.rank_plans.push_back(pr);
+  }
+  if (D > 1) {  // Note [data parallelism in a plan]
+    plan.dp_codec = config.dp.compression.text();
+    PayloadSize::Kind kind = PayloadSize::Kind::Exact;
+    for (PlanRank& pr : plan.rank_plans) {
+      kind = PayloadSize::weaker(kind, plan_dp_sums(config, *pipeline, layout, D, pr));
+      if (pr.dp_sum_s > 0) plan.step_s = std::max(plan.step_s, pr.compute_s + pr.wait_s + pr.dp_sum_s);
+    }
+    plan.dp_size = PayloadSize::word(kind);
+    plan.dp_sum_s = plan.step_s - plan.pipeline_s;
+    plan.flops *= D;
   }
   // Note [tied sums in a plan]: a parameter in the stages of two or more ranks.
   std::map<const void*, std::pair<int64_t, std::set<int>>> holders;
@@ -194,7 +315,7 @@ Plan plan_step(const Config& config, const std::function<void(const std::string&
     plan.tied_sum_s = (slowest.bandwidth_mbps > 0 ? each_way * 8 / (slowest.bandwidth_mbps * 1e6) : 0) +
                       2 * (k - 1) * slowest.latency_ms / 1e3;
   }
-  plan.mfu = plan.step_s > 0 ? plan.flops / (plan.step_s * plan.ranks * settings.device.peak_flops) : 0;
+  plan.mfu = plan.step_s > 0 ? plan.flops / (plan.step_s * plan.ranks * D * settings.device.peak_flops) : 0;
 
   for (const LocalExecutor::LinkUse& u : executor.last_links()) {
     PlanLink l;
@@ -213,7 +334,7 @@ Plan plan_step(const Config& config, const std::function<void(const std::string&
     const Boundary& b = *pipeline->boundary(static_cast<size_t>(std::max(l.boundary - 1, 0)));
     l.codec = acts ? b.forward_codec()->spec() : b.backward_codec()->spec();
     l.size = PayloadSize::word(acts ? b.forward_size_kind() : b.backward_size_kind());
-    l.bytes_per_unit = plan.units > 0 ? static_cast<double>(l.bytes) / plan.units : 0;
+    l.bytes_per_unit = plan.units > 0 ? static_cast<double>(l.bytes) * D / plan.units : 0;  // one replica's units
     (l.forward ? plan.forward_bytes_per_unit : plan.backward_bytes_per_unit) =
         std::max(l.forward ? plan.forward_bytes_per_unit : plan.backward_bytes_per_unit, l.bytes_per_unit);
     plan.links.push_back(l);
@@ -230,7 +351,9 @@ std::string Plan::to_json() const {
     << ",\n  \"device\": " << json_string(device) << ",\n  \"link_model\": " << json_string(link_model)
     << ",\n  \"micro_batches\": " << micro_batches << ",\n  \"rows\": " << rows
     << ",\n  \"unit\": " << json_string(unit) << ",\n  \"units\": " << num(units) << ",\n  \"step_s\": " << num(step_s)
-    << ",\n  \"bubble\": " << num(bubble) << ",\n  \"flops\": " << num(flops) << ",\n  \"mfu\": " << num(mfu)
+    << ",\n  \"replicas\": " << replicas << ",\n  \"pipeline_s\": " << num(pipeline_s)
+    << ",\n  \"dp_sum_s\": " << num(dp_sum_s) << ",\n  \"dp_codec\": " << json_string(dp_codec)
+    << ",\n  \"dp_size\": " << json_string(dp_size) << ",\n  \"bubble\": " << num(bubble) << ",\n  \"flops\": " << num(flops) << ",\n  \"mfu\": " << num(mfu)
     << ",\n  \"forward_bytes_per_unit\": " << num(forward_bytes_per_unit)
     << ",\n  \"backward_bytes_per_unit\": " << num(backward_bytes_per_unit) << ",\n  \"tied_bytes\": " << tied_bytes
     << ",\n  \"tied_ranks\": " << tied_ranks << ",\n  \"tied_sum_s\": " << num(tied_sum_s)
@@ -241,7 +364,9 @@ std::string Plan::to_json() const {
     for (size_t s = 0; s < r.stages.size(); ++s) o << (s ? ", " : "") << r.stages[s];
     o << "], \"compute_s\": " << num(r.compute_s) << ", \"wait_s\": " << num(r.wait_s)
       << ", \"flops\": " << num(r.flops) << ", \"parameter_bytes\": " << r.parameter_bytes
-      << ", \"optimizer_bytes\": " << r.optimizer_bytes << ", \"activation_bytes\": " << r.activation_bytes << "}";
+      << ", \"optimizer_bytes\": " << r.optimizer_bytes << ", \"activation_bytes\": " << r.activation_bytes
+      << ", \"dp_bytes\": " << r.dp_bytes << ", \"dp_messages\": " << r.dp_messages
+      << ", \"dp_sum_s\": " << num(r.dp_sum_s) << "}";
   }
   o << "\n  ],\n  \"links\": [";
   for (size_t i = 0; i < links.size(); ++i) {
@@ -264,6 +389,10 @@ std::string Plan::to_text() const {
     << stages << " stages on " << ranks << " ranks, " << schedule << ", " << micro_batches << " micro-batches of "
     << rows / std::max<int64_t>(micro_batches, 1) << " rows (" << std::setprecision(0) << units << " " << unit
     << " a step); device " << device << ", links " << link_model << "\n";
+  if (replicas > 1)
+    o << std::setprecision(3) << replicas << " replicas, each " << micro_batches / replicas
+      << " of the micro-batches: pipeline part " << pipeline_s << " s, then the data-parallel sums (" << dp_codec
+      << ", " << dp_size << ") add " << dp_sum_s << " s\n";
   o << std::setprecision(3) << "step " << step_s << " s, bubble " << 100 * bubble << "%, " << std::setprecision(3)
     << flops / 1e12 << " TFLOP, MFU " << std::setprecision(2) << 100 * mfu << "%\n";
   o << std::setprecision(1) << "bytes per " << unit << " on the busiest link: " << forward_bytes_per_unit
@@ -272,14 +401,19 @@ std::string Plan::to_text() const {
     o << std::setprecision(2) << "tied parameters: " << tied_bytes / 1e6 << " MB of gradients summed over "
       << tied_ranks << " ranks after the backward, " << std::setprecision(3) << tied_sum_s
       << " s on the slowest link (not in the step: on a real network the step is " << step_s + tied_sum_s << " s)\n";
-  o << "rank  stages  compute_s  wait_s   params_MB  optim_MB  activ_MB\n";
+  o << "rank  stages  compute_s  wait_s   params_MB  optim_MB  activ_MB" << (replicas > 1 ? "  dp_MB  dp_sum_s" : "")
+    << "\n";
   for (const PlanRank& r : rank_plans) {
     std::string st;
     for (int s : r.stages) st += (st.empty() ? "" : ",") + std::to_string(s);
     o << std::setw(4) << r.rank << "  " << std::setw(6) << st << "  " << std::setprecision(4) << std::setw(9)
       << r.compute_s << "  " << std::setw(7) << r.wait_s << "  " << std::setprecision(1) << std::setw(9)
       << r.parameter_bytes / 1e6 << "  " << std::setw(8) << r.optimizer_bytes / 1e6 << "  " << std::setw(8)
-      << r.activation_bytes / 1e6 << "\n";
+      << r.activation_bytes / 1e6;
+    if (replicas > 1)
+      o << "  " << std::setprecision(2) << std::setw(5) << r.dp_bytes / 1e6 << "  " << std::setprecision(4) << std::setw(8)
+        << r.dp_sum_s;
+    o << "\n";
   }
   o << "link        way       MB/step  busy_s   size        codec\n";
   for (const PlanLink& l : links)

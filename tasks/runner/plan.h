@@ -13,9 +13,28 @@
 // bytes it declares (Note [op costs]); the codecs, which cannot pack a meta tensor, size their
 // payloads from their wire formats (Note [sizing a payload], Note [sized messages]). So the
 // planned step is the in-process timeline of a real step with the same device model, minus the
-// arithmetic (tests/tasks/plan_test.cpp checks the two agree). Not planned: the optimizer step,
-// data parallelism and tensor parallelism across processes (the plan is of one pipeline), and
-// timeline.device = measured (no measurement on shapes: the planner asks for a device).
+// arithmetic (tests/tasks/plan_test.cpp checks the two agree). Data parallelism is planned on top
+// (Note [data parallelism in a plan]). Not planned: the optimizer step, tensor parallelism across
+// processes, and timeline.device = measured (no measurement on shapes: the planner asks for a
+// device).
+//
+// Note [data parallelism in a plan]. With parallel.dp = D, each replica runs train.micro_batches
+// / D of the step's micro-batches (as DistExecutor splits them): the planned pipeline step is one
+// replica's. Then each pipeline rank's data-parallel group sums the gradients of its stages as
+// the runtime does on emulated links between replicas (dp.bandwidth_mbps, dp.latency_ms; the runner
+// sums after the backward there, dp.overlap off), message by message, each waited for before the
+// next (Note [uncompressed gradients in buckets], Note [all-reduce by all-gather of payloads] in
+// parallel/ranks/data_parallel.h):
+//  - uncompressed gradients in flat buckets of dp.bucket_mib (ranks::bucket_layout): with two
+//    replicas the whole bucket each way, one message; with D > 2 a chunk of 1/D to every other
+//    member, then the summed chunk back, two rounds;
+//  - compressed ones (dp.compression on dp.compress_stages), each sized by its codec for the
+//    (shape[0], rest) matrix it is sent as, packed into one message to every other replica;
+//  - the stages' buffers (BatchNorm statistics), one message to every other replica.
+// The links between replicas are separate per direction and pair, as the transport emulates them,
+// so the messages of a round travel side by side: a round of n bytes costs latency + 8 n /
+// bandwidth. A rank's sums start when its pipeline part ends (compute + wait); the step ends
+// when the last rank's sums do. On unlimited links the sums cost nothing, as on loopback.
 
 #include <functional>
 #include <string>
@@ -45,6 +64,10 @@ struct PlanRank {
   int rank = 0;
   std::vector<int> stages;
   double compute_s = 0, wait_s = 0, flops = 0;
+  // Note [data parallelism in a plan]: what this rank sends its replicas per step, and how long
+  // its sums take after its pipeline part (0 with one replica).
+  int64_t dp_bytes = 0, dp_messages = 0;
+  double dp_sum_s = 0;
   int64_t parameter_bytes = 0;   // its stages' parameters (a tied one on two ranks counted on both)
   int64_t optimizer_bytes = 0;   // the optimizer's state for them (adamw: 2 per parameter, sgd with momentum: 1)
   int64_t activation_bytes = 0;  // the most its stages held for backward after a forward (engine's float32 count)
@@ -53,11 +76,15 @@ struct PlanRank {
 struct Plan {
   std::string model;  // BuiltModel::describe
   int64_t parameters = 0;
-  int stages = 0, ranks = 0;
+  int stages = 0, ranks = 0;  // of one replica's pipeline
+  int replicas = 1;           // parallel.dp (Note [data parallelism in a plan])
   std::string schedule, device, link_model, unit;
   int64_t micro_batches = 0, rows = 0;
-  double units = 0;  // loss units of the step (tokens, images, sequences)
-  double step_s = 0, bubble = 0, flops = 0, mfu = 0;
+  double units = 0;  // loss units of the step (tokens, images, sequences), over every replica
+  double step_s = 0, bubble = 0, flops = 0, mfu = 0;  // step_s: with the data-parallel sums
+  double pipeline_s = 0;  // one replica's pipeline part of the step (step_s with one replica)
+  double dp_sum_s = 0;    // step_s - pipeline_s: what the data-parallel sums add
+  std::string dp_codec, dp_size = "exact";  // dp.compression, and how its payloads were sized
   double forward_bytes_per_unit = 0, backward_bytes_per_unit = 0;  // the busiest link's, each way
   std::vector<PlanRank> rank_plans;
   std::vector<PlanLink> links;

@@ -1,5 +1,7 @@
 // `tapeline plan` against real processes (docs/TIME.md, "The plan against real processes"): the
-// plan of configs/plan/two_stage_slow_link.ini (GPT-2 tiny in 2 stages, bf16 both ways) against
+// plan of configs/plan/two_replicas_slow_link.ini (two data-parallel replicas) against
+// `tapeline train --nproc 2`, and the plan of configs/plan/two_stage_slow_link.ini (GPT-2 tiny in
+// 2 stages, bf16 both ways) against
 //  - `tapeline train --nproc 2`: two processes on Gloo over loopback, the link emulated by the
 //    receiving transport (Note [link emulation at the receiver]);
 //  - two torchrun agents (`--nnodes 2`), one per network namespace, joined by a veth pair whose two
@@ -96,6 +98,42 @@ TEST(PlanAgainstProcesses, LinkWaitsOfTwoProcessesWithinTenPercent) {
                                           mp::temp_log("plan_nproc2"), 300);
   ASSERT_EQ(code, 0) << out;
   expect_waits_as_planned(plan, measured(run), "--nproc 2 on emulated links");
+}
+
+// Note [data parallelism in a plan]: two replicas of a one-stage GPT-2 summing 1.75 MB of
+// gradients over an emulated 10 Mbit/s + 20 ms link, about 1.42 s a step against tens of
+// milliseconds of compute. A process's comm_s holds its sums (DistExecutor counts them as
+// waiting); the plan's rank waits wait_s + dp_sum_s. The bytes are the plan's exactly.
+TEST(PlanAgainstProcesses, DataParallelSumsOfTwoReplicasWithinTenPercent) {
+  const std::string why = cannot_run();
+  if (!why.empty()) GTEST_SKIP() << why;
+  const fs::path ini = fs::path(testing::source_dir()) / "configs" / "plan" / "two_replicas_slow_link.ini";
+  const Plan plan = plan_step(Config::load(ini.string(), {{"timeline.device", "cpu"}}));
+  ASSERT_EQ(plan.replicas, 2);
+  ASSERT_EQ(plan.rank_plans.size(), 1u);
+  testing::TempDir dir;
+  const fs::path run = dir.path() / "run";
+  const auto [code, out] =
+      mp::run_to_end(testing::tapeline_path().string(),
+                     {"train", "--config", ini.string(), "--nproc", "2", "--no-plot", "--quiet", "--out", run.string()},
+                     mp::temp_log("plan_dp2"), 300);
+  ASSERT_EQ(code, 0) << out;
+  std::ifstream f(run / "metrics.jsonl");
+  nlohmann::json last;
+  for (std::string line; std::getline(f, line);)
+    if (line.find("\"epoch_end\"") != std::string::npos) last = nlohmann::json::parse(line);
+  ASSERT_FALSE(last.is_null()) << out;
+  const double steps = last["step"].get<double>();
+  const PlanRank& p = plan.rank_plans[0];
+  EXPECT_EQ(last["bytes_dp"].get<int64_t>(), static_cast<int64_t>(steps) * 2 * p.dp_bytes);
+  const double planned = p.wait_s + p.dp_sum_s;
+  std::printf("two replicas, per step: planned sums %.4f s (%lld bytes a rank), step %.4f s\n", p.dp_sum_s,
+              static_cast<long long>(p.dp_bytes), plan.step_s);
+  for (const auto& r : last["rank_times"]) {
+    const double wait = r["comm_s"].get<double>() / steps;
+    std::printf("replica wait: planned %.4f s, measured %.4f s, ratio %.3f\n", planned, wait, wait / planned);
+    EXPECT_NEAR(wait, planned, 0.1 * planned);
+  }
 }
 
 // ---- two nodes on a shaped veth link ----------------------------------------------------------------

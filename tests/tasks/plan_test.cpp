@@ -163,6 +163,77 @@ TEST(Plan, RefusesWhatItCannotPlanByName) {
       {"timeline.device = measured"});
 }
 
+// Note [data parallelism in a plan]: one replica's pipeline on its share of the micro-batches,
+// then the sums on the dp link, message by message.
+TEST(Plan, DataParallelSumsFollowEachRanksPipelinePart) {
+  const std::vector<std::pair<std::string, std::string>> dp = {
+      {"parallel.dp", "2"}, {"dp.bandwidth_mbps", "100"}, {"dp.latency_ms", "10"}};
+  const Plan one = plan_step(small_gpt({{"train.batch_size", "8"}, {"train.micro_batches", "2"}}));
+  std::vector<std::pair<std::string, std::string>> o = dp;
+  const Plan two = plan_step(small_gpt(o));
+  EXPECT_EQ(two.replicas, 2);
+  EXPECT_DOUBLE_EQ(two.pipeline_s, one.step_s);  // a replica: 2 of the 4 micro-batches of 4 rows
+  EXPECT_DOUBLE_EQ(two.units, 2 * one.units);
+  double latest = 0;
+  for (size_t r = 0; r < two.rank_plans.size(); ++r) {
+    const PlanRank& p = two.rank_plans[r];
+    // Uncompressed, two replicas: the rank's gradients (float32; the tied wte summed elsewhere)
+    // in one bucket each way: one message of its bytes, 10 ms + 8 bytes / 100 Mbit/s.
+    EXPECT_EQ(p.dp_messages, 1) << r;
+    EXPECT_GT(p.dp_bytes, 0) << r;
+    EXPECT_NEAR(p.dp_sum_s, 0.010 + 8.0 * static_cast<double>(p.dp_bytes) / 100e6, 1e-12) << r;
+    latest = std::max(latest, p.compute_s + p.wait_s + p.dp_sum_s);
+  }
+  EXPECT_DOUBLE_EQ(two.step_s, std::max(latest, two.pipeline_s));
+  EXPECT_DOUBLE_EQ(two.dp_sum_s, two.step_s - two.pipeline_s);
+  EXPECT_EQ(one.rank_plans[0].dp_bytes, 0);  // one replica: no sums
+
+  // Smaller buckets: more messages, each waiting its latency; the same bytes.
+  o.push_back({"dp.bucket_mib", "0.05"});
+  const Plan buckets = plan_step(small_gpt(o));
+  for (size_t r = 0; r < buckets.rank_plans.size(); ++r) {
+    const PlanRank& p = buckets.rank_plans[r];
+    EXPECT_EQ(p.dp_bytes, two.rank_plans[r].dp_bytes) << r;
+    EXPECT_NEAR(p.dp_sum_s, 0.010 * static_cast<double>(p.dp_messages) + 8.0 * static_cast<double>(p.dp_bytes) / 100e6,
+                1e-12)
+        << r;
+  }
+  EXPECT_GT(buckets.rank_plans[1].dp_messages, 1);
+
+  // Four replicas: a quarter of each bucket to each of the 3 others, then the sums back.
+  std::vector<std::pair<std::string, std::string>> four = {{"parallel.dp", "4"}, {"dp.bandwidth_mbps", "100"},
+                                                            {"dp.latency_ms", "10"}, {"train.micro_batches", "4"}};
+  const Plan p4 = plan_step(small_gpt(four));
+  for (size_t r = 0; r < p4.rank_plans.size(); ++r) {
+    EXPECT_EQ(p4.rank_plans[r].dp_messages, 6) << r;
+    EXPECT_NEAR(static_cast<double>(p4.rank_plans[r].dp_bytes), 1.5 * static_cast<double>(two.rank_plans[r].dp_bytes),
+                64)
+        << r;  // 2 (D - 1) / D of the bucket
+  }
+
+  // Compressed: the matrices' payloads packed in one message; sized by the codec.
+  o = dp;
+  o.push_back({"dp.compression", "quant(bits=8)"});
+  const Plan q = plan_step(small_gpt(o));
+  EXPECT_EQ(q.dp_codec, "quant(bits=8)");
+  EXPECT_EQ(q.dp_size, "exact");
+  int64_t quantised = 0, raw = 0;
+  for (size_t r = 0; r < q.rank_plans.size(); ++r) {
+    EXPECT_LE(q.rank_plans[r].dp_bytes, two.rank_plans[r].dp_bytes) << r;  // a rank of vectors only: the same
+    quantised += q.rank_plans[r].dp_bytes, raw += two.rank_plans[r].dp_bytes;
+  }
+  EXPECT_LT(quantised, raw / 3);
+  o.back().second = "topk(0.1)";
+  EXPECT_EQ(plan_step(small_gpt(o)).dp_size, "worst case");
+
+  // Unlimited links between the replicas: the sums cost nothing (loopback).
+  EXPECT_DOUBLE_EQ(plan_step(small_gpt({{"parallel.dp", "2"}})).dp_sum_s, 0.0);
+  testing::expect_error([] { plan_step(small_gpt({{"parallel.dp", "3"}})); },
+                        {"parallel.dp = 3", "multiple of 3"});
+  testing::expect_error([] { plan_step(small_gpt({{"parallel.tp", "2"}})); },
+                        {"parallel.tp = 2", "tensor parallelism across processes is not planned"});
+}
+
 // Note [link models]: inbound charges each message when its receiver takes it, on one wire into
 // the receiver shared by both directions, latency included in its hold.
 TEST(Plan, InboundLinksChargeAsProtocolNanoGpt) {
