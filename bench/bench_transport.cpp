@@ -29,7 +29,7 @@
 // raw c10d streams (2 on a 2-core machine: the transfer holds every core), "cpu_ratio" = raw CPU /
 // tapeline CPU (with checksums) and "cpu_ratio_no_checksum". Where raw_cores reaches the core
 // count, cpu_ratio bounds the throughput ratio: the checksum passes can only run on cores the
-// transfer needs (Note [what the checksum costs on a full machine], docs/PIPELINE.md).
+// transfer needs (docs/PIPELINE.md, "What the checksum costs in CPU").
 // Options: --repeats R (default 5), --min-kib K (default 64), --max-mib M (default 64), --timeout S
 // (default 60).
 #include <sys/resource.h>
