@@ -158,8 +158,10 @@ void SampleCache::ensure(int64_t d, int64_t max_id, at::Device device) {
   const at::Tensor& r = rows_.data();
   const int64_t n = r.dim() == 2 && have > 0 ? r.size(0) : 0;
   if (n > max_id) return;
-  // Grow (geometrically, or straight to the capacity) and keep what was written.
-  int64_t new_n = opt_.capacity > 0 ? opt_.capacity : std::max(max_id + 1, n + n / 2);
+  // Grow geometrically (at most to the capacity: a bound, not an allocation up front; 8192 rows of
+  // 1024 tokens x 1024 fp16 values would be 16 GB before the first id) and keep what was written.
+  int64_t new_n = std::max(max_id + 1, n + n / 2);
+  if (opt_.capacity > 0) new_n = std::min(new_n, opt_.capacity);
   at::Device dev = n > 0 ? r.device() : device;
   at::Tensor grown = at::zeros({new_n, d}, at::TensorOptions().dtype(opt_.dtype).device(dev));
   at::Tensor seen = at::zeros({new_n}, at::TensorOptions().dtype(at::kByte).device(dev));

@@ -79,7 +79,8 @@ class StateBuffer {
 };
 
 struct SampleCacheOptions {
-  /// Rows (sample ids 0..capacity-1). 0: in memory, growing as larger ids appear.
+  /// Sample ids 0..capacity-1 (0: any id). In memory the rows grow as larger ids appear, at most
+  /// to the capacity; a file holds all of them.
   int64_t capacity = 0;
   /// Storage type of the rows: kFloat, kHalf or kBFloat16 (a quantised cache).
   at::ScalarType dtype = at::kFloat;

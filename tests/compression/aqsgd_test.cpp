@@ -148,6 +148,25 @@ TEST(AqSgd, EvalUsesPlainCodecAndLeavesCache) {
   EXPECT_TRUE(all_close(cache_rows(aq->sender_cache(), {0, 1}, 6), before, "cache untouched", 0, 0));
 }
 
+// The capacity bounds the ids; in memory the rows grow with the ids seen, not to the capacity up
+// front (8192 rows of a 1024 x 1024 message would be 16 GB in fp16 before the first step).
+TEST(AqSgd, CapacityBoundsTheIdsWithoutAllocatingThem) {
+  auto aq = make_aqsgd("aqsgd(quant(3), capacity=100000)");
+  at::Tensor x = at::randn({3, 2, 4});
+  aq->decode(aq->encode(x, ctx_for({2, 0, 5}, 0)), ctx_for({2, 0, 5}, 0));
+  auto rows = [&] {
+    for (auto& [n, v] : aq->named_buffers())
+      if (n == "cache_sender_rows") return v.size(0);
+    return int64_t(-1);
+  };
+  EXPECT_EQ(rows(), 6);  // ids 0..5
+  const at::Tensor before = cache_rows(aq->sender_cache(), {2, 0, 5}, 8).clone();
+  aq->encode(at::randn({1, 2, 4}), ctx_for({40}, 1));
+  EXPECT_EQ(rows(), 41);
+  EXPECT_TRUE(all_close(cache_rows(aq->sender_cache(), {2, 0, 5}, 8), before, "rows kept when the cache grows", 0, 0));
+  EXPECT_THROW(aq->encode(x, ctx_for({2, 100000, 5}, 1)), c10::Error) << "id beyond capacity";
+}
+
 TEST(AqSgd, MemoryMappedCacheMatchesInMemory) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("tl_aqsgd_" + std::to_string(::getpid()));
