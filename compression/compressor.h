@@ -51,8 +51,11 @@ struct CodecLevel {
 /// device), where no codec can pack real bytes. Each codec instead says, from its wire format,
 /// how many bytes encode() would put on the wire (Payload::nbytes(), header included) for a tensor
 /// of a shape and dtype. Exact where the format fixes the size; where it depends on the data
-/// (threshold's count, delta indices and index=auto, adaptive levels) the declared worst case,
-/// flagged so; `given` marks a size the user set instead (plan.forward_bytes / backward_bytes).
+/// (threshold's count, delta indices and index=auto) the declared worst case, flagged so. Codecs
+/// whose size depends on state or training (adaptive and scheduled levels, aqsgd's cache hits, ae's
+/// learned code width) and those without a sizing (quantile, colsparse, subspace, lazy) throw, naming
+/// themselves; at a boundary the user may give the size instead (plan.forward_bytes /
+/// backward_bytes: `given`).
 /// tests/compression/sizing_test.cpp checks each against real encodes.
 struct PayloadSize {
   enum class Kind { Exact, WorstCase, Given };

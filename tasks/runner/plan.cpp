@@ -167,11 +167,15 @@ PayloadSize::Kind plan_dp_sums(const Config& config, const Pipeline& pipeline, c
     }
     const std::vector<int64_t> matrix{p.size(0), p.numel() / std::max<int64_t>(p.size(0), 1)};
     CompressorPtr codec = dp.compression.build();
-    PayloadSize size = codec->payload_size(matrix, p.scalar_type());
-    TORCH_CHECK(size.bytes > 0, "tapeline plan: the planner cannot size dp.compression = ", dp.compression,
-                " for the gradient of '", n, "' (", matrix[0], " x ", matrix[1],
-                "): it declares no payload size (Note [sizing a payload]); the data-parallel codecs it sizes are "
-                "those of the boundaries");
+    PayloadSize size;
+    try {
+      size = codec->payload_size(matrix, p.scalar_type());
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "tapeline plan: dp.compression = ", dp.compression, " cannot be sized for the gradient of '", n,
+                  "' (", matrix[0], " x ", matrix[1], "; Note [sizing a payload]); the data-parallel codecs it sizes: "
+                  "identity, fp16, bf16, quant, hadquant, topk, randk, threshold (worst case), powersgd, "
+                  "compositions of these, ef around them");
+    }
     kind = PayloadSize::weaker(kind, size.kind);
     payloads.push_back(size);
   }

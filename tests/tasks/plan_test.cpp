@@ -230,6 +230,8 @@ TEST(Plan, DataParallelSumsFollowEachRanksPipelinePart) {
   EXPECT_DOUBLE_EQ(plan_step(small_gpt({{"parallel.dp", "2"}})).dp_sum_s, 0.0);
   testing::expect_error([] { plan_step(small_gpt({{"parallel.dp", "3"}})); },
                         {"parallel.dp = 3", "multiple of 3"});
+  testing::expect_error([] { plan_step(small_gpt({{"parallel.dp", "2"}, {"dp.compression", "quantile(4)"}})); },
+                        {"dp.compression = quantile(4) cannot be sized", "the data-parallel codecs it sizes"});
   testing::expect_error([] { plan_step(small_gpt({{"parallel.tp", "2"}})); },
                         {"parallel.tp = 2", "tensor parallelism across processes is not planned"});
 }
