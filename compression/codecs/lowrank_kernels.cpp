@@ -109,55 +109,56 @@ void sum_parts(const float* parts, int64_t count, int64_t size, float* out) {
   });
 }
 
+// fill(parts) writes `count` partial results of `size` floats each (count > 1: into a buffer;
+// one: into out directly); they are then summed in order into out. No parts: out is zero.
+template <class F>
+void reduce_parts(int64_t count, int64_t size, float* out, F fill) {
+  if (size == 0) return;
+  if (count == 0) {
+    std::fill(out, out + size, 0.0f);
+    return;
+  }
+  std::vector<float> buf(count > 1 ? count * size : 0);
+  float* parts = count > 1 ? buf.data() : out;
+  fill(parts);
+  sum_parts(parts, count, size, out);
+}
+
 }  // namespace
 
 void thin_mq_cpu(const float* m, int64_t rows, int64_t cols, const float* q, int64_t r, float* p) {
-  const int64_t blocks = (cols + kColBlock - 1) / kColBlock;
-  if (rows * r == 0) return;
-  if (blocks == 0) {
-    std::fill(p, p + rows * r, 0.0f);
-    return;
-  }
-  // Partial sums per column block, (blocks, rows, r); one block writes p directly.
-  std::vector<float> parts(blocks > 1 ? blocks * rows * r : 0);
-  float* out = blocks > 1 ? parts.data() : p;
-  for_tiles(rows, cols, [&](const Tile& t) {
-    const int64_t n = t.j1 - t.j0;
-    std::vector<float> qt(r * n);  // (r, n)
-    transpose_block(q, r, t.j0, t.j1, qt.data());
-    for (int64_t i = t.i0; i < t.i1; ++i) {
-      const float* x = m + i * cols + t.j0;
-      float* o = out + (t.block * rows + i) * r;
-      int64_t c = 0;
-      for (; c + 4 <= r; c += 4) dot4(x, qt.data() + c * n, n, n, o + c);
-      for (; c < r; ++c) o[c] = dot(x, qt.data() + c * n, n);
-    }
+  // Partial sums per column block, (blocks, rows, r).
+  reduce_parts((cols + kColBlock - 1) / kColBlock, rows * r, p, [&](float* parts) {
+    for_tiles(rows, cols, [&](const Tile& t) {
+      const int64_t n = t.j1 - t.j0;
+      std::vector<float> qt(r * n);  // (r, n)
+      transpose_block(q, r, t.j0, t.j1, qt.data());
+      for (int64_t i = t.i0; i < t.i1; ++i) {
+        const float* x = m + i * cols + t.j0;
+        float* o = parts + (t.block * rows + i) * r;
+        int64_t c = 0;
+        for (; c + 4 <= r; c += 4) dot4(x, qt.data() + c * n, n, n, o + c);
+        for (; c < r; ++c) o[c] = dot(x, qt.data() + c * n, n);
+      }
+    });
   });
-  sum_parts(out, blocks, rows * r, p);
 }
 
 void thin_mtp_cpu(const float* m, int64_t rows, int64_t cols, const float* p, int64_t r, float* q) {
-  const int64_t chunks = (rows + kRowChunk - 1) / kRowChunk;
-  if (cols * r == 0) return;
-  if (chunks == 0) {
-    std::fill(q, q + cols * r, 0.0f);
-    return;
-  }
-  // Partial sums per row chunk, (chunks, cols, r); one chunk writes q directly.
-  std::vector<float> parts(chunks > 1 ? chunks * cols * r : 0);
-  float* out = chunks > 1 ? parts.data() : q;
-  for_tiles(rows, cols, [&](const Tile& t) {
-    const int64_t n = t.j1 - t.j0;
-    std::vector<float> acc(r * n, 0.0f);  // (r, n)
-    for (int64_t i = t.i0; i < t.i1; ++i) {
-      const float* x = m + i * cols + t.j0;
-      for (int64_t c = 0; c < r; ++c) axpy(acc.data() + c * n, p[i * r + c], x, n);
-    }
-    float* o = out + (t.chunk * cols + t.j0) * r;
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t c = 0; c < r; ++c) o[j * r + c] = acc[c * n + j];
+  // Partial sums per row chunk, (chunks, cols, r).
+  reduce_parts((rows + kRowChunk - 1) / kRowChunk, cols * r, q, [&](float* parts) {
+    for_tiles(rows, cols, [&](const Tile& t) {
+      const int64_t n = t.j1 - t.j0;
+      std::vector<float> acc(r * n, 0.0f);  // (r, n)
+      for (int64_t i = t.i0; i < t.i1; ++i) {
+        const float* x = m + i * cols + t.j0;
+        for (int64_t c = 0; c < r; ++c) axpy(acc.data() + c * n, p[i * r + c], x, n);
+      }
+      float* o = parts + (t.chunk * cols + t.j0) * r;
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t c = 0; c < r; ++c) o[j * r + c] = acc[c * n + j];
+    });
   });
-  sum_parts(out, chunks, cols * r, q);
 }
 
 void thin_pqt_cpu(const float* p, int64_t rows, const float* q, int64_t cols, int64_t r, float* out) {
