@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 namespace tl::codec {
@@ -159,6 +160,48 @@ void thin_mtp_cpu(const float* m, int64_t rows, int64_t cols, const float* p, in
         for (int64_t c = 0; c < r; ++c) o[j * r + c] = acc[c * n + j];
     });
   });
+}
+
+// Note [QR of the thin factor]. at::linalg_qr of P (rows, r) is a LAPACK call that may enter the
+// BLAS library's thread pool: on the loaded 2-core machine, the first parallel region after the
+// pool has gone to sleep waited for a woken thread (a 1 MiB encode took 0.3 ms on one thread and
+// 10-20 ms on two, in the QR). The factor is small (rows x r, r <= 16): this is LAPACK's algorithm
+// (reflector H = I - tau v v^T with v[0] = 1 and beta = -sign(alpha) |x|, as slarfg; Q formed
+// backwards, as sorg2r), so P has LAPACK's signs; the last bits differ (double here).
+void thin_qr_cpu(float* a_out, int64_t rows, int64_t r) {
+  std::vector<double> a(a_out, a_out + rows * r), tau(r, 0.0);  // (rows, r)
+  auto at = [&](int64_t i, int64_t j) -> double& { return a[i * r + j]; };
+  for (int64_t i = 0; i < r; ++i) {
+    double xnorm = 0;
+    for (int64_t k = i + 1; k < rows; ++k) xnorm += at(k, i) * at(k, i);
+    xnorm = std::sqrt(xnorm);
+    if (xnorm == 0) continue;  // H = I (tau = 0)
+    const double alpha = at(i, i), beta = -std::copysign(std::hypot(alpha, xnorm), alpha);
+    tau[i] = (beta - alpha) / beta;
+    const double s = 1.0 / (alpha - beta);
+    for (int64_t k = i + 1; k < rows; ++k) at(k, i) *= s;
+    at(i, i) = beta;
+    for (int64_t j = i + 1; j < r; ++j) {  // H applied to the columns on the right
+      double w = at(i, j);
+      for (int64_t k = i + 1; k < rows; ++k) w += at(k, i) * at(k, j);
+      w *= tau[i];
+      at(i, j) -= w;
+      for (int64_t k = i + 1; k < rows; ++k) at(k, j) -= w * at(k, i);
+    }
+  }
+  for (int64_t i = r - 1; i >= 0; --i) {  // Q = H_0 ... H_{r-1} I, column i from H_i
+    at(i, i) = 1.0;
+    for (int64_t j = i + 1; j < r; ++j) {
+      double w = 0;
+      for (int64_t k = i; k < rows; ++k) w += at(k, i) * at(k, j);
+      w *= tau[i];
+      for (int64_t k = i; k < rows; ++k) at(k, j) -= w * at(k, i);
+    }
+    for (int64_t k = i + 1; k < rows; ++k) at(k, i) *= -tau[i];
+    at(i, i) = 1.0 - tau[i];
+    for (int64_t k = 0; k < i; ++k) at(k, i) = 0.0;
+  }
+  for (int64_t e = 0; e < rows * r; ++e) a_out[e] = static_cast<float>(a[e]);
 }
 
 void thin_pqt_cpu(const float* p, int64_t rows, const float* q, int64_t cols, int64_t r, float* out) {

@@ -35,6 +35,15 @@ at::Tensor product_mq(const at::Tensor& m, const at::Tensor& q) {  // (rows, r) 
   return p;
 }
 
+// The Q of P's reduced QR (rows, r): on one thread for float32 on the CPU (Note [QR of the thin
+// factor], lowrank_kernels.cpp), else at::linalg_qr.
+at::Tensor orthonormal(const at::Tensor& p) {
+  if (!thin_cpu(p, p, p.size(1))) return std::get<0>(at::linalg_qr(p));
+  at::Tensor q = p.contiguous().clone();
+  codec::thin_qr_cpu(q.data_ptr<float>(), q.size(0), q.size(1));
+  return q;
+}
+
 at::Tensor product_mtp(const at::Tensor& m, const at::Tensor& p) {  // (cols, r) = M^T P
   if (!thin_cpu(m, p, p.size(1))) return m.t().mm(p);
   const at::Tensor mc = m.contiguous(), pc = p.contiguous();
@@ -95,13 +104,15 @@ Payload PowerSgd::encode_parts(const at::Tensor& x, const CodecContext& ctx, std
   q = q.to(m.device(), ct);
   at::Tensor p, q_new;
   if (r > 0) {
-    p = std::get<0>(at::linalg_qr(product_mq(m, q)));  // (rows, r) orthonormal columns
-    q_new = product_mtp(m, p);                         // (cols, r)
+    p = orthonormal(product_mq(m, q));  // (rows, r) orthonormal columns
+    q_new = product_mtp(m, p);          // (cols, r)
   } else {
     p = at::zeros({rows, 0}, m.options());
     q_new = at::zeros({cols, 0}, m.options());
   }
-  q_.set_data(q_new.clone());
+  // A fresh tensor, never written in place afterwards: the buffer keeps it without a copy (a copy
+  // was one more parallel region a call, of cols x r floats).
+  q_.set_data(q_new);
   values = {p, q_new};
 
   Payload out;

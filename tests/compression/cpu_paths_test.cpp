@@ -209,6 +209,27 @@ TEST(PowerSgd, ThinProductsMatchMatmulOnAnyThreadCount) {
   }
 }
 
+// Note [QR of the thin factor]: LAPACK's Q (signs included) within float rounding, for tall,
+// square, one-column and rank-deficient factors.
+TEST(PowerSgd, ThinQrIsLapacksQ) {
+  at::manual_seed(47);
+  at::Tensor deficient = at::randn({50, 4});
+  deficient.select(1, 2).copy_(deficient.select(1, 0) * 2);  // column 2 = 2 x column 0
+  deficient.select(1, 3).zero_();
+  for (const at::Tensor& a : {at::randn({64, 4}), at::randn({1000, 5}), at::randn({7, 7}), at::randn({9, 1}),
+                              at::randn({3000, 16}), deficient}) {
+    const std::string where = std::to_string(a.size(0)) + " x " + std::to_string(a.size(1));
+    at::Tensor got = a.contiguous().clone();
+    codec::thin_qr_cpu(got.data_ptr<float>(), a.size(0), a.size(1));
+    const at::Tensor want = std::get<0>(at::linalg_qr(a.to(at::kDouble))).to(at::kFloat);
+    if (a.data_ptr() == deficient.data_ptr()) {  // only the first two columns are determined
+      EXPECT_TRUE(testing::all_close(got.narrow(1, 0, 2), want.narrow(1, 0, 2), where, 1e-5, 1e-4));
+      continue;
+    }
+    EXPECT_TRUE(testing::all_close(got, want, where, 1e-5, 1e-4));
+  }
+}
+
 // The codec on the CPU path against the ATen products: the same reconstruction within float
 // rounding, and the same payload for 1 and 2 threads.
 TEST(PowerSgd, CpuPathMatchesTheAtenProducts) {
