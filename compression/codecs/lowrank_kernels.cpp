@@ -6,6 +6,8 @@
 #include <cmath>
 #include <vector>
 
+#include "compression/codecs/inline_parallel.h"
+
 namespace tl::codec {
 
 // Note [thin products in tiles]. PowerSGD's products at rank r = 4 are thin: M Q and M^T P do
@@ -81,14 +83,14 @@ template <class F>
 void for_tiles(int64_t rows, int64_t cols, F f) {
   const int64_t chunks = (rows + kRowChunk - 1) / kRowChunk, blocks = (cols + kColBlock - 1) / kColBlock;
   const int64_t tile = std::min(rows, kRowChunk) * std::min(cols, kColBlock);
-  at::parallel_for(0, chunks * blocks, std::max<int64_t>(1, kMinWork / std::max<int64_t>(tile, 1)),
-                   [&](int64_t t0, int64_t t1) {
-                     for (int64_t t = t0; t < t1; ++t) {
-                       const int64_t c = t / blocks, b = t % blocks;
-                       f(Tile{c * kRowChunk, std::min(rows, (c + 1) * kRowChunk), b * kColBlock,
-                              std::min(cols, (b + 1) * kColBlock), c, b});
-                     }
-                   });
+  parallel_for(0, chunks * blocks, std::max<int64_t>(1, kMinWork / std::max<int64_t>(tile, 1)),
+               [&](int64_t t0, int64_t t1) {
+                 for (int64_t t = t0; t < t1; ++t) {
+                   const int64_t c = t / blocks, b = t % blocks;
+                   f(Tile{c * kRowChunk, std::min(rows, (c + 1) * kRowChunk), b * kColBlock,
+                          std::min(cols, (b + 1) * kColBlock), c, b});
+                 }
+               });
 }
 
 // qt (r, j1 - j0) = q (cols, r) rows [j0, j1), transposed.
@@ -101,7 +103,7 @@ void transpose_block(const float* q, int64_t r, int64_t j0, int64_t j1, float* q
 // out[e] = sum over p of parts[p * size + e], p in order; parts == out when there is one part.
 void sum_parts(const float* parts, int64_t count, int64_t size, float* out) {
   if (count == 1) return;
-  at::parallel_for(0, size, kMinWork, [&](int64_t e0, int64_t e1) {
+  parallel_for(0, size, kMinWork, [&](int64_t e0, int64_t e1) {
     for (int64_t e = e0; e < e1; ++e) {
       float s = parts[e];
       for (int64_t p = 1; p < count; ++p) s += parts[p * size + e];
@@ -207,7 +209,7 @@ void thin_qr_cpu(float* a_out, int64_t rows, int64_t r) {
 void thin_pqt_cpu(const float* p, int64_t rows, const float* q, int64_t cols, int64_t r, float* out) {
   if (rows * cols == 0) return;
   if (r == 0) {
-    at::parallel_for(0, rows * cols, kMinWork, [&](int64_t e0, int64_t e1) { std::fill(out + e0, out + e1, 0.0f); });
+    parallel_for(0, rows * cols, kMinWork, [&](int64_t e0, int64_t e1) { std::fill(out + e0, out + e1, 0.0f); });
     return;
   }
   for_tiles(rows, cols, [&](const Tile& t) {

@@ -16,6 +16,8 @@
 #include <immintrin.h>
 #endif
 
+#include "compression/codecs/inline_parallel.h"
+
 namespace tl::codec {
 namespace {
 
@@ -305,7 +307,7 @@ void select_rows(const float* x, int64_t rows, int64_t D, int64_t k, int64_t* ip
   }
   std::vector<RowScratch>& s = scratch;
   std::atomic<bool> tie{false};
-  at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+  parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t r = t * rows / tasks; r < (t + 1) * rows / tasks; ++r)
         if (select_row(x + r * D, r * D, D, k, s[t], ip + r * k, vp + r * k, ambiguous != nullptr)) tie = true;
@@ -326,7 +328,7 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
   int64_t* ip = idx.data_ptr<int64_t>();
   float* vp = vals.data_ptr<float>();
   if (k >= D) {
-    at::parallel_for(0, n, kMinChunk, [&](int64_t i0, int64_t i1) {
+    parallel_for(0, n, kMinChunk, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) ip[i] = i;
       std::memcpy(vp + i0, x + i0, (i1 - i0) * sizeof(float));
     });
@@ -360,7 +362,7 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
         // every call: 3.3k a call of topk(0.1) on 64 MiB).
         cand[p].reserve(candidate_room(expect[p]));
       }
-    at::parallel_for(0, static_cast<int64_t>(work.size()), 1, [&](int64_t w0, int64_t w1) {
+    parallel_for(0, static_cast<int64_t>(work.size()), 1, [&](int64_t w0, int64_t w1) {
       for (int64_t w = w0; w < w1; ++w) {
         const Chunk& ch = pieces[work[w]];
         gather_candidates(x + ch.row * D, nullptr, ch.row * D, ch.begin, ch.end, lo[ch.row], expect[work[w]],
@@ -383,7 +385,7 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
   std::vector<RowCut> cuts(rows);
   std::vector<int64_t> offset(np + 1, n), ties(np, 0);  // offset[np] = n: the end of the last piece
   std::atomic<bool> tie{false};
-  at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
+  parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
     std::vector<uint32_t> keys, tmp;
     for (int64_t r = r0; r < r1; ++r) {
       keys.clear();
@@ -409,7 +411,7 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
     }
   });
   if (ambiguous) *ambiguous = tie;
-  at::parallel_for(0, np, 1, [&](int64_t p0, int64_t p1) {
+  parallel_for(0, np, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t o = offset[p];
       keep_candidates(cand[p], cuts[pieces[p].row].key, ties[p], offset[p + 1] - o, ip + o, vp + o);
@@ -432,7 +434,7 @@ void select_flat(const float* x, const uint8_t* mask, int64_t N, uint32_t lo, in
   if (static_cast<int64_t>(scratch.size()) < np) scratch.resize(np);
   for (int64_t p = 0; p < np; ++p) scratch[p].reserve(candidate_room(piece_expect));
   std::vector<Candidates>& cand = scratch;
-  at::parallel_for(0, np, 1, [&](int64_t p0, int64_t p1) {
+  parallel_for(0, np, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t b = std::min(N, p * len), e = std::min(N, b + len);
       gather_candidates(x, mask, 0, b, e, lo, piece_expect, cand[p]);
@@ -443,7 +445,7 @@ void select_flat(const float* x, const uint8_t* mask, int64_t N, uint32_t lo, in
   at::Tensor idx = at::empty({offset[np]}, at::kLong), vals = at::empty({offset[np]}, at::kFloat);
   int64_t* ip = idx.data_ptr<int64_t>();
   float* vp = vals.data_ptr<float>();
-  at::parallel_for(0, np, 1, [&](int64_t p0, int64_t p1) {
+  parallel_for(0, np, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const Candidates& c = cand[p];
       for (int64_t i = 0; i < c.count; ++i) ip[offset[p] + i] = c.base + c.pos[i];
@@ -490,13 +492,13 @@ bool write_stretch(const int64_t* idx, const T* v, int64_t i0, int64_t i1, int64
 template <class T>
 bool scatter_sorted(const int64_t* idx, const T* v, int64_t n, int64_t numel, float* out) {
   if (n == 0) {
-    at::parallel_for(0, numel, kMinChunk, [&](int64_t e0, int64_t e1) { std::fill(out + e0, out + e1, 0.0f); });
+    parallel_for(0, numel, kMinChunk, [&](int64_t e0, int64_t e1) { std::fill(out + e0, out + e1, 0.0f); });
     return true;
   }
   std::atomic<bool> ok{true};
   // Grain: entries covering about kTaskWork outputs on average.
   const int64_t grain = std::max<int64_t>(1, kTaskWork * n / std::max<int64_t>(numel, 1));
-  at::parallel_for(0, n, grain, [&](int64_t i0, int64_t i1) {
+  parallel_for(0, n, grain, [&](int64_t i0, int64_t i1) {
     const int64_t j = i0 == 0 ? 0 : idx[i0 - 1] + 1;
     const int64_t e = i1 == n ? numel : idx[i1 - 1] + 1;
     if (!write_stretch(idx, v, i0, i1, j, e, out)) ok = false;
@@ -509,7 +511,7 @@ bool scatter_sorted(const int64_t* idx, const T* v, int64_t n, int64_t numel, fl
 template <class T>
 bool scatter_rows(const int64_t* channels, const T* v, int64_t rows, int64_t D, int64_t k, int64_t block, float* out) {
   std::atomic<bool> ok{true};
-  at::parallel_for(0, rows, std::max<int64_t>(1, kTaskWork / std::max<int64_t>(D, 1)), [&](int64_t r0, int64_t r1) {
+  parallel_for(0, rows, std::max<int64_t>(1, kTaskWork / std::max<int64_t>(D, 1)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       if (!write_stretch(channels + r / block * k, v + r * k, 0, k, 0, D, out + r * D)) ok = false;
   });
@@ -544,7 +546,7 @@ bool scatter_rows_cpu(const int64_t* channels, const at::Tensor& values, int64_t
 void gather_rows_cpu(const float* x, int64_t rows, int64_t D, const int64_t* channels, int64_t k, float* out,
                      int64_t block) {
   // Grain: rows reading about kTaskWork elements (a row's gather touches most of its cache lines).
-  at::parallel_for(0, rows, std::max<int64_t>(1, kTaskWork / std::max<int64_t>(D, 1)), [&](int64_t r0, int64_t r1) {
+  parallel_for(0, rows, std::max<int64_t>(1, kTaskWork / std::max<int64_t>(D, 1)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t* ch = channels + r / block * k;
       const float* xr = x + r * D;
