@@ -302,8 +302,8 @@ at::Tensor BodyReader::take(at::ScalarType type, int64_t numel) {
   const auto addr = reinterpret_cast<uintptr_t>(slice.data_ptr());
   if (addr % esize != 0) {  // unaligned: copy, then view in place
     if (slice.device().is_cpu() && slice.is_contiguous()) {
-      // By memcpy: a clone of a few thousand bytes is a parallel region (woke a sleeping thread
-      // on every TopK decode whose fp16 values follow an odd count of delta index bytes).
+      // By memcpy: a clone of more than 32 KiB is a parallel region (TopK's fp16 values after an
+      // odd count of delta index bytes).
       at::Tensor copy = at::empty({bytes}, slice.options());
       std::memcpy(copy.data_ptr(), slice.data_ptr(), bytes);
       slice = copy;

@@ -2,10 +2,9 @@
 // Note [one task inline]. at::parallel_for runs on the calling thread only when the range is
 // shorter than one grain; a range of exactly one grain (one chunk, one task) enters ATen's OpenMP
 // region, which starts every thread of the pool (it cannot use a num_threads clause), and ends at
-// its barrier. On the loaded 2-core machine a sleeping second thread is woken for nothing and the
-// call waits until it is scheduled: TopK's decode of 1 MiB (one delta chunk) took 0.6-0.7 ms on two
-// threads and 0.1 ms on one. The codecs' loops call this form, which runs a range of at most one
-// grain inline.
+// its barrier: on the loaded 2-core machine a sleeping second thread is woken for no work and the
+// call waits until it has been scheduled. The codecs' loops (one delta chunk of a 1 MiB TopK, one
+// task of rows) call this form, which runs a range of at most one grain inline.
 
 #include <ATen/Parallel.h>
 
