@@ -300,7 +300,17 @@ at::Tensor BodyReader::take(at::ScalarType type, int64_t numel) {
   offset_ += bytes;
   if (type == at::kByte) return slice;
   const auto addr = reinterpret_cast<uintptr_t>(slice.data_ptr());
-  if (addr % esize != 0) slice = slice.clone();  // unaligned: copy, then view in place
+  if (addr % esize != 0) {  // unaligned: copy, then view in place
+    if (slice.device().is_cpu() && slice.is_contiguous()) {
+      // By memcpy: a clone of more than 32 KiB is a parallel region (TopK's fp16 values after an
+      // odd count of delta index bytes).
+      at::Tensor copy = at::empty({bytes}, slice.options());
+      std::memcpy(copy.data_ptr(), slice.data_ptr(), bytes);
+      slice = copy;
+    } else {
+      slice = slice.clone();
+    }
+  }
   return slice.view(type);
 }
 

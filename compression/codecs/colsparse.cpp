@@ -26,24 +26,37 @@ at::Tensor token_blocks(int64_t tokens, int64_t block, const at::Device& device)
   return at::div(at::arange(tokens, at::TensorOptions().dtype(at::kLong).device(device)), block, "floor");
 }
 
-// Output of shape `like` holding values (tokens, k) at the channels (tokens, k), zeros elsewhere.
-at::Tensor scatter_channels(const Payload& like, int64_t tokens, int64_t hidden, const at::Tensor& channels,
-                            const at::Tensor& values) {
+// Output of shape `like` holding values (tokens, k) at the channels of each token's block
+// (blocks, k), zeros elsewhere.
+at::Tensor scatter_channels(const Payload& like, int64_t tokens, int64_t hidden, int64_t block,
+                            const at::Tensor& channels, const at::Tensor& values) {
   const auto vt = values.scalar_type();
   if (like.dtype == at::kFloat && codec::use_cpu_kernel(values) && channels.device().is_cpu() &&
       (vt == at::kFloat || vt == at::kHalf || vt == at::kBFloat16)) {
     at::Tensor out = at::empty({tokens, hidden}, values.options().dtype(at::kFloat));  // every element written
-    const at::Tensor c = channels.contiguous(), v = values.reshape(channels.sizes()).contiguous();  // (T, k)
+    const at::Tensor c = channels.contiguous(), v = values.reshape({tokens, channels.size(1)}).contiguous();  // (T, k)
     // Channels that are not increasing (possible only where the index was not checked) take ATen's scatter.
-    if (codec::scatter_rows_cpu(c.data_ptr<int64_t>(), v, tokens, hidden, out.data_ptr<float>()))
+    if (codec::scatter_rows_cpu(c.data_ptr<int64_t>(), v, tokens, hidden, out.data_ptr<float>(), block))
       return out.view(like.shape);
   }
   at::Tensor out = at::zeros({tokens, hidden}, values.options().dtype(like.dtype));
-  if (channels.numel() > 0) out.scatter_(1, channels.to(values.device()), values.reshape({tokens, -1}).to(like.dtype));
+  const at::Tensor per_token = channels.index_select(0, token_blocks(tokens, block, channels.device()));  // (T, k)
+  if (per_token.numel() > 0)
+    out.scatter_(1, per_token.to(values.device()), values.reshape({tokens, -1}).to(like.dtype));
   return out.view(like.shape);
 }
 
 at::Tensor body_or_empty(const Payload& p) { return p.body.defined() ? p.body : at::empty({0}, at::kByte); }
+
+// (blocks, k): the k channels of largest norm in each block, ascending; norms (blocks, H).
+at::Tensor top_channels(const at::Tensor& norms, int64_t k) {
+  return std::get<0>(at::sort(std::get<1>(at::topk(norms, k, 1, /*largest=*/true, /*sorted=*/false)), 1));
+}
+
+// (blocks * k): channels (blocks, k) as flat indices b * hidden + c into (blocks, H).
+at::Tensor flat_channels(const at::Tensor& channels, int64_t hidden) {
+  return (channels + at::arange(channels.size(0), channels.options()).unsqueeze(1) * hidden).reshape({-1});
+}
 
 }  // namespace
 
@@ -119,23 +132,67 @@ Payload ColumnSparse::encode_parts(const at::Tensor& x, const CodecContext& ctx,
   const int64_t k = k_for(hidden);
   const int64_t blocks = tokens == 0 ? 0 : (tokens - 1) / o_.block + 1;
   at::Tensor xt = x.reshape({tokens, hidden});  // (T, H)
-  at::Tensor channels;                          // (blocks, k) kept channels, ascending
+  if (codec::use_cpu_kernel(x) && x.scalar_type() == at::kFloat && blocks * k > 0) return encode_cpu(x, values);
+  at::Tensor channels;  // (blocks, k) kept channels, ascending
   if (blocks * k == 0) {
     channels = at::empty({blocks, k}, x.options().dtype(at::kLong));
   } else {
-    // Squared L2 norm of each channel over each block of tokens; the short last block is padded
-    // with zero tokens, which add nothing. A block longer than the message is one block of all its
-    // tokens, not padded to `block` (block=444444444408 asked for terabytes: the spec fuzzer).
-    at::Tensor sq = xt.to(at::kFloat).square();
-    const int64_t span = std::min(o_.block, tokens);
-    const int64_t pad = blocks * span - tokens;
-    if (pad > 0) sq = at::constant_pad_nd(sq, {0, 0, 0, pad}, 0);
-    at::Tensor norms = sq.view({blocks, span, hidden}).sum(1);  // (blocks, H)
-    channels = std::get<0>(at::sort(std::get<1>(at::topk(norms, k, 1, /*largest=*/true, /*sorted=*/false)), 1));
+    channels = top_channels(block_norms(xt), k);
   }
-  at::Tensor flat = (channels + at::arange(blocks, channels.options()).unsqueeze(1) * hidden).reshape({-1});
+  at::Tensor flat = flat_channels(channels, hidden);
   codec::EncodedIndex enc = codec::encode_index(flat, blocks * hidden, o_.index);
 
+  Payload p = header(x, k, enc);
+  at::Tensor per_token = channels.index_select(0, token_blocks(tokens, o_.block, x.device()));  // (T, k)
+  values = {xt.gather(1, per_token)};
+  return p;
+}
+
+// The CPU path of encode_parts for float32 (Note [two paths]): the norms as the ATen path makes
+// them (at::sum's order of additions, which a loop of ours would not match bit for bit: it depends
+// on the column's place in ATen's vector groups), the k largest of each block's by TopK's selection
+// (the flat indices come out ascending, as the index wants them), the values gathered with each
+// token's block's channels: no (T, k) index tensor, and no at::topk, sort and index_select. A block
+// whose k-th largest norm ties with one left out (zero channels), or a NaN norm, takes at::topk as
+// the ATen path does, for the same choice.
+Payload ColumnSparse::encode_cpu(const at::Tensor& x, std::vector<at::Tensor>& values) {
+  int64_t tokens, hidden;
+  token_view(x.sizes().vec(), tokens, hidden);
+  const int64_t k = k_for(hidden);
+  const int64_t blocks = (tokens - 1) / o_.block + 1;
+  const at::Tensor xc = x.contiguous();                             // (T, H)
+  const at::Tensor norms = block_norms(xc.view({tokens, hidden}));  // (blocks, H)
+  at::Tensor flat, kept;  // (blocks * k) ascending flat indices into (blocks, H), their norms
+  bool ambiguous = false;
+  codec::topk_select_cpu(norms.data_ptr<float>(), blocks, hidden, k, flat, kept, &ambiguous);
+  const float* kp = kept.data_ptr<float>();
+  for (int64_t i = 0; i < blocks * k && !ambiguous; ++i) ambiguous = kp[i] != kp[i];  // a NaN is always kept
+  if (ambiguous) flat = flat_channels(top_channels(norms, k), hidden);
+  at::Tensor channels = at::empty({blocks, k}, flat.options());  // (blocks, k)
+  const int64_t* fp = flat.data_ptr<int64_t>();
+  int64_t* cp = channels.data_ptr<int64_t>();
+  for (int64_t i = 0; i < blocks * k; ++i) cp[i] = fp[i] - i / k * hidden;
+  codec::EncodedIndex enc = codec::encode_index(flat, blocks * hidden, o_.index);
+  at::Tensor v = at::empty({tokens, k}, x.options());  // (T, k)
+  codec::gather_rows_cpu(xc.data_ptr<float>(), tokens, hidden, cp, k, v.data_ptr<float>(), o_.block);
+  values = {v};
+  return header(x, k, enc);
+}
+
+// Squared L2 norm of each channel over each block of tokens, (blocks, H), of xt (T, H); the short
+// last block is padded with zero tokens, which add nothing. A block longer than the message is one
+// block of all its tokens, not padded to `block` (block=444444444408 asked for terabytes: the spec
+// fuzzer).
+at::Tensor ColumnSparse::block_norms(const at::Tensor& xt) const {
+  const int64_t tokens = xt.size(0), hidden = xt.size(1);
+  const int64_t blocks = (tokens - 1) / o_.block + 1, span = std::min(o_.block, tokens);
+  at::Tensor sq = xt.to(at::kFloat).square();
+  const int64_t pad = blocks * span - tokens;
+  if (pad > 0) sq = at::constant_pad_nd(sq, {0, 0, 0, pad}, 0);
+  return sq.view({blocks, span, hidden}).sum(1);
+}
+
+Payload ColumnSparse::header(const at::Tensor& x, int64_t k, const codec::EncodedIndex& enc) const {
   Payload p;
   p.codec = codec_id(kName);
   p.dtype = x.scalar_type();
@@ -143,15 +200,6 @@ Payload ColumnSparse::encode_parts(const at::Tensor& x, const CodecContext& ctx,
   p.params = {kPlain,           o_.block, k, codec::wire_type_param(o_.values), static_cast<int64_t>(enc.format),
               enc.bytes.numel()};
   p.body = enc.bytes;
-  at::Tensor per_token = channels.index_select(0, token_blocks(tokens, o_.block, x.device()));  // (T, k)
-  if (codec::use_cpu_kernel(x) && x.scalar_type() == at::kFloat) {
-    const at::Tensor xc = xt.contiguous(), pc = per_token.contiguous();
-    at::Tensor v = at::empty({tokens, k}, x.options());  // (T, k)
-    codec::gather_rows_cpu(xc.data_ptr<float>(), tokens, hidden, pc.data_ptr<int64_t>(), k, v.data_ptr<float>());
-    values = {v};
-  } else {
-    values = {xt.gather(1, per_token)};
-  }
   return p;
 }
 
@@ -160,9 +208,25 @@ std::vector<SectionedCodec::Section> ColumnSparse::sections(const Payload& rest)
   return {Section{{l.tokens, l.k}, l.wire}};
 }
 
-at::Tensor ColumnSparse::token_channels(const Payload& rest, const Layout& l) const {
+at::Tensor ColumnSparse::block_channels(const Payload& rest, const Layout& l) const {
   at::Tensor idx = codec::decode_index(l.format, body_or_empty(rest), l.blocks * l.k, l.blocks * l.hidden, kName,
                                        codec::IndexSource{rest.host_body, rest.from_wire});  // (blocks * k)
+  if (codec::use_cpu_kernel(idx) && idx.numel() > 0) {
+    // Note [colsparse index set], checked by one loop, which also makes the channels.
+    at::Tensor channels = at::empty({l.blocks, l.k}, idx.options());  // (blocks, k)
+    const at::Tensor ic = idx.contiguous();
+    const int64_t* ip = ic.data_ptr<int64_t>();
+    int64_t* cp = channels.data_ptr<int64_t>();
+    bool ok = true;
+    for (int64_t i = 0; i < l.blocks * l.k; ++i) {
+      const int64_t base = i / l.k * l.hidden;
+      ok &= ip[i] >= base && ip[i] < base + l.hidden && (i % l.k == 0 || ip[i] > ip[i - 1]);
+      cp[i] = ip[i] - base;
+    }
+    TORCH_CHECK(ok, kName, ": corrupt payload: the index set does not hold exactly ", l.k,
+                " distinct channels in each block");
+    return channels;
+  }
   if (!codec::on_device(idx) && idx.numel() > 0) {
     // Note [colsparse index set]: exactly k distinct channels in each block (checked where it
     // costs no device synchronisation).
@@ -172,8 +236,11 @@ at::Tensor ColumnSparse::token_channels(const Payload& rest, const Layout& l) co
         block_of.equal(expected) && (idx.numel() < 2 || (idx.slice(0, 1) > idx.slice(0, 0, -1)).all().item<bool>()),
         kName, ": corrupt payload: the index set does not hold exactly ", l.k, " distinct channels in each block");
   }
-  at::Tensor channels = idx.remainder(l.hidden).view({l.blocks, l.k});
-  return channels.index_select(0, token_blocks(l.tokens, l.block, idx.device()));  // (T, k)
+  return idx.remainder(l.hidden).view({l.blocks, l.k});
+}
+
+at::Tensor ColumnSparse::token_channels(const Payload& rest, const Layout& l) const {
+  return block_channels(rest, l).index_select(0, token_blocks(l.tokens, l.block, body_or_empty(rest).device()));
 }
 
 at::Tensor ColumnSparse::decode_parts(const Payload& rest, const std::vector<at::Tensor>& values,
@@ -182,7 +249,7 @@ at::Tensor ColumnSparse::decode_parts(const Payload& rest, const std::vector<at:
   TORCH_CHECK(static_cast<int64_t>(rest.body_bytes()) == l.index_bytes, kName, ": corrupt payload: the index takes ",
               rest.body_bytes(), " bytes, the header announces ", l.index_bytes);
   TORCH_CHECK(values.size() == 1, kName, ": expected one value section, got ", values.size());
-  return scatter_channels(rest, l.tokens, l.hidden, token_channels(rest, l), values[0]);
+  return scatter_channels(rest, l.tokens, l.hidden, l.block, block_channels(rest, l), values[0]);
 }
 
 Payload ColumnSparse::encode_shared_parts(const at::Tensor& g, const Payload& fwd_rest,
@@ -218,7 +285,7 @@ at::Tensor ColumnSparse::decode_shared_parts(const Payload& rest, const Payload&
               " bytes besides the values");
   TORCH_CHECK(values.size() == 1, kName, ": expected one value section, got ", values.size());
   const Layout l = layout(fwd_rest);
-  return scatter_channels(rest, l.tokens, l.hidden, token_channels(fwd_rest, l), values[0]);
+  return scatter_channels(rest, l.tokens, l.hidden, l.block, block_channels(fwd_rest, l), values[0]);
 }
 
 }  // namespace tl

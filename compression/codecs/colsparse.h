@@ -60,8 +60,13 @@ class ColumnSparse : public SectionedCodec {
     codec::IndexFormat format;
     int64_t index_bytes;
   };
-  Layout layout(const Payload& rest) const;  // validated plain params
-  // (tokens, k) int64: the kept channels of each token's block, from a plain rest payload.
+  Layout layout(const Payload& rest) const;                                  // validated plain params
+  Payload encode_cpu(const at::Tensor& x, std::vector<at::Tensor>& values);  // float32 on the CPU
+  Payload header(const at::Tensor& x, int64_t k, const codec::EncodedIndex& enc) const;
+  at::Tensor block_norms(const at::Tensor& xt) const;  // (blocks, H) of xt (T, H)
+  // (blocks, k) int64: the kept channels of each block, ascending, from a plain rest payload.
+  at::Tensor block_channels(const Payload& rest, const Layout& l) const;
+  // (tokens, k) int64: the kept channels of each token's block.
   at::Tensor token_channels(const Payload& rest, const Layout& l) const;
 
   ColumnSparseOptions o_;

@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include "compression/codecs/common.h"
+#include "compression/codecs/lowrank_kernels.h"
 
 namespace tl {
 namespace {
@@ -17,6 +18,46 @@ std::pair<int64_t, int64_t> matrix_dims(const std::vector<int64_t>& shape, int64
   int64_t rows = 1, cols = 1;
   for (int64_t i = 0; i < static_cast<int64_t>(shape.size()); ++i) (i < dim ? rows : cols) *= shape[i];
   return {rows, cols};
+}
+
+// The products, by the tiled CPU loops for float32 on the CPU (Note [thin products in tiles],
+// lowrank_kernels.cpp), else by ATen. m (rows, cols), q (cols, r), p (rows, r).
+bool thin_cpu(const at::Tensor& a, const at::Tensor& b, int64_t r) {
+  return codec::use_cpu_kernel(a) && b.device().is_cpu() && a.scalar_type() == at::kFloat &&
+         b.scalar_type() == at::kFloat && r >= 1 && r <= codec::kMaxThinRank;
+}
+
+at::Tensor product_mq(const at::Tensor& m, const at::Tensor& q) {  // (rows, r) = M Q
+  if (!thin_cpu(m, q, q.size(1))) return m.mm(q);
+  const at::Tensor mc = m.contiguous(), qc = q.contiguous();
+  at::Tensor p = at::empty({m.size(0), q.size(1)}, m.options());
+  codec::thin_mq_cpu(mc.data_ptr<float>(), m.size(0), m.size(1), qc.data_ptr<float>(), q.size(1), p.data_ptr<float>());
+  return p;
+}
+
+// The Q of P's reduced QR (rows, r): on one thread for float32 on the CPU (Note [QR of the thin
+// factor], lowrank_kernels.cpp), else at::linalg_qr.
+at::Tensor orthonormal(const at::Tensor& p) {
+  if (!thin_cpu(p, p, p.size(1))) return std::get<0>(at::linalg_qr(p));
+  at::Tensor q = p.contiguous().clone();
+  codec::thin_qr_cpu(q.data_ptr<float>(), q.size(0), q.size(1));
+  return q;
+}
+
+at::Tensor product_mtp(const at::Tensor& m, const at::Tensor& p) {  // (cols, r) = M^T P
+  if (!thin_cpu(m, p, p.size(1))) return m.t().mm(p);
+  const at::Tensor mc = m.contiguous(), pc = p.contiguous();
+  at::Tensor q = at::empty({m.size(1), p.size(1)}, m.options());
+  codec::thin_mtp_cpu(mc.data_ptr<float>(), m.size(0), m.size(1), pc.data_ptr<float>(), p.size(1), q.data_ptr<float>());
+  return q;
+}
+
+at::Tensor product_pqt(const at::Tensor& p, const at::Tensor& q) {  // (rows, cols) = P Q^T
+  if (!thin_cpu(p, q, p.size(1))) return p.mm(q.t());
+  const at::Tensor pc = p.contiguous(), qc = q.contiguous();
+  at::Tensor m = at::empty({p.size(0), q.size(0)}, p.options());
+  codec::thin_pqt_cpu(pc.data_ptr<float>(), p.size(0), qc.data_ptr<float>(), q.size(0), p.size(1), m.data_ptr<float>());
+  return m;
 }
 }  // namespace
 
@@ -63,13 +104,15 @@ Payload PowerSgd::encode_parts(const at::Tensor& x, const CodecContext& ctx, std
   q = q.to(m.device(), ct);
   at::Tensor p, q_new;
   if (r > 0) {
-    p = std::get<0>(at::linalg_qr(m.mm(q)));  // (rows, r) orthonormal columns
-    q_new = m.t().mm(p);                      // (cols, r)
+    p = orthonormal(product_mq(m, q));  // (rows, r) orthonormal columns
+    q_new = product_mtp(m, p);          // (cols, r)
   } else {
     p = at::zeros({rows, 0}, m.options());
     q_new = at::zeros({cols, 0}, m.options());
   }
-  q_.set_data(q_new.clone());
+  // A fresh tensor, never written in place afterwards: the buffer keeps it without a copy (a copy
+  // was one more parallel region a call, of cols x r floats).
+  q_.set_data(q_new);
   values = {p, q_new};
 
   Payload out;
@@ -106,7 +149,7 @@ at::Tensor PowerSgd::decode_parts(const Payload& rest, const std::vector<at::Ten
   TORCH_CHECK(rest.body_bytes() == 0, kName, ": corrupt payload: ", rest.body_bytes(), " bytes besides P and Q");
   TORCH_CHECK(values.size() == 2, kName, ": expected sections P and Q, got ", values.size());
   const at::ScalarType ct = compute_type(rest.dtype);
-  at::Tensor m = values[0].to(ct).mm(values[1].to(ct).t());  // (rows, cols)
+  at::Tensor m = product_pqt(values[0].to(ct), values[1].to(ct));  // (rows, cols)
   return m.to(rest.dtype).view(rest.shape);
 }
 
@@ -118,8 +161,8 @@ Payload PowerSgd::encode_shared_parts(const at::Tensor& g, const Payload& fwd_re
               " for a forward payload of shape ", c10::IntArrayRef(fwd_rest.shape));
   TORCH_CHECK(fwd_values.size() == 2, kName, ": shared mode needs the forward P and Q");
   const at::ScalarType ct = compute_type(g.scalar_type());
-  at::Tensor p = fwd_values[0].to(g.device(), ct);          // (rows, r)
-  values = {g.reshape({l.rows, l.cols}).to(ct).t().mm(p)};  // (cols, r) = G^T P
+  at::Tensor p = fwd_values[0].to(g.device(), ct);                // (rows, r)
+  values = {product_mtp(g.reshape({l.rows, l.cols}).to(ct), p)};  // (cols, r) = G^T P
   Payload out;
   out.codec = codec_id(kName);
   out.dtype = g.scalar_type();
@@ -145,7 +188,7 @@ at::Tensor PowerSgd::decode_shared_parts(const Payload& rest, const Payload& fwd
               " bytes besides Q_g");
   TORCH_CHECK(fwd_values.size() == 2 && values.size() == 1, kName, ": shared mode needs the forward P and Q_g");
   const at::ScalarType ct = compute_type(rest.dtype);
-  at::Tensor m = fwd_values[0].to(ct).mm(values[0].to(fwd_values[0].device(), ct).t());
+  at::Tensor m = product_pqt(fwd_values[0].to(ct), values[0].to(fwd_values[0].device(), ct));
   return m.to(rest.dtype).view(rest.shape);
 }
 

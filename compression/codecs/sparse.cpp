@@ -161,7 +161,7 @@ void SparseCodec::select(const at::Tensor& x, int64_t rows, int64_t D, at::Tenso
     case SparseKind::kRandK: {
       at::Tensor m = randk_mask(rows, D, k_for(D));
       if (cpu) {
-        codec::emit_mask_cpu(xf.data_ptr<float>(), m.data_ptr<uint8_t>(), rows, D, k_for(D), idx, vals);
+        codec::mask_select_cpu(xf.data_ptr<float>(), m.data_ptr<uint8_t>(), rows * D, rows * k_for(D), idx, vals);
         break;
       }
       // The positions are known on the host already: list them there and upload them.
@@ -178,8 +178,7 @@ void SparseCodec::select(const at::Tensor& x, int64_t rows, int64_t D, at::Tenso
     case SparseKind::kThreshold: {
       const float t = static_cast<float>(o_.threshold);
       if (cpu) {
-        codec::emit_cuts_cpu(xf.data_ptr<float>(), 1, rows * D, {codec::RowCut{codec::magnitude_key(t), 0}}, -1, idx,
-                             vals);
+        codec::threshold_select_cpu(xf.data_ptr<float>(), rows * D, codec::magnitude_key(t), idx, vals);
         break;
       }
       mask = flat.to(at::kFloat).abs() > t;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "compression/codecs/common.h"
+#include "compression/codecs/inline_parallel.h"
 #include "compression/payload.h"
 
 namespace tl::codec {
@@ -43,7 +44,7 @@ int64_t delta_bytes_range(const int64_t* idx, int64_t i0, int64_t i1) {
 std::vector<int64_t> delta_chunk_bytes(const int64_t* idx, int64_t n) {
   const int64_t chunks = (n + kDeltaChunk - 1) / kDeltaChunk;
   std::vector<int64_t> bytes(chunks, 0);
-  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+  parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c)
       bytes[c] = delta_bytes_range(idx, c * kDeltaChunk, std::min(n, (c + 1) * kDeltaChunk));
   });
@@ -60,7 +61,7 @@ int64_t delta_bytes_cpu(const int64_t* idx, int64_t n) {
 void delta_encode_cpu(const int64_t* idx, int64_t n, const std::vector<int64_t>& bytes, uint8_t* out) {
   std::vector<int64_t> offset(bytes.size() + 1, 0);
   for (size_t c = 0; c < bytes.size(); ++c) offset[c + 1] = offset[c] + bytes[c];
-  at::parallel_for(0, static_cast<int64_t>(bytes.size()), 1, [&](int64_t c0, int64_t c1) {
+  parallel_for(0, static_cast<int64_t>(bytes.size()), 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t i0 = c * kDeltaChunk, i1 = std::min(n, i0 + kDeltaChunk);
       uint8_t* o = out + offset[c];
@@ -88,7 +89,7 @@ void delta_decode_cpu(const uint8_t* in, int64_t size, int64_t n, int64_t univer
   // Chunk c covers the varints that start in [c * kDeltaChunk, (c + 1) * kDeltaChunk).
   const int64_t chunks = (size + kDeltaChunk - 1) / kDeltaChunk;
   std::vector<int64_t> begin(chunks + 1, size), count(chunks + 1, 0), span(chunks, 0);
-  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+  parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       int64_t b = c * kDeltaChunk;
       while (b > 0 && b < size && (in[b - 1] & 0x80)) ++b;  // the first varint starting here
@@ -109,7 +110,7 @@ void delta_decode_cpu(const uint8_t* in, int64_t size, int64_t n, int64_t univer
   TORCH_CHECK(first[chunks] == n, codec, ": corrupt delta index: ", first[chunks], " varints, the header announces ",
               n);
   std::atomic<bool> long_varint{false}, past{false};
-  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+  parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       int64_t pos = begin[c], rel = -1;  // positions relative to the chunk's start, -1 before it
       const int64_t e = begin[c + 1];
@@ -146,7 +147,7 @@ void delta_decode_cpu(const uint8_t* in, int64_t size, int64_t n, int64_t univer
     TORCH_CHECK(b <= universe, codec, ": corrupt delta index: indices run past the ", universe,
                 " elements of the tensor");
   }
-  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+  parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c)
       if (base[c] != 0)
         for (int64_t i = first[c]; i < first[c + 1]; ++i) idx[i] += base[c];
@@ -162,7 +163,7 @@ void bitmap_decode_cpu(const uint8_t* in, int64_t size, int64_t universe, int64_
   constexpr int64_t kChunk = 1 << 16;
   const int64_t chunks = (size + kChunk - 1) / kChunk;
   std::vector<int64_t> count(chunks + 1, 0);
-  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+  parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       int64_t s = 0;
       for (int64_t b = c * kChunk, e = std::min(size, b + kChunk); b < e; ++b) s += __builtin_popcount(in[b]);
@@ -175,7 +176,7 @@ void bitmap_decode_cpu(const uint8_t* in, int64_t size, int64_t universe, int64_
   if (size > 0 && universe % 8 != 0)
     TORCH_CHECK((in[size - 1] >> (universe % 8)) == 0, codec, ": corrupt bitmap index: bits set past the ", universe,
                 " elements of the tensor");
-  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+  parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       int64_t o = count[c];
       for (int64_t b = c * kChunk, e = std::min(size, b + kChunk); b < e; ++b) {

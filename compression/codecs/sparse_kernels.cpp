@@ -16,54 +16,55 @@
 #include <immintrin.h>
 #endif
 
+#include "compression/codecs/inline_parallel.h"
+
 namespace tl::codec {
 namespace {
 
 constexpr int64_t kMinChunk = 1 << 15;
+// Elements (read or written) a task of the row-wise loops holds at least: a 1 MiB tensor stays on
+// one thread, where a second one (woken, and on the loaded machine often descheduled) cost more
+// than its half of the work (Note [top-k row by row]).
+constexpr int64_t kTaskWork = int64_t(1) << 18;
 
 int64_t threads() { return at::in_parallel_region() ? 1 : std::max<int64_t>(1, at::get_num_threads()); }
 
-// Bin holding the need-th largest element of a histogram; `need` becomes its rank within the bin.
-template <size_t N>
-uint32_t walk(const std::array<int64_t, N>& hist, int64_t& need) {
-  for (int64_t b = N - 1; b >= 0; --b) {
-    if (hist[b] >= need) return static_cast<uint32_t>(b);
-    need -= hist[b];
+// The cut keeping the k largest of keys[0, count) (0 < k <= count), which it may reorder: one
+// histogram of the keys' offsets from the smallest, in at most 2^12 bins (512 for a few thousand
+// keys: clearing and walking the bins is then a small part), walked from the top to the bin that
+// holds the k-th largest; the keys of that bin (a few, for keys spread over the range) are then
+// selected by nth_element. It replaced a copy and nth_element of all the keys (~10 us for TopK's
+// 900 candidates of a row of 4096) and a three-level radix select (12 + 11 + 8 bits).
+RowCut cut_keys(uint32_t* keys, int64_t count, int64_t k, std::vector<uint32_t>& tmp) {
+  uint32_t lo = keys[0], hi = keys[0];
+  for (int64_t i = 1; i < count; ++i) {
+    lo = std::min(lo, keys[i]);
+    hi = std::max(hi, keys[i]);
   }
-  TORCH_CHECK(false, "topk: internal error: histogram holds fewer elements than k");
-}
-
-// The cut keeping the k largest of keys[0, count) (0 < k <= count): a radix select on the 31-bit
-// keys in three levels (12 + 11 + 8 bits; level 1 histograms all keys, levels 2 and 3 only those
-// of the boundary bin), or for few keys nth_element.
-RowCut cut_keys(const uint32_t* keys, int64_t count, int64_t k) {
-  if (count <= 8192) {  // few keys: a selection on a copy costs less than the histograms
-    std::vector<uint32_t> c(keys, keys + count);
-    std::nth_element(c.begin(), c.begin() + (k - 1), c.end(), std::greater<uint32_t>());
-    const uint32_t cut = c[k - 1];
-    int64_t above = 0;
-    for (int64_t i = 0; i < count; ++i) above += keys[i] > cut;
-    return {cut, k - above};
-  }
-  std::array<int64_t, 4096> h1{};
-  for (int64_t i = 0; i < count; ++i) ++h1[keys[i] >> 19];
-  int64_t need = k;
-  const uint32_t b1 = walk(h1, need);
-  std::vector<uint32_t> cand;
+  if (lo == hi) return {lo, k};  // all equal: k ties
+  int bits = 9;
+  while (bits < 12 && (int64_t(1) << (bits + 3)) < count) ++bits;  // ~8 keys a bin at most
+  const int span_bits = 32 - __builtin_clz(hi - lo);
+  const int shift = std::max(0, span_bits - bits);
+  std::array<uint32_t, 4096> hist;
+  const int64_t bins = ((hi - lo) >> shift) + 1;
+  std::fill(hist.begin(), hist.begin() + bins, 0u);
+  for (int64_t i = 0; i < count; ++i) ++hist[(keys[i] - lo) >> shift];
+  int64_t need = k, b = bins - 1;
+  for (; b > 0 && hist[b] < need; --b) need -= hist[b];
+  // The keys of bin b; the need-th largest of them is the cut.
+  tmp.resize(hist[b]);
+  int64_t m = 0;
   for (int64_t i = 0; i < count; ++i)
-    if ((keys[i] >> 19) == b1) cand.push_back(keys[i]);
-  std::array<int64_t, 2048> h2{};
-  for (uint32_t key : cand) ++h2[(key >> 8) & 0x7ff];
-  const uint32_t b2 = walk(h2, need);
-  std::array<int64_t, 256> h3{};
-  const uint32_t prefix = (b1 << 11) | b2;
-  for (uint32_t key : cand)
-    if ((key >> 8) == prefix) ++h3[key & 0xff];
-  const uint32_t b3 = walk(h3, need);
-  return {(prefix << 8) | b3, need};
+    if (((keys[i] - lo) >> shift) == static_cast<uint64_t>(b)) tmp[m++] = keys[i];
+  std::nth_element(tmp.begin(), tmp.begin() + (need - 1), tmp.begin() + m, std::greater<uint32_t>());
+  const uint32_t cut = tmp[need - 1];
+  int64_t above = 0;  // in the bin, every key above the cut now lies before it
+  for (int64_t i = 0; i < need - 1; ++i) above += tmp[i] > cut;
+  return {cut, need - above};
 }
 
-// Splits rows into chunks for emission: whole rows when there are enough of them, else pieces.
+// Splits rows into pieces for TopK: whole rows when there are enough of them, else pieces.
 struct Chunk {
   int64_t row, begin, end;
 };
@@ -77,66 +78,6 @@ std::vector<Chunk> make_chunks(int64_t rows, int64_t D, int64_t max_len = std::n
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < D; b += len) chunks.push_back({r, b, std::min(D, b + len)});
   return chunks;
-}
-
-// Generic emission. classify(row, j) -> 0 drop, 1 keep, 2 tie (kept while the row's tie budget
-// lasts, in index order). Rows with several chunks are counted first to place each chunk's output.
-template <class Classify>
-void emit(const float* x, int64_t rows, int64_t D, const std::vector<int64_t>& row_ties, int64_t row_count,
-          Classify classify, at::Tensor& idx_out, at::Tensor& vals_out) {
-  std::vector<Chunk> chunks = make_chunks(rows, D);
-  const int64_t nc = static_cast<int64_t>(chunks.size());
-  std::vector<int64_t> offset(nc + 1, 0), ties(nc, 0);
-  if (row_count >= 0 && nc == rows) {
-    for (int64_t c = 0; c < nc; ++c) {
-      offset[c + 1] = (c + 1) * row_count;
-      ties[c] = row_ties[c];
-    }
-  } else {
-    std::vector<int64_t> keep(nc, 0), tie(nc, 0);
-    at::parallel_for(0, nc, 1, [&](int64_t c0, int64_t c1) {
-      for (int64_t c = c0; c < c1; ++c) {
-        int64_t k1 = 0, k2 = 0;
-        for (int64_t j = chunks[c].begin; j < chunks[c].end; ++j) {
-          const int v = classify(chunks[c].row, j);
-          k1 += v == 1;
-          k2 += v == 2;
-        }
-        keep[c] = k1;
-        tie[c] = k2;
-      }
-    });
-    std::vector<int64_t> budget(row_ties);
-    for (int64_t c = 0; c < nc; ++c) {
-      ties[c] = std::min(tie[c], budget[chunks[c].row]);
-      budget[chunks[c].row] -= ties[c];
-      offset[c + 1] = offset[c] + keep[c] + ties[c];
-    }
-  }
-  const int64_t n = offset[nc];
-  // One spare slot: the loop below writes every element and advances only past kept ones.
-  at::Tensor idx = at::empty({n + 1}, at::kLong), vals = at::empty({n + 1}, at::kFloat);
-  int64_t* ip = idx.data_ptr<int64_t>();
-  float* vp = vals.data_ptr<float>();
-  at::parallel_for(0, nc, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const Chunk ch = chunks[c];
-      const float* xr = x + ch.row * D;
-      int64_t o = offset[c], t = ties[c];
-      const int64_t base = ch.row * D;
-      for (int64_t j = ch.begin; j < ch.end; ++j) {
-        int v = classify(ch.row, j);
-        if (C10_UNLIKELY(v == 2)) v = t-- > 0;
-        ip[o] = base + j;
-        vp[o] = xr[j];
-        o += v != 0;
-      }
-      TORCH_CHECK(o == offset[c + 1], "sparse: internal error: chunk emitted ", o - offset[c], " elements, expected ",
-                  offset[c + 1] - offset[c]);
-    }
-  });
-  idx_out = idx.narrow(0, 0, n);
-  vals_out = vals.narrow(0, 0, n);
 }
 
 }  // namespace
@@ -158,22 +99,23 @@ constexpr int64_t kSampleLines = 128, kLine = 16;  // floats per cache line
 
 // The smallest key among the `rank + 1` largest of a sample of the row; 0 (everything) when the
 // sample is too small to tell. `attempt` widens the margin.
-uint32_t sampled_floor(const float* x, int64_t D, int64_t k, int attempt) {
+// `keys`, `tmp`: scratch.
+uint32_t sampled_floor(const float* x, int64_t D, int64_t k, int attempt, std::vector<uint32_t>& keys,
+                       std::vector<uint32_t>& tmp) {
   const int64_t lines = std::min<int64_t>(kSampleLines, D / (16 * kLine));  // at most 1/16 of the row
   if (attempt >= 3 || lines < 8) return 0;
-  std::vector<uint32_t> keys;
-  keys.reserve(lines * kLine);
+  keys.clear();
   for (int64_t l = 0; l < lines; ++l) {
     const int64_t b = l * (D / lines) / kLine * kLine;
     for (int64_t j = b; j < b + kLine; ++j) keys.push_back(magnitude_key(x[j]));
   }
   const int64_t m = static_cast<int64_t>(keys.size());
   const double expect = static_cast<double>(k) * m / D;
-  const double margin = (3.0 + 3.0 * attempt) * std::sqrt(expect) + 16.0 * (1 << (2 * attempt));
+  // 3 standard deviations of the count (a retry widens it), and a few elements for tiny expects.
+  const double margin = (3.0 + 3.0 * attempt) * std::sqrt(expect) + 4.0 * (1 << (2 * attempt));
   const int64_t rank = static_cast<int64_t>(expect + margin);
   if (rank >= m) return 0;
-  std::nth_element(keys.begin(), keys.begin() + rank, keys.end(), std::greater<uint32_t>());
-  return keys[rank];
+  return cut_keys(keys.data(), m, rank + 1, tmp).key;
 }
 
 // Candidates of one piece: flat indices (base + pos) and values, in index order (buffers grown,
@@ -199,15 +141,17 @@ struct Candidates {
   }
 };
 
-// Elements of x[0, len) with key >= lo, appended at pp, vp (room for len + 8); returns how many.
-// Every element is written, the position advances past kept ones only (no branch).
-int64_t compact_scalar(const float* x, int32_t first, int64_t len, uint32_t lo, int32_t* pp, float* vp) {
+// Elements of x[0, len) with key >= lo, or with mask[j] != 0 where there is a mask, appended at
+// pp, vp (room for len + 8); returns how many. Every element is written, the position advances
+// past kept ones only (no branch).
+int64_t compact_scalar(const float* x, const uint8_t* mask, int32_t first, int64_t len, uint32_t lo, int32_t* pp,
+                       float* vp) {
   int64_t o = 0;
   for (int64_t j = 0; j < len; ++j) {
     const float v = x[j];
     pp[o] = first + static_cast<int32_t>(j);
     vp[o] = v;
-    o += magnitude_key(v) >= lo;
+    o += mask ? mask[j] != 0 : magnitude_key(v) >= lo;
   }
   return o;
 }
@@ -234,8 +178,8 @@ const CompactTable& compact_table() {
   return t;
 }
 
-__attribute__((target("avx2,popcnt"))) int64_t compact_avx2(const float* x, int32_t first, int64_t len, uint32_t lo,
-                                                            int32_t* pp, float* vp) {
+__attribute__((target("avx2,popcnt"))) int64_t compact_avx2(const float* x, const uint8_t* mask, int32_t first,
+                                                            int64_t len, uint32_t lo, int32_t* pp, float* vp) {
   const CompactTable& t = compact_table();
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
   // Keys are compared as signed ints: both are <= 0x7fffffff (lo from magnitude_key).
@@ -245,24 +189,49 @@ __attribute__((target("avx2,popcnt"))) int64_t compact_avx2(const float* x, int3
   int64_t o = 0, j = 0;
   for (; j + 8 <= len; j += 8) {
     const __m256 v = _mm256_loadu_ps(x + j);
-    const __m256i key = _mm256_and_si256(_mm256_castps_si256(v), abs_mask);
-    const int m = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(key, threshold)));  // key >= lo
+    __m256i keep;
+    if (mask) {  // 8 mask bytes widened to 8 ints
+      keep = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mask + j)));
+      keep = _mm256_cmpgt_epi32(keep, _mm256_setzero_si256());
+    } else {
+      keep = _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_castps_si256(v), abs_mask), threshold);  // key >= lo
+    }
+    const int m = _mm256_movemask_ps(_mm256_castsi256_ps(keep));
     const __m256i perm = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.perm[m]));
     _mm256_storeu_ps(vp + o, _mm256_permutevar8x32_ps(v, perm));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(pp + o), _mm256_permutevar8x32_epi32(pos, perm));
     o += __builtin_popcount(m);
     pos = _mm256_add_epi32(pos, step);
   }
-  return o + compact_scalar(x + j, first + static_cast<int32_t>(j), len - j, lo, pp + o, vp + o);
+  return o +
+         compact_scalar(x + j, mask ? mask + j : nullptr, first + static_cast<int32_t>(j), len - j, lo, pp + o, vp + o);
 }
 #endif
+
+// The candidates with key > cut and the first `ties` with key == cut, at most `count`, at ip, vp
+// (flat indices); returns how many. Every candidate is written, the position advances past kept
+// ones only (about half of the candidates are kept: a branch on it mispredicts).
+int64_t keep_candidates(const Candidates& c, uint32_t cut, int64_t ties, int64_t count, int64_t* ip, float* vp) {
+  int64_t o = 0, t = ties;
+  for (int64_t i = 0; i < c.count && o < count; ++i) {
+    const uint32_t key = magnitude_key(c.val[i]);
+    const bool tie = key == cut && t > 0;
+    t -= tie;
+    ip[o] = c.base + c.pos[i];
+    vp[o] = c.val[i];
+    o += (key > cut) | tie;
+  }
+  return o;
+}
 
 constexpr int64_t kGatherBlock = 256;  // elements compacted between checks of the room left
 // Room for the candidates of a piece expected to hold `expect` of them.
 int64_t candidate_room(int64_t expect) { return expect + kGatherBlock + 8; }
 
-// Elements of x[b, e) with key >= lo, in index order: positions relative to b, flat index base + b + pos.
-void gather_candidates(const float* x, int64_t base, int64_t b, int64_t e, uint32_t lo, int64_t expect, Candidates& c) {
+// Elements of x[b, e) with key >= lo (or mask set, where there is a mask: indexed as x), in
+// index order: positions relative to b, flat index base + b + pos.
+void gather_candidates(const float* x, const uint8_t* mask, int64_t base, int64_t b, int64_t e, uint32_t lo,
+                       int64_t expect, Candidates& c) {
   constexpr int64_t kBlock = kGatherBlock;
   c.base = base + b;
   c.count = 0;
@@ -282,18 +251,75 @@ void gather_candidates(const float* x, int64_t base, int64_t b, int64_t e, uint3
     const int32_t first = static_cast<int32_t>(j0 - b);
 #ifdef TL_COMPACT_AVX2
     if (avx2) {
-      o += compact_avx2(x + j0, first, len, lo, c.pos.get() + o, c.val.get() + o);
+      o += compact_avx2(x + j0, mask ? mask + j0 : nullptr, first, len, lo, c.pos.get() + o, c.val.get() + o);
       continue;
     }
 #endif
-    o += compact_scalar(x + j0, first, len, lo, c.pos.get() + o, c.val.get() + o);
+    o += compact_scalar(x + j0, mask ? mask + j0 : nullptr, first, len, lo, c.pos.get() + o, c.val.get() + o);
   }
   c.count = o;
 }
 
+// Note [top-k row by row]. With at least two rows per thread (scope=sample on a micro-batch),
+// rows are not split: one parallel region hands each task a run of whole rows, and a task takes
+// each row from the sample to the emitted selection (sample, gather, cut, emit) with its own
+// scratch, reused across calls. The selection of each row is the one of Note [top-k by a sampled
+// threshold]; what it saves is the three parallel regions and the per-row allocations (at (64,
+// 4096), 64 rows of 410 kept, ~0.8 ms a call on one thread, most of it per-call and per-row cost).
+// A task holds at least kTaskWork elements.
+
+struct RowScratch {
+  Candidates cand;
+  std::vector<uint32_t> keys, tmp;
+};
+
+// Row xr (D floats, flat index of its first element `base`): its k largest |x|, ties in index
+// order, written at ip, vp in index order.
+// True when more elements equal the cut than were kept (the index order broke a tie), if `ties`.
+bool select_row(const float* xr, int64_t base, int64_t D, int64_t k, RowScratch& s, int64_t* ip, float* vp, bool ties) {
+  Candidates& c = s.cand;
+  for (int attempt = 0;; ++attempt) {
+    const uint32_t lo = sampled_floor(xr, D, k, attempt, s.keys, s.tmp);
+    gather_candidates(xr, nullptr, base, 0, D, lo, lo == 0 ? D : k * 5 / 4 + 1024, c);
+    if (c.count >= k) break;
+    TORCH_CHECK(lo != 0, "topk: internal error: a row of ", D, " elements gathered ", c.count, " < k = ", k);
+  }
+  s.keys.resize(c.count);
+  for (int64_t i = 0; i < c.count; ++i) s.keys[i] = magnitude_key(c.val[i]);
+  const RowCut cut = cut_keys(s.keys.data(), c.count, k, s.tmp);
+  const int64_t o = keep_candidates(c, cut.key, cut.ties, k, ip, vp);
+  TORCH_CHECK(o == k, "topk: internal error: a row kept ", o, " elements, expected ", k);
+  if (!ties) return false;
+  int64_t eq = 0;
+  for (int64_t i = 0; i < c.count; ++i) eq += magnitude_key(c.val[i]) == cut.key;
+  return eq > cut.ties;
+}
+
+// Note [top-k row by row]: rows [0, rows) of x in tasks of whole rows.
+void select_rows(const float* x, int64_t rows, int64_t D, int64_t k, int64_t* ip, float* vp, bool* ambiguous) {
+  const int64_t tasks = std::max<int64_t>(1, std::min({threads(), rows, rows * D / kTaskWork}));
+  // Reserved on the calling thread (see topk_select_cpu) and kept for the next call.
+  static thread_local std::vector<RowScratch> scratch;
+  if (static_cast<int64_t>(scratch.size()) < tasks) scratch.resize(tasks);
+  for (int64_t t = 0; t < tasks; ++t) {
+    scratch[t].cand.reserve(candidate_room(k * 5 / 4 + 1024));
+    scratch[t].keys.reserve(scratch[t].cand.capacity);
+  }
+  std::vector<RowScratch>& s = scratch;
+  std::atomic<bool> tie{false};
+  parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t r = t * rows / tasks; r < (t + 1) * rows / tasks; ++r)
+        if (select_row(x + r * D, r * D, D, k, s[t], ip + r * k, vp + r * k, ambiguous != nullptr)) tie = true;
+  });
+  if (ambiguous) *ambiguous = tie;
+}
+
 }  // namespace
 
-void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Tensor& idx_out, at::Tensor& vals_out) {
+void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Tensor& idx_out, at::Tensor& vals_out,
+                     bool* ambiguous) {
+  if (ambiguous) *ambiguous = false;
   const int64_t n = rows * k;
   at::Tensor idx = at::empty({n}, at::kLong), vals = at::empty({n}, at::kFloat);
   idx_out = idx;
@@ -302,10 +328,14 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
   int64_t* ip = idx.data_ptr<int64_t>();
   float* vp = vals.data_ptr<float>();
   if (k >= D) {
-    at::parallel_for(0, n, kMinChunk, [&](int64_t i0, int64_t i1) {
+    parallel_for(0, n, kMinChunk, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) ip[i] = i;
       std::memcpy(vp + i0, x + i0, (i1 - i0) * sizeof(float));
     });
+    return;
+  }
+  if (rows >= 2 * threads() && D <= kMaxPiece) {  // Note [top-k row by row]
+    select_rows(x, rows, D, k, ip, vp, ambiguous);
     return;
   }
   const std::vector<Chunk> pieces = make_chunks(rows, D, kMaxPiece);
@@ -319,7 +349,8 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
   for (int64_t r = 0; r < rows; ++r) todo[r] = r;
   // Gather; rows whose candidates fall short of k are gathered again with a wider margin.
   while (!todo.empty()) {
-    for (int64_t r : todo) lo[r] = sampled_floor(x + r * D, D, k, attempt[r]);
+    std::vector<uint32_t> sample, tmp;
+    for (int64_t r : todo) lo[r] = sampled_floor(x + r * D, D, k, attempt[r], sample, tmp);
     std::vector<int64_t> work, expect(np, 0);
     for (int64_t r : todo)
       for (int64_t p = first[r]; p < first[r + 1]; ++p) {
@@ -331,10 +362,11 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
         // every call: 3.3k a call of topk(0.1) on 64 MiB).
         cand[p].reserve(candidate_room(expect[p]));
       }
-    at::parallel_for(0, static_cast<int64_t>(work.size()), 1, [&](int64_t w0, int64_t w1) {
+    parallel_for(0, static_cast<int64_t>(work.size()), 1, [&](int64_t w0, int64_t w1) {
       for (int64_t w = w0; w < w1; ++w) {
         const Chunk& ch = pieces[work[w]];
-        gather_candidates(x + ch.row * D, ch.row * D, ch.begin, ch.end, lo[ch.row], expect[work[w]], cand[work[w]]);
+        gather_candidates(x + ch.row * D, nullptr, ch.row * D, ch.begin, ch.end, lo[ch.row], expect[work[w]],
+                          cand[work[w]]);
       }
     });
     std::vector<int64_t> again;
@@ -352,14 +384,15 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
   // The cut of each row over its candidates, then each piece's share of the row's k.
   std::vector<RowCut> cuts(rows);
   std::vector<int64_t> offset(np + 1, n), ties(np, 0);  // offset[np] = n: the end of the last piece
-  at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
-    std::vector<uint32_t> keys;
+  std::atomic<bool> tie{false};
+  parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
+    std::vector<uint32_t> keys, tmp;
     for (int64_t r = r0; r < r1; ++r) {
       keys.clear();
       for (int64_t p = first[r]; p < first[r + 1]; ++p)
         for (int64_t i = 0; i < cand[p].count; ++i) keys.push_back(magnitude_key(cand[p].val[i]));
-      cuts[r] = cut_keys(keys.data(), static_cast<int64_t>(keys.size()), k);
-      int64_t budget = cuts[r].ties, o = r * k;
+      cuts[r] = cut_keys(keys.data(), static_cast<int64_t>(keys.size()), k, tmp);
+      int64_t budget = cuts[r].ties, o = r * k, equal = 0;
       for (int64_t p = first[r]; p < first[r + 1]; ++p) {
         int64_t gt = 0, eq = 0;
         for (int64_t i = 0; i < cand[p].count; ++i) {
@@ -367,52 +400,70 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
           gt += key > cuts[r].key;
           eq += key == cuts[r].key;
         }
+        equal += eq;
         ties[p] = std::min(eq, budget);
         budget -= ties[p];
         offset[p] = o;
         o += gt + ties[p];
       }
       TORCH_CHECK(o == (r + 1) * k, "topk: internal error: row ", r, " kept ", o - r * k, " elements, expected ", k);
+      if (equal > cuts[r].ties) tie = true;
     }
   });
-  at::parallel_for(0, np, 1, [&](int64_t p0, int64_t p1) {
+  if (ambiguous) *ambiguous = tie;
+  parallel_for(0, np, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t o = offset[p];
+      keep_candidates(cand[p], cuts[pieces[p].row].key, ties[p], offset[p + 1] - o, ip + o, vp + o);
+    }
+  });
+}
+
+namespace {
+// Note [selection by compaction]. Threshold and RandK keep, in index order, the elements of the
+// flattened tensor that pass a test of their own (|x| > t, the mask): pieces of the tensor gather
+// them as TopK gathers its candidates (Note [compaction by permutation]), then are copied out at
+// the prefix sums of their counts: a pass over x and one over the n kept. (It was a scalar loop
+// over x that counted, then another that emitted.) Pieces of at least kTaskWork elements; the
+// scratch is reserved on the calling thread and kept for the next call.
+void select_flat(const float* x, const uint8_t* mask, int64_t N, uint32_t lo, int64_t expect, at::Tensor& idx_out,
+                 at::Tensor& vals_out) {
+  const int64_t np = std::max<int64_t>({1, std::min(2 * threads(), N / kTaskWork), N / kMaxPiece + 1});
+  const int64_t len = (N + np - 1) / np, piece_expect = expect / np + 1;
+  static thread_local std::vector<Candidates> scratch;
+  if (static_cast<int64_t>(scratch.size()) < np) scratch.resize(np);
+  for (int64_t p = 0; p < np; ++p) scratch[p].reserve(candidate_room(piece_expect));
+  std::vector<Candidates>& cand = scratch;
+  parallel_for(0, np, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t b = std::min(N, p * len), e = std::min(N, b + len);
+      gather_candidates(x, mask, 0, b, e, lo, piece_expect, cand[p]);
+    }
+  });
+  std::vector<int64_t> offset(np + 1, 0);
+  for (int64_t p = 0; p < np; ++p) offset[p + 1] = offset[p] + cand[p].count;
+  at::Tensor idx = at::empty({offset[np]}, at::kLong), vals = at::empty({offset[np]}, at::kFloat);
+  int64_t* ip = idx.data_ptr<int64_t>();
+  float* vp = vals.data_ptr<float>();
+  parallel_for(0, np, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const Candidates& c = cand[p];
-      const uint32_t cut = cuts[pieces[p].row].key;
-      // Every candidate is written, the position advances past kept ones only (about half of the
-      // candidates are kept: a branch on it mispredicts), and the loop ends with the piece's share.
-      int64_t o = offset[p], t = ties[p];
-      const int64_t end = offset[p + 1];
-      for (int64_t i = 0; i < c.count && o < end; ++i) {
-        const uint32_t key = magnitude_key(c.val[i]);
-        const bool tie = key == cut && t > 0;
-        t -= tie;
-        ip[o] = c.base + c.pos[i];
-        vp[o] = c.val[i];
-        o += (key > cut) | tie;
-      }
+      for (int64_t i = 0; i < c.count; ++i) ip[offset[p] + i] = c.base + c.pos[i];
+      if (c.count > 0) std::memcpy(vp + offset[p], c.val.get(), c.count * sizeof(float));
     }
   });
+  idx_out = idx;
+  vals_out = vals;
+}
+}  // namespace
+
+void threshold_select_cpu(const float* x, int64_t N, uint32_t cut, at::Tensor& idx, at::Tensor& vals) {
+  select_flat(x, nullptr, N, cut + 1, N / 8, idx, vals);  // key >= cut + 1; cut <= 0x7fffffff
 }
 
-void emit_cuts_cpu(const float* x, int64_t rows, int64_t D, const std::vector<RowCut>& cuts, int64_t row_count,
-                   at::Tensor& idx, at::Tensor& vals) {
-  std::vector<int64_t> ties(rows);
-  for (int64_t r = 0; r < rows; ++r) ties[r] = cuts[r].ties;
-  emit(
-      x, rows, D, ties, row_count,
-      [&](int64_t r, int64_t j) {
-        const uint32_t key = magnitude_key(x[r * D + j]), cut = cuts[r].key;
-        return key > cut ? 1 : key == cut ? 2 : 0;
-      },
-      idx, vals);
-}
-
-void emit_mask_cpu(const float* x, const uint8_t* mask, int64_t rows, int64_t D, int64_t row_count, at::Tensor& idx,
-                   at::Tensor& vals) {
-  std::vector<int64_t> ties(rows, 0);
-  emit(
-      x, rows, D, ties, row_count, [&](int64_t r, int64_t j) { return mask[r * D + j] ? 1 : 0; }, idx, vals);
+void mask_select_cpu(const float* x, const uint8_t* mask, int64_t N, int64_t expect, at::Tensor& idx,
+                     at::Tensor& vals) {
+  select_flat(x, mask, N, 0, expect, idx, vals);
 }
 
 namespace {
@@ -441,13 +492,13 @@ bool write_stretch(const int64_t* idx, const T* v, int64_t i0, int64_t i1, int64
 template <class T>
 bool scatter_sorted(const int64_t* idx, const T* v, int64_t n, int64_t numel, float* out) {
   if (n == 0) {
-    at::parallel_for(0, numel, kMinChunk, [&](int64_t e0, int64_t e1) { std::fill(out + e0, out + e1, 0.0f); });
+    parallel_for(0, numel, kMinChunk, [&](int64_t e0, int64_t e1) { std::fill(out + e0, out + e1, 0.0f); });
     return true;
   }
   std::atomic<bool> ok{true};
-  // Grain: entries covering about kMinChunk outputs on average.
-  const int64_t grain = std::max<int64_t>(1, kMinChunk * n / std::max<int64_t>(numel, 1));
-  at::parallel_for(0, n, grain, [&](int64_t i0, int64_t i1) {
+  // Grain: entries covering about kTaskWork outputs on average.
+  const int64_t grain = std::max<int64_t>(1, kTaskWork * n / std::max<int64_t>(numel, 1));
+  parallel_for(0, n, grain, [&](int64_t i0, int64_t i1) {
     const int64_t j = i0 == 0 ? 0 : idx[i0 - 1] + 1;
     const int64_t e = i1 == n ? numel : idx[i1 - 1] + 1;
     if (!write_stretch(idx, v, i0, i1, j, e, out)) ok = false;
@@ -455,13 +506,14 @@ bool scatter_sorted(const int64_t* idx, const T* v, int64_t n, int64_t numel, fl
   return ok;
 }
 
-// Row r of out (rows, D): the values of row r at its channels (ascending), zeros elsewhere.
+// Row r of out (rows, D): the values of row r at the channels of its block (ascending), zeros
+// elsewhere.
 template <class T>
-bool scatter_rows(const int64_t* channels, const T* v, int64_t rows, int64_t D, int64_t k, float* out) {
+bool scatter_rows(const int64_t* channels, const T* v, int64_t rows, int64_t D, int64_t k, int64_t block, float* out) {
   std::atomic<bool> ok{true};
-  at::parallel_for(0, rows, std::max<int64_t>(1, kMinChunk / std::max<int64_t>(D, 1)), [&](int64_t r0, int64_t r1) {
+  parallel_for(0, rows, std::max<int64_t>(1, kTaskWork / std::max<int64_t>(D, 1)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
-      if (!write_stretch(channels + r * k, v + r * k, 0, k, 0, D, out + r * D)) ok = false;
+      if (!write_stretch(channels + r / block * k, v + r * k, 0, k, 0, D, out + r * D)) ok = false;
   });
   return ok;
 }
@@ -485,15 +537,22 @@ bool scatter_sorted_cpu(const int64_t* idx, const at::Tensor& values, int64_t nu
   return dispatch_values(values, [&](auto* v) { return scatter_sorted(idx, v, values.numel(), numel, out); });
 }
 
-bool scatter_rows_cpu(const int64_t* channels, const at::Tensor& values, int64_t rows, int64_t D, float* out) {
+bool scatter_rows_cpu(const int64_t* channels, const at::Tensor& values, int64_t rows, int64_t D, float* out,
+                      int64_t block) {
   const int64_t k = rows > 0 ? values.numel() / rows : 0;
-  return dispatch_values(values, [&](auto* v) { return scatter_rows(channels, v, rows, D, k, out); });
+  return dispatch_values(values, [&](auto* v) { return scatter_rows(channels, v, rows, D, k, block, out); });
 }
 
-void gather_rows_cpu(const float* x, int64_t rows, int64_t D, const int64_t* channels, int64_t k, float* out) {
-  at::parallel_for(0, rows, std::max<int64_t>(1, kMinChunk / std::max<int64_t>(k, 1)), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t c = 0; c < k; ++c) out[r * k + c] = x[r * D + channels[r * k + c]];
+void gather_rows_cpu(const float* x, int64_t rows, int64_t D, const int64_t* channels, int64_t k, float* out,
+                     int64_t block) {
+  // Grain: rows reading about kTaskWork elements (a row's gather touches most of its cache lines).
+  parallel_for(0, rows, std::max<int64_t>(1, kTaskWork / std::max<int64_t>(D, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t* ch = channels + r / block * k;
+      const float* xr = x + r * D;
+      float* o = out + r * k;
+      for (int64_t c = 0; c < k; ++c) o[c] = xr[ch[c]];
+    }
   });
 }
 

@@ -28,26 +28,33 @@ struct RowCut {
 
 /// The k largest |x| of each of `rows` rows of D contiguous floats, ties at the k-th taken in
 /// index order: flat indices (rows * k) int64 and values (rows * k) float, each row's in index
-/// order (Note [top-k by a sampled threshold] in sparse_kernels.cpp).
-void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Tensor& idx, at::Tensor& vals);
+/// order (Note [top-k by a sampled threshold] in sparse_kernels.cpp). With `ambiguous`, it says
+/// whether some row had more elements equal to its k-th largest than it kept (a tie broken by
+/// the index order).
+void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Tensor& idx, at::Tensor& vals,
+                     bool* ambiguous = nullptr);
 
-/// The kept elements of each row, in index order: flat indices (n) int64 and values (n) float.
-/// `row_count` is the number kept per row when known (TopK, RandK), -1 to count them first.
-void emit_cuts_cpu(const float* x, int64_t rows, int64_t D, const std::vector<RowCut>& cuts, int64_t row_count,
-                   at::Tensor& idx, at::Tensor& vals);
-void emit_mask_cpu(const float* x, const uint8_t* mask, int64_t rows, int64_t D, int64_t row_count, at::Tensor& idx,
-                   at::Tensor& vals);
+/// The elements of x[0, N) with magnitude_key > cut, in index order: flat indices (n) int64 and
+/// values (n) float.
+void threshold_select_cpu(const float* x, int64_t N, uint32_t cut, at::Tensor& idx, at::Tensor& vals);
+/// The elements of x[0, N) where mask is set, in index order: flat indices (n) int64 and values
+/// (n) float; `expect`: about how many.
+void mask_select_cpu(const float* x, const uint8_t* mask, int64_t N, int64_t expect, at::Tensor& idx, at::Tensor& vals);
 
 /// out[0, numel) = 0 except out[idx[i]] = values[i], in one threaded pass over out. values: (n)
 /// float32, float16 or bfloat16. False, with out partly written, unless idx is strictly
 /// increasing and below numel.
 bool scatter_sorted_cpu(const int64_t* idx, const at::Tensor& values, int64_t numel, float* out);
-/// Per row r of out (rows, D): zeros except out[r, channels[r, c]] = values[r, c], for channels
-/// (rows, k) strictly increasing along each row; values (rows, k) as above. False, with out partly
-/// written, unless every row's channels are strictly increasing and below D.
-bool scatter_rows_cpu(const int64_t* channels, const at::Tensor& values, int64_t rows, int64_t D, float* out);
-/// out (rows, k) = x (rows, D) at channels (rows, k), in range.
-void gather_rows_cpu(const float* x, int64_t rows, int64_t D, const int64_t* channels, int64_t k, float* out);
+/// Per row r of out (rows, D): zeros except out[r, channels[r / block, c]] = values[r, c], for
+/// channels (ceil(rows / block), k) strictly increasing along each row; values (rows, k) as
+/// above. False, with out partly written, unless every row's channels are strictly increasing and
+/// below D.
+bool scatter_rows_cpu(const int64_t* channels, const at::Tensor& values, int64_t rows, int64_t D, float* out,
+                      int64_t block = 1);
+/// out (rows, k) = x (rows, D) at channels (ceil(rows / block), k) (row r: channels row r / block),
+/// in range.
+void gather_rows_cpu(const float* x, int64_t rows, int64_t D, const int64_t* channels, int64_t k, float* out,
+                     int64_t block = 1);
 
 /// k distinct positions per row, uniform over the k-subsets (Floyd's algorithm, k draws per row
 /// from `gen`), as a (rows * D) 0/1 mask.

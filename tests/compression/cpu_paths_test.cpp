@@ -3,9 +3,13 @@
 // many tiles and threads' shares, grid codes of quantile, value sections written by one loop, and
 // delta indices decoded in chunks (Note [delta index in parallel]), with odd sizes and corrupt
 // streams.
+#include <ATen/Parallel.h>
+
 #include <limits>
 
+#include "compression/codecs/lowrank_kernels.h"
 #include "compression/codecs/sparse_index.h"
+#include "compression/codecs/sparse_kernels.h"
 #include "tests/common/testing.h"
 #include "tests/compression/codec_testing.h"
 
@@ -163,6 +167,137 @@ TEST(SparseIndex, ChunkedDeltaEqualsThePortablePath) {
   at::Tensor longer = at::cat(
       {fast.narrow(0, 0, 100000), at::full({12}, 0x81, at::kByte), fast.narrow(0, 100000, fast.numel() - 100000)});
   EXPECT_ERROR_CONTAINS(codec::decode_index(IndexFormat::kDelta, longer, n, universe, "t"), "t: corrupt delta index");
+}
+
+// at::get_num_threads() set for a scope.
+struct Threads {
+  explicit Threads(int n) : before(at::get_num_threads()) { at::set_num_threads(n); }
+  ~Threads() { at::set_num_threads(before); }
+  int before;
+};
+
+// PowerSGD's tiled products (Note [thin products in tiles]) against at::mm, on shapes with partial
+// tiles, several row chunks and column blocks, ranks that are not multiples of 4; bit for bit the
+// same with 1 and 2 threads.
+TEST(PowerSgd, ThinProductsMatchMatmulOnAnyThreadCount) {
+  at::manual_seed(42);
+  struct Shape {
+    int64_t rows, cols, r;
+  };
+  for (const Shape& s : {Shape{64, 4096, 4}, Shape{3, 5000, 1}, Shape{1100, 1031, 5}, Shape{7, 2049, 16},
+                         Shape{600, 3, 3}, Shape{1, 1, 1}}) {
+    const std::string where = std::to_string(s.rows) + " x " + std::to_string(s.cols) + ", r=" + std::to_string(s.r);
+    at::Tensor m = at::randn({s.rows, s.cols}), q = at::randn({s.cols, s.r}), p = at::randn({s.rows, s.r});
+    at::Tensor got[2][3];
+    for (int t : {1, 2}) {
+      Threads threads(t);
+      at::Tensor& mq = got[t - 1][0] = at::empty({s.rows, s.r});
+      at::Tensor& mtp = got[t - 1][1] = at::empty({s.cols, s.r});
+      at::Tensor& pqt = got[t - 1][2] = at::empty({s.rows, s.cols});
+      codec::thin_mq_cpu(m.data_ptr<float>(), s.rows, s.cols, q.data_ptr<float>(), s.r, mq.data_ptr<float>());
+      codec::thin_mtp_cpu(m.data_ptr<float>(), s.rows, s.cols, p.data_ptr<float>(), s.r, mtp.data_ptr<float>());
+      codec::thin_pqt_cpu(p.data_ptr<float>(), s.rows, q.data_ptr<float>(), s.cols, s.r, pqt.data_ptr<float>());
+    }
+    const at::Tensor want[3] = {m.to(at::kDouble).mm(q.to(at::kDouble)), m.to(at::kDouble).t().mm(p.to(at::kDouble)),
+                                p.to(at::kDouble).mm(q.to(at::kDouble).t())};
+    const double sums[3] = {std::sqrt(double(s.cols)), std::sqrt(double(s.rows)), std::sqrt(double(s.r))};
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_TRUE(at::equal(got[0][k], got[1][k])) << "product " << k << " on " << where << ": 1 and 2 threads";
+      const double err = (got[0][k].to(at::kDouble) - want[k]).abs().max().item<double>();
+      EXPECT_LT(err, 1e-5 * sums[k] * 8) << "product " << k << " on " << where;
+    }
+  }
+}
+
+// Note [QR of the thin factor]: LAPACK's Q (signs included) within float rounding, for tall,
+// square, one-column and rank-deficient factors.
+TEST(PowerSgd, ThinQrIsLapacksQ) {
+  at::manual_seed(47);
+  at::Tensor deficient = at::randn({50, 4});
+  deficient.select(1, 2).copy_(deficient.select(1, 0) * 2);  // column 2 = 2 x column 0
+  deficient.select(1, 3).zero_();
+  for (const at::Tensor& a : {at::randn({64, 4}), at::randn({1000, 5}), at::randn({7, 7}), at::randn({9, 1}),
+                              at::randn({3000, 16}), deficient}) {
+    const std::string where = std::to_string(a.size(0)) + " x " + std::to_string(a.size(1));
+    at::Tensor got = a.contiguous().clone();
+    codec::thin_qr_cpu(got.data_ptr<float>(), a.size(0), a.size(1));
+    const at::Tensor want = std::get<0>(at::linalg_qr(a.to(at::kDouble))).to(at::kFloat);
+    if (a.data_ptr() == deficient.data_ptr()) {  // only the first two columns are determined
+      EXPECT_TRUE(testing::all_close(got.narrow(1, 0, 2), want.narrow(1, 0, 2), where, 1e-5, 1e-4));
+      continue;
+    }
+    EXPECT_TRUE(testing::all_close(got, want, where, 1e-5, 1e-4));
+  }
+}
+
+// The codec on the CPU path against the ATen products: the same reconstruction within float
+// rounding, and the same payload for 1 and 2 threads.
+TEST(PowerSgd, CpuPathMatchesTheAtenProducts) {
+  at::manual_seed(43);
+  at::Tensor x = at::randn({64, 3 * 1024 + 17});
+  CodecContext ctx;
+  Payload one, two;
+  {
+    Threads t(1);
+    one = parse_compressor("powersgd(4)")->encode(x, ctx);
+  }
+  {
+    Threads t(2);
+    two = parse_compressor("powersgd(4)")->encode(x, ctx);
+  }
+  EXPECT_TRUE(same_payload(one, two));
+  auto fast = parse_compressor("powersgd(4)");
+  at::Tensor y_fast = fast->decode(fast->encode(x, ctx), ctx);
+  at::Tensor y_portable;
+  {
+    codec::PortableKernelsGuard g;
+    auto c = parse_compressor("powersgd(4)");
+    y_portable = c->decode(c->encode(x, ctx), ctx);
+  }
+  EXPECT_TRUE(testing::all_close(y_fast, y_portable, "powersgd(4) fast against ATen", 1e-4, 1e-4));
+}
+
+// TopK row by row (Note [top-k row by row]): rows of every length against the portable path, on 1
+// and 2 threads: sampled rows, rows too short to sample, odd lengths, many ties at the cut (a
+// few distinct magnitudes), k of 1 and of all but one.
+TEST(TopK, RowByRowMatchesThePortablePath) {
+  at::manual_seed(44);
+  const at::Tensor inputs[] = {at::randn({64, 4096}), at::randn({33, 777}), at::randn({8, 300}),
+                               at::randint(-3, 4, {16, 5000}).to(at::kFloat), at::randn({6, 70001})};
+  for (int t : {1, 2}) {
+    Threads threads(t);
+    for (const at::Tensor& x : inputs) {
+      const std::string where =
+          std::to_string(x.size(0)) + " x " + std::to_string(x.size(1)) + ", " + std::to_string(t) + " threads";
+      for (const std::string& spec :
+           {std::string("topk(0.1)"), std::string("topk(0.01)"), std::string("topk(1)"),
+            std::string("topk(0.1, index=int32)"), "topk(" + std::to_string(x.size(1) - 1) + ")"})
+        expect_paths_agree(spec, x, where);
+    }
+  }
+}
+
+// ColumnSparse's CPU path (selection, block-wise gather and scatter) against the portable
+// path: padded last blocks, a block longer than the message, 3-D inputs, zero channels tied at the
+// cut (at::topk's choice), a NaN; on 1 and 2 threads.
+TEST(ColumnSparse, CpuPathMatchesThePortablePath) {
+  at::manual_seed(46);
+  at::Tensor zeros = at::randn({40, 50});
+  zeros.narrow(1, 5, 45).zero_();  // 5 live channels, k = 10: the cut ties at 0
+  at::Tensor nan = at::randn({20, 64});
+  nan[3][7] = std::numeric_limits<float>::quiet_NaN();
+  const at::Tensor inputs[] = {
+      at::randn({64, 4096}), at::randn({70, 1000}), at::randn({5, 300}), at::randn({3, 4, 50}), zeros, nan};
+  for (int t : {1, 2}) {
+    Threads threads(t);
+    for (const at::Tensor& x : inputs) {
+      const std::string where = "shape " + std::to_string(x.numel()) + ", " + std::to_string(t) + " threads";
+      for (const char* spec : {"colsparse(0.1)", "colsparse(0.2, block=8)", "colsparse(3, block=1, index=int32)"})
+        expect_paths_agree(spec, x, where);
+      if (!x.isnan().any().item<bool>())  // (quant refuses a NaN)
+        expect_paths_agree("colsparse(0.1, block=8) | quant(4)", x, where);
+    }
+  }
 }
 
 }  // namespace
