@@ -3,6 +3,8 @@
 // many tiles and threads' shares, grid codes of quantile, value sections written by one loop, and
 // delta indices decoded in chunks (Note [delta index in parallel]), with odd sizes and corrupt
 // streams.
+#include <ATen/Parallel.h>
+
 #include <limits>
 
 #include "compression/codecs/sparse_index.h"
@@ -104,6 +106,70 @@ TEST(Quantile, GridCodesMatchBucketize) {
                           portable.body.narrow(0, book, portable.body.numel() - book)))
         << spec << ": codes";
   }
+}
+
+// Codewords by the radix sort (Note [quantile codewords on the CPU]) equal at::quantile's bit for
+// bit: 256 levels of a 65536-element sample (ranks that need more than float's 24 bits), odd sample
+// sizes, ties, zeros of one sign, infinities; and where the answer would depend on at::sort's order
+// of -0 and +0, or on a NaN, ATen's own. With 1 and 2 threads.
+TEST(Quantile, RadixCodewordsEqualAtenQuantile) {
+  at::manual_seed(42);
+  const int threads = at::get_num_threads();
+  auto words_of = [](const Payload& p) { return p.body.narrow(0, 0, 4 << p.params[0]).view(at::kFloat); };
+  at::Tensor ties = at::randint(-3, 4, {70001}).to(at::kFloat);
+  at::Tensor zeros = at::where(at::rand({50000}) < 0.4, at::zeros({50000}), at::randn({50000}));
+  at::Tensor signed_zeros = zeros.clone();
+  signed_zeros.narrow(0, 0, 25000).mul_(-1);  // -0 in the first half, +0 in the second
+  at::Tensor infs = at::randn({4099}) * 1e30;
+  infs[5] = std::numeric_limits<float>::infinity();
+  infs[77] = -std::numeric_limits<float>::infinity();
+  at::Tensor with_nan = at::randn({3001});
+  with_nan[100] = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<std::pair<std::string, at::Tensor>> inputs = {
+      {"normal 2^18 + 13", at::randn({(int64_t(1) << 18) + 13})},
+      {"cubed 65535", at::randn({65535}).pow(3)},
+      {"ties", ties},
+      {"zeros", zeros},
+      {"-0 and +0", signed_zeros},
+      {"infinities", infs},
+      {"a NaN", with_nan},
+      {"one element", at::full({1}, 2.5f)},
+      {"two elements", at::tensor({3.0f, -1.0f})}};
+  for (int t : {1, 2}) {
+    at::set_num_threads(t);
+    for (const auto& [what, x] : inputs)
+      for (int64_t bits : {1, 4, 8}) {
+        const int64_t n = x.numel(), L = int64_t(1) << bits, stride = n > 65536 ? n / 65536 : 1;
+        at::Tensor sample = stride > 1 ? x.slice(0, 0, 65536 * stride, stride) : x;
+        at::Tensor probs = (at::arange(L, at::kFloat) + 0.5) / L;
+        at::Tensor expect = at::quantile(sample, probs);
+        CodecContext ctx;
+        Payload p = parse_compressor("quantile(" + std::to_string(bits) + ", centers=quantile)")->encode(x, ctx);
+        EXPECT_TRUE(at::equal(words_of(p).view(at::kInt), expect.view(at::kInt)))
+            << what << ", bits " << bits << ", threads " << t;
+        // The mean codebook and the codes: the portable path's (codes exactly, the means to the last
+        // bit; with a NaN every codeword is NaN and the two paths code differently, as before).
+        if (what == "a NaN") continue;
+        {
+          const std::string spec = "quantile(" + std::to_string(bits) + ")";
+          auto c = parse_compressor(spec);
+          Payload fast = c->encode(x, ctx);
+          Payload portable;
+          {
+            codec::PortableKernelsGuard g;
+            portable = parse_compressor(spec)->encode(x, ctx);
+          }
+          const int64_t book = 4 * L;
+          ASSERT_EQ(fast.body.numel(), portable.body.numel());
+          EXPECT_TRUE(at::equal(fast.body.narrow(0, book, fast.body.numel() - book),
+                                portable.body.narrow(0, book, portable.body.numel() - book)))
+              << spec << " on " << what << ": codes";
+          EXPECT_TRUE(at::allclose(words_of(fast), words_of(portable), 1e-6, 1e-30))
+                << spec << " on " << what << ": codebook";
+        }
+      }
+  }
+  at::set_num_threads(threads);
 }
 
 // Value sections are written into the body by one loop (Note [values into the body on the CPU]):
