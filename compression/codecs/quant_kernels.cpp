@@ -566,28 +566,46 @@ void quant_derive_cpu(const uint8_t* wire, const gpu::ScaleParams& p, float* ste
 namespace tl::codec {
 namespace {
 
-// Sorted midpoints and a uniform grid over [mid[0], mid[L-2]]: start[c] = the number of midpoints
-// below cell c's left edge, so a lookup is one table read plus a few steps either way.
+// Note [grid codes]. Sorted midpoints and a uniform grid of cells over [mid[0], mid[L-2]]. The
+// cell of v, cell(v) = trunc(clamp((v - a) * inv, 0, cells - 1)) (NaN: cell 0), is a chain of
+// rounded float operations, each monotone, so cell(m) < cell(v) implies m < v and cell(m) > cell(v)
+// implies m > v. With start[c] = the number of midpoints whose own cell is below c, the code of v
+// (the number of midpoints < v) is start[c] plus those of cell c that are < v: where cell c holds
+// at most one midpoint, start[c] + (mid[start[c]] < v) exactly (a midpoint of a later cell is > v).
+// Cells holding several are flagged (kCrowded) and walked.
+constexpr int32_t kCrowded = int32_t(1) << 30;
+
 struct MidGrid {
   const float* mid;
   int64_t count;  // L - 1
-  float a, b, inv;
-  std::vector<int32_t> start;
-  std::vector<float> padded;  // -inf, mid, +inf: padded[c] = mid[c - 1] for c in [0, count + 1]
+  float a, b, inv, last;
+  std::vector<int32_t> start;  // per cell; | kCrowded where the cell holds several midpoints
+  std::vector<float> padded;   // mid, +inf: padded[count] = +inf
 };
 
+// cell(v) as the AVX2 loop computes it (maxps/minps: a NaN becomes the second operand, 0).
+TL_INLINE int32_t cell_of(const MidGrid& g, float v) {
+  float t = (v - g.a) * g.inv;
+  t = t > 0.0f ? t : 0.0f;
+  t = t < g.last ? t : g.last;
+  return static_cast<int32_t>(t);
+}
+
 MidGrid make_grid(const float* mid, int64_t count) {
-  MidGrid g{mid, count, mid[0], mid[count - 1], 0.0f, {}, {}};
-  g.padded.push_back(-std::numeric_limits<float>::infinity());
-  g.padded.insert(g.padded.end(), mid, mid + count);
+  MidGrid g{mid, count, mid[0], mid[count - 1], 0.0f, 0.0f, {}, {}};
+  g.padded.assign(mid, mid + count);
   g.padded.push_back(std::numeric_limits<float>::infinity());
   const int64_t cells = 8 * (count + 1);
   if (g.b > g.a) {
     g.inv = static_cast<float>(cells) / (g.b - g.a);
+    g.last = static_cast<float>(cells - 1);
+    std::vector<int32_t> held(cells, 0);
+    for (int64_t k = 0; k < count; ++k) ++held[cell_of(g, mid[k])];
     g.start.resize(cells);
+    int32_t below = 0;
     for (int64_t c = 0; c < cells; ++c) {
-      const float edge = g.a + static_cast<float>(c) / g.inv;
-      g.start[c] = static_cast<int32_t>(std::lower_bound(mid, mid + count, edge) - mid);
+      g.start[c] = below | (held[c] > 1 ? kCrowded : 0);
+      below += held[c];
     }
   }
   return g;
@@ -597,50 +615,46 @@ MidGrid make_grid(const float* mid, int64_t count) {
 TL_INLINE int32_t nearest_code(const MidGrid& g, float v) {
   if (!(v > g.a)) return 0;
   if (v > g.b) return static_cast<int32_t>(g.count);
-  const int64_t cells = static_cast<int64_t>(g.start.size());
-  int64_t c = static_cast<int64_t>((v - g.a) * g.inv);
-  c = c < 0 ? 0 : c >= cells ? cells - 1 : c;
-  int32_t code = g.start[c];
-  // A cell holds at most one midpoint where the codewords are dense: one step, then a check that
-  // the code is the count (mid[code - 1] < v <= mid[code]), predictably true. Otherwise (a cell
-  // with several midpoints, an edge rounded in float) the walks below.
-  const float* m = g.padded.data() + 1;  // m[-1] = -inf, m[count] = +inf
-  const int32_t one = code + (m[code] < v);
-  if (C10_LIKELY(m[one - 1] < v && !(m[one] < v))) return one;
-  while (code < g.count && g.mid[code] < v) ++code;  // edges rounded in float: fix up both ways
-  while (code > 0 && !(g.mid[code - 1] < v)) --code;
+  const int32_t s = g.start[cell_of(g, v)];
+  if (C10_LIKELY(!(s & kCrowded))) return s + (g.padded[s] < v);
+  int32_t code = s & ~kCrowded;
+  while (code < g.count && g.mid[code] < v) ++code;
   return code;
 }
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define TL_GATHER_CODES 1
-// nearest_code for 8 elements at once with AVX2 gathers (the scalar form waits on three dependent
-// loads per element: 10 ns an element): the cell's first code, one step, and the check; lanes that
-// fail the check (or NaN, -inf: -inf < v fails) take nearest_code. Same codes as nearest_code.
+// nearest_code for 8 elements at once with AVX2 gathers (the scalar form waits on dependent loads:
+// 10 ns an element): the cell's start and one comparison, two gathers; lanes of crowded cells take
+// nearest_code. Same codes as nearest_code (Note [grid codes]).
 __attribute__((target("avx2"))) void grid_codes_avx2(const float* x, int64_t len, const MidGrid& g, uint8_t* codes) {
   const int64_t cells = static_cast<int64_t>(g.start.size());
   int64_t j = 0;
   if (cells > 0) {
-    const __m256 a = _mm256_set1_ps(g.a), inv = _mm256_set1_ps(g.inv),
-                 last = _mm256_set1_ps(static_cast<float>(cells - 1)), zero = _mm256_setzero_ps();
+    const __m256 a = _mm256_set1_ps(g.a), inv = _mm256_set1_ps(g.inv), last = _mm256_set1_ps(g.last),
+                 zero = _mm256_setzero_ps();
     const int* start = g.start.data();
-    const float* pm = g.padded.data();  // pm[c] = mid[c - 1]
+    const float* pm = g.padded.data();
+    const __m256i crowded = _mm256_set1_epi32(kCrowded);
     for (; j + 8 <= len; j += 8) {
       const __m256 v = _mm256_loadu_ps(x + j);
       // maxps returns its second operand for a NaN: NaN -> cell 0
-      __m256 t = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_sub_ps(v, a), inv), zero), last);
-      const __m256i code = _mm256_i32gather_epi32(start, _mm256_cvttps_epi32(t), 4);
-      const __m256i one_off = _mm256_add_epi32(code, _mm256_set1_epi32(1));  // index of mid[code] in pm
-      const __m256 below = _mm256_cmp_ps(_mm256_i32gather_ps(pm, one_off, 4), v, _CMP_LT_OQ);
-      const __m256i one = _mm256_sub_epi32(code, _mm256_castps_si256(below));                       // + (mid[code] < v)
-      const __m256 prev = _mm256_i32gather_ps(pm, one, 4);                                          // mid[one - 1]
-      const __m256 next = _mm256_i32gather_ps(pm, _mm256_add_epi32(one, _mm256_set1_epi32(1)), 4);  // mid[one]
-      const __m256 ok = _mm256_andnot_ps(_mm256_cmp_ps(next, v, _CMP_LT_OQ), _mm256_cmp_ps(prev, v, _CMP_LT_OQ));
-      alignas(32) int32_t out[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(out), one);
-      const int good = _mm256_movemask_ps(ok);
-      for (int k = 0; k < 8; ++k)
-        codes[j + k] = static_cast<uint8_t>((good >> k) & 1 ? out[k] : nearest_code(g, x[j + k]));
+      const __m256 t = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_sub_ps(v, a), inv), zero), last);
+      const __m256i s = _mm256_i32gather_epi32(start, _mm256_cvttps_epi32(t), 4);
+      const __m256i flagged = _mm256_and_si256(s, crowded);
+      const __m256i idx = _mm256_andnot_si256(crowded, s);
+      const __m256 below = _mm256_cmp_ps(_mm256_i32gather_ps(pm, idx, 4), v, _CMP_LT_OQ);
+      const __m256i code = _mm256_sub_epi32(idx, _mm256_castps_si256(below));  // + (mid[s] < v)
+      // 8 int32 codes (0..255) to 8 bytes
+      const __m128i lo = _mm256_castsi256_si128(code), hi = _mm256_extracti128_si256(code, 1);
+      const __m128i bytes = _mm_packus_epi16(_mm_packus_epi32(lo, hi), _mm_setzero_si128());
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + j), bytes);
+      if (C10_UNLIKELY(!_mm256_testz_si256(flagged, flagged))) {
+        alignas(32) int32_t f[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(f), flagged);
+        for (int k = 0; k < 8; ++k)
+          if (f[k]) codes[j + k] = static_cast<uint8_t>(nearest_code(g, x[j + k]));
+      }
     }
   }
   for (; j < len; ++j) codes[j] = static_cast<uint8_t>(nearest_code(g, x[j]));
