@@ -189,6 +189,30 @@ TEST(Sparse, ValueSectionsMatchTheAtenCast) {
   for (const char* spec : {"fp16", "bf16"}) expect_paths_agree(spec, with_nan, "with a NaN");
 }
 
+// fp16 and bf16 sections decoded by one loop (Note [casts back on the CPU]) equal ATen's cast:
+// several threads' shares and a tail that is not a multiple of 8, with infinities, fp16
+// subnormals, values beyond fp16's range, and a NaN (ATen's path then).
+TEST(Dense, CastsBackMatchTheAtenCast) {
+  at::manual_seed(43);
+  const int threads = at::get_num_threads();
+  at::Tensor x = at::randn({(int64_t(1) << 19) + 13}) * 1e3;  // (2^19 + 13)
+  x[3] = std::numeric_limits<float>::infinity();
+  x[(int64_t(1) << 18) + 1] = -std::numeric_limits<float>::infinity();
+  x[500] = 3e-8;   // an fp16 subnormal
+  x[501] = -1e6;   // saturates in fp16
+  x[-1] = 1e-40;   // a float32 subnormal
+  at::Tensor with_nan = x.clone();
+  with_nan[(int64_t(1) << 18) + 7] = std::numeric_limits<float>::quiet_NaN();
+  for (int t : {1, 2}) {
+    at::set_num_threads(t);
+    for (const char* spec : {"fp16", "bf16", "cast(bf16)"}) {
+      expect_paths_agree(spec, x, "2^19 + 13 values, threads " + std::to_string(t));
+      expect_paths_agree(spec, with_nan, "with a NaN, threads " + std::to_string(t));
+    }
+  }
+  at::set_num_threads(threads);
+}
+
 // Indices whose delta stream spans many chunks of kDeltaChunk bytes, with varints of 1 to 4 bytes
 // crossing the chunk boundaries.
 TEST(SparseIndex, ChunkedDeltaEqualsThePortablePath) {
