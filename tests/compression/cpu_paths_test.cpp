@@ -73,8 +73,16 @@ TEST(Quant, ReciprocalPathKeepsTheDivisionsBytes) {
 TEST(Quant, LargeTensorsMatchThePortablePath) {
   at::manual_seed(37);
   at::Tensor x = at::randn({(int64_t(4) << 20) + 5});  // 16 MiB + 20 bytes of float32
-  for (const char* spec : {"quant(8)", "quant(3, mode=minmax)", "quant(4, scale=block, block=256)"})
+  for (const char* spec : {"quant(8)", "quant(3, mode=minmax)", "quant(4, scale=block, block=256)", "quant(2)"})
     expect_paths_agree(spec, x, "4M + 5 elements");
+  // 2-bit codes (unpacked by a table) with a tail of 1..3 codes in the last byte, 1 and 2 threads.
+  const int threads = at::get_num_threads();
+  for (int t : {1, 2}) {
+    at::set_num_threads(t);
+    for (int64_t n : {int64_t(1), int64_t(3), int64_t(8193), int64_t(3 * 8192 + 6)})
+      expect_paths_agree("quant(2, scale=block, block=7)", at::randn({n}), std::to_string(n) + " elements");
+  }
+  at::set_num_threads(threads);
 }
 
 TEST(TopK, LargeTensorsMatchThePortablePath) {
