@@ -754,6 +754,32 @@ void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, ui
   });
 }
 
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+// 8 lookups per gather (the scalar loop is one load a code, bound by the loads' issue).
+__attribute__((target("avx2"))) void lookup_avx2(const uint8_t* codes, int64_t n, const float* book, float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i)));
+    _mm256_storeu_ps(out + i, _mm256_i32gather_ps(book, idx, 4));
+  }
+  for (; i < n; ++i) out[i] = book[codes[i]];
+}
+#endif
+
+void codebook_lookup_cpu(const uint8_t* codes, int64_t n, const float* book, float* out) {
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+#else
+  constexpr bool avx2 = false;
+#endif
+  at::parallel_for(0, n, 1 << 16, [&](int64_t i0, int64_t i1) {
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+    if (avx2) return lookup_avx2(codes + i0, i1 - i0, book, out + i0);
+#endif
+    for (int64_t i = i0; i < i1; ++i) out[i] = book[codes[i]];
+  });
+}
+
 // Note [sorted by radix]. A codebook needs the sample's values at 2^bits pairs of sort positions;
 // at::quantile finds them by sorting the whole sample (std::sort of 65536 floats: milliseconds,
 // 100x the rest of a 1 MiB encode). Here an LSD radix sort of order-preserving keys (a float's bits

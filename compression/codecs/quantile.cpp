@@ -180,12 +180,7 @@ at::Tensor QuantileCodec::decode(const Payload& p, const CodecContext& ctx) {
   at::Tensor out;
   if (codec::use_cpu_kernel(codes)) {
     out = at::empty({n}, book.options());
-    const uint8_t* c = codes.data_ptr<uint8_t>();
-    const float* b = book.data_ptr<float>();
-    float* o = out.data_ptr<float>();
-    at::parallel_for(0, n, 1 << 16, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) o[i] = b[c[i]];
-    });
+    codec::codebook_lookup_cpu(codes.data_ptr<uint8_t>(), n, book.data_ptr<float>(), out.data_ptr<float>());
   } else {
     out = book.index_select(0, codes.to(at::kLong));
   }
