@@ -71,8 +71,7 @@ void codebook_lookup_cpu(const uint8_t* codes, int64_t n, const float* book, flo
 /// (out then unspecified) where the answer could differ from at::sort's: an element is NaN, or
 /// both -0 and +0 occur and a requested position holds a zero (at::sort leaves equal elements in
 /// no defined order).
-bool sorted_values_cpu(const float* x, int64_t count, int64_t stride, const int64_t* ranks, int64_t nranks,
-                       float* out);
+bool sorted_values_cpu(const float* x, int64_t count, int64_t stride, const int64_t* ranks, int64_t nranks, float* out);
 
 }  // namespace tl::codec
 

@@ -112,7 +112,8 @@ at::Tensor QuantileCodec::encode_portable(const at::Tensor& xf) const {
     if (o_.mean_centers) {
       at::Tensor cl = c.to(at::kLong);
       at::Tensor sums = at::zeros({levels}, xf.options().dtype(at::kDouble)).index_add_(0, cl, xf.to(at::kDouble));
-      at::Tensor counts = at::zeros({levels}, cl.options()).index_add_(0, cl, at::ones_like(cl));  // bincount would sync
+      at::Tensor counts =
+          at::zeros({levels}, cl.options()).index_add_(0, cl, at::ones_like(cl));  // bincount would sync
       book = at::where(counts > 0, sums / counts.clamp_min(1), words.to(at::kDouble)).to(at::kFloat);
     }
   }
@@ -147,8 +148,8 @@ at::Tensor QuantileCodec::encode_cpu(const at::Tensor& xf) const {
     codec::nearest_codes_cpu(xp, n, mid.data(), static_cast<int>(o_.bits), codes.data_ptr<uint8_t>(),
                              o_.mean_centers ? sums.data() : nullptr, o_.mean_centers ? counts.data() : nullptr);
     for (int64_t l = 0; l < levels; ++l)
-      book[l] = !o_.mean_centers || counts[l] == 0 ? words[l]
-                                                   : static_cast<float>(sums[l] / static_cast<double>(counts[l]));
+      book[l] =
+          !o_.mean_centers || counts[l] == 0 ? words[l] : static_cast<float>(sums[l] / static_cast<double>(counts[l]));
     if (o_.bits < 8)
       codec::pack_codes_cpu(codes.data_ptr<uint8_t>(), n, static_cast<int>(o_.bits),
                             body.data_ptr<uint8_t>() + book_bytes);

@@ -173,7 +173,7 @@ TEST(Quantile, RadixCodewordsEqualAtenQuantile) {
                                 portable.body.narrow(0, book, portable.body.numel() - book)))
               << spec << " on " << what << ": codes";
           EXPECT_TRUE(at::allclose(words_of(fast), words_of(portable), 1e-6, 1e-30))
-                << spec << " on " << what << ": codebook";
+              << spec << " on " << what << ": codebook";
         }
       }
   }
@@ -206,9 +206,9 @@ TEST(Dense, CastsBackMatchTheAtenCast) {
   at::Tensor x = at::randn({(int64_t(1) << 19) + 13}) * 1e3;  // (2^19 + 13)
   x[3] = std::numeric_limits<float>::infinity();
   x[(int64_t(1) << 18) + 1] = -std::numeric_limits<float>::infinity();
-  x[500] = 3e-8;   // an fp16 subnormal
-  x[501] = -1e6;   // saturates in fp16
-  x[-1] = 1e-40;   // a float32 subnormal
+  x[500] = 3e-8;  // an fp16 subnormal
+  x[501] = -1e6;  // saturates in fp16
+  x[-1] = 1e-40;  // a float32 subnormal
   at::Tensor with_nan = x.clone();
   with_nan[(int64_t(1) << 18) + 7] = std::numeric_limits<float>::quiet_NaN();
   for (int t : {1, 2}) {
