@@ -4,6 +4,7 @@
 #include <c10/macros/Macros.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -121,12 +122,24 @@ TL_INLINE void pack_bytewise(const uint8_t* codes, int64_t n, uint8_t* out) {
   }
 }
 
+// 2-bit codes: byte b unpacks to the four bytes of kUnpack2[b] (little-endian), one load and one
+// store a byte (the shift-and-mask loop did not vectorise: 3x the time of the 4-bit unpack).
+constexpr std::array<uint32_t, 256> make_unpack2() {
+  std::array<uint32_t, 256> t{};
+  for (uint32_t b = 0; b < 256; ++b)
+    t[b] = (b & 3u) | ((b >> 2) & 3u) << 8 | ((b >> 4) & 3u) << 16 | ((b >> 6) & 3u) << 24;
+  return t;
+}
+constexpr std::array<uint32_t, 256> kUnpack2 = make_unpack2();
+
 template <int Bits>
 TL_INLINE void unpack_bytewise(const uint8_t* in, int64_t n, uint8_t* codes) {
   constexpr int per = 8 / Bits;
   constexpr uint32_t mask = (1u << Bits) - 1;
   const int64_t full = n / per;
-  if constexpr (Bits == 1) {
+  if constexpr (Bits == 2) {
+    for (int64_t i = 0; i < full; ++i) std::memcpy(codes + 4 * i, &kUnpack2[in[i]], 4);
+  } else if constexpr (Bits == 1) {
     for (int64_t i = 0; i < full; ++i) {
       // byte k keeps bit k of the input, then becomes 0 or 1 (adding 0x7f carries into bit 7
       // exactly when the byte is non-zero, never across bytes)
@@ -566,28 +579,46 @@ void quant_derive_cpu(const uint8_t* wire, const gpu::ScaleParams& p, float* ste
 namespace tl::codec {
 namespace {
 
-// Sorted midpoints and a uniform grid over [mid[0], mid[L-2]]: start[c] = the number of midpoints
-// below cell c's left edge, so a lookup is one table read plus a few steps either way.
+// Note [grid codes]. Sorted midpoints and a uniform grid of cells over [mid[0], mid[L-2]]. The
+// cell of v, cell(v) = trunc(clamp((v - a) * inv, 0, cells - 1)) (NaN: cell 0), is a chain of
+// rounded float operations, each monotone, so cell(m) < cell(v) implies m < v and cell(m) > cell(v)
+// implies m > v. With start[c] = the number of midpoints whose own cell is below c, the code of v
+// (the number of midpoints < v) is start[c] plus those of cell c that are < v: where cell c holds
+// at most one midpoint, start[c] + (mid[start[c]] < v) exactly (a midpoint of a later cell is > v).
+// Cells holding several are flagged (kCrowded) and walked.
+constexpr int32_t kCrowded = int32_t(1) << 30;
+
 struct MidGrid {
   const float* mid;
   int64_t count;  // L - 1
-  float a, b, inv;
-  std::vector<int32_t> start;
-  std::vector<float> padded;  // -inf, mid, +inf: padded[c] = mid[c - 1] for c in [0, count + 1]
+  float a, b, inv, last;
+  std::vector<int32_t> start;  // per cell; | kCrowded where the cell holds several midpoints
+  std::vector<float> padded;   // mid, +inf: padded[count] = +inf
 };
 
+// cell(v) as the AVX2 loop computes it (maxps/minps: a NaN becomes the second operand, 0).
+TL_INLINE int32_t cell_of(const MidGrid& g, float v) {
+  float t = (v - g.a) * g.inv;
+  t = t > 0.0f ? t : 0.0f;
+  t = t < g.last ? t : g.last;
+  return static_cast<int32_t>(t);
+}
+
 MidGrid make_grid(const float* mid, int64_t count) {
-  MidGrid g{mid, count, mid[0], mid[count - 1], 0.0f, {}, {}};
-  g.padded.push_back(-std::numeric_limits<float>::infinity());
-  g.padded.insert(g.padded.end(), mid, mid + count);
+  MidGrid g{mid, count, mid[0], mid[count - 1], 0.0f, 0.0f, {}, {}};
+  g.padded.assign(mid, mid + count);
   g.padded.push_back(std::numeric_limits<float>::infinity());
   const int64_t cells = 8 * (count + 1);
   if (g.b > g.a) {
     g.inv = static_cast<float>(cells) / (g.b - g.a);
+    g.last = static_cast<float>(cells - 1);
+    std::vector<int32_t> held(cells, 0);
+    for (int64_t k = 0; k < count; ++k) ++held[cell_of(g, mid[k])];
     g.start.resize(cells);
+    int32_t below = 0;
     for (int64_t c = 0; c < cells; ++c) {
-      const float edge = g.a + static_cast<float>(c) / g.inv;
-      g.start[c] = static_cast<int32_t>(std::lower_bound(mid, mid + count, edge) - mid);
+      g.start[c] = below | (held[c] > 1 ? kCrowded : 0);
+      below += held[c];
     }
   }
   return g;
@@ -597,50 +628,46 @@ MidGrid make_grid(const float* mid, int64_t count) {
 TL_INLINE int32_t nearest_code(const MidGrid& g, float v) {
   if (!(v > g.a)) return 0;
   if (v > g.b) return static_cast<int32_t>(g.count);
-  const int64_t cells = static_cast<int64_t>(g.start.size());
-  int64_t c = static_cast<int64_t>((v - g.a) * g.inv);
-  c = c < 0 ? 0 : c >= cells ? cells - 1 : c;
-  int32_t code = g.start[c];
-  // A cell holds at most one midpoint where the codewords are dense: one step, then a check that
-  // the code is the count (mid[code - 1] < v <= mid[code]), predictably true. Otherwise (a cell
-  // with several midpoints, an edge rounded in float) the walks below.
-  const float* m = g.padded.data() + 1;  // m[-1] = -inf, m[count] = +inf
-  const int32_t one = code + (m[code] < v);
-  if (C10_LIKELY(m[one - 1] < v && !(m[one] < v))) return one;
-  while (code < g.count && g.mid[code] < v) ++code;  // edges rounded in float: fix up both ways
-  while (code > 0 && !(g.mid[code - 1] < v)) --code;
+  const int32_t s = g.start[cell_of(g, v)];
+  if (C10_LIKELY(!(s & kCrowded))) return s + (g.padded[s] < v);
+  int32_t code = s & ~kCrowded;
+  while (code < g.count && g.mid[code] < v) ++code;
   return code;
 }
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define TL_GATHER_CODES 1
-// nearest_code for 8 elements at once with AVX2 gathers (the scalar form waits on three dependent
-// loads per element: 10 ns an element): the cell's first code, one step, and the check; lanes that
-// fail the check (or NaN, -inf: -inf < v fails) take nearest_code. Same codes as nearest_code.
+// nearest_code for 8 elements at once with AVX2 gathers (the scalar form waits on dependent loads:
+// 10 ns an element): the cell's start and one comparison, two gathers; lanes of crowded cells take
+// nearest_code. Same codes as nearest_code (Note [grid codes]).
 __attribute__((target("avx2"))) void grid_codes_avx2(const float* x, int64_t len, const MidGrid& g, uint8_t* codes) {
   const int64_t cells = static_cast<int64_t>(g.start.size());
   int64_t j = 0;
   if (cells > 0) {
-    const __m256 a = _mm256_set1_ps(g.a), inv = _mm256_set1_ps(g.inv),
-                 last = _mm256_set1_ps(static_cast<float>(cells - 1)), zero = _mm256_setzero_ps();
+    const __m256 a = _mm256_set1_ps(g.a), inv = _mm256_set1_ps(g.inv), last = _mm256_set1_ps(g.last),
+                 zero = _mm256_setzero_ps();
     const int* start = g.start.data();
-    const float* pm = g.padded.data();  // pm[c] = mid[c - 1]
+    const float* pm = g.padded.data();
+    const __m256i crowded = _mm256_set1_epi32(kCrowded);
     for (; j + 8 <= len; j += 8) {
       const __m256 v = _mm256_loadu_ps(x + j);
       // maxps returns its second operand for a NaN: NaN -> cell 0
-      __m256 t = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_sub_ps(v, a), inv), zero), last);
-      const __m256i code = _mm256_i32gather_epi32(start, _mm256_cvttps_epi32(t), 4);
-      const __m256i one_off = _mm256_add_epi32(code, _mm256_set1_epi32(1));  // index of mid[code] in pm
-      const __m256 below = _mm256_cmp_ps(_mm256_i32gather_ps(pm, one_off, 4), v, _CMP_LT_OQ);
-      const __m256i one = _mm256_sub_epi32(code, _mm256_castps_si256(below));                       // + (mid[code] < v)
-      const __m256 prev = _mm256_i32gather_ps(pm, one, 4);                                          // mid[one - 1]
-      const __m256 next = _mm256_i32gather_ps(pm, _mm256_add_epi32(one, _mm256_set1_epi32(1)), 4);  // mid[one]
-      const __m256 ok = _mm256_andnot_ps(_mm256_cmp_ps(next, v, _CMP_LT_OQ), _mm256_cmp_ps(prev, v, _CMP_LT_OQ));
-      alignas(32) int32_t out[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(out), one);
-      const int good = _mm256_movemask_ps(ok);
-      for (int k = 0; k < 8; ++k)
-        codes[j + k] = static_cast<uint8_t>((good >> k) & 1 ? out[k] : nearest_code(g, x[j + k]));
+      const __m256 t = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_sub_ps(v, a), inv), zero), last);
+      const __m256i s = _mm256_i32gather_epi32(start, _mm256_cvttps_epi32(t), 4);
+      const __m256i flagged = _mm256_and_si256(s, crowded);
+      const __m256i idx = _mm256_andnot_si256(crowded, s);
+      const __m256 below = _mm256_cmp_ps(_mm256_i32gather_ps(pm, idx, 4), v, _CMP_LT_OQ);
+      const __m256i code = _mm256_sub_epi32(idx, _mm256_castps_si256(below));  // + (mid[s] < v)
+      // 8 int32 codes (0..255) to 8 bytes
+      const __m128i lo = _mm256_castsi256_si128(code), hi = _mm256_extracti128_si256(code, 1);
+      const __m128i bytes = _mm_packus_epi16(_mm_packus_epi32(lo, hi), _mm_setzero_si128());
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + j), bytes);
+      if (C10_UNLIKELY(!_mm256_testz_si256(flagged, flagged))) {
+        alignas(32) int32_t f[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(f), flagged);
+        for (int k = 0; k < 8; ++k)
+          if (f[k]) codes[j + k] = static_cast<uint8_t>(nearest_code(g, x[j + k]));
+      }
     }
   }
   for (; j < len; ++j) codes[j] = static_cast<uint8_t>(nearest_code(g, x[j]));
@@ -725,6 +752,83 @@ void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, ui
         }
     }
   });
+}
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+// 8 lookups per gather (the scalar loop is one load a code, bound by the loads' issue).
+__attribute__((target("avx2"))) void lookup_avx2(const uint8_t* codes, int64_t n, const float* book, float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i)));
+    _mm256_storeu_ps(out + i, _mm256_i32gather_ps(book, idx, 4));
+  }
+  for (; i < n; ++i) out[i] = book[codes[i]];
+}
+#endif
+
+void codebook_lookup_cpu(const uint8_t* codes, int64_t n, const float* book, float* out) {
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+#else
+  constexpr bool avx2 = false;
+#endif
+  at::parallel_for(0, n, 1 << 16, [&](int64_t i0, int64_t i1) {
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+    if (avx2) return lookup_avx2(codes + i0, i1 - i0, book, out + i0);
+#endif
+    for (int64_t i = i0; i < i1; ++i) out[i] = book[codes[i]];
+  });
+}
+
+// Note [sorted by radix]. A codebook needs the sample's values at 2^bits pairs of sort positions;
+// at::quantile finds them by sorting the whole sample (std::sort of 65536 floats: milliseconds,
+// 100x the rest of a 1 MiB encode). Here an LSD radix sort of order-preserving keys (a float's bits
+// u: ~u when negative, else u | 2^31) in three passes of 11, 11 and 10 bits, a pass skipped when
+// every key has the same digit, and the keys turned back into floats at the positions asked for.
+// Keys are equal exactly when the floats are bit for bit, so the sorted sequence is at::sort's
+// except among -0 and +0, which compare equal: -0 comes first here, while std::sort leaves equal
+// elements in no defined order. A zero asked for where both occur, or a NaN (at::quantile then
+// returns NaN throughout), is left to ATen.
+bool sorted_values_cpu(const float* x, int64_t count, int64_t stride, const int64_t* ranks, int64_t nranks,
+                       float* out) {
+  constexpr int kPasses = 3, kDigitBits = 11;
+  thread_local std::vector<uint32_t> scratch;  // reused across calls: no page faults per call
+  if (static_cast<int64_t>(scratch.size()) < 2 * count) scratch.resize(2 * count);
+  uint32_t* keys = scratch.data();
+  uint32_t* other = keys + count;
+  std::vector<uint32_t> hist(kPasses << kDigitBits, 0);
+  uint32_t nan = 0, neg_zero = 0, pos_zero = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    uint32_t u;
+    std::memcpy(&u, x + i * stride, 4);
+    nan |= (u & 0x7fffffffu) > 0x7f800000u;
+    neg_zero |= u == 0x80000000u;
+    pos_zero |= u == 0;
+    const uint32_t k = (u >> 31) ? ~u : u | 0x80000000u;
+    keys[i] = k;
+    for (int p = 0; p < kPasses; ++p) ++hist[(p << kDigitBits) + ((k >> (kDigitBits * p)) & 2047u)];
+  }
+  if (nan) return false;
+  for (int p = 0; p < kPasses; ++p) {
+    uint32_t* h = hist.data() + (p << kDigitBits);
+    const int shift = kDigitBits * p;
+    if (h[(keys[0] >> shift) & 2047u] == static_cast<uint32_t>(count)) continue;  // one digit: nothing moves
+    uint32_t sum = 0;
+    for (int d = 0; d < (1 << kDigitBits); ++d) {
+      const uint32_t c = h[d];
+      h[d] = sum;
+      sum += c;
+    }
+    for (int64_t i = 0; i < count; ++i) other[h[(keys[i] >> shift) & 2047u]++] = keys[i];
+    std::swap(keys, other);
+  }
+  for (int64_t r = 0; r < nranks; ++r) {
+    const uint32_t k = keys[ranks[r]];
+    const uint32_t u = (k >> 31) ? k & 0x7fffffffu : ~k;
+    std::memcpy(out + r, &u, 4);
+    if (neg_zero && pos_zero && out[r] == 0.0f) return false;
+  }
+  return true;
 }
 
 void pack_codes_cpu(const uint8_t* codes, int64_t n, int bits, uint8_t* out) {

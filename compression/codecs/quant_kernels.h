@@ -63,6 +63,16 @@ namespace tl::codec {
 void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, uint8_t* codes, double* sums,
                        int64_t* counts);
 
+/// out[i] = book[codes[i]] for i < n (book: 256 entries, or as many as the largest code needs).
+void codebook_lookup_cpu(const uint8_t* codes, int64_t n, const float* book, float* out);
+
+/// The values at ascending sort positions `ranks[0, nranks)` (each < count) of the `count` elements
+/// x[0], x[stride], x[2 * stride], ... (count >= 1; a radix sort: Note [sorted by radix]). False
+/// (out then unspecified) where the answer could differ from at::sort's: an element is NaN, or
+/// both -0 and +0 occur and a requested position holds a zero (at::sort leaves equal elements in
+/// no defined order).
+bool sorted_values_cpu(const float* x, int64_t count, int64_t stride, const int64_t* ranks, int64_t nranks, float* out);
+
 }  // namespace tl::codec
 
 namespace tl::codec {

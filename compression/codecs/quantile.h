@@ -30,6 +30,8 @@ class QuantileCodec : public Compressor {
   at::Tensor decode(const Payload& p, const CodecContext& ctx) override;
 
  private:
+  at::Tensor encode_cpu(const at::Tensor& xf) const;       // xf: (n) float32 on the CPU -> body
+  at::Tensor encode_portable(const at::Tensor& xf) const;  // any device
   QuantileOptions o_;
 };
 

@@ -75,8 +75,16 @@ TEST(Quant, ReciprocalPathKeepsTheDivisionsBytes) {
 TEST(Quant, LargeTensorsMatchThePortablePath) {
   at::manual_seed(37);
   at::Tensor x = at::randn({(int64_t(4) << 20) + 5});  // 16 MiB + 20 bytes of float32
-  for (const char* spec : {"quant(8)", "quant(3, mode=minmax)", "quant(4, scale=block, block=256)"})
+  for (const char* spec : {"quant(8)", "quant(3, mode=minmax)", "quant(4, scale=block, block=256)", "quant(2)"})
     expect_paths_agree(spec, x, "4M + 5 elements");
+  // 2-bit codes (unpacked by a table) with a tail of 1..3 codes in the last byte, 1 and 2 threads.
+  const int threads = at::get_num_threads();
+  for (int t : {1, 2}) {
+    at::set_num_threads(t);
+    for (int64_t n : {int64_t(1), int64_t(3), int64_t(8193), int64_t(3 * 8192 + 6)})
+      expect_paths_agree("quant(2, scale=block, block=7)", at::randn({n}), std::to_string(n) + " elements");
+  }
+  at::set_num_threads(threads);
 }
 
 TEST(TopK, LargeTensorsMatchThePortablePath) {
@@ -110,6 +118,70 @@ TEST(Quantile, GridCodesMatchBucketize) {
   }
 }
 
+// Codewords by the radix sort (Note [quantile codewords on the CPU]) equal at::quantile's bit for
+// bit: 256 levels of a 65536-element sample (ranks that need more than float's 24 bits), odd sample
+// sizes, ties, zeros of one sign, infinities; and where the answer would depend on at::sort's order
+// of -0 and +0, or on a NaN, ATen's own. With 1 and 2 threads.
+TEST(Quantile, RadixCodewordsEqualAtenQuantile) {
+  at::manual_seed(42);
+  const int threads = at::get_num_threads();
+  auto words_of = [](const Payload& p) { return p.body.narrow(0, 0, 4 << p.params[0]).view(at::kFloat); };
+  at::Tensor ties = at::randint(-3, 4, {70001}).to(at::kFloat);
+  at::Tensor zeros = at::where(at::rand({50000}) < 0.4, at::zeros({50000}), at::randn({50000}));
+  at::Tensor signed_zeros = zeros.clone();
+  signed_zeros.narrow(0, 0, 25000).mul_(-1);  // -0 in the first half, +0 in the second
+  at::Tensor infs = at::randn({4099}) * 1e30;
+  infs[5] = std::numeric_limits<float>::infinity();
+  infs[77] = -std::numeric_limits<float>::infinity();
+  at::Tensor with_nan = at::randn({3001});
+  with_nan[100] = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<std::pair<std::string, at::Tensor>> inputs = {
+      {"normal 2^18 + 13", at::randn({(int64_t(1) << 18) + 13})},
+      {"cubed 65535", at::randn({65535}).pow(3)},
+      {"ties", ties},
+      {"zeros", zeros},
+      {"-0 and +0", signed_zeros},
+      {"infinities", infs},
+      {"a NaN", with_nan},
+      {"one element", at::full({1}, 2.5f)},
+      {"two elements", at::tensor({3.0f, -1.0f})}};
+  for (int t : {1, 2}) {
+    at::set_num_threads(t);
+    for (const auto& [what, x] : inputs)
+      for (int64_t bits : {1, 4, 8}) {
+        const int64_t n = x.numel(), L = int64_t(1) << bits, stride = n > 65536 ? n / 65536 : 1;
+        at::Tensor sample = stride > 1 ? x.slice(0, 0, 65536 * stride, stride) : x;
+        at::Tensor probs = (at::arange(L, at::kFloat) + 0.5) / L;
+        at::Tensor expect = at::quantile(sample, probs);
+        CodecContext ctx;
+        Payload p = parse_compressor("quantile(" + std::to_string(bits) + ", centers=quantile)")->encode(x, ctx);
+        EXPECT_TRUE(at::equal(words_of(p).view(at::kInt), expect.view(at::kInt)))
+            << what << ", bits " << bits << ", threads " << t;
+        // The mean codebook and the codes: the portable path's (codes exactly, the means to the last
+        // bit; with a NaN every codeword is NaN and the two paths code differently, as before).
+        if (what == "a NaN") continue;
+        {
+          const std::string spec = "quantile(" + std::to_string(bits) + ")";
+          auto c = parse_compressor(spec);
+          Payload fast = c->encode(x, ctx);
+          Payload portable;
+          {
+            codec::PortableKernelsGuard g;
+            portable = parse_compressor(spec)->encode(x, ctx);
+          }
+          const int64_t book = 4 * L;
+          ASSERT_EQ(fast.body.numel(), portable.body.numel());
+          EXPECT_TRUE(at::equal(fast.body.narrow(0, book, fast.body.numel() - book),
+                                portable.body.narrow(0, book, portable.body.numel() - book)))
+              << spec << " on " << what << ": codes";
+          EXPECT_TRUE(at::allclose(words_of(fast), words_of(portable), 1e-6, 1e-30))
+              << spec << " on " << what << ": codebook";
+        }
+      }
+  }
+  at::set_num_threads(threads);
+}
+
 // Value sections are written into the body by one loop (Note [values into the body on the CPU]):
 // saturated and rounded as the ATen cast, and a section holding a NaN is made by ATen.
 TEST(Sparse, ValueSectionsMatchTheAtenCast) {
@@ -125,6 +197,30 @@ TEST(Sparse, ValueSectionsMatchTheAtenCast) {
     expect_paths_agree(spec, x, "finite and inf");
   // (A NaN is only selected alike by the casts: the portable TopK and threshold paths differ there.)
   for (const char* spec : {"fp16", "bf16"}) expect_paths_agree(spec, with_nan, "with a NaN");
+}
+
+// fp16 and bf16 sections decoded by one loop (Note [casts back on the CPU]) equal ATen's cast:
+// several threads' shares and a tail that is not a multiple of 8, with infinities, fp16
+// subnormals, values beyond fp16's range, and a NaN (ATen's path then).
+TEST(Dense, CastsBackMatchTheAtenCast) {
+  at::manual_seed(43);
+  const int threads = at::get_num_threads();
+  at::Tensor x = at::randn({(int64_t(1) << 19) + 13}) * 1e3;  // (2^19 + 13)
+  x[3] = std::numeric_limits<float>::infinity();
+  x[(int64_t(1) << 18) + 1] = -std::numeric_limits<float>::infinity();
+  x[500] = 3e-8;  // an fp16 subnormal
+  x[501] = -1e6;  // saturates in fp16
+  x[-1] = 1e-40;  // a float32 subnormal
+  at::Tensor with_nan = x.clone();
+  with_nan[(int64_t(1) << 18) + 7] = std::numeric_limits<float>::quiet_NaN();
+  for (int t : {1, 2}) {
+    at::set_num_threads(t);
+    for (const char* spec : {"fp16", "bf16", "cast(bf16)"}) {
+      expect_paths_agree(spec, x, "2^19 + 13 values, threads " + std::to_string(t));
+      expect_paths_agree(spec, with_nan, "with a NaN, threads " + std::to_string(t));
+    }
+  }
+  at::set_num_threads(threads);
 }
 
 // Indices whose delta stream spans many chunks of kDeltaChunk bytes, with varints of 1 to 4 bytes
