@@ -15,6 +15,15 @@ thread_local bool g_device_semantics = false;
 
 bool cpu_kernels_enabled() { return g_cpu_kernels; }
 
+bool cpu_has_avx2_f16c() {
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return has;
+#else
+  return false;
+#endif
+}
+
 gpu::WireType kernel_wire_type(at::ScalarType t) {
   switch (t) {
     case at::kHalf:

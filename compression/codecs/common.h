@@ -22,6 +22,9 @@ namespace tl::codec {
 /// Whether CPU tensors take the tight-loop fast paths (true unless a PortableKernelsGuard is alive
 /// on this thread).
 bool cpu_kernels_enabled();
+/// Whether this CPU has AVX2 and F16C (checked once; false where the build has no x86 paths):
+/// the condition of the vectorised fp16 section loops.
+bool cpu_has_avx2_f16c();
 /// Whether CPU tensors are treated as device tensors in every respect (see PortableKernelsGuard).
 bool device_semantics_on_cpu();
 /// Forces the portable ATen-op path on this thread for its lifetime (tests). With

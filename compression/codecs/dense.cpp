@@ -68,11 +68,7 @@ __attribute__((target("avx2,f16c"))) bool from_half_f16c(const uint8_t* in, int6
 
 // Section `in` (n values of fp16 or bf16, any byte alignment) as float32 at out; false at a NaN.
 bool cast_back_cpu(const uint8_t* in, int64_t n, at::ScalarType wire, float* out) {
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-  static const bool f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-#else
-  constexpr bool f16c = false;
-#endif
+  const bool f16c = codec::cpu_has_avx2_f16c();
   std::atomic<bool> no_nan{true};
   at::parallel_for(0, n, kCastGrain, [&](int64_t i0, int64_t i1) {
     bool nan;

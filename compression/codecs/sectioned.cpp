@@ -85,11 +85,7 @@ bool write_values_cpu(const float* v, int64_t n, at::ScalarType wire, uint8_t* o
     if (n > 0) std::memcpy(out, v, n * sizeof(float));
     return true;
   }
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-  static const bool f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-#else
-  constexpr bool f16c = false;
-#endif
+  const bool f16c = codec::cpu_has_avx2_f16c();
   std::atomic<bool> finite_or_inf{true};
   at::parallel_for(0, n, kValueGrain, [&](int64_t i0, int64_t i1) {
     uint8_t* o = out + 2 * i0;  // a section may start at any byte of the body
