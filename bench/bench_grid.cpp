@@ -66,9 +66,11 @@ struct Args : tl::bench::RankArgs {
 
 Args parse(int argc, char** argv) {
   Args a;
-  static_cast<tl::bench::RankArgs&>(a) = tl::bench::parse_rank_options(
-      "bench_grid", argc, argv, {{"--max-mib", &a.max_mib}, {"--step-rounds", &a.step_rounds}, {"--clone-grads", &a.clone_grads},
-               {"--compressed", &a.compressed}});
+  static_cast<tl::bench::RankArgs&>(a) = tl::bench::parse_rank_options("bench_grid", argc, argv,
+                                                                       {{"--max-mib", &a.max_mib},
+                                                                        {"--step-rounds", &a.step_rounds},
+                                                                        {"--clone-grads", &a.clone_grads},
+                                                                        {"--compressed", &a.compressed}});
   return a;
 }
 

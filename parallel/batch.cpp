@@ -4,7 +4,8 @@ namespace tl {
 
 double Batch::weight() const {
   TORCH_CHECK(units.defined() && units.device().is_cpu(), "Batch: units must be a CPU tensor (one entry per row)");
-  if (units.scalar_type() == at::kLong && units.is_contiguous()) {  // a loop, not a kernel and a read-back (per micro-batch)
+  // Per micro-batch: a loop, not a kernel and a read-back.
+  if (units.scalar_type() == at::kLong && units.is_contiguous()) {
     const int64_t* u = units.data_ptr<int64_t>();
     int64_t sum = 0;  // integer counts: exact in any order
     for (int64_t i = 0; i < units.numel(); ++i) sum += u[i];

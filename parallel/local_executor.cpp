@@ -10,7 +10,9 @@
 namespace tl {
 
 LocalExecutor::LocalExecutor(Pipeline& pipeline, LossFn loss_fn, ScheduleSettings settings)
-    : pipeline_(pipeline), loss_fn_(std::move(loss_fn)), settings_(std::move(settings)),
+    : pipeline_(pipeline),
+      loss_fn_(std::move(loss_fn)),
+      settings_(std::move(settings)),
       parameters_(pipeline_.parameters()) {
   layout_ = settings_.layout(static_cast<int>(pipeline_.num_stages()));
   if (settings_.links.empty()) settings_.links.assign(pipeline_.boundaries().size(), LinkSpec{});

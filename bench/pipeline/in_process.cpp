@@ -452,9 +452,10 @@ void step_overhead() {
       "{\"bench\":\"step_overhead\",\"model\":\"gpt2 1 x 64, 4 x 16 tokens\",\"stages\":1,"
       "\"micro_batches\":1,\"executor_step_s\":%.3g,\"direct_step_s\":%.3g,\"overhead_us\":%.1f,"
       "\"ratio\":%.3f,\"fresh_interpreter_us\":%.2f,\"kept_interpreter_us\":%.2f,\"split_us\":%.2f,"
-      "\"parameter_list_us\":%.2f,\"grad_scale_us\":%.2f,\"step_result_us\":%.2f,\"units_sum_us\":%.2f,\"units_sum_by_kernel_us\":%.2f,\"rest_us\":%.1f}\n",
-      a, d, (a - d) * 1e6, a / d, median(fresh_s) * 1e6, median(begin_s) * 1e6, parts_us[0], parts_us[1],
-      parts_us[2], parts_us[3], parts_us[4], median(weight_kernel_s) * 1e6, rest_us);
+      "\"parameter_list_us\":%.2f,\"grad_scale_us\":%.2f,\"step_result_us\":%.2f,\"units_sum_us\":%.2f,"
+      "\"units_sum_by_kernel_us\":%.2f,\"rest_us\":%.1f}\n",
+      a, d, (a - d) * 1e6, a / d, median(fresh_s) * 1e6, median(begin_s) * 1e6, parts_us[0], parts_us[1], parts_us[2],
+      parts_us[3], parts_us[4], median(weight_kernel_s) * 1e6, rest_us);
   std::fflush(stdout);
 }
 

@@ -208,13 +208,13 @@ void DataParallelSync::sum_bucket(size_t b, double scale) {
   // gradients take a plain loop instead (scaled_copy): ATen's kernel multiplies each value by the
   // scale rounded once to the dtype, which is what the loop does, bit for bit, and a loop wakes no
   // thread pool (whose spinning threads starve the other replica on few cores, as for the memcpy
-  // below). The gradient itself stays unscaled: it
-  // is replaced by its view of the sum when the sums are waited for (reduce_gradients). Gradients
-  // kept as views of the bucket (DDP's gradient_as_bucket_view) would save nothing more here: the
-  // engine moves a leaf's first gradient of the step into .grad without a copy and adds the later
-  // micro-batches' in place (autograd/engine.cpp), so a gradient living in the bucket costs the
-  // same one pass (the first gradient copied in), and a bucket zeroed to add into turns a -0.0
-  // gradient into +0.0, which one process does not.
+  // below). The gradient itself stays unscaled: it is replaced by its view of the sum when the
+  // sums are waited for (reduce_gradients). Gradients kept as views of the bucket (DDP's
+  // gradient_as_bucket_view) would save nothing more here: the engine moves a leaf's first
+  // gradient of the step into .grad without a copy and adds the later micro-batches' in place
+  // (autograd/engine.cpp), so a gradient living in the bucket costs the same one pass (the first
+  // gradient copied in), and a bucket zeroed to add into turns a -0.0 gradient into +0.0, which
+  // one process does not.
   at::Tensor scale_operand;
   if (scale != 1.0) {
     scale_operand = at::scalar_tensor(scale, at::kDouble);
@@ -234,7 +234,7 @@ void DataParallelSync::sum_bucket(size_t b, double scale) {
         at::mul_out(out, g, scale_operand);
       }
       scaled_.insert(p.impl());
-    } else if (g.is_contiguous()) {  // a memcpy: no thread pool woken (its spinning threads starve the peer on few cores)
+    } else if (g.is_contiguous()) {  // a memcpy: no thread pool woken (its threads spin, starving the peer)
       std::memcpy(dst.data_ptr(), g.data_ptr(), static_cast<size_t>(g.numel() * g.element_size()));
     } else {
       dst.view(g.sizes()).copy_(g);
