@@ -24,7 +24,9 @@
 //    "dp_bytes":...,"after_ms":...,"during_ms":...,"speedup":...}  (dp_bytes: rank 0's gradients)
 // Memory is allocated as in `tapeline` (Note [allocator]).
 // Options: --ranks D (default 2), --repeats R (default 5), --max-mib M (default 16; 0: no sums),
-// --step-rounds R (default 0), --timeout S.
+// --step-rounds R (default 0), --clone-grads 1 (the tapeline rounds as timed until issue 36's
+// fused scale: each gradient copied in the timed rounds, the sum during the backward unscaled),
+// --compressed 0 (no compressed rows: the uncompressed sums only, minutes shorter), --timeout S.
 #include <ATen/CPUGeneratorImpl.h>
 #include <malloc.h>
 
@@ -58,12 +60,17 @@ using tl::bench::now_s;
 struct Args : tl::bench::RankArgs {
   int max_mib = 16;
   int step_rounds = 0;
+  int clone_grads = 0;
+  int compressed = 1;
 };
 
 Args parse(int argc, char** argv) {
   Args a;
-  static_cast<tl::bench::RankArgs&>(a) = tl::bench::parse_rank_options(
-      "bench_grid", argc, argv, {{"--max-mib", &a.max_mib}, {"--step-rounds", &a.step_rounds}});
+  static_cast<tl::bench::RankArgs&>(a) = tl::bench::parse_rank_options("bench_grid", argc, argv,
+                                                                       {{"--max-mib", &a.max_mib},
+                                                                        {"--step-rounds", &a.step_rounds},
+                                                                        {"--clone-grads", &a.clone_grads},
+                                                                        {"--compressed", &a.compressed}});
   return a;
 }
 
@@ -157,10 +164,15 @@ int run_rank(const Args& args) {
   const std::vector<int>& group = links.group;
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(args.timeout_s * 1000));
 
+  // One compute thread a rank, as `tapeline train` gives D ranks on D cores and step_rows runs:
+  // with ATen's default pool, the raw side's cat and the scaled copies woke one thread a core in
+  // each rank, and on 2 shared cores those threads' spinning, not the all-reduce, set the times.
+  set_compute_threads(1);
   int64_t step = 0;
   for (int64_t bytes = 256 << 10; bytes <= (int64_t(args.max_mib) << 20); bytes *= 4) {
     const int k = static_cast<int>(std::max<int64_t>(3, std::min<int64_t>(20, (int64_t(64) << 20) / bytes)));
     for (const std::string spec : {"identity", "ef(powersgd(rank=4))"}) {
+      if (spec != "identity" && !args.compressed) continue;
       auto params = make_params(bytes, me);
       std::vector<at::Tensor> grads;
       for (auto& [n, p] : params) grads.push_back(p.grad().clone());
@@ -172,7 +184,7 @@ int run_rank(const Args& args) {
         during = std::make_unique<DataParallelSync>(*transport, group, me, params, compressed,
                                                     std::vector<std::pair<std::string, Variable>>{},
                                                     std::vector<double>{}, CodecSpec(spec));
-        during->sum_during_backward(std::vector<std::vector<int>>(params.size()));
+        during->sum_during_backward(std::vector<std::vector<int>>(params.size(), std::vector<int>{0}));
       }
       int64_t numel = 0;
       for (const auto& g : grads) numel += g.numel();
@@ -189,9 +201,19 @@ int run_rank(const Args& args) {
           compat::wait(raw->allreduce(v), timeout);
         }
       };
-      auto tapeline_rounds = [&](DataParallelSync& s) {  // the runtime's path
+      // The runtime's path, from gradients as the backward leaves them (set, not copied: the sums
+      // never write into the gradients they are given, the buckets are copies); the side summed
+      // during the backward is scaled as a step of two replicas scales (by 1 / its loss units),
+      // into its buckets. --clone-grads 1: as this benchmark timed before, a copy of every
+      // gradient inside the timed rounds and no scale (the raw side copies once, with cat).
+      auto tapeline_rounds = [&](DataParallelSync& s) {
         for (int i = 0; i < k; ++i) {
-          for (size_t j = 0; j < params.size(); ++j) params[j].second.set_grad(grads[j].clone());
+          for (size_t j = 0; j < params.size(); ++j)
+            params[j].second.set_grad(args.clone_grads ? grads[j].clone() : grads[j]);
+          if (s.sums_during_backward() && !args.clone_grads) {
+            s.begin_step(++step, "bench", 0.5);
+            s.stage_done(0);
+          }
           s.reduce_gradients(++step, "bench");
         }
       };

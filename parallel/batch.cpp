@@ -4,6 +4,13 @@ namespace tl {
 
 double Batch::weight() const {
   TORCH_CHECK(units.defined() && units.device().is_cpu(), "Batch: units must be a CPU tensor (one entry per row)");
+  // Per micro-batch: a loop, not a kernel and a read-back.
+  if (units.scalar_type() == at::kLong && units.is_contiguous()) {
+    const int64_t* u = units.data_ptr<int64_t>();
+    int64_t sum = 0;  // integer counts: exact in any order
+    for (int64_t i = 0; i < units.numel(); ++i) sum += u[i];
+    return static_cast<double>(sum);
+  }
   return static_cast<double>(units.sum().item<int64_t>());
 }
 

@@ -10,7 +10,10 @@
 namespace tl {
 
 LocalExecutor::LocalExecutor(Pipeline& pipeline, LossFn loss_fn, ScheduleSettings settings)
-    : pipeline_(pipeline), loss_fn_(std::move(loss_fn)), settings_(std::move(settings)) {
+    : pipeline_(pipeline),
+      loss_fn_(std::move(loss_fn)),
+      settings_(std::move(settings)),
+      parameters_(pipeline_.parameters()) {
   layout_ = settings_.layout(static_cast<int>(pipeline_.num_stages()));
   if (settings_.links.empty()) settings_.links.assign(pipeline_.boundaries().size(), LinkSpec{});
   TORCH_CHECK(settings_.links.size() == pipeline_.boundaries().size(), "LocalExecutor: ", settings_.links.size(),
@@ -90,7 +93,7 @@ StepResult LocalExecutor::train_step(const Batch& batch, int64_t micro_batches, 
   const MicroBatches split = split_micro_batches(batch, micro_batches, at);
   // One GradAccumulator over every parameter, so tied parameters (registered in two stages) are
   // divided once: each stage's backward adds its part, seeded with the micro-batch's units.
-  GradAccumulator acc(pipeline_.parameters());
+  GradAccumulator acc(parameters_);
   Ranks& kept = ranks_for(split.size());
   LocalChannel& channel = kept.channel;
   std::vector<std::unique_ptr<RankInterpreter>>& ranks = kept.interpreters;
@@ -140,7 +143,7 @@ StepResult LocalExecutor::train_step(const Batch& batch, int64_t micro_batches, 
 }
 
 double LocalExecutor::clip_grad_norm(double max_norm, int64_t step) {
-  return tl::clip_grad_norm(pipeline_.parameters(), max_norm);  // the order the ranks sum in
+  return tl::clip_grad_norm(parameters_, max_norm);  // the order the ranks sum in
 }
 
 at::Tensor LocalExecutor::evaluate_batch(const Batch& batch, bool compression) {

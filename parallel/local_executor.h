@@ -76,6 +76,10 @@ class LocalExecutor : public Executor {
   ScheduleSettings settings_;
   StageLayout layout_;
   std::map<std::pair<int, int>, LinkSpec> links_;  // by (sender, receiver) pipeline rank
+  // The pipeline's parameters, listed once (a walk of the module tree that names each one costs
+  // a small model's step a few microseconds: bench_pipeline --overhead); the set is fixed once
+  // the pipeline is built (to() and checkpoints change their data, not the variables).
+  std::vector<Variable> parameters_;
   bool model_clock_ = true;
   StepTiming timing_;
   std::vector<LinkUse> links_used_;

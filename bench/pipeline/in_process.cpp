@@ -11,6 +11,7 @@
 
 #include "bench/bench_util.h"
 #include "layers/models/gpt2.h"
+#include "layers/optim/grad_utils.h"
 #include "parallel/interpreter.h"
 #include "parallel/local_executor.h"
 #include "parallel/simulate.h"
@@ -409,11 +410,52 @@ void step_overhead() {
     const double k = seconds_since(t0);
     if (i >= 0) fresh_s.push_back(f), begin_s.push_back(k);
   }
+  // The parts of the executor's step that are not the model's forward, loss and backward, each
+  // timed alone, as LocalExecutor::train_step calls them (medians of 300): the micro-batch split,
+  // the parameter list (walked per step before issue 36; kept by the executor since), the
+  // division of the gradients by the step's units (one mul_ a parameter), the step's result
+  // (the tally read), the sum of a micro-batch's loss units (Batch::weight), the interpreter's
+  // begin. "rest" is the overhead none of these explains:
+  // the interpreter's run around the stage (a tape per micro-batch, the seed of the backward,
+  // the tally's sum, the action timers).
+  const std::vector<Variable> params = p->parameters();
+  Variable out = direct_model->forward(b.input);
+  const at::Tensor tally = next_token_loss(out, b).tally;
+  std::vector<double> split_s, params_s, scale_s, result_s, weight_s, weight_kernel_s;
+  for (int i = -20; i < 300; ++i) {
+    auto t0 = Clock::now();
+    { const MicroBatches m = split_micro_batches(b, 1, 0); }
+    const double sp = seconds_since(t0);
+    t0 = Clock::now();
+    { const std::vector<Variable> v = p->parameters(); }
+    const double pa = seconds_since(t0);
+    t0 = Clock::now();
+    scale_grads(params, 1.0);  // the gradients of the last step: exactly the mul_s of a step
+    const double sc = seconds_since(t0);
+    t0 = Clock::now();
+    { const StepResult r = step_result(tally, 64, 4, 1); }
+    const double re = seconds_since(t0);
+    t0 = Clock::now();
+    { volatile double w = b.weight(); }
+    const double we = seconds_since(t0);
+    t0 = Clock::now();  // the same sum as Batch::weight() took it before issue 36: a kernel and a read-back
+    { volatile int64_t w = b.units.sum().item<int64_t>(); }
+    const double wk = seconds_since(t0);
+    if (i >= 0)
+      split_s.push_back(sp), params_s.push_back(pa), scale_s.push_back(sc), result_s.push_back(re),
+          weight_s.push_back(we), weight_kernel_s.push_back(wk);
+  }
+  const double parts_us[] = {median(split_s) * 1e6,  median(params_s) * 1e6, median(scale_s) * 1e6,
+                             median(result_s) * 1e6, median(weight_s) * 1e6, median(begin_s) * 1e6};
+  const double rest_us = (a - d) * 1e6 - std::accumulate(std::begin(parts_us), std::end(parts_us), 0.0);
   std::printf(
       "{\"bench\":\"step_overhead\",\"model\":\"gpt2 1 x 64, 4 x 16 tokens\",\"stages\":1,"
       "\"micro_batches\":1,\"executor_step_s\":%.3g,\"direct_step_s\":%.3g,\"overhead_us\":%.1f,"
-      "\"ratio\":%.3f,\"fresh_interpreter_us\":%.2f,\"kept_interpreter_us\":%.2f}\n",
-      a, d, (a - d) * 1e6, a / d, median(fresh_s) * 1e6, median(begin_s) * 1e6);
+      "\"ratio\":%.3f,\"fresh_interpreter_us\":%.2f,\"kept_interpreter_us\":%.2f,\"split_us\":%.2f,"
+      "\"parameter_list_us\":%.2f,\"grad_scale_us\":%.2f,\"step_result_us\":%.2f,\"units_sum_us\":%.2f,"
+      "\"units_sum_by_kernel_us\":%.2f,\"rest_us\":%.1f}\n",
+      a, d, (a - d) * 1e6, a / d, median(fresh_s) * 1e6, median(begin_s) * 1e6, parts_us[0], parts_us[1], parts_us[2],
+      parts_us[3], parts_us[4], median(weight_kernel_s) * 1e6, rest_us);
   std::fflush(stdout);
 }
 

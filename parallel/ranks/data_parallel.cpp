@@ -23,6 +23,18 @@ int64_t tag(int64_t step, int64_t kind) { return ((step & ((int64_t(1) << 30) - 
 // The matrix a parameter's gradient is compressed as: (shape[0], the rest).
 at::Tensor as_matrix(const at::Tensor& g) { return g.reshape({g.size(0), -1}); }
 
+// dst = g * T(scale) for a contiguous gradient of dtype T (Note [scaled into the bucket]); false
+// for any other gradient.
+template <class T>
+bool scaled_copy(const at::Tensor& g, const at::Tensor& dst, double scale) {
+  if (g.scalar_type() != c10::CppTypeToScalarType<T>::value || !g.is_contiguous()) return false;
+  const T* in = g.data_ptr<T>();
+  T* out = dst.data_ptr<T>();
+  const T s = static_cast<T>(scale);
+  for (int64_t i = 0, n = g.numel(); i < n; ++i) out[i] = in[i] * s;
+  return true;
+}
+
 // Several payloads as one message: count, each one's length, then their bytes back to back, in a
 // message buffer (the transport sends it as its frame, without a copy: Note [posted capacity]).
 at::Tensor pack(const std::vector<Payload>& payloads) {
@@ -202,6 +214,26 @@ void DataParallelSync::sum_bucket(size_t b, double scale) {
       flat.defined() && flat.numel() == bucket.numel && flat.use_count() == 1 && flat.storage().use_count() == 1;
   // A message buffer: sent whole (two replicas), it is the message's frame, not copied into one.
   if (!reuse) flat = Transport::message_buffer(bucket.numel * c10::elementSize(bucket.dtype)).view(bucket.dtype);
+  // Note [scaled into the bucket]. Scaling the gradient in place (scale_grads' g.mul_(scale)) and
+  // then copying it into the bucket would pass over its bytes twice; mul_out writes g * scale
+  // straight into the bucket, one pass, as a copy alone would. The operand is the one mul_(Scalar)
+  // forms (a wrapped number, cast to the gradient's dtype by the same kernel), so the bucket holds
+  // the bits scale_grads would have left in the gradient. Contiguous float32 and float64
+  // gradients take a plain loop instead (scaled_copy): ATen's kernel multiplies each value by the
+  // scale rounded once to the dtype, which is what the loop does, bit for bit, and a loop wakes no
+  // thread pool (whose spinning threads starve the other replica on few cores, as for the memcpy
+  // below). The gradient itself stays unscaled: it is replaced by its view of the sum when the
+  // sums are waited for (reduce_gradients). Gradients kept as views of the bucket (DDP's
+  // gradient_as_bucket_view) would save nothing more here: the engine moves a leaf's first
+  // gradient of the step into .grad without a copy and adds the later micro-batches' in place
+  // (autograd/engine.cpp), so a gradient living in the bucket costs the same one pass (the first
+  // gradient copied in), and a bucket zeroed to add into turns a -0.0 gradient into +0.0, which
+  // one process does not.
+  at::Tensor scale_operand;
+  if (scale != 1.0) {
+    scale_operand = at::scalar_tensor(scale, at::kDouble);
+    scale_operand.unsafeGetTensorImpl()->set_wrapped_number(true);
+  }
   for (const Bucket::Part& part : bucket.parts) {
     Variable p = params_[part.param].second;
     at::Tensor g = p.grad();
@@ -210,14 +242,17 @@ void DataParallelSync::sum_bucket(size_t b, double scale) {
       std::memset(dst.data_ptr(), 0, static_cast<size_t>(dst.numel() * dst.element_size()));
       continue;
     }
-    if (scale != 1.0) {  // as the runtime's scale_grads would at the step's end: the same bits
-      g.mul_(scale);
+    if (scale != 1.0) {  // Note [scaled into the bucket]
+      if (!scaled_copy<float>(g, dst, scale) && !scaled_copy<double>(g, dst, scale)) {
+        at::Tensor out = dst.view(g.sizes());
+        at::mul_out(out, g, scale_operand);
+      }
       scaled_.insert(p.impl());
-    }
-    if (g.is_contiguous())  // a memcpy: no thread pool woken (its spinning threads starve the peer on few cores)
+    } else if (g.is_contiguous()) {  // a memcpy: no thread pool woken (its threads spin, starving the peer)
       std::memcpy(dst.data_ptr(), g.data_ptr(), static_cast<size_t>(g.numel() * g.element_size()));
-    else
+    } else {
       dst.view(g.sizes()).copy_(g);
+    }
   }
   bucket.started = true;
   const std::string context =

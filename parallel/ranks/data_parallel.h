@@ -35,8 +35,9 @@
 // PyTorch's DDP starts a bucket when its gradients are ready. The gradients are summed scaled, as
 // one process scales its accumulated gradient: by 1 / (the step's loss units), which every rank
 // knows from the step's batch before it runs (begin_step; the units are integer counts, so their
-// sum is exact in any order), so each gradient is scaled in place, by the same multiplication the
-// runtime applies at the end (scale_grads), before it is copied into its bucket: the same bits.
+// sum is exact in any order), so each gradient is scaled by the same multiplication the runtime
+// applies at the end (scale_grads) as it is copied into its bucket, in one pass (Note [scaled into
+// the bucket] in data_parallel.cpp): the same bits.
 // The sum runs on a c10d process group of the two replicas (Transport::start_group_sum, Note
 // [group sums in flight]): Gloo's threads move and add the bytes while the backward goes on, and
 // the step waits for them at its end. Two replicas' sum a + b is the bits of the in-rank-order sum
@@ -125,8 +126,8 @@ class DataParallelSync {
   /// The step's last backward of `stage` has run: the buckets whose every parameter is now final
   /// are scaled and their sums started.
   void stage_done(int stage);
-  /// Whether `p`'s gradient was scaled this step by a bucket started in stage_done (the caller
-  /// scales the others).
+  /// Whether `p`'s gradient went scaled into a bucket started in stage_done this step (the
+  /// caller scales the others).
   bool scaled(const Variable& p) const { return scaled_.count(p.impl()) > 0; }
 
   /// Replaces every parameter's gradient by the sum over the replicas: the uncompressed ones in
