@@ -416,5 +416,33 @@ TEST(Optim, GradAccumulationEqualsFullBatch) {
             std::string::npos);
 }
 
+// Note [scaling without a kernel]: the loop gives mul_(double)'s bits, specials included, for
+// float32 and float64; larger, non-contiguous and other-dtype gradients still go through mul_.
+TEST(Optim, ScaleGradsGivesTheBitsOfMul) {
+  for (at::ScalarType dtype : {at::kFloat, at::kDouble, at::kHalf}) {
+    for (int64_t n : {int64_t(7), int64_t(1000), (int64_t(1) << 18) + 5}) {
+      // Magnitudes over 2^-60 .. 2^60, then zeros of both signs, the smallest subnormal, an
+      // infinity and a NaN.
+      at::Tensor g = at::randn({n}, at::kDouble).mul_(at::randint(-60, 60, {n}, at::kDouble).exp2_()).to(dtype);
+      const double tiny = dtype == at::kDouble ? 4.9e-324 : dtype == at::kFloat ? 1.4e-45 : 6e-8;
+      const double specials[] = {0.0, -0.0, tiny, -tiny, std::numeric_limits<double>::infinity(),
+                                 std::numeric_limits<double>::quiet_NaN()};
+      for (int64_t i = 0; i < 6; ++i) g[i] = specials[i];
+      for (double factor : {1.0 / 3, 1.0 / 4096, 3e-9, 7.0}) {
+        at::Tensor want = g.clone().mul_(factor);
+        Variable p(at::zeros({n}, dtype), true);
+        p.set_grad(g.clone());
+        scale_grads({p}, factor);
+        // Bit for bit (signed zeros included), NaNs where and only where mul_ gives NaN (their
+        // payload is not an arithmetic result).
+        auto no_nan = [](const at::Tensor& t) { return at::where(t.isnan(), at::zeros_like(t), t); };
+        EXPECT_TRUE(at::equal(p.grad().isnan(), want.isnan()) &&
+                    at::equal(no_nan(p.grad()).view(at::kByte), no_nan(want).view(at::kByte)))
+            << dtype << " n=" << n << " factor " << factor;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tl
