@@ -4,7 +4,8 @@
 // their global sequence number, so every node runs once, after all of its consumers.
 //
 // Leaf gradients are summed over the whole backward first, then passed through the leaf's hooks
-// once, then accumulated into .grad through one checked sink.
+// once, then accumulated into .grad through one checked sink (at the pass's end, or as soon as the
+// leaf is final: Note [leaves released when final] in autograd/leaf_final.h).
 //
 // Note [concurrent backward passes]
 // Everything one backward pass needs to remember lives in its GraphTask (as in PyTorch's
@@ -52,6 +53,7 @@
 #include <unordered_map>
 
 #include "autograd/function.h"
+#include "autograd/leaf_final.h"
 
 namespace tl {
 namespace {
@@ -121,6 +123,9 @@ class GraphTask {
  public:
   explicit GraphTask(bool retain_graph) : retain_graph_(retain_graph) {}
 
+  /// Note [leaves released when final]: `on_final` hears of each leaf once its gradient is in .grad.
+  void release_leaves(const LeafFinalScope::Listener* on_final) { on_final_ = on_final; }
+
   /// Split mode (Note [split backward]): gradients of `inputs` now, of every other leaf into `later`.
   void split(const std::unordered_set<const VariableImpl*>* inputs, std::vector<DeferredWeightGrads::Op>* later) {
     inputs_ = inputs;
@@ -174,7 +179,9 @@ class GraphTask {
       // Roots on several tapes: the newest root's tape is walked; the others are merged in by
       // sequence number like any other cross-tape node.
       Tape* tape = primary_->tape();
-      if (tape && tape->snapshot_sequence(primary_, seqs_)) {
+      const bool snapped = tape && (on_final_ ? tape->snapshot_sequence(primary_, seqs_, last_uses_)
+                                              : tape->snapshot_sequence(primary_, seqs_));
+      if (snapped) {
         tape_ = tape;
         slots_.resize(seqs_.size());
       }
@@ -183,6 +190,7 @@ class GraphTask {
       for (int64_t i = static_cast<int64_t>(seqs_.size()) - 1; i >= 0; --i) {
         drain_foreign_above(seqs_[i]);
         if (slots_[i].node) process(slots_[i], i);
+        release_final_leaves(i);
       }
       drain_foreign_above(0);
     }
@@ -236,6 +244,11 @@ class GraphTask {
   }
 
   void add_leaf(const std::shared_ptr<VariableImpl>& leaf, at::Tensor g) {
+    if (C10_UNLIKELY(!released_.empty()) && released_.count(leaf.get()))
+      TORCH_CHECK(false, "backward: ", leaf->name.empty() ? std::string("a leaf") : "leaf '" + leaf->name + "'",
+                  " got a gradient after it was released as final (Note [leaves released when final]): a node "
+                  "recorded on another tape, before the leaf's last use on the walked tape, reaches it; run this "
+                  "backward without a LeafFinalScope");
     // Few leaves (the common case): a linear scan beats hashing.
     if (leaf_index_.empty()) {
       for (auto& [l, acc] : leaves_) {
@@ -325,28 +338,58 @@ class GraphTask {
     if (!retain_graph_ && !kept) node->release();
   }
 
+  // Note [leaves released when final]: the leaves whose lowest use on the walked tape is at
+  // `position` or above, now that the walk has passed it.
+  void release_final_leaves(int64_t position) {
+    for (; next_release_ < last_uses_.size() && last_uses_[next_release_].first >= position; ++next_release_) {
+      VariableImpl* leaf = last_uses_[next_release_].second;
+      const size_t i = leaf_position(leaf);
+      if (i == leaves_.size()) continue;  // no gradient reached it (yet): released at the end, if ever
+      finish_leaf(leaves_[i].first, leaves_[i].second);
+      released_.insert(leaf);
+      (*on_final_)(leaf);
+    }
+  }
+
+  // Index of `leaf` in leaves_, or leaves_.size().
+  size_t leaf_position(const VariableImpl* leaf) const {
+    if (!leaf_index_.empty()) {
+      auto it = leaf_index_.find(const_cast<VariableImpl*>(leaf));
+      return it == leaf_index_.end() ? leaves_.size() : it->second;
+    }
+    for (size_t i = 0; i < leaves_.size(); ++i)
+      if (leaves_[i].first.get() == leaf) return i;
+    return leaves_.size();
+  }
+
   void finish_leaves() {
     for (auto& [leaf, g] : leaves_) {
-      for (auto& hook : leaf->hooks) {
-        at::Tensor r = hook(g);
-        if (r.defined()) g = std::move(r);
-      }
-      if (C10_UNLIKELY(!g.sizes().equals(leaf->data.sizes()) || g.scalar_type() != leaf->data.scalar_type())) {
-        const std::string who = leaf->name.empty() ? std::string("a leaf") : "leaf '" + leaf->name + "'";
-        TORCH_CHECK(g.sizes().equals(leaf->data.sizes()), "backward: gradient for ", who, " has shape ",
-                    shape_str(g.sizes()), " but the variable has shape ", shape_str(leaf->data.sizes()));
-        TORCH_CHECK(false, "backward: gradient for ", who, " is ", g.scalar_type(), " but the variable is ",
-                    leaf->data.scalar_type());
-      }
-      std::lock_guard<std::mutex> lock(leaf->grad_mutex);
-      if (leaf->grad.defined()) {
-        leaf->grad.add_(g);
-      } else {
-        // Own the memory: the incoming gradient may alias another tensor.
-        const bool owned = g.is_contiguous() && g.storage_offset() == 0 && g.storage().use_count() == 1 &&
-                           g.storage().nbytes() == g.numel() * g.element_size();
-        leaf->grad = owned ? g : g.clone(at::MemoryFormat::Contiguous);
-      }
+      if (!released_.empty() && released_.count(leaf.get())) continue;
+      finish_leaf(leaf, g);
+      if (on_final_) (*on_final_)(leaf.get());
+    }
+  }
+
+  void finish_leaf(const std::shared_ptr<VariableImpl>& leaf, at::Tensor& g) {
+    for (auto& hook : leaf->hooks) {
+      at::Tensor r = hook(g);
+      if (r.defined()) g = std::move(r);
+    }
+    if (C10_UNLIKELY(!g.sizes().equals(leaf->data.sizes()) || g.scalar_type() != leaf->data.scalar_type())) {
+      const std::string who = leaf->name.empty() ? std::string("a leaf") : "leaf '" + leaf->name + "'";
+      TORCH_CHECK(g.sizes().equals(leaf->data.sizes()), "backward: gradient for ", who, " has shape ",
+                  shape_str(g.sizes()), " but the variable has shape ", shape_str(leaf->data.sizes()));
+      TORCH_CHECK(false, "backward: gradient for ", who, " is ", g.scalar_type(), " but the variable is ",
+                  leaf->data.scalar_type());
+    }
+    std::lock_guard<std::mutex> lock(leaf->grad_mutex);
+    if (leaf->grad.defined()) {
+      leaf->grad.add_(g);
+    } else {
+      // Own the memory: the incoming gradient may alias another tensor.
+      const bool owned = g.is_contiguous() && g.storage_offset() == 0 && g.storage().use_count() == 1 &&
+                         g.storage().nbytes() == g.numel() * g.element_size();
+      leaf->grad = owned ? g : g.clone(at::MemoryFormat::Contiguous);
     }
   }
 
@@ -363,6 +406,12 @@ class GraphTask {
   std::priority_queue<std::pair<uint64_t, size_t>> foreign_queue_;
   // Summed leaf gradients.
   std::vector<std::pair<std::shared_ptr<VariableImpl>, at::Tensor>> leaves_;
+  // Note [leaves released when final]: the listener, each leaf's lowest use on the walked tape
+  // (by position descending), how many of those were passed, and the leaves released so far.
+  const LeafFinalScope::Listener* on_final_ = nullptr;
+  std::vector<std::pair<int64_t, VariableImpl*>> last_uses_;
+  size_t next_release_ = 0;
+  std::unordered_set<const VariableImpl*> released_;
   std::unordered_map<VariableImpl*, size_t> leaf_index_;  // used once there are many leaves
   // Split mode: the input leaves, and where the ops with weights go.
   const std::unordered_set<const VariableImpl*>* inputs_ = nullptr;
@@ -371,14 +420,33 @@ class GraphTask {
 
 }  // namespace
 
+namespace {
+thread_local const LeafFinalScope::Listener* current_leaf_listener = nullptr;
+}  // namespace
+
+LeafFinalScope::LeafFinalScope(Listener on_final) : on_final_(std::move(on_final)), prev_(current_leaf_listener) {
+  current_leaf_listener = on_final_ ? &on_final_ : nullptr;
+}
+LeafFinalScope::~LeafFinalScope() { current_leaf_listener = prev_; }
+const LeafFinalScope::Listener* LeafFinalScope::current() { return current_leaf_listener; }
+
 void backward(const variable_list& roots, const std::vector<at::Tensor>& grads, bool retain_graph) {
   TORCH_CHECK(grads.empty() || grads.size() == roots.size(), "backward: ", roots.size(), " roots but ", grads.size(),
               " gradients");
   at::AutoDispatchBelowAutograd below_autograd;  // Note [ATen's autograd is not involved] (function.h)
   GraphTask task(retain_graph);
+  // The scope is this pass's: a backward nested in it (run by a hook) releases nothing early.
+  const LeafFinalScope::Listener* listener = current_leaf_listener;
+  task.release_leaves(listener);
+  current_leaf_listener = nullptr;
+  struct Restore {
+    const LeafFinalScope::Listener* l;
+    ~Restore() { current_leaf_listener = l; }
+  } restore{listener};
   for (size_t i = 0; i < roots.size(); ++i) task.seed(roots[i], grads.empty() ? at::Tensor() : grads[i]);
   task.run();
 }
+
 
 DeferredWeightGrads backward_inputs(const variable_list& roots, const std::vector<at::Tensor>& grads,
                                     const variable_list& inputs, bool retain_graph) {

@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "autograd/node.h"
@@ -51,6 +52,11 @@ class Tape {
   /// Engine use: the sequence numbers of the nodes up to and including `last` (in tape order,
   /// so ascending), taken under the lock; false if `last` is not on this tape.
   bool snapshot_sequence(const Node* last, std::vector<uint64_t>& out) const;
+  /// The same, and in `last_uses` each leaf that an edge of those nodes reaches, once, with the
+  /// lowest position (in `out`) of a node reaching it: (position, leaf), by position descending,
+  /// then in edge order (Note [leaves released when final] in autograd/leaf_final.h).
+  bool snapshot_sequence(const Node* last, std::vector<uint64_t>& out,
+                         std::vector<std::pair<int64_t, VariableImpl*>>& last_uses) const;
 
  private:
   void collect_garbage_locked();

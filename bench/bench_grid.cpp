@@ -24,7 +24,8 @@
 //    "dp_bytes":...,"after_ms":...,"during_ms":...,"speedup":...}  (dp_bytes: rank 0's gradients)
 // Memory is allocated as in `tapeline` (Note [allocator]).
 // Options: --ranks D (default 2), --repeats R (default 5), --max-mib M (default 16; 0: no sums),
-// --step-rounds R (default 0), --clone-grads 1 (the tapeline rounds as timed until issue 36's
+// --step-rounds R (default 0), --bucket-kib K (the step rows' dp.bucket_mib in KiB, default 25600),
+// --clone-grads 1 (the tapeline rounds as timed until issue 36's
 // fused scale: each gradient copied in the timed rounds, the sum during the backward unscaled),
 // --compressed 0 (no compressed rows: the uncompressed sums only, minutes shorter), --timeout S.
 #include <ATen/CPUGeneratorImpl.h>
@@ -62,6 +63,7 @@ struct Args : tl::bench::RankArgs {
   int step_rounds = 0;
   int clone_grads = 0;
   int compressed = 1;
+  int bucket_kib = 25 << 10;
 };
 
 Args parse(int argc, char** argv) {
@@ -70,7 +72,8 @@ Args parse(int argc, char** argv) {
                                                                        {{"--max-mib", &a.max_mib},
                                                                         {"--step-rounds", &a.step_rounds},
                                                                         {"--clone-grads", &a.clone_grads},
-                                                                        {"--compressed", &a.compressed}});
+                                                                        {"--compressed", &a.compressed},
+                                                                        {"--bucket-kib", &a.bucket_kib}});
   return a;
 }
 
@@ -108,6 +111,7 @@ void step_rows(const Args& args, Transport& transport) {
     pipeline->set_measure_error(false);
     DataParallelOptions dp;
     dp.replicas = 2;
+    dp.bucket_bytes = int64_t(args.bucket_kib) << 10;
     std::vector<std::unique_ptr<DistExecutor>> executors;  // after, during
     for (const bool during : {false, true}) {
       dp.overlap = during;
@@ -130,9 +134,9 @@ void step_rows(const Args& args, Transport& transport) {
       std::printf(
           "{\"bench\":\"grid_dp_step\",\"model\":\"gpt2 4 x 512, 8 x 16 tokens\",\"schedule\":\"%s\","
           "\"ranks\":%d,\"pipeline\":%d,\"virtual_stages\":%d,\"replicas\":2,\"micro_batches\":%d,"
-          "\"dp_bytes\":%lld,\"after_ms\":%.2f,\"during_ms\":%.2f,\"speedup\":%.3f}\n",
-          settings.schedule.c_str(), W, P, v, micro_batches, (long long)dp_bytes, 1e3 * after, 1e3 * during,
-          after / during);
+          "\"dp_bytes\":%lld,\"bucket_kib\":%d,\"after_ms\":%.2f,\"during_ms\":%.2f,\"speedup\":%.3f}\n",
+          settings.schedule.c_str(), W, P, v, micro_batches, (long long)dp_bytes, args.bucket_kib, 1e3 * after,
+          1e3 * during, after / during);
       std::fflush(stdout);
     }
   }

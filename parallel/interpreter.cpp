@@ -6,6 +6,7 @@
 
 #include "autograd/autograd.h"
 #include "autograd/cost.h"
+#include "autograd/leaf_final.h"
 
 namespace tl {
 
@@ -180,9 +181,16 @@ void RankInterpreter::backward(const Action& a) {
   std::optional<StageMessage> in;
   auto it = inbox_.find({false, s, mb});
   if (it != inbox_.end()) in = std::move(it->second), inbox_.erase(it);
+  // Note [leaves final within a stage]: the stage's last whole backward of the step tells of its
+  // parameters as their gradients become final.
+  std::optional<LeafFinalScope> releasing;
+  if (on_leaf_final_ && a.type == ActionType::Backward &&
+      std::any_of(last_backward_.begin(), last_backward_.end(), [&](const auto& e) { return e.first == next_; }))
+    releasing.emplace([this, s](VariableImpl* leaf) { on_leaf_final_(s, leaf); });
   std::optional<StageMessage> out = a.type == ActionType::BackwardInput
                                         ? stages_.at(s)->backward_input(mb, in ? &*in : nullptr, where)
                                         : stages_.at(s)->backward(mb, in ? &*in : nullptr, where);
+  releasing.reset();
   const bool local = stages_.count(s - 1) > 0;
   if (out) (local ? inbox_ : outbox_)[MessageKey{false, s - 1, mb}] = std::move(*out);
   const double dt = timer.finish();

@@ -39,6 +39,14 @@
 // action that is not a send (so the messages that action produced leave first) or at the end of
 // the list: the data-parallel sum starts that stage's buckets there (Note [sums started during the
 // backward] in parallel/ranks/data_parallel.h).
+//
+// Note [leaves final within a stage]. Inside a stage's last backward, each parameter's gradient is
+// final as soon as the backward has passed its layer (the layers run backward from the last), long
+// before the stage is done. With set_on_leaf_final(), that backward runs under a LeafFinalScope
+// (autograd/leaf_final.h), so the data-parallel sum can start a bucket of the last layers while the
+// first ones are still computing, as DDP does. Only a whole Backward: in a split schedule the
+// weights' gradients appear in BackwardWeight, whose ops run in one pass after B, and their stage
+// is reported done right after it.
 
 #include <functional>
 #include <map>
@@ -83,6 +91,12 @@ class RankInterpreter {
   /// Note [stages done]: called with a stage of this rank once the step's last action computing
   /// its gradients has run (and the sends right after it), before the rank goes on.
   void set_on_stage_done(std::function<void(int stage)> on_done) { on_stage_done_ = std::move(on_done); }
+  /// Note [leaves final within a stage]: during a stage's last backward of the step (a whole
+  /// Backward action), called with the stage and each leaf (parameter) as soon as its gradient is
+  /// final, while the backward goes on (Note [leaves released when final] in autograd/leaf_final.h).
+  void set_on_leaf_final(std::function<void(int stage, VariableImpl* leaf)> on_final) {
+    on_leaf_final_ = std::move(on_final);
+  }
 
   /// Runs actions until the list is done (true) or a receive finds its message not sent yet
   /// (false: call again after the other ranks ran; only an in-process channel does that). After
@@ -145,6 +159,7 @@ class RankInterpreter {
   bool model_clock_ = false;
   c10::Device device_ = c10::Device(c10::DeviceType::CPU);  // where this rank's stages' parameters are
   std::function<void(int)> on_stage_done_;
+  std::function<void(int, VariableImpl*)> on_leaf_final_;
   std::vector<std::pair<size_t, int>> last_backward_;  // (position, stage): each stage's last backward action, in order
 
   // The step's: begin() resets them.

@@ -200,9 +200,13 @@ void DataParallelSync::layout_buckets() {
   if (in == in_bucket_ && !buckets_.empty()) return;
   in_bucket_ = std::move(in);
   buckets_.clear();
+  bucket_of_.assign(params_.size(), SIZE_MAX);
   for (const std::vector<size_t>& members : bucket_layout(numel, dtype, in_bucket_, bucket_bytes_)) {
     buckets_.emplace_back(), buckets_.back().dtype = dtype[members.front()];
-    for (size_t i : members) buckets_.back().parts.push_back({i, buckets_.back().numel}), buckets_.back().numel += numel[i];
+    for (size_t i : members) {
+      buckets_.back().parts.push_back({i, buckets_.back().numel}), buckets_.back().numel += numel[i];
+      bucket_of_[i] = buckets_.size() - 1;
+    }
   }
 }
 
@@ -283,6 +287,8 @@ void DataParallelSync::sum_during_backward(std::vector<std::vector<int>> stages)
               group_.size(), " is not in replica order); ", group_.size(), " here");
   transport_.open_group(group_, "the data-parallel process group of replica " + std::to_string(replica_));
   stages_ = std::move(stages);
+  param_index_.clear();
+  for (size_t i = 0; i < params_.size(); ++i) param_index_.emplace(params_[i].second.impl(), i);
 }
 
 void DataParallelSync::begin_step(int64_t step, const std::string& where, double scale) {
@@ -290,6 +296,7 @@ void DataParallelSync::begin_step(int64_t step, const std::string& where, double
   in_step_ = true, step_ = step, where_ = where, scale_ = scale;
   done_.clear();
   scaled_.clear();
+  final_.assign(params_.size(), false);
   layout_buckets();
   for (Bucket& b : buckets_) b.started = false;
 }
@@ -303,11 +310,27 @@ void DataParallelSync::stage_done(int stage) {
     bool ready = true;
     for (const Bucket::Part& part : buckets_[b].parts) {
       const std::vector<int>& holders = stages_[part.param];
-      ready = ready && !holders.empty() &&
-              std::all_of(holders.begin(), holders.end(), [&](int s) { return done_.count(s) > 0; });
+      ready = ready && (final_[part.param] || (!holders.empty() && std::all_of(holders.begin(), holders.end(), [&](int s) {
+                                                 return done_.count(s) > 0;
+                                               })));
     }
     if (ready) sum_bucket(b, scale_);
   }
+}
+
+void DataParallelSync::leaf_final(int stage, VariableImpl* leaf) {
+  if (!in_step_) return;
+  auto it = param_index_.find(leaf);
+  if (it == param_index_.end()) return;  // not summed here (a tied parameter, an input)
+  const size_t i = it->second;
+  if (stages_[i].size() != 1 || stages_[i].front() != stage) return;  // final once all its stages are done
+  final_[i] = true;
+  const size_t b = bucket_of_[i];
+  if (b == SIZE_MAX || buckets_[b].started) return;
+  for (const Bucket::Part& part : buckets_[b].parts)
+    if (!final_[part.param]) return;
+  NoGradGuard no_grad;
+  sum_bucket(b, scale_);
 }
 
 void DataParallelSync::reduce_gradients(int64_t step, const std::string& where) {

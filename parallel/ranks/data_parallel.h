@@ -42,9 +42,14 @@
 // [group sums in flight]): Gloo's threads move and add the bytes while the backward goes on, and
 // the step waits for them at its end. Two replicas' sum a + b is the bits of the in-rank-order sum
 // (b + a == a + b); with more replicas Gloo's ring adds the parts in another order, so the
-// buckets are summed after the backward as above. Within one stage's backward the parameters'
-// gradients appear together at its end (autograd/engine.cpp sums a leaf's gradient over the whole
-// pass), so a stage's buckets start together. These bytes carry no body checksum (not tapeline
+// buckets are summed after the backward as above. Within a stage's last backward, a parameter's
+// gradient is final as soon as the backward has passed its layer (Note [leaves final within a
+// stage] in parallel/interpreter.h): leaf_final() hears of it, and a bucket whose every parameter
+// is final starts then, while the earlier layers' backward still runs (the buckets of the last
+// layers first, as DDP's). What the engine does not release early (the weights of a split
+// schedule's BackwardWeight, a parameter held by two stages) starts at stage_done. Every replica
+// runs the same graph, so the buckets start in the same order on each, which the process group's
+// sequence of sums needs. These bytes carry no body checksum (not tapeline
 // frames; dp.overlap = false keeps the checksummed path), and emulated links (dp.bandwidth_mbps)
 // do not delay them (the runner turns dp.overlap off with them).
 //
@@ -62,6 +67,7 @@
 
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -126,6 +132,10 @@ class DataParallelSync {
   /// The step's last backward of `stage` has run: the buckets whose every parameter is now final
   /// are scaled and their sums started.
   void stage_done(int stage);
+  /// `leaf`'s gradient is final in the step's last backward of `stage` (Note [leaves final within
+  /// a stage]): if it is one of the parameters, held by that stage alone, and the last of its
+  /// bucket to become final, the bucket is scaled and its sum started. Other leaves: nothing.
+  void leaf_final(int stage, VariableImpl* leaf);
   /// Whether `p`'s gradient went scaled into a bucket started in stage_done this step (the
   /// caller scales the others).
   bool scaled(const Variable& p) const { return scaled_.count(p.impl()) > 0; }
@@ -201,6 +211,9 @@ class DataParallelSync {
   std::string where_;
   double scale_ = 1.0;
   std::set<int> done_;                              // stages done this step
+  std::vector<bool> final_;                         // per parameter: final this step (leaf_final)
+  std::unordered_map<const VariableImpl*, size_t> param_index_;  // parameter -> index in params_
+  std::vector<size_t> bucket_of_;                   // per parameter: its bucket, or SIZE_MAX
   std::unordered_set<const VariableImpl*> scaled_;  // gradients scaled this step by sum_bucket
   DataParallelStats stats_;
 };

@@ -296,7 +296,10 @@ DistExecutor::TrainRank& DistExecutor::train_rank(int micro_batches, at::Device 
   kept->interpreter = std::make_unique<RankInterpreter>(
       pipeline_, layout_, rank_, cached_schedule(schedule_, layout_, micro_batches).at(static_cast<size_t>(rank_)),
       loss_fn_, kept->channel, RankInterpreter::Mode::Train);
-  if (dp_ && dp_->sums_during_backward()) kept->interpreter->set_on_stage_done([this](int s) { dp_->stage_done(s); });
+  if (dp_ && dp_->sums_during_backward()) {
+    kept->interpreter->set_on_stage_done([this](int s) { dp_->stage_done(s); });
+    kept->interpreter->set_on_leaf_final([this](int s, VariableImpl* leaf) { dp_->leaf_final(s, leaf); });
+  }
   return *kept;
 }
 

@@ -1,7 +1,9 @@
 // The engine itself: graph shapes, retain_graph, grad mode, hooks, detach, accumulation, threads
 // and scoped tapes, long chains, and the printed tape.
+#include <optional>
 #include <thread>
 
+#include "autograd/leaf_final.h"
 #include "tests/common/testing.h"
 
 namespace tl {
@@ -241,6 +243,64 @@ TEST(Engine, PrintedTapeOfASmallModel) {
   EXPECT_NE(s.find("[5, 3]"), std::string::npos) << s;
   EXPECT_NE(s.find("saved 120 B"), std::string::npos) << s;  // two (5,3) float tensors
   EXPECT_NE(s.find("total saved for backward"), std::string::npos) << s;
+}
+
+// Note [leaves released when final]: in a two-layer MLP, the second layer's weight is released
+// while the first layer's backward has not run (its weight has no gradient yet), every leaf is
+// heard of once, and the gradients are bit for bit those of a pass without the scope.
+TEST(Engine, LeavesAreReleasedAsSoonAsTheirGradientIsFinal) {
+  auto run = [](bool listen, std::vector<std::string>* heard, bool* w1_pending_at_w2) {
+    at::manual_seed(3);
+    Variable x(at::randn({4, 5}, at::kDouble), false);
+    Variable w1(at::randn({5, 6}, at::kDouble), true), b1(at::randn({6}, at::kDouble), true);
+    Variable w2(at::randn({6, 3}, at::kDouble), true);
+    w1.set_name("w1"), b1.set_name("b1"), w2.set_name("w2");
+    Variable y = matmul(relu(matmul(x, w1) + b1), w2);
+    Variable loss = sum(y * y) + sum(w2);  // w2 used twice: released after its lower use
+    std::optional<LeafFinalScope> scope;
+    if (listen)
+      scope.emplace([&](VariableImpl* leaf) {
+        heard->push_back(leaf->name);
+        if (leaf->name == "w2") *w1_pending_at_w2 = !w1.grad().defined();
+        // Its gradient is already in .grad when heard of.
+        EXPECT_TRUE(leaf->grad.defined()) << leaf->name;
+      });
+    loss.backward();
+    return std::vector<at::Tensor>{w1.grad(), b1.grad(), w2.grad()};
+  };
+  std::vector<std::string> heard;
+  bool w1_pending = false;
+  const auto plain = run(false, nullptr, nullptr);
+  const auto released = run(true, &heard, &w1_pending);
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(at::equal(plain[i], released[i])) << i;
+  EXPECT_EQ(heard, (std::vector<std::string>{"w2", "b1", "w1"}));
+  EXPECT_TRUE(w1_pending);
+  // Without a scope nothing is heard, and a scope ends with its object.
+  EXPECT_EQ(LeafFinalScope::current(), nullptr);
+}
+
+// A leaf reached from a node of another tape recorded before its last use on the walked tape would
+// get a gradient after its release: an error naming it, not an incomplete gradient handed on.
+TEST(Engine, AGradientAfterALeafsReleaseIsAnError) {
+  Variable w = leaf({1.0, 2.0});
+  w.set_name("w");
+  Tape other;
+  Variable early;
+  {
+    TapeGuard guard(other);
+    early = w * 2.0;  // recorded on another tape, first
+  }
+  Variable y = sum(w * 3.0 + early);  // the walked tape: its only use of w is after `early`
+  std::vector<std::string> heard;
+  LeafFinalScope scope([&](VariableImpl* l) { heard.push_back(l->name); });
+  try {
+    y.backward();
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("leaf 'w' got a gradient after it was released"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(heard, std::vector<std::string>{"w"});  // released once, before the late gradient
 }
 
 }  // namespace
