@@ -73,7 +73,7 @@ struct TpAllReduce {
 // the site) and charges its time to the action running it; the sum is a meta tensor of the shape.
 class PlanTpComm : public TensorParallelComm {
  public:
-  PlanTpComm(const Config& config)
+  explicit PlanTpComm(const Config& config)
       : T_(static_cast<int>(config.parallel.tp)),
         cuda_(config.run.device.rfind("cuda", 0) == 0),
         algorithm_(config.tp.algorithm),
