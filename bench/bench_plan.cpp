@@ -7,7 +7,12 @@
 //     64 micro-batches of 8 x 1024 tokens): planning time and the planned step. No real step is
 //     timed for it (one would take minutes of this CPU and gigabytes); its reference is the
 //     resident-memory growth of the process, which stays flat where a real step would hold the
-//     weights (600 MB) and the activations (tens of GB).
+//     weights (600 MB) and the activations (tens of GB);
+//   - "protocol_nanogpt_tp4": the same config with each stage split over 4 tensor ranks
+//     (parallel.tp = 4, tp.forward and tp.backward quant(bits=8); Note [tensor parallelism in a
+//     plan]), its 2,048 all-reduces a step (8 blocks x 2 sublayers x 2 directions x 64
+//     micro-batches) counted and charged: planning time against the
+//     previous row's (the reference), and the planned step.
 // Usage: bench_plan [--rounds N] [--config INI]   (default 3 rounds, medians; the INI of the second
 // row, default configs/plan/protocol_nanogpt_dense.ini from the repository root)
 #include <ATen/Parallel.h>
@@ -88,11 +93,28 @@ int main(int argc, char** argv) {
       plan_s.push_back(p.planning_s);
       planned = p.step_s;
     }
+    const double dense_plan_s = bench::median(plan_s);
     std::cout << "{\"bench\": \"plan\", \"row\": \"protocol_nanogpt\", \"plan_s\": "
               << bench::json_number(bench::median(plan_s))
               << ", \"planned_step_s\": " << bench::json_number(planned, "%.3f")
               << ", \"measured_step_s\": 100.475, \"peak_rss_growth_mb\": "
               << bench::json_number((peak_resident_bytes() - rss0) / 1e6, "%.1f")
+              << ", \"loadavg\": " << bench::json_number(bench::loadavg_1m(), "%.2f") << "}" << std::endl;
+    const Config tp =
+        Config::load(ini, {{"parallel.tp", "4"}, {"tp.forward", "quant(bits=8)"}, {"tp.backward", "quant(bits=8)"}});
+    std::vector<double> tp_s;
+    Plan last;
+    for (int r = 0; r < rounds; ++r) {
+      last = plan_step(tp);
+      tp_s.push_back(last.planning_s);
+    }
+    int64_t all_reduces = 0;
+    for (const PlanRank& pr : last.rank_plans) all_reduces += pr.tp_all_reduces;
+    std::cout << "{\"bench\": \"plan\", \"row\": \"protocol_nanogpt_tp4\", \"plan_s\": "
+              << bench::json_number(bench::median(tp_s))
+              << ", \"over_tp1_plan\": " << bench::json_number(bench::median(tp_s) / dense_plan_s, "%.2f")
+              << ", \"all_reduces\": " << all_reduces
+              << ", \"planned_step_s\": " << bench::json_number(last.step_s, "%.3f")
               << ", \"loadavg\": " << bench::json_number(bench::loadavg_1m(), "%.2f") << "}" << std::endl;
   }
   return 0;

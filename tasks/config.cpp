@@ -408,6 +408,16 @@ const std::vector<Key>& schema() {
             throw std::invalid_argument("expected allgather or reduce_scatter");
           c.tp.algorithm = v;
         });
+    add("tp.bandwidth_mbps", "0", "number >= 0",
+        "link emulation between the tensor ranks of a stage: bandwidth in Mbit/s, each direction (0: unlimited); "
+        "`tapeline plan` charges the blocks' all-reduces on it",
+        [](Config& c, const std::string& v) {
+          c.tp.bandwidth_mbps = parse_double(v, 0.0, 1e9, "a number >= 0 (Mbit/s; 0: unlimited)");
+        });
+    add("tp.latency_ms", "0", "number >= 0", "link emulation between the tensor ranks of a stage: one-way latency",
+        [](Config& c, const std::string& v) {
+          c.tp.latency_ms = parse_double(v, 0.0, 1e7, "a number >= 0 (milliseconds)");
+        });
     add("dp.compression", "identity", "a compressor spec (docs/COMPRESSION.md) without receiver state",
         "codec of the data-parallel gradient exchange, e.g. ef(powersgd(rank=4)) (Optimus-CC), quant(bits=8), "
         "ef(topk(0.01)); each parameter of 2 or more dims is compressed as a (shape[0], rest) matrix",

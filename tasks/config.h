@@ -122,6 +122,8 @@ struct TpSection {
   CodecSpec backward;                   // codec of the column-parallel inputs' gradient all-reduce (backward)
   bool active_at_inference = true;      // tp.forward at evaluation (with compression on)
   std::string algorithm = "allgather";  // allgather | reduce_scatter (quant only)
+  double bandwidth_mbps = 0;  // emulated link between the tensor ranks of a stage, each direction; 0: unlimited
+  double latency_ms = 0;      // its one-way latency
 };
 
 struct DpSection {

@@ -9,6 +9,8 @@
 
 #include "autograd/autograd.h"
 #include "compression/codec_spec.h"
+#include "parallel/pipeline.h"
+#include "parallel/schedule.h"
 
 namespace tl::ranks {
 
@@ -110,6 +112,32 @@ std::string dp_codec_problem(const CodecSpec& spec) {
     }
   }
   return {};
+}
+
+ParameterStages parameter_stages(const Pipeline& pipeline) {
+  ParameterStages out;
+  for (size_t s = 0; s < pipeline.num_stages(); ++s)
+    for (const auto& [n, p] : pipeline.stage(s)->named_parameters())
+      out[p.data().unsafeGetTensorImpl()].insert(static_cast<int>(s));
+  return out;
+}
+
+std::vector<SummedParameter> summed_parameters(const Pipeline& pipeline, const ParameterStages& stages,
+                                               const StageLayout& layout, int rank,
+                                               const std::function<bool(const std::string&)>& tied,
+                                               const DataParallelOptions& options) {
+  std::vector<SummedParameter> out;
+  for (const auto& [n, p] : pipeline.named_parameters()) {
+    auto it = stages.find(p.data().unsafeGetTensorImpl());
+    SummedParameter s{n, p, false, {}};
+    if (it != stages.end()) {
+      if (layout.rank_of(*it->second.begin()) != rank || tied(n)) continue;  // another rank's, or tied
+      s.stages.assign(it->second.begin(), it->second.end());
+      s.compressed = p.dim() >= 2 && options.compresses(s.stages.front());
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
 }
 
 bool DataParallelOptions::compresses(int64_t stage) const {

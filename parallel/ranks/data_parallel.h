@@ -65,6 +65,8 @@
 // sums them over every rank that holds them, all replicas at once (Optimus-CC's fused embedding
 // synchronisation), before this runs.
 
+#include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -74,6 +76,11 @@
 #include "compression/codec_spec.h"
 #include "compression/compressor.h"
 #include "parallel/ranks/transport.h"
+
+namespace tl {
+class Pipeline;
+struct StageLayout;
+}  // namespace tl
 
 namespace tl::ranks {
 
@@ -99,6 +106,32 @@ struct DataParallelOptions {
 std::vector<std::vector<size_t>> bucket_layout(const std::vector<int64_t>& numel,
                                                const std::vector<at::ScalarType>& dtype,
                                                const std::vector<bool>& in_bucket, int64_t bucket_bytes);
+
+/// The stages holding each parameter of `pipeline`, by identity (its data's TensorImpl): stages
+/// are views of one model, so a tied parameter (GPT-2's wte) is held by two.
+using ParameterStages = std::map<const at::TensorImpl*, std::set<int>>;
+ParameterStages parameter_stages(const Pipeline& pipeline);
+
+/// One parameter whose gradient a pipeline rank's data-parallel group sums.
+struct SummedParameter {
+  std::string name;
+  Variable param;
+  bool compressed = false;  // through dp.compression: held by a stage options.compresses(), 2 or more dims
+  std::vector<int> stages;  // the stages holding it (empty: a boundary's learned codec weight)
+};
+
+/// Note [the gradients a rank sums]. What pipeline rank `rank`'s data-parallel group sums, in
+/// pipeline.named_parameters()'s order (the same on every replica): the parameters of its stages
+/// except the tied ones (`tied(name)`: held by several ranks, summed over the world instead), and
+/// the boundaries' learned codec weights, held by no stage (those of another rank's boundaries
+/// have no gradient there and cost a few bytes). A parameter is compressed when the first stage
+/// holding it is one that `options` compresses and it has 2 or more dims (Note [all-reduce by
+/// all-gather of payloads]). DistExecutor hands this to DataParallelSync; the planner charges it
+/// (Note [data parallelism in a plan] in tasks/runner/plan.h). `stages`: parameter_stages(pipeline).
+std::vector<SummedParameter> summed_parameters(const Pipeline& pipeline, const ParameterStages& stages,
+                                               const StageLayout& layout, int rank,
+                                               const std::function<bool(const std::string&)>& tied,
+                                               const DataParallelOptions& options);
 
 /// Bytes of data-parallel messages sent by this rank.
 struct DataParallelStats {

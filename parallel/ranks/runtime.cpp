@@ -74,28 +74,22 @@ DistExecutor::DistExecutor(Pipeline& pipeline, Transport& transport, LossFn loss
   if (!pipeline.parameters().empty()) device_ = pipeline.parameters().front().device();
   ranks_ = grid_.pipeline_group(replica_, tensor_rank_);
   learn_structure();
-  // Which of this rank's stages hold each of its parameters and buffers, by identity (stages are
-  // views of the model).
-  std::map<const at::TensorImpl*, std::set<int>> ranks_of, stages_of;
-  for (size_t s = 0; s < pipeline.num_stages(); ++s) {
-    const int r = layout_.rank_of(static_cast<int>(s));
-    if (r != rank_) continue;
-    for (const auto& [n, p] : pipeline.stage(s)->named_parameters())
-      ranks_of[impl_of(p)].insert(r), stages_of[impl_of(p)].insert(static_cast<int>(s));
-    for (const auto& [n, b] : pipeline.stage(s)->named_buffers()) ranks_of[impl_of(b)].insert(r);
-  }
   if (grid_.data > 1) {
-    // This rank's stages' parameters (tied ones are summed over the world instead) and the
-    // learned codec weights of the boundaries (held by no stage; those of other ranks' boundaries
-    // have no gradient here and cost a few bytes), and its stages' buffers.
+    // Note [the gradients a rank sums] (data_parallel.h): its stages' parameters, tied ones left
+    // out (summed over the world), the boundaries' learned codec weights in; its stages' buffers.
     std::vector<std::pair<std::string, Variable>> params, buffers;
     std::vector<bool> compressed;
-    for (const auto& [n, p] : pipeline.named_parameters()) {
-      auto it = ranks_of.find(impl_of(p));
-      if (it != ranks_of.end() && (!it->second.count(rank_) || held_.count(n))) continue;
-      params.emplace_back(n, p);
-      compressed.push_back(it != ranks_of.end() && dp.compresses(*stages_of.at(impl_of(p)).begin()));
+    std::vector<std::vector<int>> holders;  // per parameter, the stages holding it (none: a codec's)
+    for (SummedParameter& p : summed_parameters(
+             pipeline, parameter_stages(pipeline), layout_, rank_,
+             [this](const std::string& n) { return held_.count(n) > 0; }, dp)) {
+      params.emplace_back(std::move(p.name), std::move(p.param));
+      compressed.push_back(p.compressed);
+      holders.push_back(std::move(p.stages));
     }
+    std::set<const at::TensorImpl*> own_buffers;
+    for (int s : layout_.stages_of(rank_))
+      for (const auto& [n, b] : pipeline.stage(static_cast<size_t>(s))->named_buffers()) own_buffers.insert(impl_of(b));
     // Running averages and their decay (Note [running statistics across replicas]).
     std::map<const at::TensorImpl*, double> decay_of;
     for (size_t s = 0; s < pipeline.num_stages(); ++s)
@@ -105,17 +99,10 @@ DistExecutor::DistExecutor(Pipeline& pipeline, Transport& transport, LossFn loss
             if (b->defined()) decay_of[impl_of(*b)] = 1.0 - bn->momentum();
     std::vector<double> decay;
     for (const auto& [n, b] : pipeline.named_buffers()) {
-      auto it = ranks_of.find(impl_of(b));
-      if (it == ranks_of.end() || !it->second.count(rank_)) continue;
+      if (!own_buffers.count(impl_of(b))) continue;
       buffers.emplace_back(n, b);
       auto d = decay_of.find(impl_of(b));
       decay.push_back(d == decay_of.end() ? 0.0 : d->second);
-    }
-    std::vector<std::vector<int>> holders;  // per parameter, this rank's stages holding it (none: a codec's)
-    for (const auto& [n, p] : params) {
-      auto it = stages_of.find(impl_of(p));
-      holders.push_back(it == stages_of.end() ? std::vector<int>{}
-                                              : std::vector<int>(it->second.begin(), it->second.end()));
     }
     dp_ = std::make_unique<DataParallelSync>(transport_, grid_.data_group(rank_, tensor_rank_), replica_, std::move(params),
                                              compressed, std::move(buffers), std::move(decay), dp.compression);

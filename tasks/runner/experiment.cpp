@@ -242,6 +242,8 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
       if (grid.rank_of(pair.second, replica, t) == r) o.link_from[grid.rank_of(pair.first, replica, t)] = spec;
     for (int peer : grid.data_group(grid.pipeline_rank(r), t))  // the other replicas of this pipeline rank
       if (peer != r) o.link_from[peer] = LinkSpec{config_.dp.bandwidth_mbps, config_.dp.latency_ms};
+    for (int peer : grid.tensor_group(grid.pipeline_rank(r), replica))  // the other tensor ranks of this stage
+      if (peer != r) o.link_from[peer] = LinkSpec{config_.tp.bandwidth_mbps, config_.tp.latency_ms};
     transport_ = ranks::Transport::connect(*env, o);
     if (tensor_parallel_) {  // the blocks' all-reduces go over the transport from now on
       ranks::TensorParallelOptions tp;

@@ -10,10 +10,14 @@
 #include <set>
 #include <sstream>
 
+#include "autograd/cost.h"
 #include "layers/nn/init.h"
+#include "layers/nn/tensor_parallel.h"
+#include "parallel/device_model.h"
 #include "parallel/executor.h"
 #include "parallel/local_executor.h"
 #include "parallel/ranks/data_parallel.h"
+#include "parallel/ranks/tensor_parallel.h"
 #include "parallel/stage_runtime.h"
 #include "tasks/models.h"
 #include "tasks/runner/experiment.h"
@@ -58,6 +62,129 @@ Batch shape_batch(const Config& config, const TaskShape& shape, bool random) {
   return b;
 }
 
+// Note [tensor parallelism in a plan]: one all-reduce as tensor rank 0 sends it.
+struct TpAllReduce {
+  int64_t bytes = 0, messages = 0;
+  double seconds = 0;
+  PayloadSize::Kind kind = PayloadSize::Kind::Exact;
+};
+
+// The communicator of a planned step's split blocks: counts each all-reduce (per pipeline stage of
+// the site) and charges its time to the action running it; the sum is a meta tensor of the shape.
+class PlanTpComm : public TensorParallelComm {
+ public:
+  explicit PlanTpComm(const Config& config)
+      : T_(static_cast<int>(config.parallel.tp)),
+        cuda_(config.run.device.rfind("cuda", 0) == 0),
+        algorithm_(config.tp.algorithm),
+        link_{config.tp.bandwidth_mbps, config.tp.latency_ms} {
+    for (const auto& [key, spec] :
+         {std::pair{"tp.forward", &config.tp.forward}, {"tp.backward", &config.tp.backward}}) {
+      const std::string problem = ranks::tp_codec_problem(*spec, algorithm_);
+      TORCH_CHECK(problem.empty(), "tapeline plan: ", key, " = ", *spec, ": ", problem);
+      codecs_.push_back({key, *spec, spec->is_identity() ? nullptr : spec->build()});
+    }
+  }
+
+  at::Tensor all_reduce(const at::Tensor& x, const std::string& site, TpDirection direction) override {
+    const Codec& c = codecs_[direction == TpDirection::Forward ? 0 : 1];
+    auto [it, fresh] = cache_.try_emplace({x.sizes().vec(), direction == TpDirection::Forward});
+    if (fresh) it->second = cost(x.sizes().vec(), x.scalar_type(), c);
+    const TpAllReduce& a = it->second;
+    TpAllReduce& total = sites_[site];
+    total.bytes += a.bytes, total.messages += a.messages, total.seconds += a.seconds;
+    ++calls_[site];
+    kind_ = PayloadSize::weaker(kind_, a.kind);
+    // The rank waits for it inside the action that runs it. A cost meter takes costs, not seconds:
+    // the all-reduce is charged as the memory traffic the device model gives its seconds for
+    // (no FLOPs, no kernel), so the action's clock moves by exactly its time.
+    if (a.seconds > 0) charge(OpCost{0.0, a.seconds / seconds_per_byte_, 0});
+    return at::empty_like(x);
+  }
+
+  /// The device model the step's actions are charged on.
+  void set_device(const DeviceModel& d) {
+    seconds_per_byte_ = d.bytes_scale / (d.memory_bytes_per_s * d.memory_efficiency);
+    TORCH_CHECK(seconds_per_byte_ > 0 && std::isfinite(seconds_per_byte_), "tapeline plan: timeline.device = ", d.name,
+                " has no memory bandwidth to charge the tensor-parallel all-reduces' time on");
+  }
+
+  // Per site: tensor rank 0's bytes, messages and seconds, and the all-reduces, over the step.
+  const std::map<std::string, TpAllReduce>& sites() const { return sites_; }
+  int64_t calls(const std::string& site) const { return calls_.count(site) ? calls_.at(site) : 0; }
+  PayloadSize::Kind kind() const { return kind_; }
+
+ private:
+  struct Codec {
+    std::string key;
+    CodecSpec spec;
+    CompressorPtr codec;  // null: identity
+  };
+
+  double round_s(int64_t largest) const {  // a round: its messages side by side, one per link
+    return (link_.bandwidth_mbps > 0 ? 8.0 * static_cast<double>(largest) / (link_.bandwidth_mbps * 1e6) : 0.0) +
+           link_.latency_ms / 1e3;
+  }
+
+  PayloadSize size(const Codec& c, const std::vector<int64_t>& shape, at::ScalarType dtype) const {
+    std::string why;
+    try {
+      return (c.codec ? c.codec : identity_compressor())->payload_size(shape, dtype);
+    } catch (const c10::Error& e) {
+      why = e.what_without_backtrace();
+    }
+    TORCH_CHECK(false, "tapeline plan: ", c.key, " = ", c.spec, " cannot be sized for a tensor-parallel all-reduce of ",
+                c10::IntArrayRef(shape), " (Note [sizing a payload]): ", why);
+    return {};
+  }
+
+  // parallel/ranks/tensor_parallel.cpp's all_reduce, as tensor rank 0 runs it in training.
+  TpAllReduce cost(const std::vector<int64_t>& shape, at::ScalarType dtype, const Codec& c) const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype));
+    TpAllReduce a;
+    if (!c.codec && !cuda_) {  // Note [uncompressed tensor-parallel sums]: all_reduce_in_rank_order
+      if (T_ == 2) {
+        a.bytes = n * elem, a.messages = 1, a.seconds = round_s(n * elem);
+      } else {  // chunk 0 is the smallest, the last the largest
+        const int64_t own = n / T_, largest = n - n * (T_ - 1) / T_;
+        a.bytes = (n - own + (T_ - 1) * own) * elem, a.messages = 2 * (T_ - 1), a.seconds = 2 * round_s(largest * elem);
+      }
+      return a;
+    }
+    if (!c.codec || algorithm_ == "allgather") {  // its payload to each of the others
+      const PayloadSize p = size(c, shape, dtype);
+      a.bytes = (T_ - 1) * p.bytes, a.messages = T_ - 1, a.seconds = round_s(p.bytes), a.kind = p.kind;
+      return a;
+    }
+    // reduce_scatter: the (rows, C) chunks of rows r (j + 1) / T - r j / T.
+    const int64_t cols = shape.empty() ? 1 : shape.back(), rows = n / std::max<int64_t>(cols, 1);
+    TORCH_CHECK(rows >= T_, "tapeline plan: tp.algorithm = reduce_scatter needs at least ", T_,
+                " rows (tokens) to cut into ", T_, " chunks, a tensor of ", c10::IntArrayRef(shape), " has ", rows,
+                "; use tp.algorithm = allgather");
+    int64_t largest = 0;
+    for (int j = 0; j < T_; ++j) {
+      const PayloadSize p = size(c, {rows * (j + 1) / T_ - rows * j / T_, cols}, dtype);
+      a.bytes += (j == 0 ? T_ - 1 : 1) * p.bytes, a.kind = PayloadSize::weaker(a.kind, p.kind);
+      largest = std::max(largest, p.bytes);
+    }
+    a.messages = 2 * (T_ - 1), a.seconds = 2 * round_s(largest);
+    return a;
+  }
+
+  int T_;
+  bool cuda_;
+  std::string algorithm_;
+  LinkSpec link_;
+  std::vector<Codec> codecs_;                                           // forward, backward
+  std::map<std::pair<std::vector<int64_t>, bool>, TpAllReduce> cache_;  // by shape and direction
+  std::map<std::string, TpAllReduce> sites_;
+  std::map<std::string, int64_t> calls_;
+  PayloadSize::Kind kind_ = PayloadSize::Kind::Exact;
+  double seconds_per_byte_ = 0;  // of the device model's memory traffic
+};
+
 // What one step of a config runs on, assembled as `train` assembles it: the task, the model (on
 // the meta device for a plan), the boundaries with their codecs, the pipeline and the in-process
 // executor with the config's schedule, links and device model. Heap-held parts: the executor
@@ -66,6 +193,8 @@ struct StepSetup {
   std::unique_ptr<Task> task;
   TaskShape shape;
   BuiltModel built;
+  int64_t parameters = 0;               // the whole model's (before a tensor-parallel split)
+  std::shared_ptr<PlanTpComm> tp_comm;  // parallel.tp > 1 (Note [tensor parallelism in a plan])
   std::shared_ptr<Pipeline> pipeline;
   ScheduleSettings settings;
   std::unique_ptr<LocalExecutor> executor;
@@ -83,6 +212,17 @@ StepSetup assemble(const Config& config, bool on_meta, const std::function<void(
     if (on_meta) guard.emplace();
     s.built = build_model(config, s.shape, gen);
   }
+  s.parameters = static_cast<int64_t>(s.built.model->num_parameters());
+  if (config.parallel.tp > 1) {  // Note [tensor parallelism in a plan]: tensor rank 0's part of every block
+    const std::string problem = tensor_parallel_problem(config);
+    TORCH_CHECK(problem.empty(), "tapeline plan: ", problem);
+    TORCH_CHECK(on_meta, "a real step of parallel.tp = ", config.parallel.tp,
+                " runs in processes (tapeline train --nproc)");
+    auto tp = std::make_shared<TensorParallel>(0, config.parallel.tp);
+    shard_tensor_parallel(*s.built.model, tp, "model.arch = " + config.model.arch);
+    s.tp_comm = std::make_shared<PlanTpComm>(config);
+    tp->bind(s.tp_comm);
+  }
   RunBoundaries rb = build_boundaries(config, cuts);
   if (on_meta)
     for (const auto& b : rb.boundaries) b->set_given_sizes(config.plan.forward_bytes, config.plan.backward_bytes);
@@ -90,6 +230,7 @@ StepSetup assemble(const Config& config, bool on_meta, const std::function<void(
   s.pipeline->set_measure_error(false);
   s.pipeline->train();
   s.settings = schedule_settings(config, rb.links);
+  if (s.tp_comm) s.tp_comm->set_device(s.settings.device);
   Task* task = s.task.get();
   s.executor = std::make_unique<LocalExecutor>(
       *s.pipeline, [task](const Variable& out, const Batch& mb) { return task->loss(out, mb); }, s.settings);
@@ -118,27 +259,35 @@ std::string num(double v) {
   return s.str();
 }
 
+// Note [data parallelism in a plan]: who holds each parameter, found once per plan.
+struct DpHolders {
+  ranks::ParameterStages stages;  // by identity
+  std::set<std::string> tied;     // held by the stages of two or more ranks (Note [tied sums in a plan])
+};
+
+DpHolders dp_holders(const Pipeline& pipeline, const StageLayout& layout) {
+  DpHolders h{ranks::parameter_stages(pipeline), {}};
+  for (const auto& [n, p] : pipeline.named_parameters()) {
+    auto it = h.stages.find(p.data().unsafeGetTensorImpl());
+    if (it == h.stages.end()) continue;
+    std::set<int> ranks;
+    for (int s : it->second) ranks.insert(layout.rank_of(s));
+    if (ranks.size() > 1) h.tied.insert(n);
+  }
+  return h;
+}
+
 // Note [data parallelism in a plan]: the sums of pipeline rank `r`'s data-parallel group after
 // its pipeline part. Fills r's dp_bytes, dp_messages and dp_sum_s; returns how the compressed
 // payloads were sized (the weakest kind among them).
-PayloadSize::Kind plan_dp_sums(const Config& config, const Pipeline& pipeline, const StageLayout& layout, int D,
-                               PlanRank& rank) {
-  const int r = rank.rank;
+PayloadSize::Kind plan_dp_sums(const Config& config, const Pipeline& pipeline, const StageLayout& layout,
+                               const DpHolders& holders, int D, PlanRank& rank) {
   const DpSection& dp = config.dp;
   const LinkSpec link{dp.bandwidth_mbps, dp.latency_ms};
   auto round_s = [&](int64_t bytes) {  // one round: messages side by side, one per link
     return (link.bandwidth_mbps > 0 ? 8.0 * static_cast<double>(bytes) / (link.bandwidth_mbps * 1e6) : 0.0) +
            link.latency_ms / 1e3;
   };
-  // The ranks and stages holding each parameter, as DistExecutor sees them.
-  std::map<const void*, std::set<int>> ranks_of, stages_of;
-  for (size_t s = 0; s < pipeline.num_stages(); ++s)
-    for (const auto& [n, p] : pipeline.stage(s)->named_parameters()) {
-      ranks_of[p.impl()].insert(layout.rank_of(static_cast<int>(s)));
-      stages_of[p.impl()].insert(static_cast<int>(s));
-    }
-  // This rank's parameters: its stages' (tied ones are summed over the world: Note [tied sums in
-  // a plan]) and the boundaries' learned codec weights (held by no stage).
   ranks::DataParallelOptions options;
   options.compression = dp.compression;
   options.compress_stages = dp.compress_stages;
@@ -149,10 +298,13 @@ PayloadSize::Kind plan_dp_sums(const Config& config, const Pipeline& pipeline, c
   bool packed = false;
   PayloadSize::Kind kind = PayloadSize::Kind::Exact;
   const PayloadSize placeholder = identity_compressor()->payload_size({0}, at::kFloat);
-  for (const auto& [n, p] : pipeline.named_parameters()) {
-    auto it = ranks_of.find(p.impl());
-    if (it != ranks_of.end() && (!it->second.count(r) || it->second.size() > 1)) continue;
-    const bool compressed = it != ranks_of.end() && p.dim() >= 2 && options.compresses(*stages_of.at(p.impl()).begin());
+  // Note [the gradients a rank sums] in parallel/ranks/data_parallel.h, as DistExecutor picks them.
+  for (const ranks::SummedParameter& sp : ranks::summed_parameters(
+           pipeline, holders.stages, layout, rank.rank, [&](const std::string& n) { return holders.tied.count(n) > 0; },
+           options)) {
+    const Variable& p = sp.param;
+    const std::string& n = sp.name;
+    const bool compressed = sp.compressed;
     numel.push_back(p.numel()), dtype.push_back(p.scalar_type());
     // On the CPU (Gloo) every uncompressed floating gradient goes in a bucket.
     in_bucket.push_back(!compressed && p.requires_grad() && at::isFloatingType(p.scalar_type()));
@@ -188,13 +340,10 @@ PayloadSize::Kind plan_dp_sums(const Config& config, const Pipeline& pipeline, c
       rank.dp_bytes += n * elem, rank.dp_messages += 1, rank.dp_sum_s += round_s(n * elem);
       continue;
     }
-    // Reduce-scatter, then all-gather: chunk j (n (j+1) / D - n j / D elements) to member j.
-    int64_t largest = 0;
-    for (int j = 0; j < D; ++j) largest = std::max(largest, n * (j + 1) / D - n * j / D);
-    for (int j = 0; j < D; ++j) {
-      const int64_t mine = n * (j + 1) / D - n * j / D;  // as member j: D - 1 sends of it, then D - 1 of its sum
-      if (j == 0) rank.dp_bytes += 2 * (D - 1) * mine * elem, rank.dp_messages += 2 * (D - 1);
-    }
+    // Reduce-scatter, then all-gather (group_sum.h): chunk j, n (j + 1) / D - n j / D elements, to
+    // member j; replica 0 sends the D - 1 chunks not its own, then its summed chunk 0 to each other.
+    const int64_t own = n / D, largest = n - n * (D - 1) / D;  // chunk 0; the last chunk, the largest
+    rank.dp_bytes += (n - own + (D - 1) * own) * elem, rank.dp_messages += 2 * (D - 1);
     rank.dp_sum_s += 2 * round_s(largest * elem);
   }
   if (packed) {  // count, lengths, then the payloads (data_parallel.cpp's pack)
@@ -227,9 +376,6 @@ Plan plan_step(const Config& config, const std::function<void(const std::string&
   TORCH_CHECK(config.timeline.device != "measured",
               "tapeline plan: timeline.device = measured has nothing to measure on shapes; set timeline.device to a "
               "device model (h100, a100, cpu; docs/TIME.md)");
-  TORCH_CHECK(config.parallel.tp == 1, "tapeline plan: parallel.tp = ", config.parallel.tp,
-              ": tensor parallelism across processes is not planned (its all-reduces run inside the blocks, "
-              "which the planner's one-process step does not split); set parallel.tp = 1");
   // Note [data parallelism in a plan]: one replica's share of the step's micro-batches.
   const int D = static_cast<int>(config.parallel.dp);
   const int64_t M = config.train.micro_batches;
@@ -248,7 +394,7 @@ Plan plan_step(const Config& config, const std::function<void(const std::string&
   LocalExecutor& executor = *setup.executor;
   const ScheduleSettings& settings = setup.settings;
   const auto& pipeline = setup.pipeline;
-  plan.parameters = executor.model_parameters();
+  plan.parameters = setup.parameters;
   plan.model = setup.built.describe(plan.parameters);
   const StageLayout& layout = executor.layout();
   plan.stages = layout.stages();
@@ -287,11 +433,35 @@ Plan plan_step(const Config& config, const std::function<void(const std::string&
     plan.flops += pr.flops;
     plan.rank_plans.push_back(pr);
   }
+  const int T = static_cast<int>(config.parallel.tp);
+  plan.tensor = T;
+  if (setup.tp_comm) {  // Note [tensor parallelism in a plan]: each site's all-reduces on its stage's rank
+    plan.tp_forward = config.tp.forward.text();
+    plan.tp_backward = config.tp.backward.text();
+    plan.tp_algorithm = config.tp.algorithm;
+    plan.tp_link = LinkSpec{config.tp.bandwidth_mbps, config.tp.latency_ms};
+    plan.tp_size = PayloadSize::word(setup.tp_comm->kind());
+    std::map<const Module*, int> stage_of;
+    for (size_t s = 0; s < pipeline->num_stages(); ++s)
+      for (const auto& [path, m] : pipeline->stage(s)->named_modules()) stage_of.emplace(m.get(), static_cast<int>(s));
+    std::map<std::string, const Module*> module_at;
+    for (const auto& [path, m] : pipeline->model()->named_modules()) module_at.emplace(path, m.get());
+    for (const auto& [site, a] : setup.tp_comm->sites()) {
+      auto m = module_at.find(site);
+      auto st = m == module_at.end() ? stage_of.end() : stage_of.find(m->second);
+      TORCH_CHECK(st != stage_of.end(), "tapeline plan: the tensor-parallel sublayer '", site, "' is in no stage");
+      PlanRank& pr = plan.rank_plans[static_cast<size_t>(layout.rank_of(st->second))];
+      pr.tp_bytes += a.bytes, pr.tp_messages += a.messages, pr.tp_s += a.seconds;
+      pr.tp_all_reduces += setup.tp_comm->calls(site);
+    }
+    plan.flops *= T;  // every tensor rank's (the replicated layers on each)
+  }
   if (D > 1) {  // Note [data parallelism in a plan]
     plan.dp_codec = config.dp.compression.text();
     PayloadSize::Kind kind = PayloadSize::Kind::Exact;
+    const DpHolders holders = dp_holders(*pipeline, layout);
     for (PlanRank& pr : plan.rank_plans) {
-      kind = PayloadSize::weaker(kind, plan_dp_sums(config, *pipeline, layout, D, pr));
+      kind = PayloadSize::weaker(kind, plan_dp_sums(config, *pipeline, layout, holders, D, pr));
       if (pr.dp_sum_s > 0) plan.step_s = std::max(plan.step_s, pr.compute_s + pr.wait_s + pr.dp_sum_s);
     }
     plan.dp_size = PayloadSize::word(kind);
@@ -319,7 +489,7 @@ Plan plan_step(const Config& config, const std::function<void(const std::string&
     plan.tied_sum_s = (slowest.bandwidth_mbps > 0 ? each_way * 8 / (slowest.bandwidth_mbps * 1e6) : 0) +
                       2 * (k - 1) * slowest.latency_ms / 1e3;
   }
-  plan.mfu = plan.step_s > 0 ? plan.flops / (plan.step_s * plan.ranks * D * settings.device.peak_flops) : 0;
+  plan.mfu = plan.step_s > 0 ? plan.flops / (plan.step_s * plan.ranks * D * T * settings.device.peak_flops) : 0;
 
   for (const LocalExecutor::LinkUse& u : executor.last_links()) {
     PlanLink l;
@@ -357,7 +527,12 @@ std::string Plan::to_json() const {
     << ",\n  \"unit\": " << json_string(unit) << ",\n  \"units\": " << num(units) << ",\n  \"step_s\": " << num(step_s)
     << ",\n  \"replicas\": " << replicas << ",\n  \"pipeline_s\": " << num(pipeline_s)
     << ",\n  \"dp_sum_s\": " << num(dp_sum_s) << ",\n  \"dp_codec\": " << json_string(dp_codec)
-    << ",\n  \"dp_size\": " << json_string(dp_size) << ",\n  \"bubble\": " << num(bubble) << ",\n  \"flops\": " << num(flops) << ",\n  \"mfu\": " << num(mfu)
+    << ",\n  \"dp_size\": " << json_string(dp_size) << ",\n  \"tensor\": " << tensor
+    << ",\n  \"tp_forward\": " << json_string(tp_forward) << ",\n  \"tp_backward\": " << json_string(tp_backward)
+    << ",\n  \"tp_algorithm\": " << json_string(tp_algorithm) << ",\n  \"tp_size\": " << json_string(tp_size)
+    << ",\n  \"tp_bandwidth_mbps\": " << num(tp_link.bandwidth_mbps)
+    << ",\n  \"tp_latency_ms\": " << num(tp_link.latency_ms) << ",\n  \"bubble\": " << num(bubble)
+    << ",\n  \"flops\": " << num(flops) << ",\n  \"mfu\": " << num(mfu)
     << ",\n  \"forward_bytes_per_unit\": " << num(forward_bytes_per_unit)
     << ",\n  \"backward_bytes_per_unit\": " << num(backward_bytes_per_unit) << ",\n  \"tied_bytes\": " << tied_bytes
     << ",\n  \"tied_ranks\": " << tied_ranks << ",\n  \"tied_sum_s\": " << num(tied_sum_s)
@@ -370,7 +545,9 @@ std::string Plan::to_json() const {
       << ", \"flops\": " << num(r.flops) << ", \"parameter_bytes\": " << r.parameter_bytes
       << ", \"optimizer_bytes\": " << r.optimizer_bytes << ", \"activation_bytes\": " << r.activation_bytes
       << ", \"dp_bytes\": " << r.dp_bytes << ", \"dp_messages\": " << r.dp_messages
-      << ", \"dp_sum_s\": " << num(r.dp_sum_s) << "}";
+      << ", \"dp_sum_s\": " << num(r.dp_sum_s) << ", \"tp_all_reduces\": " << r.tp_all_reduces
+      << ", \"tp_bytes\": " << r.tp_bytes << ", \"tp_messages\": " << r.tp_messages << ", \"tp_s\": " << num(r.tp_s)
+      << "}";
   }
   o << "\n  ],\n  \"links\": [";
   for (size_t i = 0; i < links.size(); ++i) {
@@ -397,6 +574,18 @@ std::string Plan::to_text() const {
     o << std::setprecision(3) << replicas << " replicas, each " << micro_batches / replicas
       << " of the micro-batches: pipeline part " << pipeline_s << " s, then the data-parallel sums (" << dp_codec
       << ", " << dp_size << ") add " << dp_sum_s << " s\n";
+  if (tensor > 1) {
+    const PlanRank* busiest = &rank_plans.front();
+    for (const PlanRank& r : rank_plans)
+      if (r.tp_s > busiest->tp_s) busiest = &r;
+    o << std::setprecision(3) << "each stage split over " << tensor << " tensor ranks (tp.forward " << tp_forward
+      << ", tp.backward " << tp_backward << ", "
+      << (tp_forward == "identity" && tp_backward == "identity" ? "uncompressed" : tp_algorithm) << ", " << tp_size
+      << "): rank " << busiest->rank
+      << "'s " << busiest->tp_all_reduces << " all-reduces send " << std::setprecision(2) << busiest->tp_bytes / 1e6
+      << " MB in " << busiest->tp_messages << " messages a tensor rank, " << std::setprecision(3) << busiest->tp_s
+      << " s of its compute on the tp links\n";
+  }
   o << std::setprecision(3) << "step " << step_s << " s, bubble " << 100 * bubble << "%, " << std::setprecision(3)
     << flops / 1e12 << " TFLOP, MFU " << std::setprecision(2) << 100 * mfu << "%\n";
   o << std::setprecision(1) << "bytes per " << unit << " on the busiest link: " << forward_bytes_per_unit

@@ -14,9 +14,9 @@
 // payloads from their wire formats (Note [sizing a payload], Note [sized messages]). So the
 // planned step is the in-process timeline of a real step with the same device model, minus the
 // arithmetic (tests/tasks/plan_test.cpp checks the two agree). Data parallelism is planned on top
-// (Note [data parallelism in a plan]). Not planned: the optimizer step, tensor parallelism across
-// processes, and timeline.device = measured (no measurement on shapes: the planner asks for a
-// device).
+// (Note [data parallelism in a plan]), tensor parallelism inside it (Note [tensor parallelism in a
+// plan]). Not planned: the optimizer step, and timeline.device = measured (no measurement on
+// shapes: the planner asks for a device).
 //
 // Note [data parallelism in a plan]. With parallel.dp = D, each replica runs train.micro_batches
 // / D of the step's micro-batches (as DistExecutor splits them): the planned pipeline step is one
@@ -35,6 +35,32 @@
 // so the messages of a round travel side by side: a round of n bytes costs latency + 8 n /
 // bandwidth. A rank's sums start when its pipeline part ends (compute + wait); the step ends
 // when the last rank's sums do. On unlimited links the sums cost nothing, as on loopback.
+
+//
+// Note [tensor parallelism in a plan]. With parallel.tp = T, the meta model's blocks are split as
+// tensor rank 0 of every stage splits them (shard_tensor_parallel, Note [tensor-parallel blocks]):
+// its heads and MLP units, so the step's ops, FLOPs, parameters, optimizer state and activations
+// are that rank's (every tensor rank's: the split is even; the replicated layers, LayerNorms,
+// embeddings and head, are counted whole on each). The blocks' all-reduces go to a communicator
+// that sends nothing: each call (a row-parallel output forward, a column-parallel input's
+// gradient backward, per micro-batch, of the shape the runtime sums) is counted as tensor rank 0
+// of parallel/ranks/tensor_parallel.cpp sends it, and its time on the emulated links between the
+// tensor ranks (tp.bandwidth_mbps, tp.latency_ms; separate per direction and pair) is charged to
+// the action that runs it, where it blocks the rank (the runtime counts it as compute; the cost
+// meter takes costs, not seconds, so it is charged as the memory traffic the device model takes
+// exactly that long for):
+//  - uncompressed (tp.forward / tp.backward identity) on the CPU (Gloo), all_reduce_in_rank_order:
+//    with two ranks the whole tensor each way, one message, one round; with T > 2 the
+//    reduce-scatter (chunk j of n (j + 1) / T - n j / T values to member j) and the all-gather of
+//    the summed chunk, 2 (T - 1) messages in two rounds; on CUDA (NCCL) the all-gather of T - 1
+//    identity payloads, one round;
+//  - compressed, tp.algorithm = allgather: the codec's payload of the whole tensor to each of the
+//    T - 1 others, one round; reduce_scatter: the payloads of the (rows, C) chunks the others sum,
+//    then of its summed chunk to each other, two rounds.
+// Payloads are sized by the codec's wire format (Note [sizing a payload]): the worst case where the
+// size depends on the data (tp_size says which). A round costs latency + 8 x its largest message /
+// bandwidth. The bytes and messages are tensor rank 0's per step (tp_bytes, tp_messages); the
+// step's `tapeline train` reports bytes_tp, every rank's.
 
 #include <functional>
 #include <string>
@@ -68,7 +94,11 @@ struct PlanRank {
   // its sums take after its pipeline part (0 with one replica).
   int64_t dp_bytes = 0, dp_messages = 0;
   double dp_sum_s = 0;
-  int64_t parameter_bytes = 0;   // its stages' parameters (a tied one on two ranks counted on both)
+  // Note [tensor parallelism in a plan]: tensor rank 0's all-reduces per step (0 with T = 1), what
+  // it sends, and their time on the tp links (part of compute_s).
+  int64_t tp_all_reduces = 0, tp_bytes = 0, tp_messages = 0;
+  double tp_s = 0;
+  int64_t parameter_bytes = 0;   // its stages' parameters (a tied one on two ranks counted on both; one tensor rank's)
   int64_t optimizer_bytes = 0;   // the optimizer's state for them (adamw: 2 per parameter, sgd with momentum: 1)
   int64_t activation_bytes = 0;  // the most its stages held for backward after a forward (engine's float32 count)
 };
@@ -85,6 +115,9 @@ struct Plan {
   double pipeline_s = 0;  // one replica's pipeline part of the step (step_s with one replica)
   double dp_sum_s = 0;    // step_s - pipeline_s: what the data-parallel sums add
   std::string dp_codec, dp_size = "exact";  // dp.compression, and how its payloads were sized
+  int tensor = 1;                           // parallel.tp (Note [tensor parallelism in a plan])
+  std::string tp_forward, tp_backward, tp_algorithm, tp_size = "exact";  // its codecs, algorithm, sizes
+  LinkSpec tp_link;                                                      // tp.bandwidth_mbps, tp.latency_ms
   double forward_bytes_per_unit = 0, backward_bytes_per_unit = 0;  // the busiest link's, each way
   std::vector<PlanRank> rank_plans;
   std::vector<PlanLink> links;

@@ -1,5 +1,6 @@
 // `tapeline plan` against real processes (docs/TIME.md, "The plan against real processes"): the
-// plan of configs/plan/two_replicas_slow_link.ini (two data-parallel replicas) against
+// plans of configs/plan/two_replicas_slow_link.ini (two data-parallel replicas) and
+// two_tensor_ranks_slow_link.ini (one stage split over two tensor ranks) against
 // `tapeline train --nproc 2`, and the plan of configs/plan/two_stage_slow_link.ini (GPT-2 tiny in
 // 2 stages, bf16 both ways) against
 //  - `tapeline train --nproc 2`: two processes on Gloo over loopback, the link emulated by the
@@ -50,11 +51,17 @@ struct Measured {
   int64_t bytes_forward = 0, bytes_backward = 0;
 };
 
-Measured measured(const fs::path& run) {
+// A run's last epoch_end record of metrics.jsonl (null: none).
+nlohmann::json last_epoch(const fs::path& run) {
   std::ifstream f(run / "metrics.jsonl");
   nlohmann::json last;
   for (std::string line; std::getline(f, line);)
     if (line.find("\"epoch_end\"") != std::string::npos) last = nlohmann::json::parse(line);
+  return last;
+}
+
+Measured measured(const fs::path& run) {
+  const nlohmann::json last = last_epoch(run);
   if (last.is_null()) return {};
   const double steps = last["step"].get<double>();  // one epoch: the global step is its count
   Measured m;
@@ -118,10 +125,7 @@ TEST(PlanAgainstProcesses, DataParallelSumsOfTwoReplicasWithinTenPercent) {
                      {"train", "--config", ini.string(), "--nproc", "2", "--no-plot", "--quiet", "--out", run.string()},
                      mp::temp_log("plan_dp2"), 300);
   ASSERT_EQ(code, 0) << out;
-  std::ifstream f(run / "metrics.jsonl");
-  nlohmann::json last;
-  for (std::string line; std::getline(f, line);)
-    if (line.find("\"epoch_end\"") != std::string::npos) last = nlohmann::json::parse(line);
+  const nlohmann::json last = last_epoch(run);
   ASSERT_FALSE(last.is_null()) << out;
   const double steps = last["step"].get<double>();
   const PlanRank& p = plan.rank_plans[0];
@@ -133,6 +137,48 @@ TEST(PlanAgainstProcesses, DataParallelSumsOfTwoReplicasWithinTenPercent) {
     const double wait = r["comm_s"].get<double>() / steps;
     std::printf("replica wait: planned %.4f s, measured %.4f s, ratio %.3f\n", planned, wait, wait / planned);
     EXPECT_NEAR(wait, planned, 0.1 * planned);
+  }
+}
+
+// Note [tensor parallelism in a plan]: one stage of GPT-2 tiny split over two tensor ranks whose
+// blocks all-reduce 256 KiB sums over an emulated 10 Mbit/s + 20 ms link, uncompressed and through
+// quant(bits=8) both ways. bytes_tp (every rank's) is the plan's tensor rank 0's times the two
+// ranks, exactly; a process counts its all-reduces as compute, so its compute_s is compared with the
+// plan's (the cpu model's compute plus tp_s), within 10%.
+TEST(PlanAgainstProcesses, TensorParallelAllReducesOfTwoTensorRanks) {
+  const std::string why = cannot_run();
+  if (!why.empty()) GTEST_SKIP() << why;
+  const fs::path ini = fs::path(testing::source_dir()) / "configs" / "plan" / "two_tensor_ranks_slow_link.ini";
+  testing::TempDir dir;
+  for (const std::string codec : {"identity", "quant(bits=8)"}) {
+    SCOPED_TRACE(codec);
+    const Plan plan = plan_step(
+        Config::load(ini.string(), {{"timeline.device", "cpu"}, {"tp.forward", codec}, {"tp.backward", codec}}));
+    ASSERT_EQ(plan.tensor, 2);
+    ASSERT_EQ(plan.rank_plans.size(), 1u);
+    const PlanRank& p = plan.rank_plans[0];
+    const fs::path run = dir.path() / ("run-" + std::to_string(codec.size()));
+    const auto [code, out] = mp::run_to_end(testing::tapeline_path().string(),
+                                            {"train", "--config", ini.string(), "--nproc", "2", "--tp.forward=" + codec,
+                                             "--tp.backward=" + codec, "--no-plot", "--quiet", "--out", run.string()},
+                                            mp::temp_log("plan_tp2"), 300);
+    ASSERT_EQ(code, 0) << out;
+    const nlohmann::json last = last_epoch(run);
+    ASSERT_FALSE(last.is_null()) << out;
+    const double steps = last["step"].get<double>();
+    EXPECT_EQ(last["bytes_tp"].get<int64_t>(), static_cast<int64_t>(steps) * 2 * p.tp_bytes);
+    std::printf(
+        "%s: planned %lld all-reduces a step, %lld bytes in %lld messages a tensor rank, %.4f s on the link; "
+        "measured %lld bytes a step (both ranks)\n",
+        codec.c_str(), static_cast<long long>(p.tp_all_reduces), static_cast<long long>(p.tp_bytes),
+        static_cast<long long>(p.tp_messages), p.tp_s,
+        static_cast<long long>(last["bytes_tp"].get<int64_t>() / static_cast<int64_t>(steps)));
+    for (const auto& r : last["rank_times"]) {
+      const double compute = r["compute_s"].get<double>() / steps;
+      std::printf("tensor rank compute (with the all-reduces): planned %.4f s, measured %.4f s, ratio %.3f\n",
+                  p.compute_s, compute, compute / p.compute_s);
+      EXPECT_NEAR(compute, p.compute_s, 0.1 * p.compute_s);
+    }
   }
 }
 

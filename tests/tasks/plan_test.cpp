@@ -16,6 +16,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "compression/codec_spec.h"
 #include "parallel/channel.h"
 #include "parallel/executor.h"
 #include "tests/common/testing.h"
@@ -232,8 +233,98 @@ TEST(Plan, DataParallelSumsFollowEachRanksPipelinePart) {
                         {"parallel.dp = 3", "multiple of 3"});
   testing::expect_error([] { plan_step(small_gpt({{"parallel.dp", "2"}, {"dp.compression", "quantile(4)"}})); },
                         {"dp.compression = quantile(4) cannot be sized", "the data-parallel codecs it sizes"});
-  testing::expect_error([] { plan_step(small_gpt({{"parallel.tp", "2"}})); },
-                        {"parallel.tp = 2", "tensor parallelism across processes is not planned"});
+}
+
+// Note [tensor parallelism in a plan]: GPT-2 tiny (2 blocks of 4 heads, d = 128) split over T
+// tensor ranks; each block all-reduces its attention and MLP outputs forward and their inputs'
+// gradients backward, per micro-batch of (4, 32, 128) float32, counted as tensor rank 0 sends them.
+TEST(Plan, TensorParallelAllReducesAsTheRuntimeSendsThem) {
+  const int64_t M = 4, n = 4 * 32 * 128;  // micro-batches; values of one all-reduce
+  const std::vector<std::pair<std::string, std::string>> link = {{"tp.bandwidth_mbps", "100"}, {"tp.latency_ms", "1"}};
+  auto plan = [&](std::vector<std::pair<std::string, std::string>> o) {
+    o.insert(o.end(), link.begin(), link.end());
+    return plan_step(small_gpt(o));
+  };
+  auto round_s = [](double bytes) { return 0.001 + 8 * bytes / 100e6; };
+  const Plan one = plan_step(small_gpt());
+  const Plan free = plan_step(small_gpt({{"parallel.tp", "2"}}));  // unlimited tp links: no time
+  const Plan two = plan({{"parallel.tp", "2"}});
+  EXPECT_EQ(two.tensor, 2);
+  EXPECT_EQ(two.parameters, one.parameters);  // the whole model's
+  EXPECT_EQ(two.tp_size, "exact");
+  int64_t all_reduces = 0;
+  for (size_t r = 0; r < two.rank_plans.size(); ++r) {
+    const PlanRank& p = two.rank_plans[r];
+    all_reduces += p.tp_all_reduces;
+    EXPECT_EQ(p.tp_all_reduces % (2 * M), 0) << r;  // forward and backward, every micro-batch
+    // Two ranks, uncompressed: the whole tensor each way, one message (all_reduce_in_rank_order).
+    EXPECT_EQ(p.tp_messages, p.tp_all_reduces) << r;
+    EXPECT_EQ(p.tp_bytes, p.tp_all_reduces * n * 4) << r;
+    EXPECT_NEAR(p.tp_s, static_cast<double>(p.tp_all_reduces) * round_s(n * 4.0), 1e-12) << r;
+    // Charged where the rank runs them: its compute grows by their time, nothing else.
+    EXPECT_NEAR(p.compute_s, free.rank_plans[r].compute_s + p.tp_s, 1e-9) << r;
+    EXPECT_EQ(free.rank_plans[r].tp_s, 0.0) << r;
+    // Tensor rank 0's share: the split layers' FLOPs, parameters and optimizer state halved.
+    EXPECT_EQ(p.flops, free.rank_plans[r].flops) << r;
+    EXPECT_LE(p.flops, one.rank_plans[r].flops) << r;
+    EXPECT_LE(p.parameter_bytes, one.rank_plans[r].parameter_bytes) << r;
+    EXPECT_EQ(p.optimizer_bytes, 2 * p.parameter_bytes) << r;
+  }
+  EXPECT_EQ(all_reduces, 2 * 2 * 2 * M);  // blocks x (attention, MLP) x (forward, backward) x micro-batches
+  // The blocks' weights split in two: each block's 12 d^2 weights (qkv 3 d^2, proj d^2, MLP 8 d^2) less half.
+  int64_t split = 0, whole = 0;
+  for (size_t r = 0; r < two.rank_plans.size(); ++r)
+    split += two.rank_plans[r].parameter_bytes, whole += one.rank_plans[r].parameter_bytes;
+  EXPECT_EQ(whole - split, 2 * 4 * (12 * 128 * 128 + 3 * 128 + 512) / 2);  // and the split biases (qkv, fc)
+  EXPECT_DOUBLE_EQ(two.flops, free.flops);
+  EXPECT_LT(two.flops, 2 * one.flops);  // the replicated layers run on both tensor ranks
+  EXPECT_GT(two.flops, one.flops);
+  EXPECT_GE(two.step_s, free.step_s);
+
+  // Four ranks, uncompressed: reduce-scatter then all-gather, 2 (T - 1) messages in two rounds.
+  const Plan four = plan({{"parallel.tp", "4"}});
+  for (const PlanRank& p : four.rank_plans) {
+    EXPECT_EQ(p.tp_messages, 6 * p.tp_all_reduces);
+    EXPECT_EQ(p.tp_bytes, p.tp_all_reduces * (n + 2 * (n / 4)) * 4);  // 3 chunks, then its own 3 times
+    EXPECT_NEAR(p.tp_s, static_cast<double>(p.tp_all_reduces) * 2 * round_s(n / 4 * 4.0), 1e-12);
+  }
+
+  // Compressed: the codec's payload of the whole tensor to each other rank (allgather), or of the
+  // chunks (reduce_scatter); sized by the codec.
+  const CompressorPtr q8 = CodecSpec("quant(bits=8)").build();
+  const int64_t whole_payload = q8->payload_size({4, 32, 128}, at::kFloat).bytes;
+  const int64_t chunk_payload = q8->payload_size({4 * 32 / 4, 128}, at::kFloat).bytes;
+  for (const std::string algorithm : {"allgather", "reduce_scatter"}) {
+    const Plan q = plan({{"parallel.tp", "4"},
+                         {"tp.forward", "quant(bits=8)"},
+                         {"tp.backward", "quant(bits=8)"},
+                         {"tp.algorithm", algorithm}});
+    EXPECT_EQ(q.tp_forward, "quant(bits=8)");
+    EXPECT_EQ(q.tp_size, "exact");
+    for (const PlanRank& p : q.rank_plans) {
+      const bool ag = algorithm == "allgather";
+      EXPECT_EQ(p.tp_messages, (ag ? 3 : 6) * p.tp_all_reduces) << algorithm;
+      EXPECT_EQ(p.tp_bytes, p.tp_all_reduces * (ag ? 3 * whole_payload : 6 * chunk_payload)) << algorithm;
+      EXPECT_NEAR(p.tp_s,
+                  static_cast<double>(p.tp_all_reduces) * (ag ? round_s(whole_payload) : 2 * round_s(chunk_payload)),
+                  1e-12)
+          << algorithm;
+    }
+  }
+  // A data-dependent size: the worst case, said.
+  EXPECT_EQ(plan({{"parallel.tp", "2"}, {"tp.forward", "topk(0.1)"}}).tp_size, "worst case");
+  // With data parallelism: each tensor rank's replicas sum its part of the blocks.
+  const Plan grid = plan({{"parallel.tp", "2"}, {"parallel.dp", "2"}});
+  const Plan replicas = plan_step(small_gpt({{"parallel.dp", "2"}}));
+  for (size_t r = 0; r < grid.rank_plans.size(); ++r)
+    EXPECT_LE(grid.rank_plans[r].dp_bytes, replicas.rank_plans[r].dp_bytes) << r;
+
+  testing::expect_error([] { plan_step(small_gpt({{"parallel.tp", "3"}})); }, {"parallel.tp = 3", "4 attention heads"});
+  testing::expect_error(
+      [] {
+        plan_step(small_gpt({{"parallel.tp", "2"}, {"tp.forward", "quantile(4)"}}));
+      },
+      {"tp.forward = quantile(4) cannot be sized", "tensor-parallel all-reduce"});
 }
 
 // Note [link models]: inbound charges each message when its receiver takes it, on one wire into
