@@ -5,6 +5,10 @@
 
 #include <cmath>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "compression/codecs/common.h"
 
 namespace tl {
@@ -116,12 +120,70 @@ inline void rotate_tiles_impl(const float* x, const float* scale, int64_t t, int
   }
 }
 
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define TL_HAD_AVX2 1
+// Note [butterflies in registers]. rotate_tiles_impl with AVX2 intrinsics for t >= 8: the stages
+// h >= 8 pair whole vectors (the same a + c and a - c), and the stages 4, 2, 1 of each block of 8
+// (butterfly8) run in one register: p = the register with the partners swapped in (halves,
+// then pairs, then neighbours), the lanes that keep a + c from v + p and those that keep a - c
+// from p - v, each with a (the lower index) as the first operand, as in the scalar code, so every
+// rounding, signed zero and NaN is the same (HadQuant.RotationMatchesThePortableStages). The
+// compiler's form of the scalar loop spent about half of a 1 MiB encode in the butterflies.
+__attribute__((target("avx2"))) inline __m256 butterfly8_avx2(__m256 v) {
+  __m256 p = _mm256_permute2f128_ps(v, v, 0x01);                           // halves swapped
+  v = _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xF0);     // h = 4
+  p = _mm256_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2));                       // pairs swapped
+  v = _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xCC);     // h = 2
+  p = _mm256_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1));                       // neighbours swapped
+  return _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xAA);  // h = 1
+}
+
+template <bool ScaleFirst>
+__attribute__((target("avx2"))) void rotate_tiles_avx2(const float* x, const float* scale, int64_t t, int64_t m0,
+                                                       int64_t m1, float* y) {
+  for (int64_t m = m0; m < m1; ++m) {
+    const float* in = x + m * t;
+    float* v = y + m * t;
+    for (int64_t i = 0; i < t; i += 8) {
+      const __m256 a = _mm256_loadu_ps(in + i);
+      _mm256_storeu_ps(v + i, ScaleFirst ? _mm256_mul_ps(a, _mm256_loadu_ps(scale + i)) : a);
+    }
+    for (int64_t h = t / 2; h >= 8; h /= 2)
+      for (int64_t b = 0; b < t; b += 2 * h)
+        for (int64_t i = b; i < b + h; i += 8) {
+          const __m256 a = _mm256_loadu_ps(v + i), c = _mm256_loadu_ps(v + i + h);
+          _mm256_storeu_ps(v + i, _mm256_add_ps(a, c));
+          _mm256_storeu_ps(v + i + h, _mm256_sub_ps(a, c));
+        }
+    for (int64_t i = 0; i < t; i += 8) {
+      const __m256 r = butterfly8_avx2(_mm256_loadu_ps(v + i));
+      _mm256_storeu_ps(v + i, ScaleFirst ? r : _mm256_mul_ps(r, _mm256_loadu_ps(scale + i)));
+    }
+  }
+}
+#endif
+
 TL_HAD_CLONES
-void rotate_tiles(const float* x, const float* scale, int64_t t, bool scale_first, int64_t m0, int64_t m1, float* y) {
+void rotate_tiles_scalar(const float* x, const float* scale, int64_t t, bool scale_first, int64_t m0, int64_t m1,
+                         float* y) {
   if (scale_first)
     rotate_tiles_impl<true>(x, scale, t, m0, m1, y);
   else
     rotate_tiles_impl<false>(x, scale, t, m0, m1, y);
+}
+
+void rotate_tiles(const float* x, const float* scale, int64_t t, bool scale_first, int64_t m0, int64_t m1, float* y) {
+#ifdef TL_HAD_AVX2
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2 && t >= 8) {
+    if (scale_first)
+      rotate_tiles_avx2<true>(x, scale, t, m0, m1, y);
+    else
+      rotate_tiles_avx2<false>(x, scale, t, m0, m1, y);
+    return;
+  }
+#endif
+  rotate_tiles_scalar(x, scale, t, scale_first, m0, m1, y);
 }
 
 // rows (M, t) float32 on the CPU -> the rotated (or unrotated) rows, or undefined when the fast

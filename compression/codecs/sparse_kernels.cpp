@@ -556,21 +556,61 @@ void gather_rows_cpu(const float* x, int64_t rows, int64_t D, const int64_t* cha
   });
 }
 
-void randk_mask_cpu(at::CPUGeneratorImpl* gen, int64_t rows, int64_t D, int64_t k, uint8_t* mask) {
-  if (rows * D == 0) return;  // an empty tensor's mask pointer is null, and memset(null, ...) is undefined
-  std::memset(mask, 0, static_cast<size_t>(rows * D));
-  std::lock_guard<std::mutex> lock(gen->mutex_);
+namespace {
+
+// Note [draws from a copy of the engine]. CPUGeneratorImpl::random64() is two draws of its
+// mt19937, the first the high half, behind a call into libtorch for every kept element (RandK's
+// Floyd's algorithm draws one a position). The mask is drawn here from a copy of the engine with
+// at::mt19937's own inline operator(), and the copy, advanced by the same draws, is put back:
+// the generator ends in the state random64() would have left, and the positions are the same.
+// Whether the linked libtorch forms random64() that way is asked once, on a generator of our own;
+// where it does not, random64() is called as before.
+bool random64_from_engine() {
+  static const bool same = [] {
+    at::CPUGeneratorImpl probe(20260127);
+    at::mt19937 e = probe.engine();
+    for (int i = 0; i < 64; ++i) {
+      const uint64_t hi = e(), lo = e();
+      if (probe.random64() != (hi << 32 | lo)) return false;
+    }
+    return true;
+  }();
+  return same;
+}
+
+template <typename Draw>
+void floyd_rows(Draw&& draw, int64_t rows, int64_t D, int64_t k, uint8_t* mask) {
   for (int64_t r = 0; r < rows; ++r) {
     uint8_t* m = mask + r * D;
     for (int64_t j = D - k; j < D; ++j) {
       // Uniform in [0, j]; the modulo bias is below (j + 1) / 2^64.
-      const int64_t t = static_cast<int64_t>(gen->random64() % static_cast<uint64_t>(j + 1));
+      const int64_t t = static_cast<int64_t>(draw() % static_cast<uint64_t>(j + 1));
       if (m[t])
         m[j] = 1;
       else
         m[t] = 1;
     }
   }
+}
+
+}  // namespace
+
+void randk_mask_cpu(at::CPUGeneratorImpl* gen, int64_t rows, int64_t D, int64_t k, uint8_t* mask) {
+  if (rows * D == 0) return;  // an empty tensor's mask pointer is null, and memset(null, ...) is undefined
+  std::memset(mask, 0, static_cast<size_t>(rows * D));
+  std::lock_guard<std::mutex> lock(gen->mutex_);
+  if (random64_from_engine()) {  // Note [draws from a copy of the engine]
+    at::mt19937 engine = gen->engine();
+    floyd_rows(
+        [&engine] {
+          const uint64_t hi = engine();
+          return hi << 32 | engine();
+        },
+        rows, D, k, mask);
+    gen->set_engine(engine);
+    return;
+  }
+  floyd_rows([gen] { return gen->random64(); }, rows, D, k, mask);
 }
 
 }  // namespace tl::codec

@@ -5,8 +5,11 @@
 // streams.
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <limits>
+#include <tuple>
 
+#include "compression/codecs/hadamard.h"
 #include "compression/codecs/lowrank_kernels.h"
 #include "compression/codecs/sparse_index.h"
 #include "compression/codecs/sparse_kernels.h"
@@ -393,6 +396,56 @@ TEST(ColumnSparse, CpuPathMatchesThePortablePath) {
       if (!x.isnan().any().item<bool>())  // (quant refuses a NaN)
         expect_paths_agree("colsparse(0.1, block=8) | quant(4)", x, where);
     }
+  }
+}
+
+// The rotation's AVX2 butterflies (Note [butterflies in registers], hadamard.cpp) against the
+// portable path's Stockham stages, bit for bit: every tile width from 8 (butterflies only) to 1024,
+// rows split between threads, signed zeros, infinities and NaNs (the rotation itself passes them
+// on; quant refuses them later), both directions; and hadquant's payloads on odd shapes.
+TEST(HadQuant, RotationMatchesThePortableStages) {
+  at::manual_seed(47);
+  for (int t : {1, 2}) {
+    Threads threads(t);
+    for (int64_t tile : {2, 4, 8, 16, 32, 128, 1024}) {
+      at::Tensor x = at::randn({515, tile});  // (M, t)
+      x[0].zero_();
+      x[1].fill_(-0.0f);
+      x[2][0] = std::numeric_limits<float>::infinity();
+      x[3][tile - 1] = std::numeric_limits<float>::quiet_NaN();
+      x[4][tile / 2] = -std::numeric_limits<float>::infinity();
+      const at::Tensor signs = codec::hadamard_signs(tile, 5, x.options());
+      const at::Tensor fast_r = codec::hadamard_rotate(x, signs), fast_u = codec::hadamard_unrotate(x, signs);
+      codec::PortableKernelsGuard g;
+      const at::Tensor slow_r = codec::hadamard_rotate(x, signs), slow_u = codec::hadamard_unrotate(x, signs);
+      const std::string where = "tile " + std::to_string(tile) + ", " + std::to_string(t) + " threads";
+      EXPECT_TRUE(at::equal(fast_r.view(at::kInt), slow_r.view(at::kInt))) << "rotate, " << where;
+      EXPECT_TRUE(at::equal(fast_u.view(at::kInt), slow_u.view(at::kInt))) << "unrotate, " << where;
+    }
+    for (const at::Tensor& x : {at::randn({64, 4096}), at::randn({3, 7, 200}), at::randn({9, 1000})})
+      for (const char* spec : {"hadquant(4)", "hadquant(2, tile=64)", "hadquant(8, tile=8, seed=3)"})
+        expect_paths_agree(spec, x, std::to_string(x.numel()) + " elements, " + std::to_string(t) + " threads");
+  }
+}
+
+// RandK's mask drawn from a copy of the generator's engine (Note [draws from a copy of the
+// engine], sparse_kernels.cpp) against Floyd's algorithm on CPUGeneratorImpl::random64(): the same
+// positions, and the generator left in the same state (the next draws agree).
+TEST(RandK, MaskFromTheEngineMatchesRandom64) {
+  for (auto [rows, D, k] :
+       {std::tuple<int64_t, int64_t, int64_t>{64, 4096, 410}, {3, 1000, 1000}, {5, 77, 1}, {2, 10, 0}, {1, 1, 1}}) {
+    at::CPUGeneratorImpl fast_gen(99 + D), ref_gen(99 + D);
+    std::vector<uint8_t> fast(rows * D), ref(rows * D, 0);
+    codec::randk_mask_cpu(&fast_gen, rows, D, k, fast.data());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = D - k; j < D; ++j) {
+        const int64_t pos = static_cast<int64_t>(ref_gen.random64() % static_cast<uint64_t>(j + 1));
+        ref[r * D + (ref[r * D + pos] ? j : pos)] = 1;
+      }
+    const std::string where = std::to_string(rows) + " x " + std::to_string(D) + ", k " + std::to_string(k);
+    EXPECT_EQ(fast, ref) << where;
+    EXPECT_EQ(std::count(fast.begin(), fast.end(), 1), rows * k) << where;
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(fast_gen.random64(), ref_gen.random64()) << where;
   }
 }
 
