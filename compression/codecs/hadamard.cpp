@@ -138,6 +138,39 @@ __attribute__((target("avx2"))) inline __m256 butterfly8_avx2(__m256 v) {
   return _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xAA);  // h = 1
 }
 
+// A tile of V vectors (t = 8 V <= 128) held in registers from load to store: the stages h >= 8
+// pair r[i] with r[i + h / 8] (the loops are unrolled, V being a constant). Wider tiles go through
+// memory stage by stage (rotate_tiles_avx2), where the stores were the bound.
+template <int V, bool ScaleFirst>
+__attribute__((target("avx2"))) void rotate_tiles_regs(const float* x, const float* scale, int64_t m0, int64_t m1,
+                                                       float* y) {
+  for (int64_t m = m0; m < m1; ++m) {
+    const float* in = x + m * 8 * V;
+    float* out = y + m * 8 * V;
+    __m256 r[V];
+#pragma GCC unroll 16
+    for (int i = 0; i < V; ++i) {
+      r[i] = _mm256_loadu_ps(in + 8 * i);
+      if (ScaleFirst) r[i] = _mm256_mul_ps(r[i], _mm256_loadu_ps(scale + 8 * i));
+    }
+#pragma GCC unroll 4
+    for (int h = V / 2; h >= 1; h /= 2)
+#pragma GCC unroll 16
+      for (int i = 0; i < V; ++i)
+        if ((i & h) == 0) {
+          const __m256 a = r[i], c = r[i + h];
+          r[i] = _mm256_add_ps(a, c);
+          r[i + h] = _mm256_sub_ps(a, c);
+        }
+#pragma GCC unroll 16
+    for (int i = 0; i < V; ++i) {
+      r[i] = butterfly8_avx2(r[i]);
+      if (!ScaleFirst) r[i] = _mm256_mul_ps(r[i], _mm256_loadu_ps(scale + 8 * i));
+      _mm256_storeu_ps(out + 8 * i, r[i]);
+    }
+  }
+}
+
 template <bool ScaleFirst>
 __attribute__((target("avx2"))) void rotate_tiles_avx2(const float* x, const float* scale, int64_t t, int64_t m0,
                                                        int64_t m1, float* y) {
@@ -176,11 +209,21 @@ void rotate_tiles(const float* x, const float* scale, int64_t t, bool scale_firs
 #ifdef TL_HAD_AVX2
   static const bool avx2 = __builtin_cpu_supports("avx2");
   if (avx2 && t >= 8) {
-    if (scale_first)
-      rotate_tiles_avx2<true>(x, scale, t, m0, m1, y);
-    else
-      rotate_tiles_avx2<false>(x, scale, t, m0, m1, y);
-    return;
+    const bool f = scale_first;
+    switch (t) {
+      case 8:
+        return f ? rotate_tiles_regs<1, true>(x, scale, m0, m1, y) : rotate_tiles_regs<1, false>(x, scale, m0, m1, y);
+      case 16:
+        return f ? rotate_tiles_regs<2, true>(x, scale, m0, m1, y) : rotate_tiles_regs<2, false>(x, scale, m0, m1, y);
+      case 32:
+        return f ? rotate_tiles_regs<4, true>(x, scale, m0, m1, y) : rotate_tiles_regs<4, false>(x, scale, m0, m1, y);
+      case 64:
+        return f ? rotate_tiles_regs<8, true>(x, scale, m0, m1, y) : rotate_tiles_regs<8, false>(x, scale, m0, m1, y);
+      case 128:
+        return f ? rotate_tiles_regs<16, true>(x, scale, m0, m1, y) : rotate_tiles_regs<16, false>(x, scale, m0, m1, y);
+      default:
+        return f ? rotate_tiles_avx2<true>(x, scale, t, m0, m1, y) : rotate_tiles_avx2<false>(x, scale, t, m0, m1, y);
+    }
   }
 #endif
   rotate_tiles_scalar(x, scale, t, scale_first, m0, m1, y);

@@ -428,12 +428,55 @@ TEST(HadQuant, RotationMatchesThePortableStages) {
   }
 }
 
+// Lemire's remainder (Note [remainder by multiplication], sparse_kernels.h) against %: divisors
+// from 1 to beyond 2^32 (powers of two and their neighbours included), numerators at the ends of
+// the range, multiples of d and their neighbours, and random ones.
+TEST(RandK, RemainderByMultiplication) {
+  std::vector<uint64_t> divisors;
+  for (uint64_t d = 1; d <= 5000; ++d) divisors.push_back(d);
+  for (int b = 13; b < 64; ++b)
+    for (int64_t o : {-1, 0, 1}) divisors.push_back((uint64_t(1) << b) + static_cast<uint64_t>(o));
+  divisors.push_back(~uint64_t(0));
+  at::CPUGeneratorImpl gen(7);
+  for (uint64_t d : divisors) {
+    const codec::Remainder rem(d);
+    std::vector<uint64_t> us = {0,
+                                1,
+                                d - 1,
+                                d,
+                                d + 1,
+                                ~uint64_t(0),
+                                ~uint64_t(0) - 1,
+                                ~uint64_t(0) / d * d,
+                                ~uint64_t(0) / d * d - 1,
+                                (~uint64_t(0) / d - 1) * d};
+    for (int i = 0; i < 64; ++i) us.push_back(gen.random64());
+    for (uint64_t u : us) ASSERT_EQ(rem.of(u), u % d) << u << " % " << d;
+  }
+}
+
+// mt19937_draws against the engine's own draws: from a fresh seed (its first draw twists), from
+// the middle of a block, counts that end on, before and after a twist, and none.
+TEST(RandK, BlockDrawsEqualTheEnginesDraws) {
+  at::mt19937 fast(12345), ref(12345);
+  for (int64_t count : {0, 1, 622, 1, 1, 624, 3000, 7, 624 * 3}) {
+    std::vector<uint32_t> d(count);
+    codec::mt19937_draws(fast, d.data(), count);
+    for (int64_t i = 0; i < count; ++i) ASSERT_EQ(d[i], ref()) << "draw " << i << " of " << count;
+  }
+  EXPECT_EQ(fast(), ref());
+}
+
 // RandK's mask drawn from a copy of the generator's engine (Note [draws from a copy of the
 // engine], sparse_kernels.cpp) against Floyd's algorithm on CPUGeneratorImpl::random64(): the same
 // positions, and the generator left in the same state (the next draws agree).
 TEST(RandK, MaskFromTheEngineMatchesRandom64) {
-  for (auto [rows, D, k] :
-       {std::tuple<int64_t, int64_t, int64_t>{64, 4096, 410}, {3, 1000, 1000}, {5, 77, 1}, {2, 10, 0}, {1, 1, 1}}) {
+  for (auto [rows, D, k] : {std::tuple<int64_t, int64_t, int64_t>{64, 4096, 410},
+                            {3, 1000, 1000},
+                            {5, 77, 1},
+                            {2, 10, 0},
+                            {1, 1, 1},
+                            {2, 3000000, 2000}}) {
     at::CPUGeneratorImpl fast_gen(99 + D), ref_gen(99 + D);
     std::vector<uint8_t> fast(rows * D), ref(rows * D, 0);
     codec::randk_mask_cpu(&fast_gen, rows, D, k, fast.data());
