@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <tuple>
 
 #include "compression/codecs/hadamard.h"
@@ -305,6 +306,37 @@ TEST(PowerSgd, ThinProductsMatchMatmulOnAnyThreadCount) {
       const double err = (got[0][k].to(at::kDouble) - want[k]).abs().max().item<double>();
       EXPECT_LT(err, 1e-5 * sums[k] * 8) << "product " << k << " on " << where;
     }
+  }
+}
+
+// The AVX2 forms of the thin products (Note [thin products in registers], lowrank_kernels.cpp)
+// against the plain loops (what the products run with the fast paths off), bit for bit: ranks
+// with and without a multiple of 4, row counts not a multiple of 4, column tails, two threads.
+TEST(PowerSgd, ThinProductsInRegistersMatchTheLoops) {
+  at::manual_seed(43);
+  struct Shape {
+    int64_t rows, cols, r;
+  };
+  for (const Shape& s : {Shape{64, 4096, 4}, Shape{3, 5003, 1}, Shape{1100, 1031, 5}, Shape{7, 2049, 16},
+                         Shape{613, 77, 8}, Shape{600, 3, 3}, Shape{1, 1, 1}}) {
+    const std::string where = std::to_string(s.rows) + " x " + std::to_string(s.cols) + ", r=" + std::to_string(s.r);
+    at::Tensor m = at::randn({s.rows, s.cols}), q = at::randn({s.cols, s.r}), p = at::randn({s.rows, s.r});
+    m[0].zero_();  // signed zeros: -0 products into zero sums
+    if (s.rows > 1) m[1].fill_(-0.0f);
+    at::Tensor got[2][3];
+    for (int fast : {1, 0}) {
+      std::optional<codec::PortableKernelsGuard> loops;
+      if (!fast) loops.emplace();
+      Threads threads(2);
+      at::Tensor& mq = got[fast][0] = at::empty({s.rows, s.r});
+      at::Tensor& mtp = got[fast][1] = at::empty({s.cols, s.r});
+      at::Tensor& pqt = got[fast][2] = at::empty({s.rows, s.cols});
+      codec::thin_mq_cpu(m.data_ptr<float>(), s.rows, s.cols, q.data_ptr<float>(), s.r, mq.data_ptr<float>());
+      codec::thin_mtp_cpu(m.data_ptr<float>(), s.rows, s.cols, p.data_ptr<float>(), s.r, mtp.data_ptr<float>());
+      codec::thin_pqt_cpu(p.data_ptr<float>(), s.rows, q.data_ptr<float>(), s.cols, s.r, pqt.data_ptr<float>());
+    }
+    for (int k = 0; k < 3; ++k)
+      EXPECT_TRUE(at::equal(got[1][k].view(at::kInt), got[0][k].view(at::kInt))) << "product " << k << " on " << where;
   }
 }
 
