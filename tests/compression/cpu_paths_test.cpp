@@ -434,7 +434,8 @@ TEST(ColumnSparse, CpuPathMatchesThePortablePath) {
 // The rotation's AVX2 butterflies (Note [butterflies in registers], hadamard.cpp) against the
 // portable path's Stockham stages, bit for bit: every tile width from 8 (butterflies only) to 1024,
 // rows split between threads, signed zeros, infinities and NaNs (the rotation itself passes them
-// on; quant refuses them later), both directions; and hadquant's payloads on odd shapes.
+// on; quant refuses them later), both directions; and hadquant's payloads on odd shapes, a single
+// tile, and zero tiles (Note [min and max while rotating], hadamard.cpp).
 TEST(HadQuant, RotationMatchesThePortableStages) {
   at::manual_seed(47);
   for (int t : {1, 2}) {
@@ -454,9 +455,27 @@ TEST(HadQuant, RotationMatchesThePortableStages) {
       EXPECT_TRUE(at::equal(fast_r.view(at::kInt), slow_r.view(at::kInt))) << "rotate, " << where;
       EXPECT_TRUE(at::equal(fast_u.view(at::kInt), slow_u.view(at::kInt))) << "unrotate, " << where;
     }
-    for (const at::Tensor& x : {at::randn({64, 4096}), at::randn({3, 7, 200}), at::randn({9, 1000})})
+    for (const at::Tensor& x :
+         {at::randn({64, 4096}), at::randn({3, 7, 200}), at::randn({9, 1000}), at::randn({1, 128})})
       for (const char* spec : {"hadquant(4)", "hadquant(2, tile=64)", "hadquant(8, tile=8, seed=3)"})
         expect_paths_agree(spec, x, std::to_string(x.numel()) + " elements, " + std::to_string(t) + " threads");
+    // Tiles of +0 and of -0 (the signs of their min and max): against the rotation then the tile
+    // quantiser, the CPU path before the min and max moved into the rotation. (The portable path
+    // is no reference here: quant's CPU and ATen paths already differed on a tile of -0.)
+    at::Tensor zeros = at::randn({9, 1000});
+    zeros[2].zero_();
+    zeros[3].fill_(-0.0f);
+    for (int64_t tile : {8, 64, 128}) {
+      const std::string b = std::to_string(tile);
+      CodecContext ctx;
+      const Payload p = parse_compressor("hadquant(4, tile=" + b + ", seed=1)")->encode(zeros, ctx);
+      const at::Tensor tiles =
+          at::constant_pad_nd(zeros, {0, (1000 + tile - 1) / tile * tile - 1000}, 0).reshape({-1, tile});
+      const at::Tensor rotated = codec::hadamard_rotate(tiles, codec::hadamard_signs(tile, 1, tiles.options()));
+      const Payload q =
+          parse_compressor("quant(4, scale=block, block=" + b + ", scales=fp16)")->encode(rotated.reshape({-1}), ctx);
+      EXPECT_TRUE(at::equal(p.body, q.body)) << "zero tiles, tile " << b << ", " << t << " threads";
+    }
   }
 }
 
