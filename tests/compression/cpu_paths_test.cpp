@@ -459,9 +459,9 @@ TEST(HadQuant, RotationMatchesThePortableStages) {
          {at::randn({64, 4096}), at::randn({3, 7, 200}), at::randn({9, 1000}), at::randn({1, 128})})
       for (const char* spec : {"hadquant(4)", "hadquant(2, tile=64)", "hadquant(8, tile=8, seed=3)"})
         expect_paths_agree(spec, x, std::to_string(x.numel()) + " elements, " + std::to_string(t) + " threads");
-    // Tiles of +0 and of -0 (the signs of their min and max): against the rotation then the tile
-    // quantiser, the CPU path before the min and max moved into the rotation. (The portable path
-    // is no reference here: quant's CPU and ATen paths already differed on a tile of -0.)
+    // Tiles of +0 and of -0 (a scale of zero): against the rotation then the tile quantiser, the
+    // CPU path before the min and max moved into the rotation. (The portable path is no reference
+    // here: quant's CPU and ATen paths already differed on these inputs.)
     at::Tensor zeros = at::randn({9, 1000});
     zeros[2].zero_();
     zeros[3].fill_(-0.0f);
