@@ -191,6 +191,15 @@ __attribute__((target("avx2"))) void rotate_tiles_regs(const float* x, const flo
   }
 }
 
+template <int V>
+void rotate_regs(bool scale_first, const float* x, const float* scale, int64_t m0, int64_t m1, float* y, float* mn,
+                 float* mx) {
+  if (scale_first)
+    rotate_tiles_regs<V, true>(x, scale, m0, m1, y, mn, mx);
+  else
+    rotate_tiles_regs<V, false>(x, scale, m0, m1, y, mn, mx);
+}
+
 template <bool ScaleFirst>
 __attribute__((target("avx2"))) void rotate_tiles_avx2(const float* x, const float* scale, int64_t t, int64_t m0,
                                                        int64_t m1, float* y) {
@@ -239,23 +248,17 @@ void rotate_tiles(const float* x, const float* scale, int64_t t, bool scale_firs
                   float* mn, float* mx) {
 #ifdef TL_HAD_AVX2
   if (rotation_in_registers(t)) {
-    const bool f = scale_first;
     switch (t) {
       case 8:
-        return f ? rotate_tiles_regs<1, true>(x, scale, m0, m1, y, mn, mx)
-                 : rotate_tiles_regs<1, false>(x, scale, m0, m1, y, mn, mx);
+        return rotate_regs<1>(scale_first, x, scale, m0, m1, y, mn, mx);
       case 16:
-        return f ? rotate_tiles_regs<2, true>(x, scale, m0, m1, y, mn, mx)
-                 : rotate_tiles_regs<2, false>(x, scale, m0, m1, y, mn, mx);
+        return rotate_regs<2>(scale_first, x, scale, m0, m1, y, mn, mx);
       case 32:
-        return f ? rotate_tiles_regs<4, true>(x, scale, m0, m1, y, mn, mx)
-                 : rotate_tiles_regs<4, false>(x, scale, m0, m1, y, mn, mx);
+        return rotate_regs<4>(scale_first, x, scale, m0, m1, y, mn, mx);
       case 64:
-        return f ? rotate_tiles_regs<8, true>(x, scale, m0, m1, y, mn, mx)
-                 : rotate_tiles_regs<8, false>(x, scale, m0, m1, y, mn, mx);
+        return rotate_regs<8>(scale_first, x, scale, m0, m1, y, mn, mx);
       default:
-        return f ? rotate_tiles_regs<16, true>(x, scale, m0, m1, y, mn, mx)
-                 : rotate_tiles_regs<16, false>(x, scale, m0, m1, y, mn, mx);
+        return rotate_regs<16>(scale_first, x, scale, m0, m1, y, mn, mx);
     }
   }
   TORCH_INTERNAL_ASSERT(!mn, "hadquant: min and max while rotating need tiles of 8 to 128 and AVX2");
