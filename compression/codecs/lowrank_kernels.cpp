@@ -80,14 +80,14 @@ TL_THIN_CLONES void scale(float* a, float s, const float* x, int64_t n) {
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define TL_THIN_AVX2 1
-// Note [thin products in registers]. GCC's clones of the loops above kept dot4's 32 accumulators
-// on the stack (a store and a reload per step) and gathered x one float at a time, and P Q^T and
-// M^T P made a pass over their accumulator row for each of the r columns (P Q^T: 1 + 3 stores and
-// 7 loads per 8 outputs at r = 4). These AVX2 forms do the same multiplications and additions, in
-// the same order, with the accumulators in registers: dot4_avx2 with four vector chains; the
-// output row of P Q^T formed 8 columns at a time across the r terms (s_0 q_0, then + s_c q_c);
-// M^T P a column block of all the tile's rows at a time into r vector accumulators (row i's terms added before row
-// i + 1's, as axpy did). Same bits (PowerSgd.ThinProductsInRegistersMatchTheLoops).
+// Note [thin products in registers]. GCC's clones of the loops above kept dot4's 32 accumulators on
+// the stack (a store and a reload per step) and gathered x one float at a time, and P Q^T and M^T P
+// made a pass over their accumulator row for each of the r columns (P Q^T: 1 + 3 stores and 7 loads
+// per 8 outputs at r = 4). These AVX2 forms do the same multiplications and additions, in the same
+// order, with the accumulators in registers: dot4_avx2 with four vector chains; the output row of P
+// Q^T formed 8 columns at a time across the r terms (s_0 q_0, then + s_c q_c); M^T P a column block
+// of all the tile's rows at a time into r vector accumulators (row i's terms added before row i +
+// 1's, as axpy did). Same bits (PowerSgd.ThinProductsInRegistersMatchTheLoops).
 // On the calling thread (the switch is thread-local): with the fast paths off (PortableKernelsGuard,
 // tests), the loops above.
 bool thin_avx2() {

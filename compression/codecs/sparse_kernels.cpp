@@ -558,15 +558,15 @@ void gather_rows_cpu(const float* x, int64_t rows, int64_t D, const int64_t* cha
 
 namespace {
 
-// Note [draws from a copy of the engine]. CPUGeneratorImpl::random64() is two draws of its
-// mt19937, the first the high half, behind a call into libtorch for every kept element (RandK's
-// Floyd's algorithm draws one a position), and at::mt19937's own draw, inline, still costs about
-// 3 ns (a branch, the state's counters in memory, the tempering, a scalar twist every 624 draws):
-// 150 us of the 1 MiB encode. Here a copy of the engine's state makes the draws a block at a time
-// (mt19937_draws: the twist and the tempering as loops over the state, vectorised), and the
-// state, advanced by as many draws, is put back: the generator ends where random64() would have
-// left it, and the positions are the same. Whether the linked libtorch forms random64() that way
-// is asked once, on a generator of our own; where it does not, random64() is called as before.
+// Note [draws from a copy of the engine]. CPUGeneratorImpl::random64() is two draws of its mt19937,
+// the first the high half, behind a call into libtorch for every kept element (RandK's Floyd's
+// algorithm draws one a position), and at::mt19937's own draw, inline, still has a branch, the
+// state's counters in memory and a scalar twist every 624 draws. Here a copy of the engine's state
+// makes the draws a block at a time (mt19937_draws: the twist and the tempering as loops over the
+// state, vectorised), and the state, advanced by as many draws, is put back: the generator ends
+// where random64() would have left it, and the positions are the same. Whether the linked libtorch
+// forms random64() that way is asked once, on a generator of our own; where it does not, random64()
+// is called as before.
 bool random64_from_engine() {
   static const bool same = [] {
     at::CPUGeneratorImpl probe(20260127);

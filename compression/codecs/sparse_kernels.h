@@ -57,11 +57,11 @@ void gather_rows_cpu(const float* x, int64_t rows, int64_t D, const int64_t* cha
                      int64_t block = 1);
 
 // Note [remainder by multiplication]. Floyd's draw t = u % (j + 1) was a 64-bit division for each
-// kept element (~35 cycles, most of the mask's time). The divisors are the same k for every row
-// (j + 1 = D - k + 1, ..., D), so each gets Lemire's constant M = ceil(2^128 / d) once per call,
-// and u % d = ((M u mod 2^128) d) >> 128: exact for every 64-bit u and d (Lemire, Kaser and
-// Kurz, "Faster remainder by direct computation", 2019: 128 bits >= 64 + log2 d), so the
-// positions are the division's (RandK.MaskFromTheEngineMatchesRandom64, RandK.RemainderByMultiplication).
+// kept element. The divisors are the same k for every row (j + 1 = D - k + 1, ..., D), so each gets
+// Lemire's constant M = ceil(2^128 / d) once per call, and u % d = ((M u mod 2^128) d) >> 128:
+// exact for every 64-bit u and d (Lemire, Kaser and Kurz, "Faster remainder by direct computation",
+// 2019: 128 bits >= 64 + log2 d), so the positions are the division's
+// (RandK.MaskFromTheEngineMatchesRandom64, RandK.RemainderByMultiplication).
 /// u % d by a multiplication (Note [remainder by multiplication]).
 #ifdef __SIZEOF_INT128__
 struct Remainder {
