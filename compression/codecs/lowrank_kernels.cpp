@@ -160,23 +160,16 @@ __attribute__((target("avx2"))) void accumulate_rows_avx2(const float* x, int64_
 }
 
 // F<R>(args...) with R = r for the ranks given a constant form (1, 2, 4, 8), else F<0>.
-#define TL_BY_RANK(F, r, ...) \
-  switch (r) {                \
-    case 1:                   \
-      F<1>(__VA_ARGS__);      \
-      break;                  \
-    case 2:                   \
-      F<2>(__VA_ARGS__);      \
-      break;                  \
-    case 4:                   \
-      F<4>(__VA_ARGS__);      \
-      break;                  \
-    case 8:                   \
-      F<8>(__VA_ARGS__);      \
-      break;                  \
-    default:                  \
-      F<0>(__VA_ARGS__);      \
+// clang-format off
+#define TL_BY_RANK(F, r, ...)                     \
+  switch (r) {                                    \
+    case 1: F<1>(__VA_ARGS__); break;             \
+    case 2: F<2>(__VA_ARGS__); break;             \
+    case 4: F<4>(__VA_ARGS__); break;             \
+    case 8: F<8>(__VA_ARGS__); break;             \
+    default: F<0>(__VA_ARGS__);                   \
   }
+// clang-format on
 #endif
 
 struct Tile {
