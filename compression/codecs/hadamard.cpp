@@ -4,6 +4,11 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <limits>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "compression/codecs/common.h"
 
@@ -116,17 +121,159 @@ inline void rotate_tiles_impl(const float* x, const float* scale, int64_t t, int
   }
 }
 
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define TL_HAD_AVX2 1
+// Note [butterflies in registers]. rotate_tiles_impl with AVX2 intrinsics for t >= 8: the stages
+// h >= 8 pair whole vectors (the same a + c and a - c), and the stages 4, 2, 1 of each block of 8
+// (butterfly8) run in one register: p = the register with the partners swapped in (halves,
+// then pairs, then neighbours), the lanes that keep a + c from v + p and those that keep a - c
+// from p - v, each with a (the lower index) as the first operand, as in the scalar code, so every
+// rounding, signed zero and NaN is the same (HadQuant.RotationMatchesThePortableStages). The
+// compiler's form of the scalar loop spent about half of a 1 MiB encode in the butterflies.
+__attribute__((target("avx2"))) inline __m256 butterfly8_avx2(__m256 v) {
+  __m256 p = _mm256_permute2f128_ps(v, v, 0x01);                           // halves swapped
+  v = _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xF0);     // h = 4
+  p = _mm256_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2));                       // pairs swapped
+  v = _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xCC);     // h = 2
+  p = _mm256_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1));                       // neighbours swapped
+  return _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xAA);  // h = 1
+}
+
+// A tile of V vectors (t = 8 V <= 128) held in registers from load to store: the stages h >= 8
+// pair r[i] with r[i + h / 8] (the loops are unrolled, V being a constant). Wider tiles go through
+// memory stage by stage (rotate_tiles_avx2), where the stores were the bound. With mn and mx
+// (Note [min and max while rotating]) each tile's min and max are written too.
+template <int V, bool ScaleFirst>
+__attribute__((target("avx2"))) void rotate_tiles_regs(const float* x, const float* scale, int64_t m0, int64_t m1,
+                                                       float* y, float* mn, float* mx) {
+  for (int64_t m = m0; m < m1; ++m) {
+    const float* in = x + m * 8 * V;
+    float* out = y + m * 8 * V;
+    __m256 r[V];
+#pragma GCC unroll 16
+    for (int i = 0; i < V; ++i) {
+      r[i] = _mm256_loadu_ps(in + 8 * i);
+      if (ScaleFirst) r[i] = _mm256_mul_ps(r[i], _mm256_loadu_ps(scale + 8 * i));
+    }
+#pragma GCC unroll 4
+    for (int h = V / 2; h >= 1; h /= 2)
+#pragma GCC unroll 16
+      for (int i = 0; i < V; ++i)
+        if ((i & h) == 0) {
+          const __m256 a = r[i], c = r[i + h];
+          r[i] = _mm256_add_ps(a, c);
+          r[i + h] = _mm256_sub_ps(a, c);
+        }
+#pragma GCC unroll 16
+    for (int i = 0; i < V; ++i) {
+      r[i] = butterfly8_avx2(r[i]);
+      if (!ScaleFirst) r[i] = _mm256_mul_ps(r[i], _mm256_loadu_ps(scale + 8 * i));
+      _mm256_storeu_ps(out + 8 * i, r[i]);
+    }
+    if (mn) {
+      __m256 lo = _mm256_set1_ps(std::numeric_limits<float>::infinity()), hi = _mm256_sub_ps(_mm256_setzero_ps(), lo);
+#pragma GCC unroll 16
+      for (int i = 0; i < V; ++i) {
+        lo = _mm256_min_ps(r[i], lo);  // r[i] < lo ? r[i] : lo
+        hi = _mm256_max_ps(r[i], hi);  // r[i] > hi ? r[i] : hi
+      }
+      alignas(32) float l[8], h[8];
+      _mm256_store_ps(l, lo);
+      _mm256_store_ps(h, hi);
+      float a = std::numeric_limits<float>::infinity(), b = -a;
+      for (int k = 0; k < 8; ++k) {
+        a = l[k] < a ? l[k] : a;
+        b = h[k] > b ? h[k] : b;
+      }
+      mn[m] = a;
+      mx[m] = b;
+    }
+  }
+}
+
+template <int V>
+void rotate_regs(bool scale_first, const float* x, const float* scale, int64_t m0, int64_t m1, float* y, float* mn,
+                 float* mx) {
+  if (scale_first)
+    rotate_tiles_regs<V, true>(x, scale, m0, m1, y, mn, mx);
+  else
+    rotate_tiles_regs<V, false>(x, scale, m0, m1, y, mn, mx);
+}
+
+template <bool ScaleFirst>
+__attribute__((target("avx2"))) void rotate_tiles_avx2(const float* x, const float* scale, int64_t t, int64_t m0,
+                                                       int64_t m1, float* y) {
+  for (int64_t m = m0; m < m1; ++m) {
+    const float* in = x + m * t;
+    float* v = y + m * t;
+    for (int64_t i = 0; i < t; i += 8) {
+      const __m256 a = _mm256_loadu_ps(in + i);
+      _mm256_storeu_ps(v + i, ScaleFirst ? _mm256_mul_ps(a, _mm256_loadu_ps(scale + i)) : a);
+    }
+    for (int64_t h = t / 2; h >= 8; h /= 2)
+      for (int64_t b = 0; b < t; b += 2 * h)
+        for (int64_t i = b; i < b + h; i += 8) {
+          const __m256 a = _mm256_loadu_ps(v + i), c = _mm256_loadu_ps(v + i + h);
+          _mm256_storeu_ps(v + i, _mm256_add_ps(a, c));
+          _mm256_storeu_ps(v + i + h, _mm256_sub_ps(a, c));
+        }
+    for (int64_t i = 0; i < t; i += 8) {
+      const __m256 r = butterfly8_avx2(_mm256_loadu_ps(v + i));
+      _mm256_storeu_ps(v + i, ScaleFirst ? r : _mm256_mul_ps(r, _mm256_loadu_ps(scale + i)));
+    }
+  }
+}
+#endif
+
 TL_HAD_CLONES
-void rotate_tiles(const float* x, const float* scale, int64_t t, bool scale_first, int64_t m0, int64_t m1, float* y) {
+void rotate_tiles_scalar(const float* x, const float* scale, int64_t t, bool scale_first, int64_t m0, int64_t m1,
+                         float* y) {
   if (scale_first)
     rotate_tiles_impl<true>(x, scale, t, m0, m1, y);
   else
     rotate_tiles_impl<false>(x, scale, t, m0, m1, y);
 }
 
+bool rotation_in_registers(int64_t t) {
+#ifdef TL_HAD_AVX2
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2 && t >= 8 && t <= 128;
+#else
+  return false;
+#endif
+}
+
+// mn and mx (per tile) only where rotation_in_registers(t).
+void rotate_tiles(const float* x, const float* scale, int64_t t, bool scale_first, int64_t m0, int64_t m1, float* y,
+                  float* mn, float* mx) {
+#ifdef TL_HAD_AVX2
+  if (rotation_in_registers(t)) {
+    switch (t) {
+      case 8:
+        return rotate_regs<1>(scale_first, x, scale, m0, m1, y, mn, mx);
+      case 16:
+        return rotate_regs<2>(scale_first, x, scale, m0, m1, y, mn, mx);
+      case 32:
+        return rotate_regs<4>(scale_first, x, scale, m0, m1, y, mn, mx);
+      case 64:
+        return rotate_regs<8>(scale_first, x, scale, m0, m1, y, mn, mx);
+      default:
+        return rotate_regs<16>(scale_first, x, scale, m0, m1, y, mn, mx);
+    }
+  }
+  TORCH_INTERNAL_ASSERT(!mn, "hadquant: min and max while rotating need tiles of 8 to 128 and AVX2");
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2 && t >= 8)
+    return scale_first ? rotate_tiles_avx2<true>(x, scale, t, m0, m1, y)
+                       : rotate_tiles_avx2<false>(x, scale, t, m0, m1, y);
+#endif
+  rotate_tiles_scalar(x, scale, t, scale_first, m0, m1, y);
+}
+
 // rows (M, t) float32 on the CPU -> the rotated (or unrotated) rows, or undefined when the fast
 // path does not apply.
-at::Tensor rotate_cpu(const at::Tensor& x, const at::Tensor& scale, bool scale_first) {
+at::Tensor rotate_cpu(const at::Tensor& x, const at::Tensor& scale, bool scale_first, float* mn = nullptr,
+                      float* mx = nullptr) {
   if (!codec::use_cpu_kernel(x) || x.scalar_type() != at::kFloat || scale.scalar_type() != at::kFloat)
     return at::Tensor();
   const at::Tensor in = x.contiguous(), s = scale.contiguous();
@@ -136,8 +283,13 @@ at::Tensor rotate_cpu(const at::Tensor& x, const at::Tensor& scale, bool scale_f
   const float* sp = s.data_ptr<float>();
   float* yp = out.data_ptr<float>();
   at::parallel_for(0, M, std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(t, 1)),
-                   [&](int64_t m0, int64_t m1) { rotate_tiles(xp, sp, t, scale_first, m0, m1, yp); });
+                   [&](int64_t m0, int64_t m1) { rotate_tiles(xp, sp, t, scale_first, m0, m1, yp, mn, mx); });
   return out;
+}
+
+// diag(s) / sqrt(t) as one (t) vector: one pass over x besides the stages.
+at::Tensor rotation_scale(const at::Tensor& signs) {
+  return signs * (1.0 / std::sqrt(static_cast<double>(signs.numel())));
 }
 
 void check_rows(const at::Tensor& x, const at::Tensor& signs, const char* what) {
@@ -188,15 +340,14 @@ at::Tensor hadamard_signs(int64_t t, uint64_t seed, const at::TensorOptions& opt
 
 at::Tensor hadamard_rotate(const at::Tensor& x, const at::Tensor& signs) {
   check_rows(x, signs, "hadamard_rotate");
-  // diag(s) / sqrt(t) as one (t) vector: one pass over x besides the stages.
-  const at::Tensor scale = signs * (1.0 / std::sqrt(static_cast<double>(signs.numel())));
+  const at::Tensor scale = rotation_scale(signs);
   at::Tensor fast = rotate_cpu(x, scale, /*scale_first=*/true);
   return fast.defined() ? fast : fwht(x * scale);
 }
 
 at::Tensor hadamard_unrotate(const at::Tensor& y, const at::Tensor& signs) {
   check_rows(y, signs, "hadamard_unrotate");
-  const at::Tensor scale = signs * (1.0 / std::sqrt(static_cast<double>(signs.numel())));
+  const at::Tensor scale = rotation_scale(signs);
   at::Tensor fast = rotate_cpu(y, scale, /*scale_first=*/false);
   return fast.defined() ? fast : fwht(y) * scale;
 }
@@ -237,10 +388,24 @@ Payload HadamardQuant::encode(const at::Tensor& x, const CodecContext& ctx) {
   at::Tensor rows = x.to(at::kFloat).reshape({g.rows, g.D});  // (rows, D)
   if (g.padded != g.D) rows = at::constant_pad_nd(rows, {0, g.padded - g.D}, 0);
   at::Tensor tiles = rows.contiguous().view({-1, g.t});  // (rows * D' / t, t)
-  at::Tensor rotated = codec::hadamard_rotate(tiles, codec::hadamard_signs(g.t, o_.seed, tiles.options()));
+  const at::Tensor signs = codec::hadamard_signs(g.t, o_.seed, tiles.options());
   // One scale per tile: the quantiser's blocks are the tiles (D' is a multiple of t).
   auto quant = g.t == o_.tile ? quant_ : tile_quantiser(o_.bits, g.t, o_.scale_type);
-  Payload q = quant->encode(rotated.reshape({-1}), ctx);
+  Payload q;
+  const int64_t M = tiles.size(0);
+  if (M > 1 && codec::use_cpu_kernel(tiles) && rotation_in_registers(g.t)) {
+    // Note [min and max while rotating]. The quantiser's first pass is the per-tile min and max
+    // (quant_kernels.cpp's minmax_span_t over a block: 8 lanes, r < lane ? r : lane in element
+    // order from +-inf, then the lanes in order; NaN skipped). The rotation has each tile in
+    // registers: the same comparisons there (minps/maxps are exactly those selections, signed
+    // zeros included) save that pass over the rotated tensor (HadQuant.RotationMatchesThePortableStages
+    // compares the payloads).
+    std::vector<float> mn(M), mx(M);
+    const at::Tensor rotated = rotate_cpu(tiles, rotation_scale(signs), /*scale_first=*/true, mn.data(), mx.data());
+    q = quant->encode_with_minmax(rotated.reshape({-1}), mn.data(), mx.data(), ctx);
+  } else {
+    q = quant->encode(codec::hadamard_rotate(tiles, signs).reshape({-1}), ctx);
+  }
 
   Payload p;
   p.codec = codec_id(kName);

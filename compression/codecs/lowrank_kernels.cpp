@@ -6,6 +6,11 @@
 #include <cmath>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "compression/codecs/common.h"
 #include "compression/codecs/inline_parallel.h"
 
 namespace tl::codec {
@@ -73,6 +78,100 @@ TL_THIN_CLONES void scale(float* a, float s, const float* x, int64_t n) {
   for (int64_t j = 0; j < n; ++j) a[j] = s * x[j];
 }
 
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define TL_THIN_AVX2 1
+// Note [thin products in registers]. GCC's clones of the loops above kept dot4's 32 accumulators on
+// the stack (a store and a reload per step) and gathered x one float at a time, and P Q^T and M^T P
+// made a pass over their accumulator row for each of the r columns (P Q^T: 1 + 3 stores and 7 loads
+// per 8 outputs at r = 4). These AVX2 forms do the same multiplications and additions, in the same
+// order, with the accumulators in registers: dot4_avx2 with four vector chains; the output row of P
+// Q^T formed 8 columns at a time across the r terms (s_0 q_0, then + s_c q_c); M^T P a column block
+// of all the tile's rows at a time into r vector accumulators (row i's terms added before row i +
+// 1's, as axpy did). Same bits (PowerSgd.ThinProductsInRegistersMatchTheLoops).
+// On the calling thread (the switch is thread-local): with the fast paths off (PortableKernelsGuard,
+// tests), the loops above.
+bool thin_avx2() {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2 && cpu_kernels_enabled();
+}
+
+__attribute__((target("avx2"))) void dot4_avx2(const float* x, const float* y, int64_t ld, int64_t n, float* out) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 v = _mm256_loadu_ps(x + j);
+    a0 = _mm256_add_ps(a0, _mm256_mul_ps(v, _mm256_loadu_ps(y + j)));
+    a1 = _mm256_add_ps(a1, _mm256_mul_ps(v, _mm256_loadu_ps(y + ld + j)));
+    a2 = _mm256_add_ps(a2, _mm256_mul_ps(v, _mm256_loadu_ps(y + 2 * ld + j)));
+    a3 = _mm256_add_ps(a3, _mm256_mul_ps(v, _mm256_loadu_ps(y + 3 * ld + j)));
+  }
+  alignas(32) float acc[4][8];
+  _mm256_store_ps(acc[0], a0);
+  _mm256_store_ps(acc[1], a1);
+  _mm256_store_ps(acc[2], a2);
+  _mm256_store_ps(acc[3], a3);
+  for (int g = 0; g < 4; ++g) {
+    float s = 0;
+    for (int l = 0; l < 8; ++l) s += acc[g][l];
+    for (int64_t t = j; t < n; ++t) s += x[t] * y[g * ld + t];
+    out[g] = s;
+  }
+}
+
+// o[0, n) = p[0] qt[0, n) + p[1] qt[n, 2n) + ... (r terms, added left to right), qt (r, n). R: r
+// as a constant (the broadcasts and accumulators then stay in registers), or 0: r at run time.
+template <int R>
+__attribute__((target("avx2"))) void combine_row_avx2(const float* p, const float* qt, int64_t r, int64_t n, float* o) {
+  if (R > 0) r = R;
+  __m256 s[kMaxThinRank];
+  for (int64_t c = 0; c < r; ++c) s[c] = _mm256_set1_ps(p[c]);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    __m256 v = _mm256_mul_ps(s[0], _mm256_loadu_ps(qt + j));
+    for (int64_t c = 1; c < r; ++c) v = _mm256_add_ps(v, _mm256_mul_ps(s[c], _mm256_loadu_ps(qt + c * n + j)));
+    _mm256_storeu_ps(o + j, v);
+  }
+  for (; j < n; ++j) {
+    float v = p[0] * qt[j];
+    for (int64_t c = 1; c < r; ++c) v += p[c] * qt[c * n + j];
+    o[j] = v;
+  }
+}
+
+// acc (r, n) += the rows [0, rows) of x (row stride ld) times their p (rows, r) entries, row by
+// row; r <= kMaxThinRank (R as above).
+template <int R>
+__attribute__((target("avx2"))) void accumulate_rows_avx2(const float* x, int64_t ld, int64_t rows, const float* p,
+                                                          int64_t r, int64_t n, float* acc) {
+  if (R > 0) r = R;
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    __m256 a[kMaxThinRank];
+    for (int64_t c = 0; c < r; ++c) a[c] = _mm256_loadu_ps(acc + c * n + j);
+    for (int64_t i = 0; i < rows; ++i) {
+      const __m256 v = _mm256_loadu_ps(x + i * ld + j);
+      for (int64_t c = 0; c < r; ++c) a[c] = _mm256_add_ps(a[c], _mm256_mul_ps(_mm256_set1_ps(p[i * r + c]), v));
+    }
+    for (int64_t c = 0; c < r; ++c) _mm256_storeu_ps(acc + c * n + j, a[c]);
+  }
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t c = 0; c < r; ++c)
+      for (int64_t t = j; t < n; ++t) acc[c * n + t] += p[i * r + c] * x[i * ld + t];
+}
+
+// F<R>(args...) with R = r for the ranks given a constant form (1, 2, 4, 8), else F<0>.
+// clang-format off
+#define TL_BY_RANK(F, r, ...)                     \
+  switch (r) {                                    \
+    case 1: F<1>(__VA_ARGS__); break;             \
+    case 2: F<2>(__VA_ARGS__); break;             \
+    case 4: F<4>(__VA_ARGS__); break;             \
+    case 8: F<8>(__VA_ARGS__); break;             \
+    default: F<0>(__VA_ARGS__);                   \
+  }
+// clang-format on
+#endif
+
 struct Tile {
   int64_t i0, i1, j0, j1, chunk, block;
 };
@@ -130,6 +229,9 @@ void reduce_parts(int64_t count, int64_t size, float* out, F fill) {
 }  // namespace
 
 void thin_mq_cpu(const float* m, int64_t rows, int64_t cols, const float* q, int64_t r, float* p) {
+#ifdef TL_THIN_AVX2
+  const bool vec = thin_avx2();
+#endif
   // Partial sums per column block, (blocks, rows, r).
   reduce_parts((cols + kColBlock - 1) / kColBlock, rows * r, p, [&](float* parts) {
     for_tiles(rows, cols, [&](const Tile& t) {
@@ -140,7 +242,15 @@ void thin_mq_cpu(const float* m, int64_t rows, int64_t cols, const float* q, int
         const float* x = m + i * cols + t.j0;
         float* o = parts + (t.block * rows + i) * r;
         int64_t c = 0;
-        for (; c + 4 <= r; c += 4) dot4(x, qt.data() + c * n, n, n, o + c);
+        for (; c + 4 <= r; c += 4) {
+#ifdef TL_THIN_AVX2
+          if (vec) {
+            dot4_avx2(x, qt.data() + c * n, n, n, o + c);
+            continue;
+          }
+#endif
+          dot4(x, qt.data() + c * n, n, n, o + c);
+        }
         for (; c < r; ++c) o[c] = dot(x, qt.data() + c * n, n);
       }
     });
@@ -148,15 +258,23 @@ void thin_mq_cpu(const float* m, int64_t rows, int64_t cols, const float* q, int
 }
 
 void thin_mtp_cpu(const float* m, int64_t rows, int64_t cols, const float* p, int64_t r, float* q) {
+#ifdef TL_THIN_AVX2
+  const bool vec = thin_avx2();
+#endif
   // Partial sums per row chunk, (chunks, cols, r).
   reduce_parts((rows + kRowChunk - 1) / kRowChunk, cols * r, q, [&](float* parts) {
     for_tiles(rows, cols, [&](const Tile& t) {
       const int64_t n = t.j1 - t.j0;
       std::vector<float> acc(r * n, 0.0f);  // (r, n)
-      for (int64_t i = t.i0; i < t.i1; ++i) {
-        const float* x = m + i * cols + t.j0;
-        for (int64_t c = 0; c < r; ++c) axpy(acc.data() + c * n, p[i * r + c], x, n);
-      }
+#ifdef TL_THIN_AVX2
+      if (vec)
+        TL_BY_RANK(accumulate_rows_avx2, r, m + t.i0 * cols + t.j0, cols, t.i1 - t.i0, p + t.i0 * r, r, n, acc.data())
+      else
+#endif
+        for (int64_t i = t.i0; i < t.i1; ++i) {
+          const float* x = m + i * cols + t.j0;
+          for (int64_t c = 0; c < r; ++c) axpy(acc.data() + c * n, p[i * r + c], x, n);
+        }
       float* o = parts + (t.chunk * cols + t.j0) * r;
       for (int64_t j = 0; j < n; ++j)
         for (int64_t c = 0; c < r; ++c) o[j * r + c] = acc[c * n + j];
@@ -207,6 +325,9 @@ void thin_qr_cpu(float* a_out, int64_t rows, int64_t r) {
 }
 
 void thin_pqt_cpu(const float* p, int64_t rows, const float* q, int64_t cols, int64_t r, float* out) {
+#ifdef TL_THIN_AVX2
+  const bool vec = thin_avx2();
+#endif
   if (rows * cols == 0) return;
   if (r == 0) {
     parallel_for(0, rows * cols, kMinWork, [&](int64_t e0, int64_t e1) { std::fill(out + e0, out + e1, 0.0f); });
@@ -218,6 +339,12 @@ void thin_pqt_cpu(const float* p, int64_t rows, const float* q, int64_t cols, in
     transpose_block(q, r, t.j0, t.j1, qt.data());
     for (int64_t i = t.i0; i < t.i1; ++i) {
       float* o = out + i * cols + t.j0;
+#ifdef TL_THIN_AVX2
+      if (vec) {
+        TL_BY_RANK(combine_row_avx2, r, p + i * r, qt.data(), r, n, o)
+        continue;
+      }
+#endif
       scale(o, p[i * r], qt.data(), n);
       for (int64_t c = 1; c < r; ++c) axpy(o, p[i * r + c], qt.data() + c * n, n);
     }

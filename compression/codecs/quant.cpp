@@ -3,6 +3,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 
+#include <cstring>
+
 #include "compression/codecs/common.h"
 #include "compression/codecs/quant_kernels.h"
 #include "compression/cuda/quant_cuda.h"
@@ -155,7 +157,12 @@ Payload Quantize::encode_with_residual(const at::Tensor& x, const CodecContext& 
   return encode_impl(x, ctx, residual);
 }
 
-Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::Tensor* residual) {
+Payload Quantize::encode_with_minmax(const at::Tensor& x, const float* mn, const float* mx, const CodecContext& ctx) {
+  return encode_impl(x, ctx, nullptr, mn, mx);
+}
+
+Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::Tensor* residual, const float* given_mn,
+                              const float* given_mx) {
   if (residual) *residual = at::Tensor();
   codec::check_input(x, kName);
   const std::vector<int64_t> shape = x.sizes().vec();
@@ -163,6 +170,8 @@ Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::
   const Geometry geo = geometry(shape, o_.scale, dim, o_.block);
   const int64_t n = geo.g.n, groups = geo.g.groups;
   const bool cpu = codec::use_cpu_kernel(x);
+  TORCH_CHECK(!given_mn || (cpu && groups > 1 && x.scalar_type() == at::kFloat), kName,
+              ": encode_with_minmax takes float32 CPU tensors of several scale groups on the fast path");
   // Note [CUDA kernels or ATen ops] (compression/cuda/quant_cuda.h).
   const bool cuda = codec::use_cuda_kernel(x);
   at::Tensor xf = x.to(at::kFloat).contiguous().reshape({-1});
@@ -178,7 +187,12 @@ Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::
   } else if (cpu) {
     mn = at::empty({groups}, xf.options());
     mx = at::empty({groups}, xf.options());
-    codec::group_minmax_cpu(xf.data_ptr<float>(), geo.g, mn.data_ptr<float>(), mx.data_ptr<float>());
+    if (given_mn) {
+      std::memcpy(mn.data_ptr<float>(), given_mn, groups * sizeof(float));
+      std::memcpy(mx.data_ptr<float>(), given_mx, groups * sizeof(float));
+    } else {
+      codec::group_minmax_cpu(xf.data_ptr<float>(), geo.g, mn.data_ptr<float>(), mx.data_ptr<float>());
+    }
   } else if (o_.scale == Scale::kChannel) {
     at::Tensor v = xf.view({geo.outer, groups, geo.inner});
     mn = v.amin({0, 2});
@@ -406,8 +420,8 @@ PayloadSize Quantize::payload_size(const std::vector<int64_t>& shape, at::Scalar
   const int64_t dim = o_.scale == Scale::kChannel ? channel_dim(ndim) : -1;
   const Geometry geo = geometry(shape, o_.scale, dim, o_.block);
   const int64_t n = geo.g.n;
-  const int64_t scales = (o_.mode == Mode::kMinMax ? 2 : 1) * geo.g.groups *
-                         static_cast<int64_t>(c10::elementSize(o_.scale_type));
+  const int64_t scales =
+      (o_.mode == Mode::kMinMax ? 2 : 1) * geo.g.groups * static_cast<int64_t>(c10::elementSize(o_.scale_type));
   const int64_t codes = n > 0 ? (n * o_.bits + 7) / 8 : 0;
   return {payload_header_bytes(ndim, 7) + scales + codes, PayloadSize::Kind::Exact};
 }

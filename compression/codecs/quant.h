@@ -51,6 +51,10 @@ class Quantize : public Compressor {
   /// With the fused kernels (CUDA tensors, or their host logic under HostEmulationGuard) the
   /// residual is written by the quantising kernel itself; bit for bit x - decode(payload).
   Payload encode_with_residual(const at::Tensor& x, const CodecContext& ctx, at::Tensor* residual) override;
+  /// encode for a float32 CPU tensor on the fast path whose per-group min and max (G floats each,
+  /// as the CPU path's own pass finds them: several groups, NaN skipped) the caller already has:
+  /// the same payload as encode (hadquant's rotation finds them while each tile is in registers).
+  Payload encode_with_minmax(const at::Tensor& x, const float* mn, const float* mx, const CodecContext& ctx);
   const QuantOptions& options() const { return o_; }
   /// Exact: the header, the G (maxabs) or 2G (minmax) scales and ceil(n * bits / 8) code bytes.
   PayloadSize payload_size(const std::vector<int64_t>& shape, at::ScalarType dtype) const override;
@@ -59,7 +63,8 @@ class Quantize : public Compressor {
   int64_t channel_dim(int64_t ndim) const;
 
  private:
-  Payload encode_impl(const at::Tensor& x, const CodecContext& ctx, at::Tensor* residual);
+  Payload encode_impl(const at::Tensor& x, const CodecContext& ctx, at::Tensor* residual,
+                      const float* given_mn = nullptr, const float* given_mx = nullptr);
 
   QuantOptions o_;
   BufferedGenerator generator_;  // stochastic rounding: a CPU generator, its state the buffer "generator"

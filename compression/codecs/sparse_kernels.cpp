@@ -556,21 +556,120 @@ void gather_rows_cpu(const float* x, int64_t rows, int64_t D, const int64_t* cha
   });
 }
 
+namespace {
+
+// Note [draws from a copy of the engine]. CPUGeneratorImpl::random64() is two draws of its mt19937,
+// the first the high half, behind a call into libtorch for every kept element (RandK's Floyd's
+// algorithm draws one a position), and at::mt19937's own draw, inline, still has a branch, the
+// state's counters in memory and a scalar twist every 624 draws. Here a copy of the engine's state
+// makes the draws a block at a time (mt19937_draws: the twist and the tempering as loops over the
+// state, vectorised), and the state, advanced by as many draws, is put back: the generator ends
+// where random64() would have left it, and the positions are the same. Whether the linked libtorch
+// forms random64() that way is asked once, on a generator of our own; where it does not, random64()
+// is called as before.
+bool random64_from_engine() {
+  static const bool same = [] {
+    at::CPUGeneratorImpl probe(20260127);
+    at::mt19937 e = probe.engine();
+    uint32_t d[128];
+    mt19937_draws(e, d, 128);
+    for (int i = 0; i < 64; ++i)
+      if (probe.random64() != (uint64_t(d[2 * i]) << 32 | d[2 * i + 1])) return false;
+    return true;
+  }();
+  return same;
+}
+
+constexpr int kMtN = 624, kMtM = 397;
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define TL_MT_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define TL_MT_CLONES
+#endif
+
+inline uint32_t mt_twist(uint32_t u, uint32_t v) {
+  return (((u & 0x80000000u) | (v & 0x7fffffffu)) >> 1) ^ ((0u - (v & 1u)) & 0x9908b0dfu);
+}
+
+// at::mt19937's next_state, as three loops over the indices (the first two vectorise: the reads
+// of a vector are of old values in the first, of values written at least 227 places earlier in
+// the second).
+TL_MT_CLONES void mt_next_state(uint32_t* p) {
+  for (int i = 0; i < kMtN - kMtM; ++i) p[i] = p[i + kMtM] ^ mt_twist(p[i], p[i + 1]);
+  for (int i = kMtN - kMtM; i < kMtN - 1; ++i) p[i] = p[i + kMtM - kMtN] ^ mt_twist(p[i], p[i + 1]);
+  p[kMtN - 1] = p[kMtM - 1] ^ mt_twist(p[kMtN - 1], p[0]);
+}
+
+TL_MT_CLONES void mt_temper(const uint32_t* state, int64_t count, uint32_t* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    uint32_t y = state[i];
+    y ^= y >> 11;
+    y ^= (y << 7) & 0x9d2c5680u;
+    y ^= (y << 15) & 0xefc60000u;
+    y ^= y >> 18;
+    out[i] = y;
+  }
+}
+
+template <typename Draw>
+void floyd_row(Draw&& draw, int64_t D, int64_t k, const Remainder* rem, uint8_t* m) {
+  for (int64_t j = D - k; j < D; ++j) {
+    // Uniform in [0, j]; the modulo bias is below (j + 1) / 2^64.
+    const int64_t t = static_cast<int64_t>(rem[j - (D - k)].of(draw(j - (D - k))));
+    if (m[t])
+      m[j] = 1;
+    else
+      m[t] = 1;
+  }
+}
+
+}  // namespace
+
+void mt19937_draws(at::mt19937& engine, uint32_t* out, int64_t count) {
+  at::mt19937_data_pod s = engine.data();
+  // A draw decrements left_, twists when it reaches 0 (left_ = 624, next_ = 0), then returns
+  // state[next_++] tempered: left_ - 1 draws come before the next twist. A state outside that
+  // pattern (not one an engine reaches) is drawn from one by one.
+  if (!(s.left_ >= 1 && s.left_ <= kMtN && int64_t(s.next_) + s.left_ - 1 <= kMtN)) {
+    for (int64_t i = 0; i < count; ++i) out[i] = engine();
+    return;
+  }
+  for (int64_t done = 0; done < count;) {
+    if (s.left_ == 1) {
+      mt_next_state(s.state_.data());
+      s.left_ = kMtN + 1;
+      s.next_ = 0;
+    }
+    const int64_t take = std::min<int64_t>(s.left_ - 1, count - done);
+    mt_temper(s.state_.data() + s.next_, take, out + done);
+    s.next_ += static_cast<uint32_t>(take);
+    s.left_ -= static_cast<int>(take);
+    done += take;
+  }
+  engine.set_data(s);
+}
+
 void randk_mask_cpu(at::CPUGeneratorImpl* gen, int64_t rows, int64_t D, int64_t k, uint8_t* mask) {
   if (rows * D == 0) return;  // an empty tensor's mask pointer is null, and memset(null, ...) is undefined
   std::memset(mask, 0, static_cast<size_t>(rows * D));
+  std::vector<Remainder> rem;  // rem[j - (D - k)]: the remainder by j + 1, the same for every row
+  rem.reserve(k);
+  for (int64_t j = D - k; j < D; ++j) rem.emplace_back(static_cast<uint64_t>(j + 1));
   std::lock_guard<std::mutex> lock(gen->mutex_);
-  for (int64_t r = 0; r < rows; ++r) {
-    uint8_t* m = mask + r * D;
-    for (int64_t j = D - k; j < D; ++j) {
-      // Uniform in [0, j]; the modulo bias is below (j + 1) / 2^64.
-      const int64_t t = static_cast<int64_t>(gen->random64() % static_cast<uint64_t>(j + 1));
-      if (m[t])
-        m[j] = 1;
-      else
-        m[t] = 1;
+  if (random64_from_engine()) {  // Note [draws from a copy of the engine]
+    at::mt19937 engine = gen->engine();
+    std::vector<uint32_t> draws(2 * k);  // one row's: (high, low) pairs
+    for (int64_t r = 0; r < rows; ++r) {
+      mt19937_draws(engine, draws.data(), 2 * k);
+      const uint32_t* d = draws.data();
+      floyd_row([d](int64_t i) { return uint64_t(d[2 * i]) << 32 | d[2 * i + 1]; }, D, k, rem.data(), mask + r * D);
     }
+    gen->set_engine(engine);
+    return;
   }
+  for (int64_t r = 0; r < rows; ++r)
+    floyd_row([gen](int64_t) { return gen->random64(); }, D, k, rem.data(), mask + r * D);
 }
 
 }  // namespace tl::codec

@@ -56,6 +56,36 @@ bool scatter_rows_cpu(const int64_t* channels, const at::Tensor& values, int64_t
 void gather_rows_cpu(const float* x, int64_t rows, int64_t D, const int64_t* channels, int64_t k, float* out,
                      int64_t block = 1);
 
+// Note [remainder by multiplication]. Floyd's draw t = u % (j + 1) was a 64-bit division for each
+// kept element. The divisors are the same k for every row (j + 1 = D - k + 1, ..., D), so each gets
+// Lemire's constant M = ceil(2^128 / d) once per call, and u % d = ((M u mod 2^128) d) >> 128:
+// exact for every 64-bit u and d (Lemire, Kaser and Kurz, "Faster remainder by direct computation",
+// 2019: 128 bits >= 64 + log2 d), so the positions are the division's
+// (RandK.MaskFromTheEngineMatchesRandom64, RandK.RemainderByMultiplication).
+/// u % d by a multiplication (Note [remainder by multiplication]).
+#ifdef __SIZEOF_INT128__
+struct Remainder {
+  __uint128_t m;
+  uint64_t d;
+  explicit Remainder(uint64_t div) : m(~__uint128_t(0) / div + 1), d(div) {}
+  uint64_t of(uint64_t u) const {
+    const __uint128_t low = m * u;
+    const __uint128_t bottom = (low & ~uint64_t(0)) * __uint128_t(d) >> 64;
+    return static_cast<uint64_t>((bottom + (low >> 64) * __uint128_t(d)) >> 64);
+  }
+};
+#else
+struct Remainder {
+  uint64_t d;
+  explicit Remainder(uint64_t div) : d(div) {}
+  uint64_t of(uint64_t u) const { return u % d; }
+};
+#endif
+
+/// count draws of `engine` into out, as count calls of engine() would give them, and the engine
+/// advanced past them (Note [draws from a copy of the engine]).
+void mt19937_draws(at::mt19937& engine, uint32_t* out, int64_t count);
+
 /// k distinct positions per row, uniform over the k-subsets (Floyd's algorithm, k draws per row
 /// from `gen`), as a (rows * D) 0/1 mask.
 void randk_mask_cpu(at::CPUGeneratorImpl* gen, int64_t rows, int64_t D, int64_t k, uint8_t* mask);

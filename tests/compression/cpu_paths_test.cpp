@@ -5,8 +5,12 @@
 // streams.
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <limits>
+#include <optional>
+#include <tuple>
 
+#include "compression/codecs/hadamard.h"
 #include "compression/codecs/lowrank_kernels.h"
 #include "compression/codecs/sparse_index.h"
 #include "compression/codecs/sparse_kernels.h"
@@ -305,6 +309,37 @@ TEST(PowerSgd, ThinProductsMatchMatmulOnAnyThreadCount) {
   }
 }
 
+// The AVX2 forms of the thin products (Note [thin products in registers], lowrank_kernels.cpp)
+// against the plain loops (what the products run with the fast paths off), bit for bit: ranks
+// with and without a multiple of 4, row counts not a multiple of 4, column tails, two threads.
+TEST(PowerSgd, ThinProductsInRegistersMatchTheLoops) {
+  at::manual_seed(43);
+  struct Shape {
+    int64_t rows, cols, r;
+  };
+  for (const Shape& s : {Shape{64, 4096, 4}, Shape{3, 5003, 1}, Shape{1100, 1031, 5}, Shape{7, 2049, 16},
+                         Shape{613, 77, 8}, Shape{600, 3, 3}, Shape{1, 1, 1}}) {
+    const std::string where = std::to_string(s.rows) + " x " + std::to_string(s.cols) + ", r=" + std::to_string(s.r);
+    at::Tensor m = at::randn({s.rows, s.cols}), q = at::randn({s.cols, s.r}), p = at::randn({s.rows, s.r});
+    m[0].zero_();  // signed zeros: -0 products into zero sums
+    if (s.rows > 1) m[1].fill_(-0.0f);
+    at::Tensor got[2][3];
+    for (int fast : {1, 0}) {
+      std::optional<codec::PortableKernelsGuard> loops;
+      if (!fast) loops.emplace();
+      Threads threads(2);
+      at::Tensor& mq = got[fast][0] = at::empty({s.rows, s.r});
+      at::Tensor& mtp = got[fast][1] = at::empty({s.cols, s.r});
+      at::Tensor& pqt = got[fast][2] = at::empty({s.rows, s.cols});
+      codec::thin_mq_cpu(m.data_ptr<float>(), s.rows, s.cols, q.data_ptr<float>(), s.r, mq.data_ptr<float>());
+      codec::thin_mtp_cpu(m.data_ptr<float>(), s.rows, s.cols, p.data_ptr<float>(), s.r, mtp.data_ptr<float>());
+      codec::thin_pqt_cpu(p.data_ptr<float>(), s.rows, q.data_ptr<float>(), s.cols, s.r, pqt.data_ptr<float>());
+    }
+    for (int k = 0; k < 3; ++k)
+      EXPECT_TRUE(at::equal(got[1][k].view(at::kInt), got[0][k].view(at::kInt))) << "product " << k << " on " << where;
+  }
+}
+
 // Note [QR of the thin factor]: LAPACK's Q (signs included) within float rounding, for tall,
 // square, one-column and rank-deficient factors.
 TEST(PowerSgd, ThinQrIsLapacksQ) {
@@ -393,6 +428,118 @@ TEST(ColumnSparse, CpuPathMatchesThePortablePath) {
       if (!x.isnan().any().item<bool>())  // (quant refuses a NaN)
         expect_paths_agree("colsparse(0.1, block=8) | quant(4)", x, where);
     }
+  }
+}
+
+// The rotation's AVX2 butterflies (Note [butterflies in registers], hadamard.cpp) against the
+// portable path's Stockham stages, bit for bit: every tile width from 8 (butterflies only) to 1024,
+// rows split between threads, signed zeros, infinities and NaNs (the rotation itself passes them
+// on; quant refuses them later), both directions; and hadquant's payloads on odd shapes, a single
+// tile, and zero tiles (Note [min and max while rotating], hadamard.cpp).
+TEST(HadQuant, RotationMatchesThePortableStages) {
+  at::manual_seed(47);
+  for (int t : {1, 2}) {
+    Threads threads(t);
+    for (int64_t tile : {2, 4, 8, 16, 32, 128, 1024}) {
+      at::Tensor x = at::randn({515, tile});  // (M, t)
+      x[0].zero_();
+      x[1].fill_(-0.0f);
+      x[2][0] = std::numeric_limits<float>::infinity();
+      x[3][tile - 1] = std::numeric_limits<float>::quiet_NaN();
+      x[4][tile / 2] = -std::numeric_limits<float>::infinity();
+      const at::Tensor signs = codec::hadamard_signs(tile, 5, x.options());
+      const at::Tensor fast_r = codec::hadamard_rotate(x, signs), fast_u = codec::hadamard_unrotate(x, signs);
+      codec::PortableKernelsGuard g;
+      const at::Tensor slow_r = codec::hadamard_rotate(x, signs), slow_u = codec::hadamard_unrotate(x, signs);
+      const std::string where = "tile " + std::to_string(tile) + ", " + std::to_string(t) + " threads";
+      EXPECT_TRUE(at::equal(fast_r.view(at::kInt), slow_r.view(at::kInt))) << "rotate, " << where;
+      EXPECT_TRUE(at::equal(fast_u.view(at::kInt), slow_u.view(at::kInt))) << "unrotate, " << where;
+    }
+    for (const at::Tensor& x :
+         {at::randn({64, 4096}), at::randn({3, 7, 200}), at::randn({9, 1000}), at::randn({1, 128})})
+      for (const char* spec : {"hadquant(4)", "hadquant(2, tile=64)", "hadquant(8, tile=8, seed=3)"})
+        expect_paths_agree(spec, x, std::to_string(x.numel()) + " elements, " + std::to_string(t) + " threads");
+    // Tiles of +0 and of -0 (a scale of zero): against the rotation then the tile quantiser, the
+    // CPU path before the min and max moved into the rotation. (The portable path is no reference
+    // here: quant's CPU and ATen paths already differed on these inputs.)
+    at::Tensor zeros = at::randn({9, 1000});
+    zeros[2].zero_();
+    zeros[3].fill_(-0.0f);
+    for (int64_t tile : {8, 64, 128}) {
+      const std::string b = std::to_string(tile);
+      CodecContext ctx;
+      const Payload p = parse_compressor("hadquant(4, tile=" + b + ", seed=1)")->encode(zeros, ctx);
+      const at::Tensor tiles =
+          at::constant_pad_nd(zeros, {0, (1000 + tile - 1) / tile * tile - 1000}, 0).reshape({-1, tile});
+      const at::Tensor rotated = codec::hadamard_rotate(tiles, codec::hadamard_signs(tile, 1, tiles.options()));
+      const Payload q =
+          parse_compressor("quant(4, scale=block, block=" + b + ", scales=fp16)")->encode(rotated.reshape({-1}), ctx);
+      EXPECT_TRUE(at::equal(p.body, q.body)) << "zero tiles, tile " << b << ", " << t << " threads";
+    }
+  }
+}
+
+// Lemire's remainder (Note [remainder by multiplication], sparse_kernels.h) against %: divisors
+// from 1 to beyond 2^32 (powers of two and their neighbours included), numerators at the ends of
+// the range, multiples of d and their neighbours, and random ones.
+TEST(RandK, RemainderByMultiplication) {
+  std::vector<uint64_t> divisors;
+  for (uint64_t d = 1; d <= 5000; ++d) divisors.push_back(d);
+  for (int b = 13; b < 64; ++b)
+    for (int64_t o : {-1, 0, 1}) divisors.push_back((uint64_t(1) << b) + static_cast<uint64_t>(o));
+  divisors.push_back(~uint64_t(0));
+  at::CPUGeneratorImpl gen(7);
+  for (uint64_t d : divisors) {
+    const codec::Remainder rem(d);
+    std::vector<uint64_t> us = {0,
+                                1,
+                                d - 1,
+                                d,
+                                d + 1,
+                                ~uint64_t(0),
+                                ~uint64_t(0) - 1,
+                                ~uint64_t(0) / d * d,
+                                ~uint64_t(0) / d * d - 1,
+                                (~uint64_t(0) / d - 1) * d};
+    for (int i = 0; i < 64; ++i) us.push_back(gen.random64());
+    for (uint64_t u : us) ASSERT_EQ(rem.of(u), u % d) << u << " % " << d;
+  }
+}
+
+// mt19937_draws against the engine's own draws: from a fresh seed (its first draw twists), from
+// the middle of a block, counts that end on, before and after a twist, and none.
+TEST(RandK, BlockDrawsEqualTheEnginesDraws) {
+  at::mt19937 fast(12345), ref(12345);
+  for (int64_t count : {0, 1, 622, 1, 1, 624, 3000, 7, 624 * 3}) {
+    std::vector<uint32_t> d(count);
+    codec::mt19937_draws(fast, d.data(), count);
+    for (int64_t i = 0; i < count; ++i) ASSERT_EQ(d[i], ref()) << "draw " << i << " of " << count;
+  }
+  EXPECT_EQ(fast(), ref());
+}
+
+// RandK's mask drawn from a copy of the generator's engine (Note [draws from a copy of the
+// engine], sparse_kernels.cpp) against Floyd's algorithm on CPUGeneratorImpl::random64(): the same
+// positions, and the generator left in the same state (the next draws agree).
+TEST(RandK, MaskFromTheEngineMatchesRandom64) {
+  for (auto [rows, D, k] : {std::tuple<int64_t, int64_t, int64_t>{64, 4096, 410},
+                            {3, 1000, 1000},
+                            {5, 77, 1},
+                            {2, 10, 0},
+                            {1, 1, 1},
+                            {2, 3000000, 2000}}) {
+    at::CPUGeneratorImpl fast_gen(99 + D), ref_gen(99 + D);
+    std::vector<uint8_t> fast(rows * D), ref(rows * D, 0);
+    codec::randk_mask_cpu(&fast_gen, rows, D, k, fast.data());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = D - k; j < D; ++j) {
+        const int64_t pos = static_cast<int64_t>(ref_gen.random64() % static_cast<uint64_t>(j + 1));
+        ref[r * D + (ref[r * D + pos] ? j : pos)] = 1;
+      }
+    const std::string where = std::to_string(rows) + " x " + std::to_string(D) + ", k " + std::to_string(k);
+    EXPECT_EQ(fast, ref) << where;
+    EXPECT_EQ(std::count(fast.begin(), fast.end(), 1), rows * k) << where;
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(fast_gen.random64(), ref_gen.random64()) << where;
   }
 }
 
