@@ -54,6 +54,9 @@ class CostMeter {
     total_ += c;
     if (model_) seconds_ += model_(c);
   }
+  /// Modelled time that is no op (a planned wait, e.g. a tensor-parallel all-reduce on a link):
+  /// counted in seconds(), not in total().
+  void add_seconds(double s) { seconds_ += s; }
   const OpCost& total() const { return total_; }
   /// The modelled seconds of everything added (0 without a model).
   double seconds() const { return seconds_; }

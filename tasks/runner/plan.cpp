@@ -95,18 +95,9 @@ class PlanTpComm : public TensorParallelComm {
     total.bytes += a.bytes, total.messages += a.messages, total.seconds += a.seconds;
     ++calls_[site];
     kind_ = PayloadSize::weaker(kind_, a.kind);
-    // The rank waits for it inside the action that runs it. A cost meter takes costs, not seconds:
-    // the all-reduce is charged as the memory traffic the device model gives its seconds for
-    // (no FLOPs, no kernel), so the action's clock moves by exactly its time.
-    if (a.seconds > 0) charge(OpCost{0.0, a.seconds / seconds_per_byte_, 0});
+    // The rank waits for it inside the action that runs it: the action's clock moves by its time.
+    if (CostMeter* m = CostMeter::current(); m && a.seconds > 0) m->add_seconds(a.seconds);
     return at::empty_like(x);
-  }
-
-  /// The device model the step's actions are charged on.
-  void set_device(const DeviceModel& d) {
-    seconds_per_byte_ = d.bytes_scale / (d.memory_bytes_per_s * d.memory_efficiency);
-    TORCH_CHECK(seconds_per_byte_ > 0 && std::isfinite(seconds_per_byte_), "tapeline plan: timeline.device = ", d.name,
-                " has no memory bandwidth to charge the tensor-parallel all-reduces' time on");
   }
 
   // Per site: tensor rank 0's bytes, messages and seconds, and the all-reduces, over the step.
@@ -182,7 +173,6 @@ class PlanTpComm : public TensorParallelComm {
   std::map<std::string, TpAllReduce> sites_;
   std::map<std::string, int64_t> calls_;
   PayloadSize::Kind kind_ = PayloadSize::Kind::Exact;
-  double seconds_per_byte_ = 0;  // of the device model's memory traffic
 };
 
 // What one step of a config runs on, assembled as `train` assembles it: the task, the model (on
@@ -230,7 +220,6 @@ StepSetup assemble(const Config& config, bool on_meta, const std::function<void(
   s.pipeline->set_measure_error(false);
   s.pipeline->train();
   s.settings = schedule_settings(config, rb.links);
-  if (s.tp_comm) s.tp_comm->set_device(s.settings.device);
   Task* task = s.task.get();
   s.executor = std::make_unique<LocalExecutor>(
       *s.pipeline, [task](const Variable& out, const Batch& mb) { return task->loss(out, mb); }, s.settings);

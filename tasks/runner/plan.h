@@ -46,9 +46,8 @@
 // gradient backward, per micro-batch, of the shape the runtime sums) is counted as tensor rank 0
 // of parallel/ranks/tensor_parallel.cpp sends it, and its time on the emulated links between the
 // tensor ranks (tp.bandwidth_mbps, tp.latency_ms; separate per direction and pair) is charged to
-// the action that runs it, where it blocks the rank (the runtime counts it as compute; the cost
-// meter takes costs, not seconds, so it is charged as the memory traffic the device model takes
-// exactly that long for):
+// the action that runs it, where it blocks the rank (the runtime counts it as compute), as seconds
+// on the action's cost meter (CostMeter::add_seconds: no FLOPs, no bytes):
 //  - uncompressed (tp.forward / tp.backward identity) on the CPU (Gloo), all_reduce_in_rank_order:
 //    with two ranks the whole tensor each way, one message, one round; with T > 2 the
 //    reduce-scatter (chunk j of n (j + 1) / T - n j / T values to member j) and the all-gather of
