@@ -454,7 +454,7 @@ const std::vector<Key>& schema() {
         "multi-process: send each message body's CRC-32C and check it on receipt (a corrupted message is an error "
         "naming the peer, never a wrong tensor); false saves a pass over each body at both ends",
         [](Config& c, const std::string& v) { c.dist.checksum = parse_bool(v); });
-    add("dist.pieces_min_bytes", "2097152", "integer >= 0",
+    add("dist.pieces_min_bytes", "8388608", "integer >= 0",
         "multi-process, with dist.checksum: message bodies of this many bytes or more travel in pieces of about "
         "1 MiB, each summed while the next travels (docs/PIPELINE.md, \"Bodies in pieces\"); 0: every body whole",
         [](Config& c, const std::string& v) {

@@ -8,8 +8,9 @@
 // body bytes n, the sender's steady-clock stamp in ns (for link emulation, see parallel/link.h),
 // the body's checksum (Note [body checksum]), the layout (0: the body follows in this frame, 1:
 // the body follows as its own operation, 2: in pieces, Note [bodies in pieces]) and a check word
-// (xor of the others with a constant); then the body, 64-byte aligned in the frame. A body larger than the receiver's posted capacity
-// (Note [posted capacity]) travels as a second operation, once: the capacity grows to it.
+// (xor of the others with a constant); then the body, 64-byte aligned in the frame. A body larger
+// than the receiver's posted capacity (Note [posted capacity]) travels as a second operation,
+// once: the capacity grows to it.
 // The receiver posts each frame recv at its capacity (Gloo accepts a shorter message into a
 // larger recv), so a message costs one rendezvous, not two; on NCCL, which needs exact sizes, the
 // capacity is 0: the frame is the bare header and the body always its own operation. No batched
@@ -42,18 +43,20 @@
 // has it, else SSE4.2: parallel/ranks/checksum.h); a body copied into its frame is summed in the
 // same pass, and a large body is summed in pieces while it travels (Note [bodies in pieces]).
 //
-// Note [bodies in pieces]. A checksummed body of TransportOptions::pieces_min_bytes or more (Gloo
-// only) travels as a bare frame (layout word kLayoutPieces with the piece count in its high bits,
-// body word kBodyCrcPresent alone), then the body in `count` pieces of piece_span() bytes, each
-// its own c10d operation, then a trailer: kTrailerMagic, the sequence number, the count, each
-// piece's CRC-32C and a check word. The sender posts every piece's send, then sums the pieces
-// while Gloo's thread moves them, then posts the trailer; the receiver, on reading the frame,
-// posts every piece's recv and the trailer's, sums piece k as soon as it has arrived (while k + 1
-// is still on the wire) and checks the sums when the trailer comes. So the two passes over the
-// body run during the transfer instead of one before it and one after (docs/PIPELINE.md, "What
-// the checksum costs in CPU"); a bare copy into a frame is saved too. A piece count out of range,
-// a garbled trailer or a piece whose sum differs is an error naming the peer, the message and
-// the piece; a message in pieces leaves the posted capacity as it was (both ends know its layout).
+// Note [bodies in pieces]. A checksummed body of TransportOptions::pieces_min_bytes or more
+// (dist.pieces_min_bytes, 8 MiB; Gloo only) travels as a bare frame (layout word kLayoutPieces with
+// the piece count in its high bits, body word kBodyCrcPresent alone), then the body in `count`
+// pieces of piece_span() bytes, each its own c10d operation, then a trailer: kTrailerMagic, the
+// sequence number, the count, each piece's CRC-32C and a check word. The sender posts every piece's
+// send, then sums the pieces while Gloo's thread moves them, then posts the trailer; the receiver,
+// on reading the frame, posts every piece's recv and the trailer's, sums piece k as soon as it has
+// arrived (while k + 1 is still on the wire) and checks the sums when the trailer comes. So the two
+// passes over the body run during the transfer instead of one before it and one after
+// (docs/PIPELINE.md, "Bodies in pieces"), and the body is sent from the caller's tensor, never
+// copied into a frame. Smaller messages are unchanged (one c10d operation each). A piece count out
+// of range, a garbled trailer or a piece whose sum differs is an error naming the peer, the message
+// and the piece; a message in pieces leaves the posted capacity as it was (both ends know its
+// layout).
 //
 // Note [failures are errors, never hangs]. Every operation waits at most timeout_s
 // (config dist.timeout_s). A dead peer (its socket closes) fails the pending operation at once; a
@@ -142,8 +145,8 @@ struct PieceSpan {
 PieceSpan piece_span(int64_t n, int64_t count, int64_t k);
 /// The piece count the sender uses for n bytes: about n / piece_bytes, in [2, kMaxPieces].
 int64_t piece_count(int64_t n, int64_t piece_bytes);
-/// The sums of the pieces of sequence number `seq`, checked: throws std::runtime_error saying what
-/// is wrong with a trailer of `size` bytes (magic, sequence number, count, check word).
+/// The pieces' sums in a trailer of `size` bytes, checked: throws std::runtime_error saying what is
+/// wrong (its size for `expected_count` pieces, magic, check word, sequence number, count).
 std::vector<uint32_t> parse_trailer(const uint8_t* data, size_t size, int64_t expected_seq, int64_t expected_count);
 /// A trailer's words for `sums`.
 std::vector<int64_t> make_trailer(int64_t seq, const std::vector<uint32_t>& sums);
@@ -219,7 +222,7 @@ struct TransportOptions {
   bool checksum = true;                          // send bodies' CRC-32C (Note [body checksum]); false: benchmarks
   // Note [bodies in pieces]: checksummed bodies of pieces_min_bytes or more (0: never) travel in
   // pieces of about piece_bytes.
-  int64_t pieces_min_bytes = int64_t(2) << 20;
+  int64_t pieces_min_bytes = int64_t(8) << 20;
   int64_t piece_bytes = int64_t(1) << 20;
   int64_t max_message_bytes = int64_t(1) << 34;  // larger announced bodies are rejected (16 GiB)
   double corrupt_rate = 0.0;                     // dist.corrupt_rate: flip a bit of a sent body with this probability

@@ -13,7 +13,7 @@
 //   garbage KIND        rank 1 sends a forged header (KIND: magic | size | tag | pieces_count: a
 //                       body in 1 piece), a body with a bit flipped after its checksum (bitflip),
 //                       a truncated payload in a well-formed message (KIND payload), or a body of
-//                       3 MiB in pieces (Note [bodies in pieces]) corrupted by corrupt_next_send
+//                       3 MiB in pieces (with TL_PIECES_MIN at most that) (Note [bodies in pieces]) corrupted by corrupt_next_send
 //                       (KIND pieces_bitflip | pieces_truncate | pieces_oversize | pieces_trailer);
 //                       rank 0 must reject it.
 //   link                rank 1 receives over an emulated link; checks nothing arrives early.

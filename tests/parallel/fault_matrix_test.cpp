@@ -399,7 +399,8 @@ class FaultMatrix : public ::testing::Test {
     }
     std::ostringstream row;
     row << std::fixed << std::setprecision(1) << "| " << c.phase << " | " << c.kind << " | " << c.victim
-        << (c.grid == "2x2" ? " (2x2)" : "") << (c.pieces ? " (in pieces)" : "") << " | " << first << " s | " << last << " s | " << message << " |";
+        << (c.grid == "2x2" ? " (2x2)" : "") << (c.pieces ? " (in pieces)" : "") << " | " << first << " s | " << last
+        << " s | " << message << " |";
     append_row(row.str());
 
     // Resumes after a kill mid-step are MultiProcessTrain's (tests/tasks); here those that differ:
@@ -452,7 +453,7 @@ TEST_F(FaultMatrix, ForwardSend) {
 }
 
 // As ForwardSend, the corruptions of a message whose body travels in pieces (from 1 KiB on, where
-// 2 MiB is the default): a flipped bit, a cut last piece, an oversized header.
+// 8 MiB is the default): a flipped bit, a cut last piece, an oversized header.
 TEST_F(FaultMatrix, ForwardSendInPieces) {
   REQUIRE_FAULT_MATRIX();
   for (const std::string kind : {"truncate", "bitflip", "oversize"}) {

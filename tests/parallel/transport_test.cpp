@@ -253,7 +253,8 @@ TEST(Transport, CorruptBodiesInPiecesAreRejectedNamingThePeer) {
   };
   for (const auto& [kind, why] : cases) {
     SCOPED_TRACE(kind);
-    auto runs = run_ranks(std::string("garbage_") + kind, 2, {"garbage", kind}, 40, {{"TL_TIMEOUT_S", "5"}});
+    auto runs = run_ranks(std::string("garbage_") + kind, 2, {"garbage", kind}, 40,
+                          {{"TL_TIMEOUT_S", "5"}, {"TL_PIECES_MIN", "2097152"}});
     expect_caught(runs[0], 1, "step 1, boundary 1 forward", why, logs_of(runs));
     EXPECT_NE(runs[0].log.find("receive of message #0 from rank 1"), std::string::npos) << logs_of(runs);
   }
