@@ -18,6 +18,10 @@
 //    "target":0.9,"target_no_checksum":0.95}
 // ratio_no_checksum_median: the blocking transport without body checksums (TransportOptions::
 // checksum = false), so that ratio_median / ratio_no_checksum_median is what the CRC-32C costs.
+// ratio_whole_median: the blocking transport with checksums but no body in pieces (Note [bodies in
+// pieces] in transport.h; pieces_min_bytes = 0): each body summed before it is sent and after it
+// arrived; "pieces" says how many pieces the other variants with checksums send a body in (0:
+// whole).
 // Before the messages, rank 0 times the body checksum (parallel/ranks/checksum.h) against memcpy
 // of the same bytes, best of the repeats, for the same sizes:
 //   {"bench":"crc32c","bytes":...,"crc_GBps":...,"crc_sse42_GBps":...,"memcpy_GBps":...,
@@ -31,7 +35,8 @@
 // count, cpu_ratio bounds the throughput ratio: the checksum passes can only run on cores the
 // transfer needs (docs/PIPELINE.md, "What the checksum costs in CPU").
 // Options: --repeats R (default 5), --min-kib K (default 64), --max-mib M (default 64), --timeout S
-// (default 60).
+// (default 60), --pieces-min-kib K (bodies in pieces from K KiB; default TransportOptions'
+// pieces_min_bytes; 0: never), --piece-kib K (their pieces' size; default TransportOptions').
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -60,6 +65,8 @@ struct Args {
   int min_kib = 64;
   int max_mib = 64;
   double timeout_s = 60;
+  int pieces_min_kib = static_cast<int>(tl::ranks::TransportOptions().pieces_min_bytes >> 10);
+  int piece_kib = static_cast<int>(tl::ranks::TransportOptions().piece_bytes >> 10);
 };
 
 Args parse(int argc, char** argv) {
@@ -68,7 +75,15 @@ Args parse(int argc, char** argv) {
                            {{"--repeats", &a.repeats},
                             {"--min-kib", &a.min_kib},
                             {"--max-mib", &a.max_mib},
-                            {"--timeout", nullptr, &a.timeout_s}});
+                            {"--timeout", nullptr, &a.timeout_s},
+                            {"--pieces-min-kib", &a.pieces_min_kib},
+                            {"--piece-kib", &a.piece_kib}});
+  if (a.pieces_min_kib < 0 || a.piece_kib < 1) {
+    std::fprintf(stderr,
+                 "bench_transport: --pieces-min-kib takes 0 (never) or more, --piece-kib 1 or more; got %d, %d\n",
+                 a.pieces_min_kib, a.piece_kib);
+    std::exit(2);
+  }
   return a;
 }
 
@@ -114,6 +129,8 @@ int run_rank(const Args& args) {
   }
   TransportOptions o;
   o.timeout_s = args.timeout_s;
+  o.pieces_min_bytes = int64_t(args.pieces_min_kib) << 10;
+  o.piece_bytes = int64_t(args.piece_kib) << 10;
   auto tl_plain = Transport::connect(env, o);
   // A second transport with the communication thread, and the raw process group, on the same store.
   DistEnv env_thread = env;
@@ -130,6 +147,14 @@ int run_rank(const Args& args) {
   o.comm_thread = false;
   o.checksum = false;
   auto tl_nocrc = Transport::connect(env_nocrc, o);
+  // A fourth, blocking, with checksums, every body whole (summed before it is sent, after it came).
+  DistEnv env_whole = env;
+  env_whole.restart_count = 1003;
+  env_whole.agent_store = true;
+  o.checksum = true;
+  const int64_t pieces_min = o.pieces_min_bytes;
+  o.pieces_min_bytes = 0;
+  auto tl_whole = Transport::connect(env_whole, o);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(args.timeout_s * 1000));
   auto raw_store = compat::make_prefix_store(
       env_raw.store_prefix(), compat::make_tcp_store(env.master_addr, env.master_port, false, env.world_size, timeout));
@@ -144,7 +169,7 @@ int run_rank(const Args& args) {
     std::vector<at::Tensor> bufs;  // tapeline's: message buffers, one per message of the window
     for (int i = 0; i < 4; ++i) bufs.push_back(Transport::message_buffer(size).fill_(7));
     double best_raw = 1e30, best_tl = 1e30, best_thread = 1e30;
-    std::vector<double> paired, paired_thread, paired_nocrc, paired_copied;  // raw time / tapeline time
+    std::vector<double> paired, paired_thread, paired_nocrc, paired_copied, paired_whole;  // raw time / tapeline time
     // This rank's CPU seconds and the wall seconds: raw, tapeline blocking, tapeline without checksums.
     double cpu[3] = {0, 0, 0}, wall[3] = {0, 0, 0};
     // Small messages are latency-bound, hence the most sensitive to other processes on the
@@ -166,10 +191,13 @@ int run_rank(const Args& args) {
       const double raw_s = now_s() - t0;
       cpu[0] += cpu_s() - c0, wall[0] += raw_s;
       best_raw = std::min(best_raw, raw_s);
-      // tapeline: blocking, with the communication thread, without checksums, and blocking with
-      // the plain tensor (copied into a frame); one operation a message.
-      for (int variant = 0; variant < 4; ++variant) {
-        Transport* t = variant == 1 ? tl_thread.get() : variant == 2 ? tl_nocrc.get() : tl_plain.get();
+      // tapeline: blocking, with the communication thread, without checksums, blocking with the
+      // plain tensor (copied into a frame), and blocking with every body whole.
+      for (int variant = 0; variant < 5; ++variant) {
+        Transport* t = variant == 1   ? tl_thread.get()
+                       : variant == 2 ? tl_nocrc.get()
+                       : variant == 4 ? tl_whole.get()
+                                      : tl_plain.get();
         t->barrier("tapeline start");
         c0 = cpu_s();
         t0 = now_s();
@@ -186,7 +214,7 @@ int run_rank(const Args& args) {
         const double dt = now_s() - t0;
         if (variant == 0 || variant == 2) cpu[variant / 2 + 1] += cpu_s() - c0, wall[variant / 2 + 1] += dt;
         if (variant >= 2) {
-          (variant == 2 ? paired_nocrc : paired_copied).push_back(raw_s / dt);
+          (variant == 2 ? paired_nocrc : variant == 3 ? paired_copied : paired_whole).push_back(raw_s / dt);
           continue;
         }
         (t == tl_plain.get() ? best_tl : best_thread) = std::min(t == tl_plain.get() ? best_tl : best_thread, dt);
@@ -212,13 +240,19 @@ int run_rank(const Args& args) {
           "{\"bench\":\"transport\",\"backend\":\"gloo\",\"bytes\":%lld,\"messages\":%d,\"repeats\":%d,"
           "\"raw_MBps\":%.1f,\"tapeline_MBps\":%.1f,\"tapeline_thread_MBps\":%.1f,\"ratio\":%.3f,"
           "\"ratio_thread\":%.3f,\"ratio_median\":%.3f,\"ratio_thread_median\":%.3f,"
-          "\"ratio_no_checksum_median\":%.3f,\"ratio_copied_median\":%.3f,\"raw_cores\":%.2f,"
-          "\"cpu_ratio\":%.3f,\"cpu_ratio_no_checksum\":%.3f,\"target\":0.9,\"target_no_checksum\":0.95}\n",
+          "\"ratio_no_checksum_median\":%.3f,\"ratio_copied_median\":%.3f,\"ratio_whole_median\":%.3f,"
+          "\"pieces\":%lld,\"raw_cores\":%.2f,\"cpu_ratio\":%.3f,\"cpu_ratio_no_checksum\":%.3f,\"target\":0.9,"
+          "\"target_no_checksum\":0.95}\n",
           (long long)size, k, repeats, mb / best_raw, mb / best_tl, mb / best_thread, best_raw / best_tl,
-          best_raw / best_thread, median(paired), median(paired_thread), median(paired_nocrc), median(paired_copied), cpu[0] / wall[0], cpu[0] / cpu[1], cpu[0] / cpu[2]);
+          best_raw / best_thread, median(paired), median(paired_thread), median(paired_nocrc), median(paired_copied),
+          median(paired_whole),
+          (long long)(pieces_min > 0 && size >= pieces_min ? wire::piece_count(size, int64_t(args.piece_kib) << 10)
+                                                           : 0),
+          cpu[0] / wall[0], cpu[0] / cpu[1], cpu[0] / cpu[2]);
       std::fflush(stdout);
     }
   }
+  tl_whole->barrier("end");
   tl_nocrc->barrier("end");
   tl_thread->barrier("end");
   tl_plain->barrier("end");

@@ -464,6 +464,12 @@ const std::vector<Key>& schema() {
         "multi-process: send each message body's CRC-32C and check it on receipt (a corrupted message is an error "
         "naming the peer, never a wrong tensor); false saves a pass over each body at both ends",
         [](Config& c, const std::string& v) { c.dist.checksum = parse_bool(v); });
+    add("dist.pieces_min_bytes", "8388608", "integer >= 0",
+        "multi-process, with dist.checksum: message bodies of this many bytes or more travel in pieces of about "
+        "1 MiB, each summed while the next travels (docs/PIPELINE.md, \"Bodies in pieces\"); 0: every body whole",
+        [](Config& c, const std::string& v) {
+          c.dist.pieces_min_bytes = parse_int(v, 0, INT64_MAX, "an integer >= 0 (bytes)");
+        });
     add("dist.inject_fault", "", "empty, or RANK:PHASE:STEP:KIND (docs/FAULTS.md)",
         "debugging, multi-process: the rank does KIND (kill, stop, exit, partition, truncate, bitflip, oversize) at "
         "PHASE (rendezvous, forward, backward, allreduce, evaluate, checkpoint) of step STEP; the run fails on purpose",

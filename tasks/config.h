@@ -138,6 +138,7 @@ struct DpSection {
 struct DistSection {
   double timeout_s = 60;  // a peer silent this long is an error naming it
   bool checksum = true;   // CRC-32C of every message body (Note [body checksum] in parallel/ranks/transport.h)
+  int64_t pieces_min_bytes = int64_t(8) << 20;  // bodies in pieces from this size (Note [bodies in pieces]); 0: never
   // Debugging: fault injection (Note [fault injection] in parallel/ranks/fault.h, docs/FAULTS.md).
   std::string inject_fault;  // RANK:PHASE:STEP:KIND, empty: none
   double corrupt_rate = 0;   // probability that a sent message has a bit flipped after its checksum

@@ -29,6 +29,8 @@ using namespace wire;  // Note [wire protocol]: header words.
 // c10d tags of the two halves of a message (slots distinct from any collective's).
 constexpr int kFrameTag = 0x7A01;
 constexpr int kBodyTag = 0x7A02;
+constexpr int kPieceTag = 0x7A03;  // Note [bodies in pieces]
+constexpr int kTrailerTag = 0x7A04;
 // Internal message tags (callers' tags are >= 0).
 constexpr int64_t kGatherTag = -2;
 
@@ -62,12 +64,73 @@ FrameHeader wire::parse_frame_header(const uint8_t* data, size_t size, int64_t e
          ": the two ranks' schedules disagree");
   const int64_t crc = h[kWordBodyCrc];
   if (crc != 0 && (crc >> 32) != 1) fail("corrupt message header (body checksum word)");
-  if (h[kWordLayout] != kLayoutInFrame && h[kWordLayout] != kLayoutSeparate)
-    fail("corrupt message header (layout word " + std::to_string(h[kWordLayout]) + ")");
+  const int64_t layout = h[kWordLayout];
+  int64_t pieces = 0;
+  if ((layout & 0xFF) == kLayoutPieces) {  // Note [bodies in pieces]
+    pieces = layout >> kPieceCountShift;
+    if (pieces < 2 || pieces > kMaxPieces || piece_span(n, pieces, pieces - 1).bytes <= 0)
+      fail("corrupt message header: a body of " + std::to_string(n) + " bytes in " + std::to_string(pieces) +
+           " pieces; accepted 2.." + std::to_string(kMaxPieces) + " pieces of at least one byte each");
+    if (crc != kBodyCrcPresent) fail("corrupt message header (body checksum word of a body in pieces)");
+  } else if (layout != kLayoutInFrame && layout != kLayoutSeparate) {
+    fail("corrupt message header (layout word " + std::to_string(layout) + ")");
+  }
   FrameHeader out;
   out.seq = h[kWordSeq], out.tag = h[kWordTag], out.body_bytes = n, out.stamp_ns = h[kWordStamp];
-  out.body_crc = crc, out.layout = h[kWordLayout];
+  out.body_crc = crc, out.layout = layout, out.pieces = pieces;
   return out;
+}
+
+wire::PieceSpan wire::piece_span(int64_t n, int64_t count, int64_t k) {
+  const int64_t step = ((n + count - 1) / count + 63) / 64 * 64;
+  PieceSpan s;
+  s.offset = std::min(n, k * step);
+  s.bytes = std::min(n, s.offset + step) - s.offset;
+  return s;
+}
+
+int64_t wire::piece_count(int64_t n, int64_t piece_bytes) {
+  int64_t count = std::clamp<int64_t>((n + piece_bytes / 2) / std::max<int64_t>(piece_bytes, 1), 2, kMaxPieces);
+  while (count >= 2 && piece_span(n, count, count - 1).bytes <= 0) --count;
+  return count >= 2 ? count : 0;
+}
+
+namespace {
+int64_t trailer_check(const int64_t* w, int64_t words) {
+  int64_t x = kCheckSalt;
+  for (int64_t i = 0; i + 1 < words; ++i) x ^= w[i];
+  return x;
+}
+}  // namespace
+
+std::vector<int64_t> wire::make_trailer(int64_t seq, const std::vector<uint32_t>& sums) {
+  const int64_t count = static_cast<int64_t>(sums.size());
+  std::vector<int64_t> w(static_cast<size_t>(trailer_words(count)));
+  w[0] = kTrailerMagic, w[1] = seq, w[2] = count;
+  for (int64_t k = 0; k < count; ++k) w[static_cast<size_t>(3 + k)] = sums[static_cast<size_t>(k)];
+  w.back() = trailer_check(w.data(), static_cast<int64_t>(w.size()));
+  return w;
+}
+
+std::vector<uint32_t> wire::parse_trailer(const uint8_t* data, size_t size, int64_t expected_seq,
+                                          int64_t expected_count) {
+  auto fail = [](const std::string& why) { throw std::runtime_error("corrupt trailer of a body in pieces: " + why); };
+  const int64_t words = trailer_words(expected_count);
+  if (size != static_cast<size_t>(words * 8))
+    fail(std::to_string(size) + " bytes, expected " + std::to_string(words * 8));
+  std::vector<int64_t> w(static_cast<size_t>(words));
+  std::memcpy(w.data(), data, size);
+  if (w[0] != kTrailerMagic) fail("bad magic");
+  if (w.back() != trailer_check(w.data(), words)) fail("check word mismatch");
+  if (w[1] != expected_seq) fail("it is message #" + std::to_string(w[1]) + "'s");
+  if (w[2] != expected_count) fail(std::to_string(w[2]) + " pieces, the header said " + std::to_string(expected_count));
+  std::vector<uint32_t> sums(static_cast<size_t>(expected_count));
+  for (int64_t k = 0; k < expected_count; ++k) {
+    const int64_t v = w[static_cast<size_t>(3 + k)];
+    if (v < 0 || v > int64_t(0xFFFFFFFF)) fail("piece " + std::to_string(k) + "'s sum is not a CRC-32C");
+    sums[static_cast<size_t>(k)] = static_cast<uint32_t>(v);
+  }
+  return sums;
 }
 
 void wire::PostedCapacity::after(int64_t n) {
@@ -199,6 +262,9 @@ struct InFlight {
   at::Tensor frame;
   MessageBlock* block = nullptr;  // the frame is this message buffer (released once sent)
   compat::WorkPtr frame_work, body_work;
+  std::vector<compat::WorkPtr> piece_work;  // Note [bodies in pieces]
+  compat::WorkPtr trailer_work;
+  at::Tensor trailer;
   double posted_s = 0.0;
 };
 
@@ -372,37 +438,43 @@ struct Transport::Impl {
 
   // ---- messages -------------------------------------------------------------------------------
   // Posts the frame and (for a body beyond the posted capacity) the body of `p`, without waiting
-  // for either.
+  // for either; a body in pieces is summed while its pieces travel, then its trailer is posted.
   InFlight post_send(Pending p) {
-    // Note [wire protocol]: the frame is the header, followed by the body unless it is separate.
+    // Note [wire protocol]: the frame is the header, followed by the body unless it is separate
+    // or in pieces (Note [bodies in pieces]: those leave the posted capacity as it is).
     const int64_t n = p.body.numel();
+    const bool sum = opts.checksum && !cuda;
+    const int64_t pieces =
+        sum && opts.pieces_min_bytes > 0 && n >= opts.pieces_min_bytes ? piece_count(n, opts.piece_bytes) : 0;
     PostedCapacity& capacity = send_capacity[p.dst];
-    const bool separate = capacity.separate(n);
-    capacity.after(n);
+    const bool separate = !pieces && capacity.separate(n);
+    if (!pieces) capacity.after(n);
     InFlight f;
     f.posted_s = now_s();
     if (p.corrupt == Corruption::None && opts.corrupt_rate > 0 &&
         std::uniform_real_distribution<double>(0.0, 1.0)(corrupt_rng) < opts.corrupt_rate)
       p.corrupt = Corruption::BitFlip;  // dist.corrupt_rate (the soak)
+    if (p.corrupt == Corruption::Trailer && !pieces) p.corrupt = Corruption::BitFlip;  // no trailer
     int64_t h[kHeaderWords];
     h[kWordMagic] = kMagic;
     h[kWordSeq] = p.seq;
     h[kWordTag] = p.tag;
     h[kWordBytes] = n;
     h[kWordStamp] = p.stamp_ns;
-    h[kWordLayout] = separate ? kLayoutSeparate : kLayoutInFrame;
+    h[kWordLayout] = pieces     ? kLayoutPieces | (pieces << kPieceCountShift)
+                     : separate ? kLayoutSeparate
+                                : kLayoutInFrame;
     const uint8_t* src = n > 0 ? p.body.data_ptr<uint8_t>() : nullptr;
-    const bool sum = opts.checksum && !cuda;
     // A message buffer no other send uses is the frame itself (never for a corrupted message: the
     // caller's bytes stay as they are).
-    MessageBlock* block = separate || p.corrupt != Corruption::None ? nullptr : message_block(p.body);
+    MessageBlock* block = separate || pieces || p.corrupt != Corruption::None ? nullptr : message_block(p.body);
     if (block && block->sending.exchange(true)) block = nullptr;
-    at::Tensor body;  // a separate body
+    at::Tensor body;  // a separate body, or the body in pieces
     if (block) {
       f.block = block;
       f.frame = at::empty({0}, at::kByte).set_(p.body.storage(), 0, {kHeaderBytes + n}, {1});
       h[kWordBodyCrc] = sum ? body_crc_word(src, static_cast<size_t>(n)) : 0;
-    } else if (!separate) {
+    } else if (!separate && !pieces) {
       // A frame buffer of this destination that no send in flight uses, of this size class; the
       // body is copied into it and summed in one pass (checksum.h's crc32c_copy).
       const int64_t room = std::max(kInlineMax, PostedCapacity::round_up(n));
@@ -417,23 +489,49 @@ struct Transport::Impl {
     } else {
       f.frame = pooled_buffer(send_pool[p.dst], kHeaderBytes + kInlineMax, kSendWindow + 1).narrow(0, 0, kHeaderBytes);
       body = p.body;
-      h[kWordBodyCrc] = sum ? body_crc_word(src, static_cast<size_t>(n)) : 0;
+      // A body in pieces is summed below, while it travels; its sums follow in the trailer.
+      h[kWordBodyCrc] = pieces ? kBodyCrcPresent : sum ? body_crc_word(src, static_cast<size_t>(n)) : 0;
     }
-    const bool flip_header = p.corrupt != Corruption::None && corrupt(p, h, f.frame, body, separate);
+    const bool flip_header = p.corrupt != Corruption::None && corrupt(p, h, f.frame, body, separate, pieces);
     h[kWordCheck] = check_word(h);
     if (flip_header) h[kWordSeq] ^= int64_t(1) << 7;
     std::memcpy(f.frame.data_ptr<uint8_t>(), h, kHeaderBytes);
+    const bool send_body = p.corrupt != Corruption::Oversize;
     try {
       // Both sends are posted before waiting for either: the body's announcement travels right
       // behind the frame, and the receiver can take the body as soon as it has read the header.
       std::vector<at::Tensor> hv{on_device(f.frame)};
       f.frame_work = pg->send(hv, p.dst, kFrameTag);
-      if (separate && p.corrupt != Corruption::Oversize) {
+      if (separate && send_body) {
         std::vector<at::Tensor> bv{on_device(body)};
         f.body_work = pg->send(bv, p.dst, kBodyTag);
       }
+      for (int64_t k = 0; send_body && k < pieces; ++k) {
+        const PieceSpan s = piece_span(n, pieces, k);  // (of a truncated body, what is left of it)
+        std::vector<at::Tensor> pv{body.narrow(0, s.offset, std::clamp<int64_t>(body.numel() - s.offset, 0, s.bytes))};
+        f.piece_work.push_back(pg->send(pv, p.dst, kPieceTag));
+      }
     } catch (const std::exception& e) {
       throw send_failure(p, e);
+    }
+    if (pieces && send_body) {
+      // Gloo's thread moves the pieces meanwhile. The sums are of the caller's bytes (a corrupted
+      // body is a copy, or shorter).
+      std::vector<uint32_t> sums(static_cast<size_t>(pieces));
+      for (int64_t k = 0; k < pieces; ++k) {
+        const PieceSpan s = piece_span(n, pieces, k);
+        sums[static_cast<size_t>(k)] = crc32c(src + s.offset, static_cast<size_t>(s.bytes));
+      }
+      const std::vector<int64_t> words = make_trailer(p.seq, sums);
+      f.trailer = at::empty({static_cast<int64_t>(words.size()) * 8}, at::kByte);
+      std::memcpy(f.trailer.data_ptr<uint8_t>(), words.data(), words.size() * 8);
+      if (p.corrupt == Corruption::Trailer) f.trailer.data_ptr<uint8_t>()[3 * 8] ^= 1;  // piece 0's sum
+      try {
+        std::vector<at::Tensor> tv{f.trailer};
+        f.trailer_work = pg->send(tv, p.dst, kTrailerTag);
+      } catch (const std::exception& e) {
+        throw send_failure(p, e);
+      }
     }
     f.p = std::move(p);
     return f;
@@ -441,22 +539,27 @@ struct Transport::Impl {
 
   // Fault injection (Note [fault injection] in parallel/ranks/fault.h), after the checksum was
   // taken: `h` (the header, check word not yet set), `frame` (header + a copy of the body) and
-  // `body` (a separate body) are changed; p.body, the caller's bytes, never is. Returns whether a
-  // bit of the header is to be flipped once its check word is set (a bit flip of an empty body).
-  bool corrupt(const Pending& p, int64_t* h, at::Tensor& frame, at::Tensor& body, bool separate) {
+  // `body` (a separate body, or one in `pieces`) are changed; p.body, the caller's bytes, never
+  // is. Returns whether a bit of the header is to be flipped once its check word is set (a bit
+  // flip of an empty body).
+  bool corrupt(const Pending& p, int64_t* h, at::Tensor& frame, at::Tensor& body, bool separate, int64_t pieces) {
     bool flip_header = false;
     const int64_t n = p.body.numel();
+    const bool own_body = separate || pieces;  // the body is not in the frame
     std::ostringstream os;
     os << "rank " << env.rank << ": message #" << p.seq << " to rank " << p.dst << " (" << p.context << ", " << n
-       << " bytes) ";
+       << " bytes" << (pieces ? ", in " + std::to_string(pieces) + " pieces" : std::string()) << ") ";
     switch (p.corrupt) {
-      case Corruption::Truncate:
-        if (separate)
-          body = p.body.narrow(0, 0, n / 2);
+      case Corruption::Truncate: {
+        // Half of the body; of a body in pieces, half of its last piece (every piece is sent).
+        const int64_t cut = pieces ? n - piece_span(n, pieces, pieces - 1).bytes / 2 : n / 2;
+        if (own_body)
+          body = p.body.narrow(0, 0, cut);
         else
-          frame = frame.narrow(0, 0, kHeaderBytes + n / 2);
-        os << "cut to " << n / 2 << " bytes after its checksum";
+          frame = frame.narrow(0, 0, kHeaderBytes + cut);
+        os << "cut to " << cut << " bytes after its checksum";
         break;
+      }
       case Corruption::BitFlip: {
         if (n == 0) {  // no body: a bit of the header
           flip_header = true;
@@ -465,8 +568,8 @@ struct Transport::Impl {
         }
         const int64_t byte = static_cast<int64_t>(corrupt_rng() % static_cast<uint64_t>(n));
         const int bit = static_cast<int>(corrupt_rng() % 8);
-        if (separate) body = p.body.clone();
-        (separate ? body.data_ptr<uint8_t>() : frame.data_ptr<uint8_t>() + kHeaderBytes)[byte] ^=
+        if (own_body) body = p.body.clone();
+        (own_body ? body.data_ptr<uint8_t>() : frame.data_ptr<uint8_t>() + kHeaderBytes)[byte] ^=
             static_cast<uint8_t>(1u << bit);
         os << "had bit " << bit << " of byte " << byte << " flipped after its checksum";
         break;
@@ -475,6 +578,9 @@ struct Transport::Impl {
         h[kWordBytes] = int64_t(1) << 60;
         frame = frame.narrow(0, 0, kHeaderBytes);
         os << "announced as " << h[kWordBytes] << " bytes, and its body not sent";
+        break;
+      case Corruption::Trailer:
+        os << "had bit 0 of piece 0's sum in its trailer flipped after the trailer's check word";
         break;
       case Corruption::None:
         return false;
@@ -488,6 +594,8 @@ struct Transport::Impl {
     try {
       compat::wait(f.frame_work, timeout);
       if (f.body_work) compat::wait(f.body_work, timeout);
+      for (const compat::WorkPtr& w : f.piece_work) compat::wait(w, timeout);
+      if (f.trailer_work) compat::wait(f.trailer_work, timeout);
     } catch (const TransportError&) {
       throw;
     } catch (const std::exception& e) {
@@ -498,6 +606,7 @@ struct Transport::Impl {
     stats.send_s += now_s() - since;
     stats.bytes_sent += f.p.body.numel();
     stats.messages_sent += 1;
+    stats.sent_in_pieces += f.piece_work.empty() ? 0 : 1;
   }
 
   TransportError send_failure(const Pending& p, const std::exception& e) {
@@ -631,22 +740,39 @@ struct Transport::Impl {
       fail(e.what());
     }
     const int64_t n = h.body_bytes;
-    const bool separate = n > capacity;
-    if (h.layout != (separate ? kLayoutSeparate : kLayoutInFrame))
+    const int64_t pieces = h.pieces;  // Note [bodies in pieces]: they leave the capacity as it is
+    const bool separate = !pieces && n > capacity;
+    if (!pieces && h.layout != (separate ? kLayoutSeparate : kLayoutInFrame))
       fail("its header says the body " + std::string(separate ? "is in the frame" : "follows on its own") +
            ", but this rank posted room for " + std::to_string(capacity) + " body bytes: the two ranks disagree " +
            "about the posted capacity (Note [posted capacity]; another version of tapeline at the other end?)");
-    recv_capacity[src].after(n);
+    if (!pieces) recv_capacity[src].after(n);
     m.tag = h.tag;
     m.seq = h.seq;
     m.sent_s = steady_ns_to_s(h.stamp_ns);
+    std::vector<uint32_t> sums;  // of the pieces, as they arrived
+    at::Tensor trailer;
+    std::string part = "body of " + std::to_string(n) + " bytes";  // what a failed wait was for
     try {
       // The body's recv is posted first (its recv-ready notice is what the sender waits for), then
       // the next frame's, which can land while this body does and before recv() is called again.
+      // A body in pieces: every piece's recv and the trailer's, then piece k is summed as soon as
+      // it is in, while the next ones arrive.
       at::Tensor body;
-      compat::WorkPtr body_work;
+      compat::WorkPtr body_work, trailer_work;
+      std::vector<compat::WorkPtr> piece_work;
       std::vector<at::Tensor> bv;
-      if (!separate) {
+      if (pieces) {
+        body = body_buffer(src, n);
+        for (int64_t k = 0; k < pieces; ++k) {
+          const PieceSpan s = piece_span(n, pieces, k);
+          std::vector<at::Tensor> pv{body.narrow(0, s.offset, s.bytes)};
+          piece_work.push_back(pg->recv(pv, src, kPieceTag));
+        }
+        trailer = at::empty({trailer_words(pieces) * 8}, at::kByte);
+        std::vector<at::Tensor> tv{trailer};
+        trailer_work = pg->recv(tv, src, kTrailerTag);
+      } else if (!separate) {
         body = frame.narrow(0, kHeaderBytes, n);  // came in the frame
       } else {
         body = body_buffer(src, n);
@@ -658,13 +784,41 @@ struct Transport::Impl {
         compat::wait(body_work, timeout);
         if (cuda) body = bv[0].cpu();
       }
+      for (int64_t k = 0; k < pieces; ++k) {
+        const PieceSpan s = piece_span(n, pieces, k);
+        part = "piece " + std::to_string(k) + " of " + std::to_string(pieces) + " of a body of " + std::to_string(n) +
+               " bytes";
+        compat::wait(piece_work[static_cast<size_t>(k)], timeout);
+        sums.push_back(crc32c(body.data_ptr<uint8_t>() + s.offset, static_cast<size_t>(s.bytes)));
+      }
+      if (trailer_work) {
+        part = "trailer of a body of " + std::to_string(n) + " bytes in " + std::to_string(pieces) + " pieces";
+        compat::wait(trailer_work, timeout);
+      }
       m.body = body;
     } catch (const std::exception& e) {
-      TransportError err = failure(what + " (body of " + std::to_string(n) + " bytes)", src, context, cause_of(e));
+      TransportError err = failure(what + " (" + part + ")", src, context, cause_of(e));
       record(std::make_exception_ptr(err));
       throw err;
     }
-    if (h.body_crc != 0) {  // Note [body checksum]
+    if (pieces) {  // Note [bodies in pieces]
+      std::vector<uint32_t> want;
+      try {
+        want = parse_trailer(trailer.data_ptr<uint8_t>(), static_cast<size_t>(trailer.numel()), h.seq, pieces);
+      } catch (const std::runtime_error& e) {
+        fail(e.what());
+      }
+      for (int64_t k = 0; k < pieces; ++k) {
+        if (sums[static_cast<size_t>(k)] == want[static_cast<size_t>(k)]) continue;
+        const PieceSpan s = piece_span(n, pieces, k);
+        std::ostringstream os;
+        os << "body checksum mismatch in piece " << k << " of " << pieces << " (bytes "
+           << s.offset << ".." << s.offset + s.bytes << " of " << n << "; crc32c 0x" << std::hex
+           << sums[static_cast<size_t>(k)] << ", the sender's 0x" << want[static_cast<size_t>(k)] << std::dec
+           << "): the message was corrupted or cut short between the two ranks; nothing of it was used";
+        fail(os.str());
+      }
+    } else if (h.body_crc != 0) {  // Note [body checksum]
       const int64_t got = body_crc_word(m.body.data_ptr<uint8_t>(), static_cast<size_t>(n));
       if (got != h.body_crc) {
         std::ostringstream os;
@@ -676,7 +830,7 @@ struct Transport::Impl {
     }
     const double t_body = now_s();
     ++recv_seq[src];
-    m.transfer_s = separate ? t_body - t_header : 0.0;
+    m.transfer_s = separate || pieces ? t_body - t_header : 0.0;
     if (links[src] && m.tag >= 0 && !(m.tag & kTagNoLink)) {  // pipeline messages only, not gather_bytes
       // Note [link emulation at the receiver].
       const bool same_clock = !peers[src].boot_id.empty() && peers[src].boot_id == boot_id;

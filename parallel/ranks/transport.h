@@ -7,9 +7,10 @@
 // 8 int64 (64 bytes): magic|version, sequence number on this (src, dst) pair, the caller's tag,
 // body bytes n, the sender's steady-clock stamp in ns (for link emulation, see parallel/link.h),
 // the body's checksum (Note [body checksum]), the layout (0: the body follows in this frame, 1:
-// the body follows as its own operation) and a check word (xor of the others with a constant);
-// then the body, 64-byte aligned in the frame. A body larger than the receiver's posted capacity
-// (Note [posted capacity]) travels as a second operation, once: the capacity grows to it.
+// the body follows as its own operation, 2: in pieces, Note [bodies in pieces]) and a check word
+// (xor of the others with a constant); then the body, 64-byte aligned in the frame. A body larger
+// than the receiver's posted capacity (Note [posted capacity]) travels as a second operation,
+// once: the capacity grows to it.
 // The receiver posts each frame recv at its capacity (Gloo accepts a shorter message into a
 // larger recv), so a message costs one rendezvous, not two; on NCCL, which needs exact sizes, the
 // capacity is 0: the frame is the bare header and the body always its own operation. No batched
@@ -40,7 +41,22 @@
 // message, never a wrong tensor. Bodies on a CUDA device (NCCL) carry no checksum (word 0) and are
 // not checked. Cost: one pass over the body at each end (AVX-512 carry-less folding where the CPU
 // has it, else SSE4.2: parallel/ranks/checksum.h); a body copied into its frame is summed in the
-// same pass.
+// same pass, and a large body is summed in pieces while it travels (Note [bodies in pieces]).
+//
+// Note [bodies in pieces]. A checksummed body of TransportOptions::pieces_min_bytes or more
+// (dist.pieces_min_bytes, 8 MiB; Gloo only) travels as a bare frame (layout word kLayoutPieces with
+// the piece count in its high bits, body word kBodyCrcPresent alone), then the body in `count`
+// pieces of piece_span() bytes, each its own c10d operation, then a trailer: kTrailerMagic, the
+// sequence number, the count, each piece's CRC-32C and a check word. The sender posts every piece's
+// send, then sums the pieces while Gloo's thread moves them, then posts the trailer; the receiver,
+// on reading the frame, posts every piece's recv and the trailer's, sums piece k as soon as it has
+// arrived (while k + 1 is still on the wire) and checks the sums when the trailer comes. So the two
+// passes over the body run during the transfer instead of one before it and one after
+// (docs/PIPELINE.md, "Bodies in pieces"), and the body is sent from the caller's tensor, never
+// copied into a frame. Smaller messages are unchanged (one c10d operation each). A piece count out
+// of range, a garbled trailer or a piece whose sum differs is an error naming the peer, the message
+// and the piece; a message in pieces leaves the posted capacity as it was (both ends know its
+// layout).
 //
 // Note [failures are errors, never hangs]. Every operation waits at most timeout_s
 // (config dist.timeout_s). A dead peer (its socket closes) fails the pending operation at once; a
@@ -102,7 +118,7 @@ namespace tl::ranks {
 
 /// Note [wire protocol]'s header, for tools and tests that speak it.
 namespace wire {
-constexpr int64_t kMagic = (int64_t(0x544C4D53) << 16) | 4;  // "TLMS", version 4
+constexpr int64_t kMagic = (int64_t(0x544C4D53) << 16) | 5;  // "TLMS", version 5 (5: bodies in pieces)
 constexpr int64_t kCheckSalt = 0x5A5A5A5A5A5A5A5ALL;
 constexpr int64_t kHeaderWords = 8;
 constexpr int64_t kHeaderBytes = kHeaderWords * 8;
@@ -112,8 +128,28 @@ constexpr int64_t kPostedMax = int64_t(256) << 20;  // larger bodies always trav
 /// for statistics: Note [reference tensors] in parallel/channel.h).
 constexpr int64_t kTagNoLink = int64_t(1) << 61;
 enum Word { kWordMagic = 0, kWordSeq, kWordTag, kWordBytes, kWordStamp, kWordBodyCrc, kWordLayout, kWordCheck };
-/// The layout word: the body follows in the frame, or as its own operation.
-constexpr int64_t kLayoutInFrame = 0, kLayoutSeparate = 1;
+/// The layout word: the body follows in the frame, or as its own operation, or in pieces (Note
+/// [bodies in pieces]: kLayoutPieces | count << kPieceCountShift).
+constexpr int64_t kLayoutInFrame = 0, kLayoutSeparate = 1, kLayoutPieces = 2;
+constexpr int kPieceCountShift = 8;
+/// A body in pieces has 2..kMaxPieces of them, each non-empty.
+constexpr int64_t kMaxPieces = 256;
+/// The first word of a trailer (Note [bodies in pieces]) and its size in words for `count` pieces.
+constexpr int64_t kTrailerMagic = (int64_t(0x544C5452) << 16) | 5;  // "TLTR"
+inline int64_t trailer_words(int64_t count) { return 4 + count; }
+/// Piece k of a body of n bytes in `count` pieces: [offset, offset + bytes). Every piece but the
+/// last has the same size, a multiple of 64 bytes.
+struct PieceSpan {
+  int64_t offset = 0, bytes = 0;
+};
+PieceSpan piece_span(int64_t n, int64_t count, int64_t k);
+/// The piece count the sender uses for n bytes: about n / piece_bytes, in [2, kMaxPieces].
+int64_t piece_count(int64_t n, int64_t piece_bytes);
+/// The pieces' sums in a trailer of `size` bytes, checked: throws std::runtime_error saying what is
+/// wrong (its size for `expected_count` pieces, magic, check word, sequence number, count).
+std::vector<uint32_t> parse_trailer(const uint8_t* data, size_t size, int64_t expected_seq, int64_t expected_count);
+/// A trailer's words for `sums`.
+std::vector<int64_t> make_trailer(int64_t seq, const std::vector<uint32_t>& sums);
 /// The body word: bit 32 says a checksum is present, the low 32 bits are the body's CRC-32C.
 constexpr int64_t kBodyCrcPresent = int64_t(1) << 32;
 /// The check word of a header whose other words are set.
@@ -143,6 +179,7 @@ struct PostedCapacity {
 /// A received frame's header, validated.
 struct FrameHeader {
   int64_t seq = 0, tag = 0, body_bytes = 0, stamp_ns = 0, body_crc = 0, layout = kLayoutInFrame;
+  int64_t pieces = 0;  // kLayoutPieces: how many (Note [bodies in pieces]); else 0
 };
 /// Reads and checks the header at the start of a received frame of `size` bytes: the magic, the
 /// check word, a body size in [0, max_body_bytes], a known layout, the expected sequence number
@@ -171,15 +208,22 @@ class TransportError : public std::runtime_error {
 };
 
 /// What Transport::corrupt_next_send does to a message, after its checksum was taken (fault
-/// injection, parallel/ranks/fault.h): half of the body is sent, one bit of it is flipped, or the
-/// header announces more bytes than a receiver accepts.
-enum class Corruption { None, Truncate, BitFlip, Oversize };
+/// injection, parallel/ranks/fault.h): half of the body is sent (of a body in pieces: half of its
+/// last piece), one bit of it is flipped, or the header announces more bytes than a receiver
+/// accepts.
+/// Trailer (tests): a bit of a body-in-pieces' trailer is flipped after its check word (other
+/// messages: as BitFlip).
+enum class Corruption { None, Truncate, BitFlip, Oversize, Trailer };
 
 struct TransportOptions {
   std::string backend = "gloo";                  // "gloo" (CPU) or "nccl" (CUDA, where built)
   double timeout_s = 60.0;                       // dist.timeout_s: every wait, rendezvous included
   bool comm_thread = false;                      // Note [communication thread]
   bool checksum = true;                          // send bodies' CRC-32C (Note [body checksum]); false: benchmarks
+  // Note [bodies in pieces]: checksummed bodies of pieces_min_bytes or more (0: never) travel in
+  // pieces of about piece_bytes.
+  int64_t pieces_min_bytes = int64_t(8) << 20;
+  int64_t piece_bytes = int64_t(1) << 20;
   int64_t max_message_bytes = int64_t(1) << 34;  // larger announced bodies are rejected (16 GiB)
   double corrupt_rate = 0.0;                     // dist.corrupt_rate: flip a bit of a sent body with this probability
   uint64_t corrupt_seed = 0;                     // ... drawn from this seed and the rank
@@ -205,6 +249,7 @@ struct Message {
 struct TransportStats {
   int64_t messages_sent = 0, messages_received = 0;
   int64_t bytes_sent = 0, bytes_received = 0;  // bodies
+  int64_t sent_in_pieces = 0;                  // messages sent as bodies in pieces (Note [bodies in pieces])
   double send_s = 0.0;                         // time in blocking sends (the caller's, or the comm thread's)
   double recv_wait_s = 0.0;                    // time the caller blocked in recv, link emulation included
   double link_s = 0.0;                         // of which emulated link delay

@@ -234,6 +234,7 @@ Experiment::Experiment(const Config& config, bool allow_distributed) : config_(c
     o.timeout_s = config_.dist.timeout_s;
     o.comm_thread = true;  // sends overlap compute
     o.checksum = config_.dist.checksum;
+    o.pieces_min_bytes = config_.dist.pieces_min_bytes;
     o.corrupt_rate = config_.dist.corrupt_rate;
     o.corrupt_seed = static_cast<uint64_t>(config_.dist.corrupt_seed);
     const int r = env->rank;

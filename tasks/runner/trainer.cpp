@@ -36,7 +36,8 @@ bool outside_fingerprint(const std::string& key) {
       "run.progress",   "run.log_every",  "run.checkpoint_every", "run.threads",       "run.measure_error",
       "run.device",     "data.root",      "data.prefetch",        "model.weights",     "pipeline.nproc",
       "dist.timeout_s", "dist.checksum",  "dist.inject_fault",    "dist.corrupt_rate", "dist.corrupt_seed",
-      "parallel.dp",    "dp.compression", "dp.compress_stages",   "dp.bucket_mib",     "dp.overlap"};
+      "parallel.dp",    "dp.compression", "dp.compress_stages",   "dp.bucket_mib",     "dp.overlap",
+      "dist.pieces_min_bytes"};
   return key.rfind("boundary.", 0) == 0 || std::find(keys.begin(), keys.end(), key) != keys.end();
 }
 

@@ -10,10 +10,12 @@
 //                       to it, from the comm thread with "thread") and must fail.
 //   silent              rank 1 connects and then says nothing; rank 0's recv must time out.
 //   silent_collective   rank 1 connects and never joins the all-reduce rank 0 starts.
-//   garbage KIND        rank 1 sends a forged header (KIND: magic | size | tag), a body with a bit
-//                       flipped after its checksum (bitflip), or a truncated
-//                       payload in a well-formed message (KIND payload); rank 0 must
-//                       reject it.
+//   garbage KIND        rank 1 sends a forged header (KIND: magic | size | tag | pieces_count: a
+//                       body in 1 piece), a body with a bit flipped after its checksum (bitflip),
+//                       a truncated payload in a well-formed message (KIND payload), or a body of
+//                       3 MiB in pieces (with TL_PIECES_MIN at most that) (Note [bodies in pieces]) corrupted by corrupt_next_send
+//                       (KIND pieces_bitflip | pieces_truncate | pieces_oversize | pieces_trailer);
+//                       rank 0 must reject it.
 //   link                rank 1 receives over an emulated link; checks nothing arrives early.
 //   timed COUNT BYTES...  2 ranks, ping-pong: rank 0 sends a message of BYTES (each size in turn,
 //                       COUNT times, after 5 unmeasured warm-up rounds of the largest size) and
@@ -46,6 +48,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -100,6 +103,9 @@ TransportOptions options_from_env() {
   o.timeout_s = env_number("TL_TIMEOUT_S", 10.0);
   o.link.bandwidth_mbps = env_number("TL_LINK_MBPS", 0.0);
   o.link.latency_ms = env_number("TL_LINK_MS", 0.0);
+  // Bodies in pieces (Note [bodies in pieces]) from TL_PIECES_MIN bytes, of TL_PIECE_BYTES each.
+  o.pieces_min_bytes = static_cast<int64_t>(env_number("TL_PIECES_MIN", double(o.pieces_min_bytes)));
+  o.piece_bytes = std::max<int64_t>(1, static_cast<int64_t>(env_number("TL_PIECE_BYTES", double(o.piece_bytes))));
   const char* backend = std::getenv("TL_BACKEND");  // "gloo" (default) or "nccl"
   if (backend && *backend) o.backend = backend;
   return o;
@@ -181,8 +187,9 @@ int run_exchange(const DistEnv& env, int n, bool comm) {
       }
   }
   t->barrier("end");
-  std::printf("OK exchange rank %d agent_store=%d sent=%lld received=%lld bytes_sent=%lld\n", me, int(env.agent_store),
-              (long long)s.messages_sent, (long long)s.messages_received, (long long)s.bytes_sent);
+  std::printf("OK exchange rank %d agent_store=%d sent=%lld received=%lld bytes_sent=%lld in_pieces=%lld\n", me,
+              int(env.agent_store), (long long)s.messages_sent, (long long)s.messages_received, (long long)s.bytes_sent,
+              (long long)s.sent_in_pieces);
   return 0;
 }
 
@@ -329,6 +336,19 @@ int run_garbage(const DistEnv& env, const std::string& kind) {
     std::this_thread::sleep_for(std::chrono::seconds(2));
     std::_Exit(0);
   }
+  if (t->rank() == 1 && kind.rfind("pieces_", 0) == 0 && kind != "pieces_count") {
+    const std::map<std::string, Corruption> kinds = {{"pieces_bitflip", Corruption::BitFlip},
+                                                     {"pieces_truncate", Corruption::Truncate},
+                                                     {"pieces_oversize", Corruption::Oversize},
+                                                     {"pieces_trailer", Corruption::Trailer}};
+    at::manual_seed(77);
+    at::Tensor body = at::randint(0, 256, {int64_t(3) << 20}, at::kByte);  // 3 pieces of 1 MiB
+    t->corrupt_next_send(kinds.at(kind));
+    t->send(0, body, 0, "corrupting");
+    t->flush("corrupting");
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    std::_Exit(0);
+  }
   if (t->rank() == 1) {
     std::vector<int64_t> h(wire::kHeaderWords, 0);
     if (kind == "magic") {
@@ -337,8 +357,12 @@ int run_garbage(const DistEnv& env, const std::string& kind) {
       h[wire::kWordMagic] = wire::kMagic;
       h[wire::kWordSeq] = 0;
       h[wire::kWordTag] = kind == "tag" ? 5 : 0;
-      h[wire::kWordBytes] = kind == "size" ? (int64_t(1) << 50) : 10;
+      h[wire::kWordBytes] = kind == "size" ? (int64_t(1) << 50) : kind == "pieces_count" ? (int64_t(3) << 20) : 10;
       h[wire::kWordStamp] = 0;
+      if (kind == "pieces_count") {  // a body in one piece
+        h[wire::kWordBodyCrc] = wire::kBodyCrcPresent;
+        h[wire::kWordLayout] = wire::kLayoutPieces | (int64_t(1) << wire::kPieceCountShift);
+      }
       h[wire::kWordCheck] = wire::check_word(h.data());
     }
     t->inject_raw_header_for_testing(0, h, "forging");

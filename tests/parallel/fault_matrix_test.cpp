@@ -80,6 +80,7 @@ struct Case {
   int step;
   std::string kind;
   std::string grid = "4";  // "4" (4 stages) or "2x2"
+  bool pieces = false;      // every message body of 1 KiB or more in pieces (Note [bodies in pieces])
   std::string fault() const { return std::to_string(victim) + ":" + phase + ":" + std::to_string(step) + ":" + kind; }
 };
 
@@ -278,12 +279,13 @@ class FaultMatrix : public ::testing::Test {
   // Runs one case and checks what the header of this file promises.
   void run_case(const Case& c) {
     SCOPED_TRACE("dist.inject_fault = " + c.fault() + " (" + c.grid + ")");
-    const fs::path dir = dir_.path() / (c.phase + "_" + c.kind);
+    const fs::path dir = dir_.path() / (c.phase + "_" + c.kind + (c.pieces ? "_pieces" : ""));
     fs::create_directories(dir);
     const fs::path run_dir = dir / "run";
-    const std::vector<std::string> args = {"train", "--config", write_config(dir, c.grid), "--out", run_dir.string(),
-                                           "--no-plot", "--quiet", "--dist.timeout_s=" + std::to_string(kTimeoutS),
-                                           "--dist.inject_fault=" + c.fault()};
+    std::vector<std::string> args = {"train", "--config", write_config(dir, c.grid), "--out", run_dir.string(),
+                                     "--no-plot", "--quiet", "--dist.timeout_s=" + std::to_string(kTimeoutS),
+                                     "--dist.inject_fault=" + c.fault()};
+    if (c.pieces) args.push_back("--dist.pieces_min_bytes=1024");
     std::unique_ptr<Ranks> ranks;
     if (c.kind == "partition")
       ranks = std::make_unique<PartitionedRanks>(args, dir, c.victim);
@@ -341,6 +343,8 @@ class FaultMatrix : public ::testing::Test {
     };
 
     ASSERT_TRUE(o.fired) << "the fault never fired\n" << all_logs();
+    if (c.pieces)  // the corrupted message was one in pieces ("(CONTEXT, B bytes, in K pieces) had ...")
+      EXPECT_NE(o.logs[static_cast<size_t>(c.victim)].find(" pieces) "), std::string::npos) << all_logs();
     double first = 1e9, last = 0;
     for (int r = 0; r < kRanks; ++r) {
       if (c.kind == "stop" && r == c.victim) continue;
@@ -395,7 +399,8 @@ class FaultMatrix : public ::testing::Test {
     }
     std::ostringstream row;
     row << std::fixed << std::setprecision(1) << "| " << c.phase << " | " << c.kind << " | " << c.victim
-        << (c.grid == "2x2" ? " (2x2)" : "") << " | " << first << " s | " << last << " s | " << message << " |";
+        << (c.grid == "2x2" ? " (2x2)" : "") << (c.pieces ? " (in pieces)" : "") << " | " << first << " s | " << last
+        << " s | " << message << " |";
     append_row(row.str());
 
     // Resumes after a kill mid-step are MultiProcessTrain's (tests/tasks); here those that differ:
@@ -445,6 +450,18 @@ TEST_F(FaultMatrix, Rendezvous) {
 TEST_F(FaultMatrix, ForwardSend) {
   REQUIRE_FAULT_MATRIX();
   run_phase("forward", 1, 6);
+}
+
+// As ForwardSend, the corruptions of a message whose body travels in pieces (from 1 KiB on, where
+// 8 MiB is the default): a flipped bit, a cut last piece, an oversized header.
+TEST_F(FaultMatrix, ForwardSendInPieces) {
+  REQUIRE_FAULT_MATRIX();
+  for (const std::string kind : {"truncate", "bitflip", "oversize"}) {
+    Case c{"forward", 1, 6, kind};
+    c.pieces = true;
+    run_case(c);
+    if (HasFatalFailure()) return;
+  }
 }
 
 // Stage 2's gradient sends in the middle of epoch 2.

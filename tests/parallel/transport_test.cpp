@@ -223,6 +223,115 @@ TEST(Transport, ForgedHeadersAndPayloadsAreRejectedNamingThePeer) {
   }
 }
 
+// Note [bodies in pieces]: from 1000 bytes, in pieces of 4 KiB (up to 256 of them), mixed with
+// bodies in the frame and small ones, blocking and from the communication thread.
+TEST(Transport, BodiesInPiecesArriveExactly) {
+  SKIP_WITHOUT_TRANSPORT();
+  const EnvList pieces = {{"TL_PIECES_MIN", "1000"}, {"TL_PIECE_BYTES", "4096"}};
+  auto blocking = run_ranks("pieces", 2, {"exchange", "40"}, 120, pieces);
+  expect_exchanged(blocking);
+  auto runs = run_ranks("pieces_comm", 2, {"exchange", "40", "comm"}, 120, pieces);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(exit_code(runs[r].status), 0) << logs_of(runs);
+    EXPECT_NE(runs[r].log.find("OK exchange rank " + std::to_string(r)), std::string::npos) << logs_of(runs);
+  }
+  // 18 of the 40 payloads (and so of their echoes) are 1000 bytes or more: sent in pieces.
+  for (const auto* run : {&blocking, &runs})
+    for (int r = 0; r < 2; ++r) EXPECT_NE((*run)[r].log.find(" in_pieces=18\n"), std::string::npos) << logs_of(*run);
+}
+
+// A body of 3 MiB in 3 pieces, corrupted after its sums were taken (or its header forged): the
+// receiver names the peer, the message and the piece, and uses nothing of it.
+TEST(Transport, CorruptBodiesInPiecesAreRejectedNamingThePeer) {
+  SKIP_WITHOUT_TRANSPORT();
+  const std::pair<const char*, const char*> cases[] = {
+      {"pieces_bitflip", "body checksum mismatch in piece "},
+      {"pieces_truncate", "body checksum mismatch in piece 2 of 3 (bytes 2097152..3145728 of 3145728"},
+      {"pieces_trailer", "corrupt trailer of a body in pieces: check word mismatch"},
+      {"pieces_oversize", "announced body of 1152921504606846976 bytes"},
+      {"pieces_count", "a body of 3145728 bytes in 1 pieces; accepted 2..256 pieces"},
+  };
+  for (const auto& [kind, why] : cases) {
+    SCOPED_TRACE(kind);
+    auto runs = run_ranks(std::string("garbage_") + kind, 2, {"garbage", kind}, 40,
+                          {{"TL_TIMEOUT_S", "5"}, {"TL_PIECES_MIN", "2097152"}});
+    expect_caught(runs[0], 1, "step 1, boundary 1 forward", why, logs_of(runs));
+    EXPECT_NE(runs[0].log.find("receive of message #0 from rank 1"), std::string::npos) << logs_of(runs);
+  }
+}
+
+// The pieces of a body cover it exactly, in order; a trailer comes back as written, and a
+// garbled one, or a header with a piece count out of range, is an error saying so.
+TEST(Transport, PiecesCoverTheBodyAndTrailersAreChecked) {
+  for (int64_t n : {int64_t(129), int64_t(4097), int64_t(1) << 20, (int64_t(3) << 20) + 5, int64_t(64) << 20}) {
+    for (int64_t piece : {int64_t(64), int64_t(4096), int64_t(1) << 20}) {
+      const int64_t count = wire::piece_count(n, piece);
+      ASSERT_GE(count, 2) << n << " " << piece;
+      ASSERT_LE(count, wire::kMaxPieces);
+      int64_t at = 0;
+      for (int64_t k = 0; k < count; ++k) {
+        const wire::PieceSpan s = wire::piece_span(n, count, k);
+        EXPECT_EQ(s.offset, at) << n << " " << piece << " " << k;
+        EXPECT_GT(s.bytes, 0) << n << " " << piece << " " << k;
+        if (k + 1 < count) {
+          EXPECT_EQ(s.bytes % 64, 0);
+        }
+        at += s.bytes;
+      }
+      EXPECT_EQ(at, n) << n << " " << piece;
+    }
+  }
+  EXPECT_EQ(wire::piece_count(64, 16), 0);  // too small for two non-empty pieces of 64-byte steps
+  EXPECT_EQ(wire::piece_count(int64_t(64) << 20, int64_t(1) << 20), 64);
+
+  const std::vector<uint32_t> sums = {1, 0xFFFFFFFFu, 12345};
+  std::vector<int64_t> w = wire::make_trailer(9, sums);
+  auto parse = [&](const std::vector<int64_t>& words, int64_t seq, int64_t count) {
+    return wire::parse_trailer(reinterpret_cast<const uint8_t*>(words.data()), words.size() * 8, seq, count);
+  };
+  EXPECT_EQ(parse(w, 9, 3), sums);
+  auto rejects = [&](const std::vector<int64_t>& words, int64_t seq, int64_t count, const std::string& why) {
+    try {
+      parse(words, seq, count);
+      ADD_FAILURE() << "accepted; expected: " << why;
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  rejects(w, 8, 3, "it is message #9's");
+  rejects(w, 9, 4, "56 bytes, expected 64");
+  std::vector<int64_t> bad = w;
+  bad[4] ^= 2;  // a sum changed after the check word
+  rejects(bad, 9, 3, "check word mismatch");
+  bad = w;
+  bad[0] = 0;
+  rejects(bad, 9, 3, "bad magic");
+
+  // Headers: a body in pieces with a count out of range, or without the checksum bit, is refused.
+  auto header = [](int64_t n, int64_t layout, int64_t crc) {
+    std::vector<int64_t> h(wire::kHeaderWords, 0);
+    h[wire::kWordMagic] = wire::kMagic;
+    h[wire::kWordBytes] = n;
+    h[wire::kWordBodyCrc] = crc;
+    h[wire::kWordLayout] = layout;
+    h[wire::kWordCheck] = wire::check_word(h.data());
+    return h;
+  };
+  auto parse_header = [](const std::vector<int64_t>& h) {
+    return wire::parse_frame_header(reinterpret_cast<const uint8_t*>(h.data()), h.size() * 8, 0, nullptr,
+                                    int64_t(1) << 34);
+  };
+  const int64_t pieces8 = wire::kLayoutPieces | (int64_t(8) << wire::kPieceCountShift);
+  EXPECT_EQ(parse_header(header(int64_t(8) << 20, pieces8, wire::kBodyCrcPresent)).pieces, 8);
+  for (int64_t count : {int64_t(0), int64_t(1), int64_t(257), int64_t(-3)}) {
+    const int64_t layout = wire::kLayoutPieces | (count << wire::kPieceCountShift);
+    EXPECT_THROW(parse_header(header(int64_t(8) << 20, layout, wire::kBodyCrcPresent)), std::runtime_error) << count;
+  }
+  EXPECT_THROW(parse_header(header(100, pieces8, wire::kBodyCrcPresent)), std::runtime_error);  // empty pieces
+  EXPECT_THROW(parse_header(header(int64_t(8) << 20, pieces8, 0)), std::runtime_error);         // no checksum
+  EXPECT_THROW(parse_header(header(int64_t(8) << 20, 3, 0)), std::runtime_error);               // unknown layout
+}
+
 TEST(Transport, EmulatedLinkNeverDeliversEarly) {
   SKIP_WITHOUT_TRANSPORT();
   auto runs = run_ranks("link", 2, {"link"}, 60);
