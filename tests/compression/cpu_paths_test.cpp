@@ -545,6 +545,30 @@ TEST(Quant, ZeroGroupsAgreeOnEveryPath) {
   }
 }
 
+// 8-bit codes written into the payload and read from it by the tile loops (Note [8-bit codes in
+// place], quant_kernels.cpp): tiles of 8192 elements, partial last tiles, each scale kind and mode
+// against the portable path, stochastic rounding against the GPU kernels' logic (the same hash
+// stream), on 1 and 2 threads.
+TEST(Quant, EightBitCodesInPlaceMatchTheOtherPaths) {
+  at::manual_seed(49);
+  for (int t : {1, 2}) {
+    Threads threads(t);
+    for (int64_t rows : {int64_t(1), int64_t(8), int64_t(9), int64_t(25)}) {
+      at::Tensor x = at::randn({rows, 1000});  // (rows, 1000): 1000 to 25000 elements, tails in the last tile
+      const std::string where = std::to_string(rows) + " x 1000, " + std::to_string(t) + " threads";
+      for (const char* spec : {"quant(8)", "quant(8, mode=minmax)", "quant(8, scale=block, block=100)",
+                               "quant(8, scale=channel)", "quant(8, scale=channel, dim=0, mode=minmax)"})
+        expect_paths_agree(spec, x, where);
+      CodecContext ctx;
+      auto c = parse_compressor("quant(8, round=stochastic, seed=5)");
+      const Payload fast = c->encode(x, ctx);
+      codec::gpu::HostEmulationGuard guard;
+      EXPECT_TRUE(same_payload(parse_compressor("quant(8, round=stochastic, seed=5)")->encode(x, ctx), fast))
+          << "stochastic on " << where;
+    }
+  }
+}
+
 // Lemire's remainder (Note [remainder by multiplication], sparse_kernels.h) against %: divisors
 // from 1 to beyond 2^32 (powers of two and their neighbours included), numerators at the ends of
 // the range, multiples of d and their neighbours, and random ones.
