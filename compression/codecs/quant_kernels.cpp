@@ -444,14 +444,13 @@ TL_INLINE void minmax_span_t(const float* x, int64_t len, float& mn, float& mx) 
 // elements, 60 us for a 1 MiB tensor that L2 delivers in 15). Four independent pairs of vectors
 // run at the loads' pace, and a NaN is noted aside (`v < a ? v : a` is then one min instruction,
 // which skips a NaN: any NaN makes both results NaN, as propagation does). Minima and maxima do not
-// depend on the order of the elements, with one exception: -0 and +0 compare equal and the first
-// one seen is kept, so when a result is a zero (whose sign reaches the wire scale) the span is
-// walked again in minmax_span_t's order.
+// depend on the order of the elements except for the sign of a zero result (-0 and +0 compare
+// equal), which no longer matters: a zero scale goes on the wire as +0 (Note [zero scales] in
+// quant_logic.h; a zero min or max, as after a ReLU, was walked again in one chain's order).
 template <bool Nan>
 TL_INLINE void minmax_span_chains(const float* x, int64_t len, float& mn, float& mx) {
   constexpr int kChains = 4;
   if (len < 1024) return minmax_span_t<Nan>(x, len, mn, mx);  // short spans (blocks): the combine would dominate
-  const float mn0 = mn, mx0 = mx;
   Float8 a[kChains], b[kChains];
   Float8 nan{};  // a lane that saw a NaN holds one
   for (int c = 0; c < kChains; ++c)
@@ -479,11 +478,6 @@ TL_INLINE void minmax_span_chains(const float* x, int64_t len, float& mn, float&
   for (; j < len; ++j) {
     mn = min_of<Nan>(x[j], mn);
     mx = max_of<Nan>(x[j], mx);
-  }
-  if (mn == 0.0f || mx == 0.0f) {  // the sign of a zero: minmax_span_t's order
-    mn = mn0;
-    mx = mx0;
-    minmax_span_t<Nan>(x, len, mn, mx);
   }
 }
 

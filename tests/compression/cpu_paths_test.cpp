@@ -542,6 +542,13 @@ TEST(Quant, ZeroGroupsAgreeOnEveryPath) {
                   << spec << " on " << where << ": a group of zeros decodes to other than +0";
             }
           }
+    // A ReLU's output with -0 among its zeros: one scale group whose minimum is a zero of either
+    // sign, found by the four chains (Note [four chains]) in whatever order.
+    at::Tensor relu = at::relu(at::randn({64, 4096}));  // (64, 4096)
+    at::Tensor top = relu.narrow(0, 0, 32);
+    top.masked_fill_(top == 0, -0.0f);  // rows 0..31: their zeros -0, the others' +0
+    for (const char* spec : {"quant(8)", "quant(4, mode=minmax)", "quant(2, scales=fp32)"})
+      expect_paths_agree(spec, relu, "relu with -0, " + std::to_string(t) + " threads");
   }
 }
 
