@@ -24,10 +24,11 @@
 // (M_MMAP_MAX = 0, no trimming). --raw-malloc measures with the default behaviour; each line says
 // which was used ("allocator").
 //
-// Usage: bench_compression [--repeats N] [--threads N] [--raw-malloc] [--only SUBSTRING] [--exact SPEC]
-//                          [--sizes MIB,MIB,...]  (each a power of two from 1 to 256; default 1,64)
+// Usage: bench_compression [--repeats N] [--threads N] [--raw-malloc] [--relu] [--only SUBSTRING]
+//                          [--exact SPEC] [--sizes MIB,MIB,...]  (each a power of two from 1 to 256; default 1,64)
 // --only keeps the codecs whose spec contains SUBSTRING, --exact the one spelled SPEC (for a
-// profile of one codec: `quant(8)` is also part of `powersgd(4) | quant(8)`).
+// profile of one codec: `quant(8)` is also part of `powersgd(4) | quant(8)`). --relu times
+// relu(randn) inputs instead of randn (a zero minimum in most scale groups; each line's "input").
 #include <malloc.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -141,7 +142,7 @@ double time_ms(const std::function<void()>& f, int repeats, const std::function<
 }
 
 void run_device(const char* device, const at::Tensor& x, int repeats, const std::string& only, bool exact,
-                bool raw_malloc) {
+                bool raw_malloc, const char* input) {
   const bool cuda = x.is_cuda();
   at::Tensor flag = at::zeros({1}, x.options());
   // A device-to-host read of one element waits for the stream (no CUDA headers needed).
@@ -173,13 +174,15 @@ void run_device(const char* device, const at::Tensor& x, int repeats, const std:
       const double ratio = gbps / memcpy_gbps;  // on CUDA memcpy_gbps is the device-to-device copy
       const double target = cuda ? (c.spec.rfind("quant(", 0) == 0 ? 0.5 : 0.0) : c.target;
       std::printf(
-          "{\"bench\":\"compression\",\"device\":\"%s\",\"mib\":%g,\"codec\":\"%s\",\"encode_ms\":%.3f,\"decode_ms\":%.3f,"
+          "{\"bench\":\"compression\",\"device\":\"%s\",\"mib\":%g,\"codec\":\"%s\",\"encode_ms\":%.3f,"
+          "\"decode_ms\":%.3f,"
           "\"gbps\":%.3f,\"memcpy_gbps\":%.2f,\"copy_gbps\":%.2f,\"ratio\":%.4f,\"target\":%s,\"meets_target\":%s,"
-          "\"payload_bytes\":%zu,\"compression\":%.2f,\"threads\":%d,\"allocator\":\"%s\",\"path\":\"%s\"}\n",
+          "\"payload_bytes\":%zu,\"compression\":%.2f,\"threads\":%d,\"allocator\":\"%s\",\"path\":\"%s\","
+          "\"input\":\"%s\"}\n",
           device, bytes / (1 << 20), c.spec.c_str(), t.encode_ms, t.decode_ms, gbps, memcpy_gbps, copy_gbps, ratio,
           target > 0 ? std::to_string(target).substr(0, 4).c_str() : "null",
           target > 0 ? (ratio >= target ? "true" : "false") : "null", t.payload_bytes, bytes / t.payload_bytes,
-          at::get_num_threads(), raw_malloc ? "default" : "keep-freed", path.c_str());
+          at::get_num_threads(), raw_malloc ? "default" : "keep-freed", path.c_str(), input);
       std::fflush(stdout);
     }
   }
@@ -190,7 +193,7 @@ void run_device(const char* device, const at::Tensor& x, int repeats, const std:
 int main(int argc, char** argv) {
   int repeats = 9;
   int threads = 0;
-  bool raw_malloc = false, exact = false;
+  bool raw_malloc = false, exact = false, relu = false;
   std::string only;
   std::vector<int64_t> sizes = {1, 64};  // MiB
   for (int i = 1; i < argc; ++i) {
@@ -201,6 +204,8 @@ int main(int argc, char** argv) {
       threads = std::atoi(argv[++i]);
     } else if (a == "--raw-malloc") {
       raw_malloc = true;
+    } else if (a == "--relu") {
+      relu = true;  // inputs relu(randn): a zero minimum in every group, as after a ReLU
     } else if ((a == "--only" || a == "--exact") && i + 1 < argc) {
       only = argv[++i];
       exact = a == "--exact";
@@ -221,7 +226,7 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--repeats N] [--threads N] [--raw-malloc] [--only SUBSTRING] [--exact SPEC] "
+                   "usage: %s [--repeats N] [--threads N] [--raw-malloc] [--relu] [--only SUBSTRING] [--exact SPEC] "
                    "[--sizes MIB,MIB,...]\n",
                    argv[0]);
       return 2;
@@ -235,8 +240,10 @@ int main(int argc, char** argv) {
   for (int64_t mib : sizes) {
     at::manual_seed(0);
     at::Tensor x = at::randn({64, mib * 4096});  // (64, D) fp32: mib MiB
-    run_device("cpu", x, repeats, only, exact, raw_malloc);
-    if (at::hasCUDA()) run_device("cuda", x.cuda(), repeats, only, exact, raw_malloc);
+    if (relu) x = at::relu(x);
+    const char* input = relu ? "relu" : "normal";
+    run_device("cpu", x, repeats, only, exact, raw_malloc, input);
+    if (at::hasCUDA()) run_device("cuda", x.cuda(), repeats, only, exact, raw_malloc, input);
   }
   if (!at::hasCUDA()) std::printf("{\"bench\":\"compression\",\"device\":\"cuda\",\"skipped\":\"no CUDA device\"}\n");
   return 0;

@@ -52,7 +52,9 @@ Geometry geometry(const std::vector<int64_t>& shape, Scale scale, int64_t dim, i
 
 // Rounds float values to `t` and moves those that rounded the wrong way one representable step
 // (int16 bit patterns: +1 moves away from zero) so that the result is >= v (up) or <= v (down).
-at::Tensor round_outward(const at::Tensor& v, at::ScalarType t, bool up) {
+// A zero of either sign becomes +0 (Note [zero scales] in compression/cuda/quant_logic.h).
+at::Tensor round_outward(const at::Tensor& v0, at::ScalarType t, bool up) {
+  const at::Tensor v = at::where(v0 == 0, at::zeros_like(v0), v0);  // -0 -> +0
   if (t == at::kFloat) return v;
   at::Tensor r = v.to(t);
   at::Tensor wrong = up ? r.to(at::kFloat) < v : r.to(at::kFloat) > v;

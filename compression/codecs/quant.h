@@ -15,7 +15,9 @@
 // rounding (below 2^-16 of a step). The scales go on the wire in `scales` type (fp16 by
 // default), rounded outward (s, hi up; lo down) so every x stays inside its group's range; both
 // ends then use the same rounded scales, so the error stays within half a step (maxabs: except
-// at x near +s, where the formula clips to 2^(b-1) - 1, one step below).
+// at x near +s, where the formula clips to 2^(b-1) - 1, one step below). A zero scale goes on the
+// wire as +0 whatever the signs of the zeros it came from, so a group of zeros (+0 or -0) has
+// codes 2^(b-1) (maxabs) or 0 (minmax) and decodes to +0 (Note [zero scales] in quant_logic.h).
 //
 // Payload: params = {bits, scale (0 tensor, 1 channel, 2 block), mode (0 maxabs, 1 minmax),
 //                    round (0 nearest, 1 stochastic), channel dim or -1, block or 0, scale type}

@@ -351,10 +351,14 @@ TL_INLINE void quantise_tile_impl(const float* x, int64_t t0, int64_t t1, const 
       });
 }
 
+// Note [8-bit codes in place]. Packing 8-bit codes is a copy (pack_bits' layout is the codes
+// themselves), so the tile loops write them straight into the payload and read them straight from
+// it instead of through a tile buffer: the same bytes, one 8 KiB copy a tile less each way.
 TL_TARGET_CLONES
 void quantise_tile(const float* x, int64_t t0, int64_t t1, const QuantGeometry& g, const QuantParams& q,
                    const float* recip, uint8_t* out) {
-  uint8_t codes[kTile];
+  uint8_t buf[kTile];
+  uint8_t* codes = q.bits == 8 ? out + t0 : buf;  // Note [8-bit codes in place]
   if (q.minmax) {
     if (q.stochastic)
       quantise_tile_impl<true, true>(x, t0, t1, g, q, recip, codes);
@@ -366,14 +370,15 @@ void quantise_tile(const float* x, int64_t t0, int64_t t1, const QuantGeometry& 
     else
       quantise_tile_impl<false, false>(x, t0, t1, g, q, recip, codes);
   }
-  pack(codes, t1 - t0, q.bits, out + t0 / 8 * q.bits);
+  if (q.bits != 8) pack(codes, t1 - t0, q.bits, out + t0 / 8 * q.bits);
 }
 
 TL_TARGET_CLONES
 void dequantise_tile(const uint8_t* in, int64_t t0, int64_t t1, const QuantGeometry& g, const DequantParams& q,
                      float* out) {
-  uint8_t codes[kTile];
-  unpack(in + t0 / 8 * q.bits, t1 - t0, q.bits, codes);
+  uint8_t buf[kTile];
+  const uint8_t* codes = q.bits == 8 ? in + t0 : buf;  // Note [8-bit codes in place]
+  if (q.bits != 8) unpack(in + t0 / 8 * q.bits, t1 - t0, q.bits, buf);
   const float p = static_cast<float>(1 << (q.bits - 1));
   for_spans(
       g, t0, t1, [&](int64_t i, int64_t len, int64_t s, bool row) __attribute__((always_inline)) {
@@ -439,14 +444,13 @@ TL_INLINE void minmax_span_t(const float* x, int64_t len, float& mn, float& mx) 
 // elements, 60 us for a 1 MiB tensor that L2 delivers in 15). Four independent pairs of vectors
 // run at the loads' pace, and a NaN is noted aside (`v < a ? v : a` is then one min instruction,
 // which skips a NaN: any NaN makes both results NaN, as propagation does). Minima and maxima do not
-// depend on the order of the elements, with one exception: -0 and +0 compare equal and the first
-// one seen is kept, so when a result is a zero (whose sign reaches the wire scale) the span is
-// walked again in minmax_span_t's order.
+// depend on the order of the elements except for the sign of a zero result (-0 and +0 compare
+// equal), which no longer matters: a zero scale goes on the wire as +0 (Note [zero scales] in
+// quant_logic.h; a zero min or max, as after a ReLU, was walked again in one chain's order).
 template <bool Nan>
 TL_INLINE void minmax_span_chains(const float* x, int64_t len, float& mn, float& mx) {
   constexpr int kChains = 4;
   if (len < 1024) return minmax_span_t<Nan>(x, len, mn, mx);  // short spans (blocks): the combine would dominate
-  const float mn0 = mn, mx0 = mx;
   Float8 a[kChains], b[kChains];
   Float8 nan{};  // a lane that saw a NaN holds one
   for (int c = 0; c < kChains; ++c)
@@ -474,11 +478,6 @@ TL_INLINE void minmax_span_chains(const float* x, int64_t len, float& mn, float&
   for (; j < len; ++j) {
     mn = min_of<Nan>(x[j], mn);
     mx = max_of<Nan>(x[j], mx);
-  }
-  if (mn == 0.0f || mx == 0.0f) {  // the sign of a zero: minmax_span_t's order
-    mn = mn0;
-    mx = mx0;
-    minmax_span_t<Nan>(x, len, mn, mx);
   }
 }
 

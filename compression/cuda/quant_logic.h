@@ -168,8 +168,9 @@ TL_HD float dequant_value(uint8_t c, int64_t s, const DequantParams& q) {
 
 /// v rounded to the wire type outward: up (>= v) or down (<= v), as round_outward in quant.cpp: a
 /// cast to nearest even, then one step in the type's bit pattern if it went the wrong way. The
-/// wire value's bits (fp32: v's own).
+/// wire value's bits (fp32: v's own); a zero of either sign is +0 (Note [zero scales]).
 TL_HD uint32_t round_outward_bits(float v, WireType w, bool up) {
+  if (v == 0.0f) v = 0.0f;  // -0 -> +0
   if (w == WireType::kF32) return float_bits(v);
   const bool bf16 = w == WireType::kBF16;
   uint16_t r = bf16 ? bf16_bits(v) : half_bits(v);
@@ -181,6 +182,16 @@ TL_HD uint32_t round_outward_bits(float v, WireType w, bool up) {
   }
   return r;
 }
+
+// Note [zero scales]. A group whose values are all zeros has a wire scale of zero (max-abs
+// max(-min, max); min-max both ends), and which zero a path finds depends on the order its
+// reductions and maximum compare -0 with +0: ATen's CPU maximum keeps its second operand in
+// vectorised lanes and its first in the scalar tail, std::max its first, the CPU minmax loop the
+// first element seen, a GPU reduction whatever order its threads meet. So every path writes a
+// zero scale as +0 (round_outward_bits, round_outward in quant.cpp): a max-abs scale is max|x|,
+// never negative, and a min-max end's sign of zero changes no code and no decoded value. A block of
+// +0 or -0 then has the wire scale +0, codes 2^(bits-1) (max-abs) or 0 (min-max), and decodes to
+// +0 on every path.
 
 /// The per-group quantities of scale group s from the wire scales (derive in quant.cpp, op for
 /// op): max-abs a = w + 1e-6, step = w / 2^(bits-1); min-max (lo at s, hi at groups + s) a = lo,

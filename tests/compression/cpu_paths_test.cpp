@@ -14,6 +14,7 @@
 #include "compression/codecs/lowrank_kernels.h"
 #include "compression/codecs/sparse_index.h"
 #include "compression/codecs/sparse_kernels.h"
+#include "compression/cuda/quant_cuda.h"
 #include "tests/common/testing.h"
 #include "tests/compression/codec_testing.h"
 
@@ -459,14 +460,15 @@ TEST(HadQuant, RotationMatchesThePortableStages) {
          {at::randn({64, 4096}), at::randn({3, 7, 200}), at::randn({9, 1000}), at::randn({1, 128})})
       for (const char* spec : {"hadquant(4)", "hadquant(2, tile=64)", "hadquant(8, tile=8, seed=3)"})
         expect_paths_agree(spec, x, std::to_string(x.numel()) + " elements, " + std::to_string(t) + " threads");
-    // Tiles of +0 and of -0 (a scale of zero): against the rotation then the tile quantiser, the
-    // CPU path before the min and max moved into the rotation. (The portable path is no reference
-    // here: quant's CPU and ATen paths already differed on these inputs.)
+    // Tiles of +0 and of -0 (a scale of zero, Note [zero scales] in quant_logic.h): against the
+    // portable path, and against the rotation then the tile quantiser, the CPU path before the min
+    // and max moved into the rotation.
     at::Tensor zeros = at::randn({9, 1000});
     zeros[2].zero_();
     zeros[3].fill_(-0.0f);
     for (int64_t tile : {8, 64, 128}) {
       const std::string b = std::to_string(tile);
+      expect_paths_agree("hadquant(4, tile=" + b + ", seed=1)", zeros, "zero tiles, " + std::to_string(t) + " threads");
       CodecContext ctx;
       const Payload p = parse_compressor("hadquant(4, tile=" + b + ", seed=1)")->encode(zeros, ctx);
       const at::Tensor tiles =
@@ -475,6 +477,101 @@ TEST(HadQuant, RotationMatchesThePortableStages) {
       const Payload q =
           parse_compressor("quant(4, scale=block, block=" + b + ", scales=fp16)")->encode(rotated.reshape({-1}), ctx);
       EXPECT_TRUE(at::equal(p.body, q.body)) << "zero tiles, tile " << b << ", " << t << " threads";
+    }
+  }
+}
+
+// Scale groups of +0 and of -0 (Note [zero scales], quant_logic.h): whole zero blocks, channels
+// and tensors, and blocks where -0 meets +0, among normal groups. The CPU path, the GPU kernels'
+// logic on the host and the ATen path write the same bytes on 1 and 2 threads, and every group of
+// zeros decodes to +0 (bit pattern 0) whichever path decodes it.
+TEST(Quant, ZeroGroupsAgreeOnEveryPath) {
+  at::manual_seed(48);
+  at::Tensor x = at::randn({9, 1000});  // (9, 1000)
+  x[2].zero_();
+  x[3].fill_(-0.0f);  // rows 2 and 3: elements [2000, 4000)
+  x.select(1, 7).zero_();
+  x.select(1, 8).fill_(-0.0f);  // columns 7 and 8
+  at::Tensor row = at::arange(9).view({9, 1}).expand({9, 1000}), col = at::arange(1000).expand({9, 1000});
+  at::Tensor flat = at::arange(9000).view({9, 1000});
+  struct Input {
+    std::string name;
+    at::Tensor x;
+    bool all_zero;
+  };
+  const std::vector<Input> inputs = {{"zero rows and columns", x, false},
+                                     {"+0", at::zeros({9, 1000}), true},
+                                     {"-0", at::full({9, 1000}, -0.0f), true}};
+  // scale= arguments, and which elements of the first input lie in a group of zeros.
+  struct Grouping {
+    std::string args;
+    at::Tensor zero;  // (9, 1000) bool
+  };
+  auto whole_blocks = [&](int64_t block) {  // blocks inside [2000, 4000)
+    const at::Tensor b = at::div(flat, block, "floor");
+    return (b * block >= 2000) & ((b + 1) * block <= 4000);
+  };
+  const std::vector<Grouping> groupings = {
+      {"scale=block, block=128", whole_blocks(128)}, {"scale=block, block=100", whole_blocks(100)},
+      {"scale=block, block=7", whole_blocks(7)},     {"scale=channel, dim=0", (row == 2) | (row == 3)},
+      {"scale=channel", (col == 7) | (col == 8)},    {"scale=tensor", at::zeros({9, 1000}, at::kBool)}};
+  for (int t : {1, 2}) {
+    Threads threads(t);
+    for (const Grouping& g : groupings)
+      for (const char* mode : {"maxabs", "minmax"})
+        for (const char* scales : {"fp16", "bf16", "fp32"})
+          for (int64_t bits : {4, 8}) {
+            const std::string spec =
+                "quant(" + std::to_string(bits) + ", " + g.args + ", mode=" + mode + ", scales=" + scales + ")";
+            for (const Input& in : inputs) {
+              const std::string where = in.name + ", " + std::to_string(t) + " threads";
+              expect_paths_agree(spec, in.x, where);
+              CodecContext ctx;
+              auto c = parse_compressor(spec);
+              const Payload fast = c->encode(in.x, ctx);
+              const at::Tensor y = c->decode(fast, ctx).view(at::kInt);  // (9, 1000) float bits
+              {
+                codec::gpu::HostEmulationGuard guard;
+                auto e = parse_compressor(spec);
+                EXPECT_TRUE(same_payload(e->encode(in.x, ctx), fast)) << spec << " on " << where << ": GPU logic";
+                EXPECT_TRUE(at::equal(e->decode(fast, ctx).view(at::kInt), y))
+                    << spec << " decoded on " << where << ": GPU logic";
+              }
+              const at::Tensor zero = in.all_zero ? at::ones({9, 1000}, at::kBool) : g.zero;
+              EXPECT_EQ(y.masked_select(zero).ne(0).sum().item<int64_t>(), 0)
+                  << spec << " on " << where << ": a group of zeros decodes to other than +0";
+            }
+          }
+    // A ReLU's output with -0 among its zeros: one scale group whose minimum is a zero of either
+    // sign, found by the four chains (Note [four chains]) in whatever order.
+    at::Tensor relu = at::relu(at::randn({64, 4096}));  // (64, 4096)
+    at::Tensor top = relu.narrow(0, 0, 32);
+    top.masked_fill_(top == 0, -0.0f);  // rows 0..31: their zeros -0, the others' +0
+    for (const char* spec : {"quant(8)", "quant(4, mode=minmax)", "quant(2, scales=fp32)"})
+      expect_paths_agree(spec, relu, "relu with -0, " + std::to_string(t) + " threads");
+  }
+}
+
+// 8-bit codes written into the payload and read from it by the tile loops (Note [8-bit codes in
+// place], quant_kernels.cpp): tiles of 8192 elements, partial last tiles, each scale kind and mode
+// against the portable path, stochastic rounding against the GPU kernels' logic (the same hash
+// stream), on 1 and 2 threads.
+TEST(Quant, EightBitCodesInPlaceMatchTheOtherPaths) {
+  at::manual_seed(49);
+  for (int t : {1, 2}) {
+    Threads threads(t);
+    for (int64_t rows : {int64_t(1), int64_t(8), int64_t(9), int64_t(25)}) {
+      at::Tensor x = at::randn({rows, 1000});  // (rows, 1000): 1000 to 25000 elements, tails in the last tile
+      const std::string where = std::to_string(rows) + " x 1000, " + std::to_string(t) + " threads";
+      for (const char* spec : {"quant(8)", "quant(8, mode=minmax)", "quant(8, scale=block, block=100)",
+                               "quant(8, scale=channel)", "quant(8, scale=channel, dim=0, mode=minmax)"})
+        expect_paths_agree(spec, x, where);
+      CodecContext ctx;
+      auto c = parse_compressor("quant(8, round=stochastic, seed=5)");
+      const Payload fast = c->encode(x, ctx);
+      codec::gpu::HostEmulationGuard guard;
+      EXPECT_TRUE(same_payload(parse_compressor("quant(8, round=stochastic, seed=5)")->encode(x, ctx), fast))
+          << "stochastic on " << where;
     }
   }
 }
