@@ -433,13 +433,13 @@ void step_overhead() {
     scale_grads(params, i % 2 ? 2.0 : 0.5);  // the mul_s of a step (powers of 2: the values neither drift nor go subnormal)
     const double sc = seconds_since(t0);
     t0 = Clock::now();
-    { const StepResult r = step_result(tally, 64, 4, 1); }
+    { [[maybe_unused]] const StepResult r = step_result(tally, 64, 4, 1); }
     const double re = seconds_since(t0);
     t0 = Clock::now();
-    { volatile double w = b.weight(); }
+    { [[maybe_unused]] volatile double w = b.weight(); }
     const double we = seconds_since(t0);
     t0 = Clock::now();  // the same sum as Batch::weight() took it before issue 36: a kernel and a read-back
-    { volatile int64_t w = b.units.sum().item<int64_t>(); }
+    { [[maybe_unused]] volatile int64_t w = b.units.sum().item<int64_t>(); }
     const double wk = seconds_since(t0);
     if (i >= 0)
       split_s.push_back(sp), params_s.push_back(pa), scale_s.push_back(sc), result_s.push_back(re),
