@@ -274,6 +274,10 @@ const std::vector<Key>& schema() {
           });
     add("model.cuts", "all", "all, none, or comma-separated cut point names",
         "where the model is split into stages (a boundary at each cut)", [](Config& c, const std::string& v) {
+          // An empty value is neither: `--model.cuts=` reads as "no cuts" but would cut everywhere.
+          if (v.empty())
+            throw std::invalid_argument("expected all, none, or comma-separated cut point names (an empty value "
+                                        "is none of them: none runs the model as one stage)");
           c.model.cuts.clear();
           c.model.no_cuts = v == "none";
           if (v == "all" || v == "none") return;

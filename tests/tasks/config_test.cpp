@@ -140,6 +140,7 @@ TEST(Config, BadValuesAreRejectedSayingWhatIsAccepted) {
            {"data.std", "0", "> 0"},
            {"boundary.backward_mode", "sometimes", "independent, shared, straight-through, none"},
            {"train.schedule", "exp", "constant, cosine, step, linear"},
+           {"model.cuts", "", "none runs the model as one stage"},
        }) {
     expect_error([&] { Config::load("", {{k.key, k.value}}); }, {k.key + " = '" + k.value + "'", k.expected});
   }
