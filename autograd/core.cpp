@@ -281,36 +281,38 @@ int64_t Tape::index_of(const Node* node) const {
   return it - nodes_.begin();
 }
 
+namespace {
+// Tape::snapshot_sequence's body, under the tape's lock; `last_uses` may be null (not wanted).
+bool snapshot_nodes(const std::vector<std::shared_ptr<Node>>& nodes, const Node* last, std::vector<uint64_t>& out,
+                    std::vector<std::pair<int64_t, VariableImpl*>>* last_uses) {
+  auto it = std::lower_bound(nodes.begin(), nodes.end(), last->sequence_nr(),
+                             [](const std::shared_ptr<Node>& n, uint64_t s) { return n->sequence_nr() < s; });
+  if (it == nodes.end() || it->get() != last) return false;
+  const size_t count = static_cast<size_t>(it - nodes.begin()) + 1;
+  out.resize(count);
+  for (size_t i = 0; i < count; ++i) out[i] = nodes[i]->sequence_nr();
+  if (!last_uses) return true;
+  last_uses->clear();
+  // Walked upwards, a leaf is first met at its lowest position: the order of discovery is by
+  // position, then edge, the same on every process that recorded the same graph.
+  std::unordered_set<const VariableImpl*> seen;
+  for (size_t i = 0; i < count; ++i)
+    for (const Edge& e : nodes[i]->next_edges())
+      if (e.leaf && seen.insert(e.leaf.get()).second) last_uses->emplace_back(static_cast<int64_t>(i), e.leaf.get());
+  std::stable_sort(last_uses->begin(), last_uses->end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return true;
+}
+}  // namespace
+
 bool Tape::snapshot_sequence(const Node* last, std::vector<uint64_t>& out) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = std::lower_bound(nodes_.begin(), nodes_.end(), last->sequence_nr(),
-                             [](const std::shared_ptr<Node>& n, uint64_t s) { return n->sequence_nr() < s; });
-  if (it == nodes_.end() || it->get() != last) return false;
-  const size_t count = static_cast<size_t>(it - nodes_.begin()) + 1;
-  out.resize(count);
-  for (size_t i = 0; i < count; ++i) out[i] = nodes_[i]->sequence_nr();
-  return true;
+  return snapshot_nodes(nodes_, last, out, nullptr);
 }
 
 bool Tape::snapshot_sequence(const Node* last, std::vector<uint64_t>& out,
                              std::vector<std::pair<int64_t, VariableImpl*>>& last_uses) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = std::lower_bound(nodes_.begin(), nodes_.end(), last->sequence_nr(),
-                             [](const std::shared_ptr<Node>& n, uint64_t s) { return n->sequence_nr() < s; });
-  if (it == nodes_.end() || it->get() != last) return false;
-  const size_t count = static_cast<size_t>(it - nodes_.begin()) + 1;
-  out.resize(count);
-  last_uses.clear();
-  // Walked upwards, a leaf is first met at its lowest position: the order of discovery is by
-  // position, then edge, the same on every process that recorded the same graph.
-  std::unordered_set<const VariableImpl*> seen;
-  for (size_t i = 0; i < count; ++i) {
-    out[i] = nodes_[i]->sequence_nr();
-    for (const Edge& e : nodes_[i]->next_edges())
-      if (e.leaf && seen.insert(e.leaf.get()).second) last_uses.emplace_back(static_cast<int64_t>(i), e.leaf.get());
-  }
-  std::stable_sort(last_uses.begin(), last_uses.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  return true;
+  return snapshot_nodes(nodes_, last, out, &last_uses);
 }
 
 size_t Tape::saved_bytes() const {
