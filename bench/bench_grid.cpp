@@ -11,20 +11,21 @@
 // its time against the same raw all-reduce, and its bytes. JSON lines on stdout (rank 0):
 //   {"bench":"grid_dp","ranks":D,"bytes":...,"raw_ms":...,"tapeline_ms":...,"ratio_median":...,
 //    "target":0.9} and {"bench":"grid_dp_compressed",...,"speedup_median":...,"wire_bytes":...}
-// With two ranks a third side times the sum the runtime starts during the backward (dp.overlap:
-// Note [sums started during the backward], on the replicas' own c10d process group):
-// "during_ms" and "during_ratio_median" (raw time / its time).
+// A third side times the sum the runtime starts during the backward (dp.overlap: Note [sums
+// started during the backward], on the replicas' own c10d process groups; more than two ranks:
+// Note [group sums of more than two in rank order]): "during_ms" and "during_ratio_median" (raw
+// time / its time).
 //
-// With --step-rounds R > 0, then: training steps of a P x 2 grid (the world's ranks: P pipeline
-// ranks of 2 replicas; P = ranks / 2) through DistExecutor, one thread a rank, a GPT-2 of 4 blocks
-// of width 512 (a vocabulary of 256, 8 x 16 tokens, 4 micro-batches), in 1F1B and in interleaved
+// With --step-rounds R > 0, then: training steps of a P x D grid (the world's ranks: P pipeline
+// ranks of D = --replicas replicas, default 2; P = ranks / D) through DistExecutor, one thread a rank, a GPT-2 of 4 blocks
+// of width 512 (a vocabulary of 256, 4D x 16 tokens, 2D micro-batches), in 1F1B and in interleaved
 // 1F1B with two stages a rank, with the data-parallel sums after the backward (dp.overlap = false)
 // and during it, alternated step by step after a warm-up; medians:
-//   {"bench":"grid_dp_step","schedule":..,"ranks":W,"pipeline":P,"virtual_stages":v,"replicas":2,
+//   {"bench":"grid_dp_step","schedule":..,"ranks":W,"pipeline":P,"virtual_stages":v,"replicas":D,
 //    "dp_bytes":...,"after_ms":...,"during_ms":...,"speedup":...}  (dp_bytes: rank 0's gradients)
 // Memory is allocated as in `tapeline` (Note [allocator]).
 // Options: --ranks D (default 2), --repeats R (default 5), --max-mib M (default 16; 0: no sums),
-// --step-rounds R (default 0), --bucket-kib K (the step rows' dp.bucket_mib in KiB, default 25600),
+// --step-rounds R (default 0), --replicas D (the step rows' grid, default 2), --bucket-kib K (the step rows' dp.bucket_mib in KiB, default 25600),
 // --clone-grads 1 (the tapeline rounds as timed until issue 36's
 // fused scale: each gradient copied in the timed rounds, the sum during the backward unscaled),
 // --compressed 0 (no compressed rows: the uncompressed sums only, minutes shorter), --timeout S.
@@ -64,6 +65,7 @@ struct Args : tl::bench::RankArgs {
   int clone_grads = 0;
   int compressed = 1;
   int bucket_kib = 25 << 10;
+  int replicas = 2;
 };
 
 Args parse(int argc, char** argv) {
@@ -73,19 +75,22 @@ Args parse(int argc, char** argv) {
                                                                         {"--step-rounds", &a.step_rounds},
                                                                         {"--clone-grads", &a.clone_grads},
                                                                         {"--compressed", &a.compressed},
-                                                                        {"--bucket-kib", &a.bucket_kib}});
+                                                                        {"--bucket-kib", &a.bucket_kib},
+                                                                        {"--replicas", &a.replicas}});
   return a;
 }
 
 // The grid_dp_step rows (see the header).
 void step_rows(const Args& args, Transport& transport) {
   const int W = transport.world_size();
-  if (W % 2) {
-    if (transport.rank() == 0) std::printf("{\"bench\":\"grid_dp_step\",\"skipped\":\"an odd number of ranks\"}\n");
+  const int D = args.replicas;
+  if (D < 1 || W % D) {
+    if (transport.rank() == 0)
+      std::printf("{\"bench\":\"grid_dp_step\",\"skipped\":\"%d ranks are not a multiple of --replicas %d\"}\n", W, D);
     return;
   }
   set_compute_threads(1);  // one thread a rank, as the multi-process runs of bench_pipeline
-  const int P = W / 2, micro_batches = 4, rows = 8;
+  const int P = W / D, micro_batches = 2 * D, rows = 4 * D;  // two micro-batches of 2 rows a replica
   GPT2Config c;
   c.vocab_size = 256, c.n_positions = 16, c.n_embd = 512, c.n_layer = 4, c.n_head = 8, c.dropout = 0.0;
   at::Generator gen = at::detail::createCPUGenerator(12);
@@ -95,7 +100,7 @@ void step_rows(const Args& args, Transport& transport) {
   batch.side.token_ids = batch.input;
   batch.sample_ids = at::arange(rows, at::kLong);
   batch.units = at::full({rows}, c.n_positions, at::kLong);
-  const Grid grid = Grid::of(W, P, 2);
+  const Grid grid = Grid::of(W, P, D);
   for (const int v : {1, 2}) {  // 1F1B; interleaved 1F1B with two stages a rank
     ScheduleSettings settings;
     settings.schedule = v == 1 ? "1f1b" : "interleaved";
@@ -110,7 +115,7 @@ void step_rows(const Args& args, Transport& transport) {
     auto pipeline = Pipeline::build(model, cuts, std::vector<BoundarySpec>(cuts.size()));
     pipeline->set_measure_error(false);
     DataParallelOptions dp;
-    dp.replicas = 2;
+    dp.replicas = D;
     dp.bucket_bytes = int64_t(args.bucket_kib) << 10;
     std::vector<std::unique_ptr<DistExecutor>> executors;  // after, during
     for (const bool during : {false, true}) {
@@ -132,10 +137,10 @@ void step_rows(const Args& args, Transport& transport) {
     if (transport.rank() == 0) {
       const double after = tl::bench::median(times[0]), during = tl::bench::median(times[1]);
       std::printf(
-          "{\"bench\":\"grid_dp_step\",\"model\":\"gpt2 4 x 512, 8 x 16 tokens\",\"schedule\":\"%s\","
-          "\"ranks\":%d,\"pipeline\":%d,\"virtual_stages\":%d,\"replicas\":2,\"micro_batches\":%d,"
+          "{\"bench\":\"grid_dp_step\",\"model\":\"gpt2 4 x 512, 4D x 16 tokens\",\"schedule\":\"%s\","
+          "\"ranks\":%d,\"pipeline\":%d,\"virtual_stages\":%d,\"replicas\":%d,\"micro_batches\":%d,"
           "\"dp_bytes\":%lld,\"bucket_kib\":%d,\"after_ms\":%.2f,\"during_ms\":%.2f,\"speedup\":%.3f}\n",
-          settings.schedule.c_str(), W, P, v, micro_batches, (long long)dp_bytes, args.bucket_kib, 1e3 * after,
+          settings.schedule.c_str(), W, P, v, D, micro_batches, (long long)dp_bytes, args.bucket_kib, 1e3 * after,
           1e3 * during, after / during);
       std::fflush(stdout);
     }
@@ -182,9 +187,9 @@ int run_rank(const Args& args) {
       for (auto& [n, p] : params) grads.push_back(p.grad().clone());
       std::vector<bool> compressed(params.size(), true);
       DataParallelSync sync(*transport, group, me, params, compressed, {}, {}, CodecSpec(spec));
-      // The runtime's sum during the backward (two replicas): its buckets started and waited for.
+      // The runtime's sum during the backward: its buckets started and waited for.
       std::unique_ptr<DataParallelSync> during;
-      if (D == 2 && spec == "identity") {
+      if (spec == "identity") {
         during = std::make_unique<DataParallelSync>(*transport, group, me, params, compressed,
                                                     std::vector<std::pair<std::string, Variable>>{},
                                                     std::vector<double>{}, CodecSpec(spec));

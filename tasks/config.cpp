@@ -445,9 +445,10 @@ const std::vector<Key>& schema() {
           c.dp.bucket_mib = parse_double(v, 1.0 / 1024, 1e6, "a number > 0 (MiB), e.g. 25");
         });
     add("dp.overlap", "true", "true or false",
-        "with two replicas, each bucket's sum starts as soon as its stages' last backward has run, on a c10d "
-        "process group of the replicas, while the rest of the step runs (the same bits; no body checksum on those "
-        "bytes; off with emulated dp links); false: every bucket summed after the step's backward",
+        "each bucket's sum starts as soon as its parameters' gradients are final in the step's backward, on a c10d "
+        "process group of the replicas, while the rest of the step runs (the same bits, in replica order; no body "
+        "checksum on those bytes; off with emulated dp links and on CUDA); false: every bucket summed after the "
+        "step's backward",
         [](Config& c, const std::string& v) { c.dp.overlap = parse_bool(v); });
     add("dp.bandwidth_mbps", "0", "number >= 0",
         "link emulation between the replicas of a stage: bandwidth in Mbit/s, each direction (0: unlimited)",

@@ -130,7 +130,7 @@ struct DpSection {
   CodecSpec compression;                 // codec of the data-parallel gradients
   std::vector<int64_t> compress_stages;  // stages (0-based) whose gradients are compressed; empty: all
   double bucket_mib = 25;                // uncompressed gradients per flat bucket (MiB)
-  bool overlap = true;                   // buckets summed during the backward (two replicas)
+  bool overlap = true;                   // buckets summed during the backward (Gloo)
   double bandwidth_mbps = 0;             // link emulation between replicas: 0 = unlimited
   double latency_ms = 0;
 };

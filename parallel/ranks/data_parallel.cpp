@@ -293,7 +293,12 @@ void DataParallelSync::sum_bucket(size_t b, double scale) {
   if (sums_during_backward()) {
     fault_point(FaultPhase::AllReduce, -1, &transport_, false, context);  // Note [fault injection]: no frame follows
     transport_.start_group_sum(group_, flat, context);
-    ++stats_.messages, stats_.bytes += bytes, stats_.raw_bytes += bytes;  // what two replicas' ring sends each way
+    // What this replica sends, as all_reduce_in_rank_order counts it: two replicas, the tensor once;
+    // more, every other member's chunk and then its own summed chunk to each of them.
+    const int64_t M = static_cast<int64_t>(group_.size()), n = flat.numel(), me = replica_;
+    const int64_t own = n * (me + 1) / M - n * me / M;
+    const int64_t sent = M == 2 ? bytes : (n - own + (M - 1) * own) * flat.element_size();
+    stats_.messages += M == 2 ? 1 : 2 * (M - 1), stats_.bytes += sent, stats_.raw_bytes += sent;
     return;
   }
   const at::Tensor sum =
@@ -311,8 +316,6 @@ void DataParallelSync::sum_bucket(size_t b, double scale) {
 void DataParallelSync::sum_during_backward(std::vector<std::vector<int>> stages) {
   TORCH_CHECK(stages.size() == params_.size(), "DataParallelSync: stages of ", stages.size(), " parameters for ",
               params_.size());
-  TORCH_CHECK(group_.size() == 2, "dp.overlap: sums during the backward take two replicas (Gloo's sum of ",
-              group_.size(), " is not in replica order); ", group_.size(), " here");
   transport_.open_group(group_, "the data-parallel process group of replica " + std::to_string(replica_));
   stages_ = std::move(stages);
   param_index_.clear();

@@ -28,7 +28,7 @@
 // parameters that require grad (remade only if that set changes); a parameter without gradient
 // in a step (none on any replica) sends zeros in its place and keeps none.
 //
-// Note [sums started during the backward]. With two replicas (dp.overlap, the default), a bucket's
+// Note [sums started during the backward]. With dp.overlap (the default, Gloo), a bucket's
 // sum starts as soon as the step's last backward of every stage holding its parameters has run
 // (stage_done, called by the interpreter: Note [stages done] in parallel/interpreter.h), while the
 // rest of the step runs (the stages before it in the pipeline, this rank's other stages), as
@@ -38,11 +38,12 @@
 // sum is exact in any order), so each gradient is scaled by the same multiplication the runtime
 // applies at the end (scale_grads) as it is copied into its bucket, in one pass (Note [scaled into
 // the bucket] in data_parallel.cpp): the same bits.
-// The sum runs on a c10d process group of the two replicas (Transport::start_group_sum, Note
-// [group sums in flight]): Gloo's threads move and add the bytes while the backward goes on, and
-// the step waits for them at its end. Two replicas' sum a + b is the bits of the in-rank-order sum
-// (b + a == a + b); with more replicas Gloo's ring adds the parts in another order, so the
-// buckets are summed after the backward as above. Within a stage's last backward, a parameter's
+// The sum runs on a c10d process group of the replicas (Transport::start_group_sum, Note [group
+// sums in flight]): Gloo's threads move the bytes while the backward goes on, and the step waits
+// for them at its end. Every replica gets the bits of the in-rank-order sum: two replicas' a + b
+// (b + a == a + b); more replicas' chunks are exchanged, summed in replica order and gathered
+// (Note [group sums of more than two in rank order] in transport.h), with the bytes and messages
+// of the sum after the backward. Within a stage's last backward, a parameter's
 // gradient is final as soon as the backward has passed its layer (Note [leaves final within a
 // stage] in parallel/interpreter.h): leaf_final() hears of it, and a bucket whose every parameter
 // is final starts then, while the earlier layers' backward still runs (the buckets of the last

@@ -107,9 +107,8 @@ DistExecutor::DistExecutor(Pipeline& pipeline, Transport& transport, LossFn loss
     dp_ = std::make_unique<DataParallelSync>(transport_, grid_.data_group(rank_, tensor_rank_), replica_, std::move(params),
                                              compressed, std::move(buffers), std::move(decay), dp.compression);
     dp_->set_bucket_bytes(dp.bucket_bytes);
-    // Note [sums started during the backward]: two replicas on Gloo (more: Gloo's ring sums in
-    // another order than the replicas' order; NCCL: device gradients go by all-gather).
-    if (dp.overlap && grid_.data == 2 && device_.is_cpu()) dp_->sum_during_backward(std::move(holders));
+    // Note [sums started during the backward]: on Gloo (NCCL: device gradients go by all-gather).
+    if (dp.overlap && device_.is_cpu()) dp_->sum_during_backward(std::move(holders));
   } else {
     const std::string problem = dp_codec_problem(dp.compression);
     TORCH_CHECK(problem.empty(), "dp.compression = ", dp.compression, ": ", problem);

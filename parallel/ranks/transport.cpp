@@ -313,15 +313,52 @@ struct Transport::Impl {
   std::thread thread;
   TransportStats stats;
   std::function<std::string(int)> rank_name;  // set_rank_names
-  // Note [group sums in flight]: a process group per group of ranks, and the sums started.
-  std::map<std::vector<int>, compat::BackendPtr> groups;
+  // Note [group sums in flight]: per group of ranks its process group (and, for more than two
+  // members, a second one for the all-gathers), and the sums started, oldest first.
+  struct Group {
+    compat::BackendPtr sums, gathers;
+  };
+  std::map<std::vector<int>, Group> groups;
   struct GroupSum {
     std::vector<int> group;
-    std::vector<at::Tensor> tensors;  // kept alive until waited for
-    compat::WorkPtr work;
+    std::vector<at::Tensor> tensors;  // kept alive until waited for: the sum's, then (M > 2) the parts received
+    compat::WorkPtr work;             // the all-reduce (M <= 2) or the parts' exchange
+    std::vector<compat::WorkPtr> gathers;  // M > 2, once its parts are summed: the summed chunks' broadcasts
+    bool summed = false;                   // M > 2: this member's chunk is summed, its gathers posted
     std::string context;
   };
   std::deque<GroupSum> group_sums;
+
+  // Note [group sums of more than two in rank order]: the second phase of `sum` (waits for its
+  // parts if they have not all arrived).
+  void sum_parts_and_gather(GroupSum& sum) {
+    const std::vector<int>& group = sum.group;
+    const int M = static_cast<int>(group.size());
+    const int me = static_cast<int>(std::find(group.begin(), group.end(), env.rank) - group.begin());
+    const at::Tensor& flat = sum.tensors[0];
+    const at::Tensor& parts = sum.tensors[1];  // (M * c_me): member e's chunk `me` at e * c_me
+    const int64_t n = flat.numel();
+    auto chunk = [&](int j) { return flat.narrow(0, n * j / M, n * (j + 1) / M - n * j / M); };
+    collective("exchange of " + std::to_string(n) + " values' chunks over the group (reduce-scatter)", sum.context,
+               [&] { return sum.work; }, group);
+    at::Tensor own = chunk(me);
+    const int64_t c = own.numel();
+    if (c > 0) {
+      at::add_out(own, parts.narrow(0, 0, c), parts.narrow(0, c, c));  // t_0 + t_1, then t_2, ...: rank order
+      for (int e = 2; e < M; ++e) own.add_(parts.narrow(0, e * c, c));
+    }
+    const compat::BackendPtr& pg = groups.at(group).gathers;
+    for (int j = 0; j < M; ++j) {
+      std::vector<at::Tensor> v{chunk(j)};
+      if (v[0].numel() == 0) continue;  // every member skips the same chunks
+      c10d::BroadcastOptions o;
+      o.rootRank = j;
+      o.rootTensor = 0;
+      o.timeout = timeout;
+      sum.gathers.push_back(pg->broadcast(v, o));
+    }
+    sum.summed = true;
+  }
   Corruption corrupt_next = Corruption::None;  // corrupt_next_send (under mutex)
   std::mt19937_64 corrupt_rng;                 // dist.corrupt_rate's draws (the sending thread's)
 
@@ -1112,17 +1149,22 @@ void Transport::open_group(const std::vector<int>& group, const std::string& con
   TORCH_CHECK(!impl_->cuda, "rank ", rank(), ": group sums (", context, ") need the gloo backend");
   TORCH_CHECK(me != group.end(), "rank ", rank(), ": open_group (", context, ") of a group without this rank");
   if (impl_->groups.count(group)) return;
-  std::string name = "group", ranks;  // its store prefix: group/2/3
+  std::string name, ranks;  // its store prefix: group/2/3 (gather/2/3/4 for the all-gathers)
   for (int r : group) {
     TORCH_CHECK(r >= 0 && r < world_size(), "rank ", rank(), ": open_group (", context, "): rank ", r, " of ",
                 world_size());
     name += "/" + std::to_string(r);
     ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
   }
+  const int member = static_cast<int>(me - group.begin()), size = static_cast<int>(group.size());
   try {
-    impl_->groups[group] =
-        compat::make_gloo(compat::make_prefix_store(name, impl_->store), static_cast<int>(me - group.begin()),
-                          static_cast<int>(group.size()), impl_->timeout, impl_->env.master_addr);
+    Impl::Group g;
+    g.sums = compat::make_gloo(compat::make_prefix_store("group" + name, impl_->store), member, size, impl_->timeout,
+                               impl_->env.master_addr);
+    if (size > 2)
+      g.gathers = compat::make_gloo(compat::make_prefix_store("gather" + name, impl_->store), member, size,
+                                    impl_->timeout, impl_->env.master_addr);
+    impl_->groups[group] = std::move(g);
   } catch (const std::exception& e) {
     const int peer = group.size() == 2 ? group[group[0] == rank() ? 1 : 0] : -1;
     throw impl_->failure("connecting the process group of ranks " + ranks, peer, context, cause_of(e));
@@ -1137,11 +1179,31 @@ void Transport::start_group_sum(const std::vector<int>& group, const at::Tensor&
       tensor.dim() == 1 && tensor.is_contiguous() && tensor.is_cpu() && at::isFloatingType(tensor.scalar_type()),
       "rank ", rank(), ": start_group_sum (", context, ") takes a 1-D contiguous floating-point CPU tensor, got ",
       tensor.toString(), " ", tensor.sizes());
-  Impl::GroupSum sum{group, {tensor}, compat::WorkPtr(), context};
-  c10d::AllreduceOptions o;
-  o.reduceOp = c10d::ReduceOp::SUM;
-  o.timeout = impl_->timeout;
-  sum.work = it->second->allreduce(sum.tensors, o);
+  // Note [group sums of more than two in rank order]: the sums started before whose parts have
+  // all arrived go on to their second phase, oldest first (so every member posts the all-gathers
+  // in the same order, whatever the timing).
+  for (Impl::GroupSum& s : impl_->group_sums) {
+    if (s.summed || s.group.size() <= 2) continue;
+    if (!s.work->isCompleted()) break;
+    impl_->sum_parts_and_gather(s);
+  }
+  Impl::GroupSum sum{group, {tensor}, compat::WorkPtr(), {}, false, context};
+  const int M = static_cast<int>(group.size());
+  if (M <= 2) {
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    o.timeout = impl_->timeout;
+    sum.work = it->second.sums->allreduce(sum.tensors, o);
+  } else {
+    const int me = static_cast<int>(std::find(group.begin(), group.end(), rank()) - group.begin());
+    const int64_t n = tensor.numel();
+    std::vector<int64_t> in(M), out(M, n * (me + 1) / M - n * me / M);
+    for (int j = 0; j < M; ++j) in[j] = n * (j + 1) / M - n * j / M;
+    sum.tensors.push_back(at::empty({M * out[0]}, tensor.options()));
+    c10d::AllToAllOptions o;
+    o.timeout = impl_->timeout;
+    sum.work = it->second.sums->alltoall_base(sum.tensors[1], sum.tensors[0], out, in, o);
+  }
   impl_->group_sums.push_back(std::move(sum));
 }
 
@@ -1149,9 +1211,14 @@ void Transport::wait_group_sums() {
   while (!impl_->group_sums.empty()) {
     Impl::GroupSum sum = std::move(impl_->group_sums.front());
     impl_->group_sums.pop_front();
-    impl_->collective(
-        "sum of " + std::to_string(sum.tensors[0].numel()) + " values over the group", sum.context,
-        [&] { return sum.work; }, sum.group);
+    const std::string what = "sum of " + std::to_string(sum.tensors[0].numel()) + " values over the group";
+    if (sum.group.size() <= 2) {
+      impl_->collective(what, sum.context, [&] { return sum.work; }, sum.group);
+      continue;
+    }
+    if (!sum.summed) impl_->sum_parts_and_gather(sum);
+    for (const compat::WorkPtr& w : sum.gathers)
+      impl_->collective(what + " (all-gather)", sum.context, [&] { return w; }, sum.group);
   }
 }
 

@@ -303,11 +303,22 @@ class Transport {
   /// waits for later: open_group() makes it (collective over the group; once per group), then
   /// start_group_sum() starts an in-place sum of `tensor` (1-D, contiguous, floating, CPU) and
   /// returns at once, while the process group's own threads move and add the bytes, and
-  /// wait_group_sums() waits for every sum started, in order. Gloo only. What two members get is
-  /// their two tensors added, bit for bit as Note [sums in rank order] (group_sum.h) adds them
-  /// (a + b == b + a); Gloo's ring adds more members' parts in another order. The bytes carry no
-  /// body checksum (they are not tapeline frames). A failure is a TransportError naming the peer
-  /// (of two members, the other; else one that exited), the sum and the caller's context.
+  /// wait_group_sums() waits for every sum started, in order. Gloo only. Every member gets the
+  /// bits of Note [sums in rank order] (group_sum.h): two members' Gloo all-reduce is a + b ==
+  /// b + a; more members' is Note [group sums of more than two in rank order] below. The bytes
+  /// carry no body checksum (they are not tapeline frames). A failure is a TransportError naming
+  /// the peer (of two members, the other; else one that exited), the sum and the caller's context.
+  ///
+  /// Note [group sums of more than two in rank order]. Gloo's ring all-reduce starts each chunk's
+  /// sum at another member, so for M > 2 the sum is all_reduce_in_rank_order's two phases on the
+  /// group's process groups instead, with all_reduce_in_rank_order's chunks: (1) one all-to-all
+  /// sends chunk j of every member to member j (Gloo's threads move it while the caller goes on);
+  /// (2) once those parts have arrived, member j adds them in member order into its chunk and
+  /// broadcasts it from there to the others, on a second process group of the same ranks. Phase 2
+  /// starts for the oldest sums whose parts have arrived when a later sum starts, and for the rest
+  /// in wait_group_sums(). Two process groups keep each one's sequence of collectives the same on
+  /// every member whatever the timing (phase 2 starts in the order the sums started). Each member
+  /// sends and receives 2 (M - 1) / M of the tensor's bytes, as a ring.
   void open_group(const std::vector<int>& group, const std::string& context);
   void start_group_sum(const std::vector<int>& group, const at::Tensor& tensor, const std::string& context);
   void wait_group_sums();

@@ -24,7 +24,7 @@
 //                       and prints per size "TIMED bytes=B count=C total_s=.. mean_s=.. median_s=..
 //                       min_s=.. max_s=.. link_s=.." (link_s: mean time slept for link emulation).
 //                       For netns_test.cpp: a tc-shaped loopback against the link emulation.
-//   group_sum [die]     2 ranks: sums of random float32 and float64 tensors of several sizes through
+//   group_sum [die]     2 or more ranks: sums of random float32 and float64 tensors of several sizes through
 //                       Transport::start_group_sum, each checked bit for bit against
 //                       all_reduce_in_rank_order of the same tensors; prints "OK group_sum". With
 //                       "die", rank 1 kills itself once the group is open and rank 0's sum must fail.
@@ -230,7 +230,8 @@ int run_group_sum(const DistEnv& env, bool die) {
   TransportOptions o = options_from_env();
   o.comm_thread = true;  // as the runtime runs
   auto t = Transport::connect(env, o);
-  const std::vector<int> group = {0, 1};
+  std::vector<int> group;  // every rank
+  for (int r = 0; r < t->world_size(); ++r) group.push_back(r);
   t->open_group(group, "group_sum");
   if (die && t->rank() == 1) ::raise(SIGKILL);
   const double t0 = now_s();
@@ -240,9 +241,19 @@ int run_group_sum(const DistEnv& env, bool die) {
       for (const int64_t n : {int64_t(1), int64_t(1000), int64_t(1) << 20, (int64_t(3) << 20) + 7}) {
         at::manual_seed(7 * t->rank() + n);
         const at::Tensor mine = (at::randn({n}, dtype) * 10).exp_().sub_(1);  // wide exponents: rounding matters
-        at::Tensor started = mine.clone();
+        at::Tensor started = mine.clone(), second = (mine * 3).exp_();
+        // Two sums in flight at once (more than two members: the second's start may begin the
+        // first's all-gather, Note [group sums of more than two in rank order]).
         t->start_group_sum(group, started, "step 4, data-parallel gradients, bucket " + std::to_string(checked));
+        t->start_group_sum(group, second, "step 4, data-parallel gradients, bucket " + std::to_string(checked) + "b");
         t->wait_group_sums();
+        const at::Tensor second_ordered =
+            all_reduce_in_rank_order(*t, group, t->rank(), (mine * 3).exp_(), 200 + checked, "ordered");
+        if (std::memcmp(second.data_ptr(), second_ordered.data_ptr(), static_cast<size_t>(n * second.element_size())) != 0) {
+          std::printf("FAIL %s second sum of %lld values differs from the sum in rank order\n", c10::toString(dtype),
+                      static_cast<long long>(n));
+          return 1;
+        }
         const at::Tensor ordered =
             all_reduce_in_rank_order(*t, group, t->rank(), mine.clone(), 100 + checked, "ordered");
         if (std::memcmp(started.data_ptr(), ordered.data_ptr(), static_cast<size_t>(n * started.element_size())) != 0) {

@@ -473,32 +473,39 @@ TEST(MultiProcessTrain, DataParallelSumsDuringTheBackwardAreBitIdentical) {
       << o2;
 }
 
-// One stage a replica (P = 1, D = 2) in buckets of 10 KiB: the buckets start inside the stage's
-// backward as their parameters' gradients become final, the last layers' first (Note [leaves final
-// within a stage] in parallel/interpreter.h), and the run still ends with the bits of the sums
-// after the backward.
+// One stage a replica (P = 1, D = 2 and 3) in buckets of 10 KiB: the buckets start inside the
+// stage's backward as their parameters' gradients become final, the last layers' first (Note
+// [leaves final within a stage] in parallel/interpreter.h), and the run still ends with the bits
+// of the sums after the backward; with three replicas the sums are in replica order too (Note
+// [group sums of more than two in rank order] in parallel/ranks/transport.h).
 TEST(MultiProcessTrain, DataParallelBucketsStartWithinTheBackwardOfOneStage) {
   REQUIRE_MULTIPROCESS();
   testing::TempDir dir;
-  const std::string common = "train --config " + write_config(dir.path(), 1) +
-                             " --no-plot --quiet --nproc 2 --parallel.dp=2 --model.cuts=none --dp.bucket_mib=0.01 --out ";
-  const fs::path after = dir.path() / "after", during = dir.path() / "during";
-  auto [s0, o0] = run(common + after.string() + " --dp.overlap=false", mp::temp_log("dp1-after"));
-  ASSERT_EQ(s0, 0) << o0;
-  auto [s1, o1] = run(common + during.string(), mp::temp_log("dp1-during"));
-  ASSERT_EQ(s1, 0) << o1;
-  EXPECT_EQ(metrics_without_times(during), metrics_without_times(after));
-  std::string name;
-  EXPECT_EQ(worst_relative_difference(after, during, &name), 0.0) << name;
-  // The first sum a step starts is not bucket 0 (the first layers', which a start at the stage's
-  // end would take first) but a later one: it started while the backward had layers left to run.
-  auto [s2, o2] = run(common + (dir.path() / "probe").string() + " --dist.inject_fault=1:allreduce:2:exit",
-                      mp::temp_log("dp1-probe"));
-  EXPECT_NE(s2, 0) << o2;
-  const std::string at = "at allreduce, epoch 1 step 2, data-parallel gradients of replica 1, bucket ";
-  const size_t pos = o2.find(at);
-  ASSERT_NE(pos, std::string::npos) << o2;
-  EXPECT_GT(std::stoi(o2.substr(pos + at.size())), 0) << o2;
+  for (const int replicas : {2, 3}) {
+    SCOPED_TRACE(std::to_string(replicas) + " replicas");
+    const std::string d = std::to_string(replicas);
+    const std::string common = "train --config " + write_config(dir.path(), 1) + " --no-plot --quiet --nproc " + d +
+                               " --parallel.dp=" + d + " --model.cuts=none --dp.bucket_mib=0.01" +
+                               (replicas == 3 ? " --train.micro_batches=3 --train.batch_size=48" : "") + " --out ";
+    const fs::path after = dir.path() / ("after" + d), during = dir.path() / ("during" + d);
+    auto [s0, o0] = run(common + after.string() + " --dp.overlap=false", mp::temp_log("dp1-after"));
+    ASSERT_EQ(s0, 0) << o0;
+    auto [s1, o1] = run(common + during.string(), mp::temp_log("dp1-during"));
+    ASSERT_EQ(s1, 0) << o1;
+    EXPECT_EQ(metrics_without_times(during), metrics_without_times(after));
+    std::string name;
+    EXPECT_EQ(worst_relative_difference(after, during, &name), 0.0) << name;
+    // The first sum a step starts is not bucket 0 (the first layers', which a start at the
+    // stage's end would take first) but a later one: it started while the backward had layers
+    // left to run.
+    auto [s2, o2] = run(common + (dir.path() / ("probe" + d)).string() + " --dist.inject_fault=1:allreduce:2:exit",
+                        mp::temp_log("dp1-probe"));
+    EXPECT_NE(s2, 0) << o2;
+    const std::string at = "at allreduce, epoch 1 step 2, data-parallel gradients of replica 1, bucket ";
+    const size_t pos = o2.find(at);
+    ASSERT_NE(pos, std::string::npos) << o2;
+    EXPECT_GT(std::stoi(o2.substr(pos + at.size())), 0) << o2;
+  }
 }
 
 // Compressed data parallelism (PowerSGD with error feedback, Optimus-CC) sends a fraction of the
