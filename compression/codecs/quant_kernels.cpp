@@ -874,13 +874,51 @@ __attribute__((target("avx2"))) void lookup_avx2(const uint8_t* codes, int64_t n
 }
 #endif
 
-void codebook_lookup_cpu(const uint8_t* codes, int64_t n, const float* book, float* out) {
+#ifdef TL_SEARCH_CODES
+// 16 lookups from the 256-entry book in registers (Note [codes by a search in registers]'s tables:
+// t[j] holds book[16j, 16j + 16)): a two-table permute per 32 entries picked by the code's bits 0-4,
+// then blends on bits 5, 6 and 7; no gather.
+__attribute__((target("avx512f"))) void lookup_avx512(const uint8_t* codes, int64_t n, const float* book256,
+                                                     float* out) {
+  __m512 t[16];
+  for (int j = 0; j < 16; ++j) t[j] = _mm512_loadu_ps(book256 + 16 * j);
+  const __m512i b5 = _mm512_set1_epi32(32), b6 = _mm512_set1_epi32(64), b7 = _mm512_set1_epi32(128);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i idx =  // zero-masked form: see lookup16
+        _mm512_maskz_cvtepu8_epi32(__mmask16(0xffff), _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)));
+    const __mmask16 m5 = _mm512_test_epi32_mask(idx, b5), m6 = _mm512_test_epi32_mask(idx, b6),
+                    m7 = _mm512_test_epi32_mask(idx, b7);
+    __m512 p[8];
+    for (int j = 0; j < 8; ++j) p[j] = _mm512_permutex2var_ps(t[2 * j], idx, t[2 * j + 1]);
+    const __m512 q0 = _mm512_mask_blend_ps(m5, p[0], p[1]), q1 = _mm512_mask_blend_ps(m5, p[2], p[3]),
+                 q2 = _mm512_mask_blend_ps(m5, p[4], p[5]), q3 = _mm512_mask_blend_ps(m5, p[6], p[7]);
+    const __m512 r = _mm512_mask_blend_ps(m7, _mm512_mask_blend_ps(m6, q0, q1), _mm512_mask_blend_ps(m6, q2, q3));
+    _mm512_storeu_ps(out + i, r);
+  }
+  for (; i < n; ++i) out[i] = book256[codes[i]];
+}
+#endif
+
+void codebook_lookup_cpu(const uint8_t* codes, int64_t n, const float* book, int64_t size, float* out) {
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
   static const bool avx2 = __builtin_cpu_supports("avx2");
 #else
   constexpr bool avx2 = false;
 #endif
+#ifdef TL_SEARCH_CODES
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  // The book as 256 entries (zeros past its size, which no code reaches).
+  float book256[256];
+  if (avx512) {
+    std::memcpy(book256, book, std::min<int64_t>(size, 256) * sizeof(float));
+    std::fill(book256 + std::min<int64_t>(size, 256), book256 + 256, 0.0f);
+  }
+#endif
   at::parallel_for(0, n, 1 << 16, [&](int64_t i0, int64_t i1) {
+#ifdef TL_SEARCH_CODES
+    if (avx512) return lookup_avx512(codes + i0, i1 - i0, book256, out + i0);
+#endif
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
     if (avx2) return lookup_avx2(codes + i0, i1 - i0, book, out + i0);
 #endif

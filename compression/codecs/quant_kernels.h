@@ -63,8 +63,8 @@ namespace tl::codec {
 void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, uint8_t* codes, double* sums,
                        int64_t* counts);
 
-/// out[i] = book[codes[i]] for i < n (book: 256 entries, or as many as the largest code needs).
-void codebook_lookup_cpu(const uint8_t* codes, int64_t n, const float* book, float* out);
+/// out[i] = book[codes[i]] for i < n (book: `size` entries, more than the largest code).
+void codebook_lookup_cpu(const uint8_t* codes, int64_t n, const float* book, int64_t size, float* out);
 
 /// The values at ascending sort positions `ranks[0, nranks)` (each < count) of the `count` elements
 /// x[0], x[stride], x[2 * stride], ... (count >= 1; a radix sort: Note [sorted by radix]). False

@@ -198,7 +198,7 @@ TEST(Quantile, RadixCodewordsEqualAtenQuantile) {
 // Codes by the search in registers (Note [codes by a search in registers]; the grid or the counts
 // where AVX-512 is absent) against at::bucketize (the portable path): values exactly on the
 // midpoints and one float step either side, ties, a constant tensor, infinities, and lengths that
-// end inside a vector, for 1 to 8 bits, on 1 and 2 threads.
+// end inside a vector, for 1 to 8 bits, on 1 and 2 threads; and the decoding lookup.
 TEST(Quantile, CodesOnTheMidpointsMatchBucketize) {
   at::manual_seed(43);
   const float inf = std::numeric_limits<float>::infinity();
@@ -212,11 +212,20 @@ TEST(Quantile, CodesOnTheMidpointsMatchBucketize) {
     }
     const int64_t book = 4 * (int64_t(1) << fast.params[0]);
     ASSERT_EQ(fast.body.numel(), portable.body.numel()) << spec << " on " << what;
-    if (spec.find("centers=quantile") != std::string::npos)  // the codebook too (mean centers: to the last bit)
+    if (spec.find("centers=quantile") != std::string::npos) {  // the codebook too (mean centers: to the last bit)
       EXPECT_TRUE(at::equal(fast.body.narrow(0, 0, book), portable.body.narrow(0, 0, book))) << spec << " on " << what;
+    }
     EXPECT_TRUE(at::equal(fast.body.narrow(0, book, fast.body.numel() - book),
                           portable.body.narrow(0, book, portable.body.numel() - book)))
         << spec << " on " << what << ": codes";
+    // Decoding: the lookup in registers (or by gathers) against index_select, bit for bit.
+    const at::Tensor y = parse_compressor(spec)->decode(fast, ctx);
+    at::Tensor y_portable;
+    {
+      codec::PortableKernelsGuard g;
+      y_portable = parse_compressor(spec)->decode(fast, ctx);
+    }
+    EXPECT_TRUE(at::equal(y.view(at::kInt), y_portable.view(at::kInt))) << spec << " decoded on " << what;
   };
   const int threads = at::get_num_threads();
   for (int t : {1, 2}) {
