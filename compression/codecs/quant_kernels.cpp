@@ -689,7 +689,7 @@ __attribute__((target("avx2"))) void grid_codes_avx2(const float* x, int64_t len
 // NaN compares false: code 0, as nearest_code. Used only where the midpoints are sorted and hold no
 // NaN (a midpoint of -inf and +inf codewords is NaN); otherwise the grid.
 struct SearchTables {
-  bool two_level;               // more than 15 midpoints
+  bool two_level;                // more than 15 midpoints
   alignas(64) float top[4][16];  // the 16-entry table of the first search (B, or P[0, 16) up to 4
                                  // bits) shifted by 7 (only entry 0 used), 3, 1 and 0; +inf past its end
   alignas(64) float t[16][16];   // t[j][g] = P[16g + j]
@@ -713,6 +713,13 @@ bool make_search_tables(const float* mid, int64_t count, SearchTables& s) {
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define TL_SEARCH_CODES 1
+std::atomic<bool> search_allowed{true};  // set_quantile_avx512
+
+bool use_avx512() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has && search_allowed.load(std::memory_order_relaxed);
+}
+
 // table[idx] per lane (the merge-masked form: the plain intrinsic's undefined source trips GCC 12's
 // -Wmaybe-uninitialized).
 __attribute__((target("avx512f"))) TL_INLINE __m512 lookup16(__m512i idx, __m512 table) {
@@ -722,19 +729,16 @@ __attribute__((target("avx512f"))) TL_INLINE __m512 lookup16(__m512i idx, __m512
 // The number of entries < v of a sorted 16-entry table, given as the table shifted by 7 (only its
 // first entry is used), 3, 1 and 0 (past the end: +inf).
 __attribute__((target("avx512f"))) TL_INLINE __m512i count_below16(__m512 v, __m512 s7, __m512 s3, __m512 s1,
-                                                                    __m512 s0) {
+                                                                   __m512 s0) {
   __m512i c = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(s7, v, _CMP_LT_OQ), _mm512_set1_epi32(8));
-  c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(lookup16(c, s3), v, _CMP_LT_OQ), c,
-                            _mm512_set1_epi32(4));
-  c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(lookup16(c, s1), v, _CMP_LT_OQ), c,
-                            _mm512_set1_epi32(2));
-  return _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(lookup16(c, s0), v, _CMP_LT_OQ), c,
-                               _mm512_set1_epi32(1));
+  c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(lookup16(c, s3), v, _CMP_LT_OQ), c, _mm512_set1_epi32(4));
+  c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(lookup16(c, s1), v, _CMP_LT_OQ), c, _mm512_set1_epi32(2));
+  return _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(lookup16(c, s0), v, _CMP_LT_OQ), c, _mm512_set1_epi32(1));
 }
 
 template <bool TwoLevel>
 __attribute__((target("avx512f"))) void search_codes_avx512(const float* x, int64_t len, const SearchTables& s,
-                                                           uint8_t* codes) {
+                                                            uint8_t* codes) {
   const __m512 b7 = _mm512_set1_ps(s.top[0][0]), b3 = _mm512_load_ps(s.top[1]), b1 = _mm512_load_ps(s.top[2]),
                b0 = _mm512_load_ps(s.top[3]);
   __m512 t[16];
@@ -750,14 +754,14 @@ __attribute__((target("avx512f"))) void search_codes_avx512(const float* x, int6
       const __mmask16 m4 =
           _mm512_cmp_ps_mask(_mm512_permutex2var_ps(t[3], _mm512_mask_add_epi32(h, m8, h, c16), t[11]), v, _CMP_LT_OQ);
       const __m512i i2 = _mm512_mask_add_epi32(h, m4, h, c16);
-      const __m512 s2 = _mm512_mask_blend_ps(m8, _mm512_permutex2var_ps(t[1], i2, t[5]),
-                                             _mm512_permutex2var_ps(t[9], i2, t[13]));
+      const __m512 s2 =
+          _mm512_mask_blend_ps(m8, _mm512_permutex2var_ps(t[1], i2, t[5]), _mm512_permutex2var_ps(t[9], i2, t[13]));
       const __mmask16 m2 = _mm512_cmp_ps_mask(s2, v, _CMP_LT_OQ);
       const __m512i i1 = _mm512_mask_add_epi32(h, m2, h, c16);
-      const __m512 q0 = _mm512_mask_blend_ps(m4, _mm512_permutex2var_ps(t[0], i1, t[2]),
-                                             _mm512_permutex2var_ps(t[4], i1, t[6]));
-      const __m512 q1 = _mm512_mask_blend_ps(m4, _mm512_permutex2var_ps(t[8], i1, t[10]),
-                                             _mm512_permutex2var_ps(t[12], i1, t[14]));
+      const __m512 q0 =
+          _mm512_mask_blend_ps(m4, _mm512_permutex2var_ps(t[0], i1, t[2]), _mm512_permutex2var_ps(t[4], i1, t[6]));
+      const __m512 q1 =
+          _mm512_mask_blend_ps(m4, _mm512_permutex2var_ps(t[8], i1, t[10]), _mm512_permutex2var_ps(t[12], i1, t[14]));
       const __mmask16 m1 = _mm512_cmp_ps_mask(_mm512_mask_blend_ps(m8, q0, q1), v, _CMP_LT_OQ);
       code = _mm512_mask_slli_epi32(h, __mmask16(0xffff), h, 4);  // 16 h (merge-masked: as lookup16)
       code = _mm512_mask_add_epi32(code, m8, code, _mm512_set1_epi32(8));
@@ -789,8 +793,9 @@ TL_TARGET_CLONES
 void codes_span(const float* x, int64_t len, const MidGrid& grid, const SearchTables* search, int bits,
                 uint8_t* codes) {
 #ifdef TL_SEARCH_CODES
-  if (search) return search->two_level ? search_codes_avx512<true>(x, len, *search, codes)
-                                       : search_codes_avx512<false>(x, len, *search, codes);
+  if (search)
+    return search->two_level ? search_codes_avx512<true>(x, len, *search, codes)
+                             : search_codes_avx512<false>(x, len, *search, codes);
 #endif
   switch (bits) {
     case 1:
@@ -811,6 +816,14 @@ void codes_span(const float* x, int64_t len, const MidGrid& grid, const SearchTa
 
 }  // namespace
 
+bool set_quantile_avx512(bool on) {
+#ifdef TL_SEARCH_CODES
+  return search_allowed.exchange(on);
+#else
+  return on;
+#endif
+}
+
 void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, uint8_t* codes, double* sums,
                        int64_t* counts) {
   const int64_t levels = int64_t(1) << bits;
@@ -822,8 +835,7 @@ void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, ui
   const MidGrid grid = make_grid(mid, levels - 1);
   SearchTables tables;
 #ifdef TL_SEARCH_CODES
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  const SearchTables* search = avx512 && make_search_tables(mid, levels - 1, tables) ? &tables : nullptr;
+  const SearchTables* search = use_avx512() && make_search_tables(mid, levels - 1, tables) ? &tables : nullptr;
 #else
   const SearchTables* search = nullptr;
 #endif
@@ -879,7 +891,7 @@ __attribute__((target("avx2"))) void lookup_avx2(const uint8_t* codes, int64_t n
 // t[j] holds book[16j, 16j + 16)): a two-table permute per 32 entries picked by the code's bits 0-4,
 // then blends on bits 5, 6 and 7; no gather.
 __attribute__((target("avx512f"))) void lookup_avx512(const uint8_t* codes, int64_t n, const float* book256,
-                                                     float* out) {
+                                                      float* out) {
   __m512 t[16];
   for (int j = 0; j < 16; ++j) t[j] = _mm512_loadu_ps(book256 + 16 * j);
   const __m512i b5 = _mm512_set1_epi32(32), b6 = _mm512_set1_epi32(64), b7 = _mm512_set1_epi32(128);
@@ -907,7 +919,7 @@ void codebook_lookup_cpu(const uint8_t* codes, int64_t n, const float* book, int
   constexpr bool avx2 = false;
 #endif
 #ifdef TL_SEARCH_CODES
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  const bool avx512 = use_avx512();
   // The book as 256 entries (zeros past its size, which no code reaches).
   float book256[256];
   if (avx512) {

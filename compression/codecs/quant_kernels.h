@@ -63,6 +63,11 @@ namespace tl::codec {
 void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, uint8_t* codes, double* sums,
                        int64_t* counts);
 
+/// Whether nearest_codes_cpu and codebook_lookup_cpu may use AVX-512 where the CPU has it (Note
+/// [codes by a search in registers]; on by default); off, they take the AVX2 or scalar loops, as
+/// on CPUs without it (the tests check both). Returns the previous setting.
+bool set_quantile_avx512(bool on);
+
 /// out[i] = book[codes[i]] for i < n (book: `size` entries, more than the largest code).
 void codebook_lookup_cpu(const uint8_t* codes, int64_t n, const float* book, int64_t size, float* out);
 

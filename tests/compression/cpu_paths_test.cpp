@@ -12,6 +12,7 @@
 
 #include "compression/codecs/hadamard.h"
 #include "compression/codecs/lowrank_kernels.h"
+#include "compression/codecs/quant_kernels.h"
 #include "compression/codecs/sparse_index.h"
 #include "compression/codecs/sparse_kernels.h"
 #include "compression/cuda/quant_cuda.h"
@@ -228,32 +229,35 @@ TEST(Quantile, CodesOnTheMidpointsMatchBucketize) {
     EXPECT_TRUE(at::equal(y.view(at::kInt), y_portable.view(at::kInt))) << spec << " decoded on " << what;
   };
   const int threads = at::get_num_threads();
-  for (int t : {1, 2}) {
-    at::set_num_threads(t);
-    for (int64_t bits = 1; bits <= 8; ++bits) {
-      const std::string spec = "quantile(" + std::to_string(bits) + ", centers=quantile)";
-      const int64_t L = int64_t(1) << bits, n = int64_t(1) << 18;
-      // The sample is every 4th element; the others are set to the midpoints and their neighbours,
-      // so the codebook (and its midpoints) stays the one computed here.
-      at::Tensor x = at::randn({n});
-      const at::Tensor words = at::quantile(x.slice(0, 0, n, 4), (at::arange(L, at::kFloat) + 0.5) / L);
-      const at::Tensor mid = (words.narrow(0, 1, L - 1) + words.narrow(0, 0, L - 1)) / 2;  // (L - 1)
-      const at::Tensor on = at::cat({mid, at::nextafter(mid, at::full_like(mid, inf)),
-                                     at::nextafter(mid, at::full_like(mid, -inf))});  // (3 (L - 1))
-      const at::Tensor pos = at::randint(0, n / 4, {on.numel()}) * 4 + at::randint(1, 4, {on.numel()});
-      x.index_put_({pos}, on);
-      x[5] = inf;
-      x[6] = -inf;
-      const std::string where = std::to_string(t) + " thread(s)";
-      codes_agree(spec, x, "midpoints, " + where);
-      for (int64_t tail : {1, 5, 15, 17})  // the sample unchanged: n / 65536 is still 4
-        codes_agree(spec, at::cat({x, x.narrow(0, 7, tail)}), "midpoints and a tail of " + std::to_string(tail));
-      for (int64_t m : {1, 2, 15, 16, 17, 33, 8193})
-        codes_agree(spec, at::randint(-3, 4, {m}).to(at::kFloat), std::to_string(m) + " ties, " + where);
-      codes_agree(spec, at::full({1000}, 1.5f), "a constant, " + where);
-      codes_agree("quantile(" + std::to_string(bits) + ")", x, "midpoints (mean centers), " + where);
+  for (int t : {1, 2})
+    for (bool avx512 : {true, false}) {  // the search in registers, then the grid and the counts
+      at::set_num_threads(t);
+      codec::set_quantile_avx512(avx512);
+      for (int64_t bits = 1; bits <= 8; ++bits) {
+        const std::string spec = "quantile(" + std::to_string(bits) + ", centers=quantile)";
+        const int64_t L = int64_t(1) << bits, n = int64_t(1) << 18;
+        // The sample is every 4th element; the others are set to the midpoints and their neighbours,
+        // so the codebook (and its midpoints) stays the one computed here.
+        at::Tensor x = at::randn({n});
+        const at::Tensor words = at::quantile(x.slice(0, 0, n, 4), (at::arange(L, at::kFloat) + 0.5) / L);
+        const at::Tensor mid = (words.narrow(0, 1, L - 1) + words.narrow(0, 0, L - 1)) / 2;  // (L - 1)
+        const at::Tensor on = at::cat({mid, at::nextafter(mid, at::full_like(mid, inf)),
+                                       at::nextafter(mid, at::full_like(mid, -inf))});  // (3 (L - 1))
+        const at::Tensor pos = at::randint(0, n / 4, {on.numel()}) * 4 + at::randint(1, 4, {on.numel()});
+        x.index_put_({pos}, on);
+        x[5] = inf;
+        x[6] = -inf;
+        const std::string where = std::to_string(t) + " thread(s)" + (avx512 ? "" : ", no AVX-512");
+        codes_agree(spec, x, "midpoints, " + where);
+        for (int64_t tail : {1, 5, 15, 17})  // the sample unchanged: n / 65536 is still 4
+          codes_agree(spec, at::cat({x, x.narrow(0, 7, tail)}), "midpoints and a tail of " + std::to_string(tail));
+        for (int64_t m : {1, 2, 15, 16, 17, 33, 8193})
+          codes_agree(spec, at::randint(-3, 4, {m}).to(at::kFloat), std::to_string(m) + " ties, " + where);
+        codes_agree(spec, at::full({1000}, 1.5f), "a constant, " + where);
+        codes_agree("quantile(" + std::to_string(bits) + ")", x, "midpoints (mean centers), " + where);
+      }
     }
-  }
+  codec::set_quantile_avx512(true);
   at::set_num_threads(threads);
 }
 
