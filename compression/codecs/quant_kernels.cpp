@@ -938,15 +938,6 @@ void codebook_lookup_cpu(const uint8_t* codes, int64_t n, const float* book, int
   });
 }
 
-// Note [sorted by radix]. A codebook needs the sample's values at 2^bits pairs of sort positions;
-// at::quantile finds them by sorting the whole sample (std::sort of 65536 floats: milliseconds,
-// 100x the rest of a 1 MiB encode). Here an LSD radix sort of order-preserving keys (a float's bits
-// u: ~u when negative, else u | 2^31) in three passes of 11, 11 and 10 bits, a pass skipped when
-// every key has the same digit, and the keys turned back into floats at the positions asked for.
-// Keys are equal exactly when the floats are bit for bit, so the sorted sequence is at::sort's
-// except among -0 and +0, which compare equal: -0 comes first here, while std::sort leaves equal
-// elements in no defined order. A zero asked for where both occur, or a NaN (at::quantile then
-// returns NaN throughout), is left to ATen.
 namespace {
 
 TL_INLINE uint32_t order_key(float f) {
@@ -1053,6 +1044,15 @@ bool sorted_values_by_buckets(const float* v, int64_t count, float lo, float hi,
 
 }  // namespace
 
+// Note [sorted by radix]. A codebook needs the sample's values at 2^bits pairs of sort positions;
+// at::quantile finds them by sorting the whole sample (std::sort of 65536 floats: milliseconds,
+// 100x the rest of a 1 MiB encode). Where Note [ranks by buckets] does not apply, an LSD radix sort
+// of order-preserving keys (a float's bits u: ~u when negative, else u | 2^31) in three passes of
+// 11, 11 and 10 bits, a pass skipped when every key has the same digit, and the keys turned back
+// into floats at the positions asked for. Keys are equal exactly when the floats are bit for bit, so
+// the sorted sequence is at::sort's except among -0 and +0, which compare equal: -0 comes first
+// here (and in the buckets), while std::sort leaves equal elements in no defined order. A zero
+// asked for where both occur, or a NaN (at::quantile then returns NaN throughout), is left to ATen.
 bool sorted_values_cpu(const float* x, int64_t count, int64_t stride, const int64_t* ranks, int64_t nranks,
                        float* out) {
   thread_local std::vector<float> sample;

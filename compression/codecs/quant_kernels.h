@@ -72,7 +72,8 @@ bool set_quantile_avx512(bool on);
 void codebook_lookup_cpu(const uint8_t* codes, int64_t n, const float* book, int64_t size, float* out);
 
 /// The values at ascending sort positions `ranks[0, nranks)` (each < count) of the `count` elements
-/// x[0], x[stride], x[2 * stride], ... (count >= 1; a radix sort: Note [sorted by radix]). False
+/// x[0], x[stride], x[2 * stride], ... (count >= 1; the buckets that hold them sorted, Note [ranks
+/// by buckets], else a radix sort of all, Note [sorted by radix]). False
 /// (out then unspecified) where the answer could differ from at::sort's: an element is NaN, or
 /// both -0 and +0 occur and a requested position holds a zero (at::sort leaves equal elements in
 /// no defined order).
