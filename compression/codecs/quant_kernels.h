@@ -63,11 +63,17 @@ namespace tl::codec {
 void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, uint8_t* codes, double* sums,
                        int64_t* counts);
 
-/// out[i] = book[codes[i]] for i < n (book: 256 entries, or as many as the largest code needs).
-void codebook_lookup_cpu(const uint8_t* codes, int64_t n, const float* book, float* out);
+/// Whether nearest_codes_cpu and codebook_lookup_cpu may use AVX-512 where the CPU has it (Note
+/// [codes by a search in registers]; on by default); off, they take the AVX2 or scalar loops, as
+/// on CPUs without it (the tests check both). Returns the previous setting.
+bool set_quantile_avx512(bool on);
+
+/// out[i] = book[codes[i]] for i < n (book: `size` entries, more than the largest code).
+void codebook_lookup_cpu(const uint8_t* codes, int64_t n, const float* book, int64_t size, float* out);
 
 /// The values at ascending sort positions `ranks[0, nranks)` (each < count) of the `count` elements
-/// x[0], x[stride], x[2 * stride], ... (count >= 1; a radix sort: Note [sorted by radix]). False
+/// x[0], x[stride], x[2 * stride], ... (count >= 1; the buckets that hold them sorted, Note [ranks
+/// by buckets], else a radix sort of all, Note [sorted by radix]). False
 /// (out then unspecified) where the answer could differ from at::sort's: an element is NaN, or
 /// both -0 and +0 occur and a requested position holds a zero (at::sort leaves equal elements in
 /// no defined order).

@@ -181,7 +181,7 @@ at::Tensor QuantileCodec::decode(const Payload& p, const CodecContext& ctx) {
   at::Tensor out;
   if (codec::use_cpu_kernel(codes)) {
     out = at::empty({n}, book.options());
-    codec::codebook_lookup_cpu(codes.data_ptr<uint8_t>(), n, book.data_ptr<float>(), out.data_ptr<float>());
+    codec::codebook_lookup_cpu(codes.data_ptr<uint8_t>(), n, book.data_ptr<float>(), levels, out.data_ptr<float>());
   } else {
     out = book.index_select(0, codes.to(at::kLong));
   }

@@ -12,6 +12,7 @@
 
 #include "compression/codecs/hadamard.h"
 #include "compression/codecs/lowrank_kernels.h"
+#include "compression/codecs/quant_kernels.h"
 #include "compression/codecs/sparse_index.h"
 #include "compression/codecs/sparse_kernels.h"
 #include "compression/cuda/quant_cuda.h"
@@ -140,7 +141,15 @@ TEST(Quantile, RadixCodewordsEqualAtenQuantile) {
   infs[77] = -std::numeric_limits<float>::infinity();
   at::Tensor with_nan = at::randn({3001});
   with_nan[100] = std::numeric_limits<float>::quiet_NaN();
+  // Few enough zeros for the buckets (Note [ranks by buckets]), some positions asked among them.
+  at::Tensor few_zeros = at::randn({65536});
+  few_zeros.narrow(0, 0, 300).zero_();
+  few_zeros.narrow(0, 300, 300).zero_().mul_(-1);
+  at::Tensor few_pos_zeros = few_zeros.abs();
   const std::vector<std::pair<std::string, at::Tensor>> inputs = {
+      {"a few -0 and +0", few_zeros},
+      {"a few +0", few_pos_zeros},
+      {"uniform 2^20", at::rand({int64_t(1) << 20})},
       {"normal 2^18 + 13", at::randn({(int64_t(1) << 18) + 13})},
       {"cubed 65535", at::randn({65535}).pow(3)},
       {"ties", ties},
@@ -184,6 +193,71 @@ TEST(Quantile, RadixCodewordsEqualAtenQuantile) {
         }
       }
   }
+  at::set_num_threads(threads);
+}
+
+// Codes by the search in registers (Note [codes by a search in registers]; the grid or the counts
+// where AVX-512 is absent) against at::bucketize (the portable path): values exactly on the
+// midpoints and one float step either side, ties, a constant tensor, infinities, and lengths that
+// end inside a vector, for 1 to 8 bits, on 1 and 2 threads; and the decoding lookup.
+TEST(Quantile, CodesOnTheMidpointsMatchBucketize) {
+  at::manual_seed(43);
+  const float inf = std::numeric_limits<float>::infinity();
+  auto codes_agree = [](const std::string& spec, const at::Tensor& x, const std::string& what) {
+    CodecContext ctx;
+    Payload fast = parse_compressor(spec)->encode(x, ctx);
+    Payload portable;
+    {
+      codec::PortableKernelsGuard g;
+      portable = parse_compressor(spec)->encode(x, ctx);
+    }
+    const int64_t book = 4 * (int64_t(1) << fast.params[0]);
+    ASSERT_EQ(fast.body.numel(), portable.body.numel()) << spec << " on " << what;
+    if (spec.find("centers=quantile") != std::string::npos) {  // the codebook too (mean centers: to the last bit)
+      EXPECT_TRUE(at::equal(fast.body.narrow(0, 0, book), portable.body.narrow(0, 0, book))) << spec << " on " << what;
+    }
+    EXPECT_TRUE(at::equal(fast.body.narrow(0, book, fast.body.numel() - book),
+                          portable.body.narrow(0, book, portable.body.numel() - book)))
+        << spec << " on " << what << ": codes";
+    // Decoding: the lookup in registers (or by gathers) against index_select, bit for bit.
+    const at::Tensor y = parse_compressor(spec)->decode(fast, ctx);
+    at::Tensor y_portable;
+    {
+      codec::PortableKernelsGuard g;
+      y_portable = parse_compressor(spec)->decode(fast, ctx);
+    }
+    EXPECT_TRUE(at::equal(y.view(at::kInt), y_portable.view(at::kInt))) << spec << " decoded on " << what;
+  };
+  const int threads = at::get_num_threads();
+  for (int t : {1, 2})
+    for (bool avx512 : {true, false}) {  // the search in registers, then the grid and the counts
+      at::set_num_threads(t);
+      codec::set_quantile_avx512(avx512);
+      for (int64_t bits = 1; bits <= 8; ++bits) {
+        const std::string spec = "quantile(" + std::to_string(bits) + ", centers=quantile)";
+        const int64_t L = int64_t(1) << bits, n = int64_t(1) << 18;
+        // The sample is every 4th element; the others are set to the midpoints and their neighbours,
+        // so the codebook (and its midpoints) stays the one computed here.
+        at::Tensor x = at::randn({n});
+        const at::Tensor words = at::quantile(x.slice(0, 0, n, 4), (at::arange(L, at::kFloat) + 0.5) / L);
+        const at::Tensor mid = (words.narrow(0, 1, L - 1) + words.narrow(0, 0, L - 1)) / 2;  // (L - 1)
+        const at::Tensor on = at::cat({mid, at::nextafter(mid, at::full_like(mid, inf)),
+                                       at::nextafter(mid, at::full_like(mid, -inf))});  // (3 (L - 1))
+        const at::Tensor pos = at::randint(0, n / 4, {on.numel()}) * 4 + at::randint(1, 4, {on.numel()});
+        x.index_put_({pos}, on);
+        x[5] = inf;
+        x[6] = -inf;
+        const std::string where = std::to_string(t) + " thread(s)" + (avx512 ? "" : ", no AVX-512");
+        codes_agree(spec, x, "midpoints, " + where);
+        for (int64_t tail : {1, 5, 15, 17})  // the sample unchanged: n / 65536 is still 4
+          codes_agree(spec, at::cat({x, x.narrow(0, 7, tail)}), "midpoints and a tail of " + std::to_string(tail));
+        for (int64_t m : {1, 2, 15, 16, 17, 33, 8193})
+          codes_agree(spec, at::randint(-3, 4, {m}).to(at::kFloat), std::to_string(m) + " ties, " + where);
+        codes_agree(spec, at::full({1000}, 1.5f), "a constant, " + where);
+        codes_agree("quantile(" + std::to_string(bits) + ")", x, "midpoints (mean centers), " + where);
+      }
+    }
+  codec::set_quantile_avx512(true);
   at::set_num_threads(threads);
 }
 
