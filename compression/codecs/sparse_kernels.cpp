@@ -62,20 +62,39 @@ RowCut cut_keys(const T* v, int64_t count, int64_t k, std::vector<uint32_t>& tmp
   const int64_t bins = ((hi - lo) >> shift) + 1;
   std::fill(hist.begin(), hist.begin() + bins, 0u);
   for (int64_t i = 0; i < count; ++i) ++hist[(key_of(v[i]) - lo) >> shift];
-  int64_t need = k, b = bins - 1;
-  for (; b > 0 && hist[b] < need; --b) need -= hist[b];
-  if (floor) {
-    int64_t above = 0, f = bins - 1;
-    for (; f >= 0 && (above += hist[f]) < floor_rank; --f) {
-    }
-    if (f >= 0) *floor = lo + (static_cast<uint32_t>(f) << shift);
+  // The bin of the k-th largest, and `need`: its rank from the top within the bin. Walked from the
+  // nearer end: TopK's candidates are mostly just above their floor, so the cut lies near the bottom.
+  int64_t need, b;
+  if (2 * k <= count) {
+    need = k;
+    for (b = bins - 1; b > 0 && hist[b] < need; --b) need -= hist[b];
+  } else {
+    int64_t from_bottom = count - k + 1;  // the cut's rank from the bottom
+    for (b = 0; b < bins - 1 && hist[b] < from_bottom; ++b) from_bottom -= hist[b];
+    need = hist[b] - from_bottom + 1;
   }
-  // The keys of bin b; the need-th largest of them is the cut.
-  tmp.resize(hist[b]);
+  if (floor && floor_rank <= count) {
+    // The highest bin f with at least floor_rank keys in bins [f, bins): from the top, or the
+    // highest f with at most count - floor_rank keys below it, from the bottom.
+    int64_t f;
+    if (2 * floor_rank <= count) {
+      int64_t above = 0;
+      for (f = bins - 1; (above += hist[f]) < floor_rank; --f) {
+      }
+    } else {
+      int64_t below = 0;
+      for (f = 0; f < bins - 1 && below + hist[f] <= count - floor_rank; ++f) below += hist[f];
+    }
+    *floor = lo + (static_cast<uint32_t>(f) << shift);
+  }
+  // The keys of bin b (compared with its edges, written unconditionally, kept by the count).
+  tmp.resize(count);
+  const uint32_t edge = lo + (static_cast<uint32_t>(b) << shift), width = uint32_t(1) << shift;
   int64_t m = 0;
   for (int64_t i = 0; i < count; ++i) {
     const uint32_t key = key_of(v[i]);
-    if (((key - lo) >> shift) == static_cast<uint64_t>(b)) tmp[m++] = key;
+    tmp[m] = key;
+    m += key - edge < width;
   }
   std::nth_element(tmp.begin(), tmp.begin() + (need - 1), tmp.begin() + m, std::greater<uint32_t>());
   const uint32_t cut = tmp[need - 1];
@@ -349,8 +368,7 @@ void select_rows(const float* x, int64_t rows, int64_t D, int64_t k, int64_t* ip
     for (int64_t t = t0; t < t1; ++t) {
       uint32_t floor = 0;  // the first row of a task is sampled
       for (int64_t r = t * rows / tasks; r < (t + 1) * rows / tasks; ++r)
-        if (select_row(x + r * D, r * D, D, k, s[t], floor, ip + r * k, vp + r * k, ambiguous != nullptr))
-          tie = true;
+        if (select_row(x + r * D, r * D, D, k, s[t], floor, ip + r * k, vp + r * k, ambiguous != nullptr)) tie = true;
     }
   });
   if (ambiguous) *ambiguous = tie;

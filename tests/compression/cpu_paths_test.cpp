@@ -24,6 +24,13 @@ namespace {
 using codec::IndexFormat;
 using testing::same_payload;
 
+// at::get_num_threads() set for a scope.
+struct Threads {
+  explicit Threads(int n) : before(at::get_num_threads()) { at::set_num_threads(n); }
+  ~Threads() { at::set_num_threads(before); }
+  int before;
+};
+
 // Payload of `spec` on the CPU path equals the portable path's, and decodes to the same values
 // (x: float32).
 void expect_paths_agree(const std::string& spec, const at::Tensor& x, const std::string& where) {
@@ -270,12 +277,42 @@ TEST(SparseIndex, ChunkedDeltaEqualsThePortablePath) {
   EXPECT_ERROR_CONTAINS(codec::decode_index(IndexFormat::kDelta, longer, n, universe, "t"), "t: corrupt delta index");
 }
 
-// at::get_num_threads() set for a scope.
-struct Threads {
-  explicit Threads(int n) : before(at::get_num_threads()) { at::set_num_threads(n); }
-  ~Threads() { at::set_num_threads(before); }
-  int before;
-};
+// Delta streams of one-byte gaps (Note [one-byte gaps]): chunks of kDeltaChunk indices whose gaps
+// all lie below 128 next to chunks with one gap of 128 (two bytes) or of 127 (the largest of one
+// byte), a first gap of 127 and of 128, short streams; encoded and decoded on 1 and 2 threads
+// against the portable path, and an index past the universe in a one-byte chunk refused.
+TEST(SparseIndex, OneByteGapsEqualThePortablePath) {
+  at::manual_seed(45);
+  const int64_t chunk = int64_t(1) << 16;
+  at::Tensor gaps = at::randint(0, 128, {5 * chunk + 77});  // (n) int64
+  gaps[2 * chunk + 5] = 128;                                // chunk 2: one two-byte varint
+  gaps[3 * chunk + 9] = 127;                                // chunk 3: still one byte each
+  gaps[4 * chunk] = 300;                                    // the first gap of chunk 4, from chunk 3's last index
+  std::vector<at::Tensor> cases = {gaps, gaps.narrow(0, 0, 1), gaps.narrow(0, 0, 2), at::full({3}, 127, at::kLong),
+                                   at::tensor({int64_t(128), int64_t(0), int64_t(5)})};
+  for (int t : {1, 2}) {
+    Threads threads(t);
+    for (const at::Tensor& g : cases) {
+      at::Tensor idx = (g + 1).cumsum(0) - 1;
+      const int64_t n = idx.numel(), universe = idx[-1].item<int64_t>() + 3;
+      const std::string where = std::to_string(n) + " indices, " + std::to_string(t) + " threads";
+      at::Tensor fast = codec::encode_index(idx, universe, IndexFormat::kDelta).bytes;
+      at::Tensor portable;
+      {
+        codec::PortableKernelsGuard guard;
+        portable = codec::encode_index(idx, universe, IndexFormat::kDelta).bytes;
+      }
+      EXPECT_TRUE(at::equal(fast, portable)) << where;
+      EXPECT_TRUE(at::equal(codec::decode_index(IndexFormat::kDelta, fast, n, universe, "t"), idx)) << where;
+      if (n > 100) {
+        at::Tensor past = fast.clone();
+        past[-1] = 127;  // the last gap, one byte: the last index lands past the universe
+        EXPECT_ERROR_CONTAINS(codec::decode_index(IndexFormat::kDelta, past, n, universe, "t"),
+                              "t: corrupt delta index");
+      }
+    }
+  }
+}
 
 // PowerSGD's tiled products (Note [thin products in tiles]) against at::mm, on shapes with partial
 // tiles, several row chunks and column blocks, ranks that are not multiples of 4; bit for bit the
@@ -406,6 +443,28 @@ TEST(TopK, RowByRowMatchesThePortablePath) {
             std::string("topk(0.1, index=int32)"), "topk(" + std::to_string(x.size(1) - 1) + ")"})
         expect_paths_agree(spec, x, where);
     }
+  }
+}
+
+// Note [the previous row's floor]: rows whose magnitudes differ from the row before (100 times
+// larger: more candidates than the floor allows, sampled again; 100 times smaller: fewer than k,
+// sampled again), rows of zeros, rows of few distinct values (ties at the cut) between normal
+// ones, against the portable path on 1 and 2 threads (two tasks, each starting from a sample).
+TEST(TopK, RowsUnlikeTheRowBeforeMatchThePortablePath) {
+  at::manual_seed(46);
+  at::Tensor x = at::randn({48, 11001});  // (48, 11001): two tasks of rows on 2 threads
+  x[3].mul_(100);
+  x[4].mul_(0.01);
+  x[5].zero_();
+  x[9].copy_(at::randint(-2, 3, {11001}).to(at::kFloat));
+  x[10].mul_(1e-30);
+  x[20].fill_(1.5f);
+  x[21].mul_(1e4);
+  x[22].mul_(1e-4);
+  for (int t : {1, 2}) {
+    Threads threads(t);
+    for (const char* spec : {"topk(0.1)", "topk(0.01)", "topk(0.5)", "topk(3)"})
+      expect_paths_agree(spec, x, std::string("rows of other scales, ") + std::to_string(t) + " threads");
   }
 }
 
