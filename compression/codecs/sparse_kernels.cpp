@@ -40,7 +40,8 @@ inline uint32_t key_of(uint32_t key) { return key; }
 // nth_element. It replaced a copy and nth_element of all the keys (~10 us for TopK's 900
 // candidates of a row of 4096) and a three-level radix select (12 + 11 + 8 bits).
 // With `floor`, also the lower edge of the highest bin at and above which at least `floor_rank`
-// keys lie (a key that many reach), 0 where there is none (Note [the previous row's floor]).
+// keys lie (a key that many reach), else a guess below the smallest key, 0 where there is none
+// (Note [the previous row's floor]).
 template <class T>
 RowCut cut_keys(const T* v, int64_t count, int64_t k, std::vector<uint32_t>& tmp, int64_t floor_rank = 0,
                 uint32_t* floor = nullptr) {
@@ -86,6 +87,13 @@ RowCut cut_keys(const T* v, int64_t count, int64_t k, std::vector<uint32_t>& tmp
       for (f = 0; f < bins - 1 && below + hist[f] <= count - floor_rank; ++f) below += hist[f];
     }
     *floor = lo + (static_cast<uint32_t>(f) << shift);
+  } else if (floor && floor_rank < 2 * count) {
+    // Fewer keys than floor_rank (they were gathered above a floor of about that rank): the
+    // missing ones are assumed below the smallest as densely as the lowest keys lie above it.
+    int64_t below = 0, f = 0;
+    for (; f < bins - 1 && below < floor_rank - count; ++f) below += hist[f];
+    const uint32_t span = static_cast<uint32_t>(f) << shift;
+    *floor = lo > span ? lo - span : 0;
   }
   // The keys of bin b (compared with its edges, written unconditionally, kept by the count).
   tmp.resize(count);
