@@ -16,6 +16,7 @@
 #include <immintrin.h>
 #endif
 
+#include "compression/codecs/common.h"
 #include "compression/codecs/inline_parallel.h"
 
 namespace tl::codec {
@@ -54,7 +55,7 @@ RowCut cut_keys(const T* v, int64_t count, int64_t k, std::vector<uint32_t>& tmp
     hi_i = std::max(hi_i, key);
   }
   const uint32_t lo = static_cast<uint32_t>(lo_i), hi = static_cast<uint32_t>(hi_i);
-  if (lo == hi) return {lo, k};  // all equal: k ties
+  if (lo == hi) return {lo, k, count};  // all equal: k ties
   int bits = 9;
   while (bits < 12 && (int64_t(1) << (bits + 3)) < count) ++bits;  // ~8 keys a bin at most
   const int span_bits = 32 - __builtin_clz(hi - lo);
@@ -106,9 +107,12 @@ RowCut cut_keys(const T* v, int64_t count, int64_t k, std::vector<uint32_t>& tmp
   }
   std::nth_element(tmp.begin(), tmp.begin() + (need - 1), tmp.begin() + m, std::greater<uint32_t>());
   const uint32_t cut = tmp[need - 1];
-  int64_t above = 0;  // in the bin, every key above the cut now lies before it
-  for (int64_t i = 0; i < need - 1; ++i) above += tmp[i] > cut;
-  return {cut, need - above};
+  int64_t above = 0, equal = 0;  // in the bin, every key above the cut now lies before it
+  for (int64_t i = 0; i < m; ++i) {
+    above += i < need - 1 && tmp[i] > cut;
+    equal += tmp[i] == cut;
+  }
+  return {cut, need - above, equal};
 }
 
 // Splits rows into pieces for TopK: whole rows when there are enough of them, else pieces.
@@ -253,7 +257,50 @@ __attribute__((target("avx2,popcnt"))) int64_t compact_avx2(const float* x, cons
   return o +
          compact_scalar(x + j, mask ? mask + j : nullptr, first + static_cast<int32_t>(j), len - j, lo, pp + o, vp + o);
 }
+
+// The candidates of c with key >= cut, which are `count`, at ip (flat indices) and vp: compacted
+// as above, the positions widened to int64. Stores of 8 stop short of the row's end (the next row
+// may be another thread's); the last few go one at a time.
+__attribute__((target("avx2,popcnt"))) int64_t emit_avx2(const Candidates& c, uint32_t cut, int64_t count, int64_t* ip,
+                                                         float* vp) {
+  const CompactTable& t = compact_table();
+  const float* val = c.val.get();
+  const int32_t* pos = c.pos.get();
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  const __m256i threshold = _mm256_set1_epi32(static_cast<int32_t>(cut) - 1);  // as in compact_avx2
+  const __m256i base = _mm256_set1_epi64x(c.base);
+  int64_t o = 0, i = 0;
+  for (; i + 8 <= c.count && o + 8 <= count; i += 8) {
+    const __m256 v = _mm256_loadu_ps(val + i);
+    const __m256i keep = _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_castps_si256(v), abs_mask), threshold);
+    const int m = _mm256_movemask_ps(_mm256_castsi256_ps(keep));
+    const __m256i perm = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.perm[m]));
+    const __m256i p = _mm256_permutevar8x32_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pos + i)), perm);
+    _mm256_storeu_ps(vp + o, _mm256_permutevar8x32_ps(v, perm));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(ip + o),
+                        _mm256_add_epi64(base, _mm256_cvtepi32_epi64(_mm256_castsi256_si128(p))));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(ip + o + 4),
+                        _mm256_add_epi64(base, _mm256_cvtepi32_epi64(_mm256_extracti128_si256(p, 1))));
+    o += __builtin_popcount(m);
+  }
+  for (; i < c.count && o < count; ++i) {
+    ip[o] = c.base + pos[i];
+    vp[o] = val[i];
+    o += magnitude_key(val[i]) >= cut;
+  }
+  return o;
+}
 #endif
+
+// Whether the AVX2 loops above may run (checked once).
+bool compact_with_avx2() {
+#ifdef TL_COMPACT_AVX2
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
+  return avx2;
+#else
+  return false;
+#endif
+}
 
 // The candidates with key > cut and the first `ties` with key == cut, at most `count`, at ip, vp
 // (flat indices); returns how many. Every candidate is written, the position advances past kept
@@ -283,11 +330,7 @@ void gather_candidates(const float* x, const uint8_t* mask, int64_t base, int64_
   c.base = base + b;
   c.count = 0;
   c.reserve(candidate_room(expect));
-#ifdef TL_COMPACT_AVX2
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
-#else
-  constexpr bool avx2 = false;
-#endif
+  const bool avx2 = compact_with_avx2();
   int64_t o = 0;
   for (int64_t j0 = b; j0 < e; j0 += kBlock) {
     if (o + kBlock + 8 > c.capacity) {
@@ -352,12 +395,15 @@ bool select_row(const float* xr, int64_t base, int64_t D, int64_t k, RowScratch&
                 " < k = ", k);
   }
   const RowCut cut = cut_keys(c.val.get(), c.count, k, s.tmp, k + margin, &floor);
-  const int64_t o = keep_candidates(c, cut.key, cut.ties, k, ip, vp);
+  int64_t o;
+#ifdef TL_COMPACT_AVX2
+  if (cut.ties == cut.equal && compact_with_avx2())  // every key >= the cut: no tie to count
+    o = emit_avx2(c, cut.key, k, ip, vp);
+  else
+#endif
+    o = keep_candidates(c, cut.key, cut.ties, k, ip, vp);
   TORCH_CHECK(o == k, "topk: internal error: a row kept ", o, " elements, expected ", k);
-  if (!ties) return false;
-  int64_t eq = 0;
-  for (int64_t i = 0; i < c.count; ++i) eq += magnitude_key(c.val[i]) == cut.key;
-  return eq > cut.ties;
+  return ties && cut.equal > cut.ties;
 }
 
 // Note [top-k row by row]: rows [0, rows) of x in tasks of whole rows.
@@ -601,6 +647,16 @@ bool dispatch_values(const at::Tensor& values, F f) {
 }  // namespace
 
 bool scatter_sorted_cpu(const int64_t* idx, const at::Tensor& values, int64_t numel, float* out) {
+  // fp16 and bf16 values are made float32 first, by the vectorised casts (each value on its own
+  // was c10::Half's software conversion, about half of a 1 MiB TopK scatter); NaN as before.
+  const at::ScalarType vt = values.scalar_type();
+  if (vt == at::kHalf || vt == at::kBFloat16) {
+    static thread_local std::vector<float> wide;  // kept for the next call
+    const int64_t n = values.numel();
+    wide.resize(n);
+    if (cast_back_cpu(static_cast<const uint8_t*>(values.data_ptr()), n, vt, wide.data()))
+      return scatter_sorted(idx, wide.data(), n, numel, out);
+  }
   return dispatch_values(values, [&](auto* v) { return scatter_sorted(idx, v, values.numel(), numel, out); });
 }
 

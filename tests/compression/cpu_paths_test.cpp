@@ -468,6 +468,38 @@ TEST(TopK, RowsUnlikeTheRowBeforeMatchThePortablePath) {
   }
 }
 
+// TopK's fp16 and bf16 values are scattered after the vectorised cast back to float32: infinities,
+// -0, fp16 subnormals and a NaN (which keeps the value-by-value conversion) decode as on the
+// portable path, bit for bit, on 1 and 2 threads.
+TEST(TopK, HalfValuesScatterAsThePortablePath) {
+  at::manual_seed(47);
+  at::Tensor x = at::randn({8, 1001});  // (8, 1001)
+  x[0][5] = std::numeric_limits<float>::infinity();
+  x[1][7] = -std::numeric_limits<float>::infinity();
+  x[2][3] = 1e-6f;  // an fp16 subnormal
+  x[2][4] = -0.0f;
+  x[4][8] = 1e5f;  // saturates at fp16's largest
+  for (bool nan : {false, true}) {
+    if (nan) x[3][9] = std::numeric_limits<float>::quiet_NaN();
+    for (int t : {1, 2}) {
+      Threads threads(t);
+      for (const char* spec : {"topk(1.0)", "topk(0.3)", "topk(1.0, values=bf16)", "topk(0.3, values=bf16)"}) {
+        CodecContext ctx;
+        auto c = parse_compressor(spec);
+        const Payload p = c->encode(x, ctx);
+        const at::Tensor y_fast = c->decode(p, ctx);
+        at::Tensor y_portable;
+        {
+          codec::PortableKernelsGuard g;
+          y_portable = parse_compressor(spec)->decode(p, ctx);
+        }
+        EXPECT_TRUE(at::equal(y_fast.contiguous().view(at::kInt), y_portable.contiguous().view(at::kInt)))
+            << spec << (nan ? " with a NaN, " : ", ") << t << " threads";
+      }
+    }
+  }
+}
+
 // ColumnSparse's CPU path (selection, block-wise gather and scatter) against the portable
 // path: padded last blocks, a block longer than the message, 3-D inputs, zero channels tied at the
 // cut (at::topk's choice), a NaN; on 1 and 2 threads.
