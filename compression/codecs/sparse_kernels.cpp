@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -19,8 +20,18 @@
 #include "compression/codecs/common.h"
 #include "compression/codecs/inline_parallel.h"
 
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define TL_COMPACT_AVX2 1
+#endif
+
 namespace tl::codec {
 namespace {
+
+// Whether the AVX2 loops of Note [compaction by permutation] may run (checked once).
+bool compact_with_avx2();
+#ifdef TL_COMPACT_AVX2
+int64_t keys_in_range_avx2(const float* v, int64_t count, uint32_t edge, uint32_t width, uint32_t* out);
+#endif
 
 constexpr int64_t kMinChunk = 1 << 15;
 // Elements (read or written) a task of the row-wise loops holds at least: a 1 MiB tensor stays on
@@ -99,11 +110,22 @@ RowCut cut_keys(const T* v, int64_t count, int64_t k, std::vector<uint32_t>& tmp
   // The keys of bin b (compared with its edges, written unconditionally, kept by the count).
   tmp.resize(count);
   const uint32_t edge = lo + (static_cast<uint32_t>(b) << shift), width = uint32_t(1) << shift;
-  int64_t m = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    const uint32_t key = key_of(v[i]);
-    tmp[m] = key;
-    m += key - edge < width;
+  int64_t m = -1;
+#ifdef TL_COMPACT_AVX2
+  if constexpr (std::is_same_v<T, float>) {
+    if (compact_with_avx2()) {
+      tmp.resize(count + 8);
+      m = keys_in_range_avx2(v, count, edge, width, tmp.data());
+    }
+  }
+#endif
+  if (m < 0) {
+    m = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      const uint32_t key = key_of(v[i]);
+      tmp[m] = key;
+      m += key - edge < width;
+    }
   }
   std::nth_element(tmp.begin(), tmp.begin() + (need - 1), tmp.begin() + m, std::greater<uint32_t>());
   const uint32_t cut = tmp[need - 1];
@@ -207,8 +229,7 @@ int64_t compact_scalar(const float* x, const uint8_t* mask, int32_t first, int64
   return o;
 }
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define TL_COMPACT_AVX2 1
+#ifdef TL_COMPACT_AVX2
 // Note [compaction by permutation]. The scalar loop costs ~6 instructions an element. With AVX2,
 // 8 keys are compared at once; the 8-bit mask of kept lanes picks a permutation (a table of 256)
 // that moves the kept values and their positions to the front of the vectors, stored whole (the
@@ -290,9 +311,34 @@ __attribute__((target("avx2,popcnt"))) int64_t emit_avx2(const Candidates& c, ui
   }
   return o;
 }
+
+// The keys of v[0, count) in [edge, edge + width), in order, at out (room for count + 8); how many.
+__attribute__((target("avx2,popcnt"))) int64_t keys_in_range_avx2(const float* v, int64_t count, uint32_t edge,
+                                                                  uint32_t width, uint32_t* out) {
+  const CompactTable& t = compact_table();
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  // key - edge as int32 (both keys below 2^31) lies in [0, width): above -1 and below width.
+  const __m256i e = _mm256_set1_epi32(static_cast<int32_t>(edge)), below = _mm256_set1_epi32(-1);
+  const __m256i w = _mm256_set1_epi32(static_cast<int32_t>(width));
+  int64_t o = 0, i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m256i key = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + i)), abs_mask);
+    const __m256i d = _mm256_sub_epi32(key, e);
+    const __m256i in = _mm256_and_si256(_mm256_cmpgt_epi32(d, below), _mm256_cmpgt_epi32(w, d));
+    const int m = _mm256_movemask_ps(_mm256_castsi256_ps(in));
+    const __m256i perm = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.perm[m]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + o), _mm256_permutevar8x32_epi32(key, perm));
+    o += __builtin_popcount(m);
+  }
+  for (; i < count; ++i) {
+    const uint32_t key = magnitude_key(v[i]);
+    out[o] = key;
+    o += key - edge < width;
+  }
+  return o;
+}
 #endif
 
-// Whether the AVX2 loops above may run (checked once).
 bool compact_with_avx2() {
 #ifdef TL_COMPACT_AVX2
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
