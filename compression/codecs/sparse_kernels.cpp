@@ -364,6 +364,15 @@ int64_t keep_candidates(const Candidates& c, uint32_t cut, int64_t ties, int64_t
   return o;
 }
 
+// The `count` candidates of c that `cut` keeps, `ties` of those equal to it (in index order), at ip
+// and vp: 8 at a time where the cut keeps every key equal to it (cut.ties == cut.equal).
+int64_t emit_kept(const Candidates& c, const RowCut& cut, int64_t ties, int64_t count, int64_t* ip, float* vp) {
+#ifdef TL_COMPACT_AVX2
+  if (cut.ties == cut.equal && compact_with_avx2()) return emit_avx2(c, cut.key, count, ip, vp);
+#endif
+  return keep_candidates(c, cut.key, ties, count, ip, vp);
+}
+
 constexpr int64_t kGatherBlock = 256;  // elements compacted between checks of the room left
 // Room for the candidates of a piece expected to hold `expect` of them.
 int64_t candidate_room(int64_t expect) { return expect + kGatherBlock + 8; }
@@ -441,13 +450,7 @@ bool select_row(const float* xr, int64_t base, int64_t D, int64_t k, RowScratch&
                 " < k = ", k);
   }
   const RowCut cut = cut_keys(c.val.get(), c.count, k, s.tmp, k + margin, &floor);
-  int64_t o;
-#ifdef TL_COMPACT_AVX2
-  if (cut.ties == cut.equal && compact_with_avx2())  // every key >= the cut: no tie to count
-    o = emit_avx2(c, cut.key, k, ip, vp);
-  else
-#endif
-    o = keep_candidates(c, cut.key, cut.ties, k, ip, vp);
+  const int64_t o = emit_kept(c, cut, cut.ties, k, ip, vp);
   TORCH_CHECK(o == k, "topk: internal error: a row kept ", o, " elements, expected ", k);
   return ties && cut.equal > cut.ties;
 }
@@ -573,7 +576,7 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
   parallel_for(0, np, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t o = offset[p];
-      keep_candidates(cand[p], cuts[pieces[p].row].key, ties[p], offset[p + 1] - o, ip + o, vp + o);
+      emit_kept(cand[p], cuts[pieces[p].row], ties[p], offset[p + 1] - o, ip + o, vp + o);
     }
   });
 }

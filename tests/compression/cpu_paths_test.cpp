@@ -449,7 +449,8 @@ TEST(TopK, RowByRowMatchesThePortablePath) {
 // Note [the previous row's floor]: rows whose magnitudes differ from the row before (100 times
 // larger: more candidates than the floor allows, sampled again; 100 times smaller: fewer than k,
 // sampled again), rows of zeros, rows of few distinct values (ties at the cut) between normal
-// ones, against the portable path on 1 and 2 threads (two tasks, each starting from a sample).
+// ones, against the portable path on 1 and 2 threads (two tasks, each starting from a sample); the
+// same tensor as one row (scope=global: pieces, whose cut may fall on ties).
 TEST(TopK, RowsUnlikeTheRowBeforeMatchThePortablePath) {
   at::manual_seed(46);
   at::Tensor x = at::randn({48, 11001});  // (48, 11001): two tasks of rows on 2 threads
@@ -463,7 +464,12 @@ TEST(TopK, RowsUnlikeTheRowBeforeMatchThePortablePath) {
   x[22].mul_(1e-4);
   for (int t : {1, 2}) {
     Threads threads(t);
-    for (const char* spec : {"topk(0.1)", "topk(0.01)", "topk(0.5)", "topk(3)"})
+    // Over the whole tensor, cuts on row 20's 11001 ties at 1.5: some kept, and all.
+    const int64_t above = (x.abs() > 1.5f).sum().item<int64_t>();
+    for (const std::string& spec :
+         {std::string("topk(0.1)"), std::string("topk(0.01)"), std::string("topk(0.5)"), std::string("topk(3)"),
+          std::string("topk(0.1, scope=global)"), "topk(" + std::to_string(above + 100) + ", scope=global)",
+          "topk(" + std::to_string(above + 11001) + ", scope=global)"})
       expect_paths_agree(spec, x, std::string("rows of other scales, ") + std::to_string(t) + " threads");
   }
 }
