@@ -11,7 +11,6 @@
 #include <limits>
 #include <memory>
 #include <mutex>
-#include <type_traits>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -30,7 +29,7 @@ namespace {
 // Whether the AVX2 loops of Note [compaction by permutation] may run (checked once).
 bool compact_with_avx2();
 #ifdef TL_COMPACT_AVX2
-int64_t keys_in_range_avx2(const float* v, int64_t count, uint32_t edge, uint32_t width, uint32_t* out);
+int64_t keys_in_range_avx2(const void* words, int64_t count, uint32_t edge, uint32_t width, uint32_t* out);
 #endif
 
 constexpr int64_t kMinChunk = 1 << 15;
@@ -112,11 +111,9 @@ RowCut cut_keys(const T* v, int64_t count, int64_t k, std::vector<uint32_t>& tmp
   const uint32_t edge = lo + (static_cast<uint32_t>(b) << shift), width = uint32_t(1) << shift;
   int64_t m = -1;
 #ifdef TL_COMPACT_AVX2
-  if constexpr (std::is_same_v<T, float>) {
-    if (compact_with_avx2()) {
-      tmp.resize(count + 8);
-      m = keys_in_range_avx2(v, count, edge, width, tmp.data());
-    }
+  if (compact_with_avx2()) {
+    tmp.resize(count + 8);
+    m = keys_in_range_avx2(v, count, edge, width, tmp.data());
   }
 #endif
   if (m < 0) {
@@ -316,26 +313,30 @@ __attribute__((target("avx2,popcnt"))) int64_t emit_avx2(const Candidates& c, ui
   return o;
 }
 
-// The keys of v[0, count) in [edge, edge + width), in order, at out (room for count + 8); how many.
-__attribute__((target("avx2,popcnt"))) int64_t keys_in_range_avx2(const float* v, int64_t count, uint32_t edge,
+// The keys of words[0, count) (floats or keys: 32-bit words whose key is the low 31 bits) in
+// [edge, edge + width), in order, at out (room for count + 8); how many.
+__attribute__((target("avx2,popcnt"))) int64_t keys_in_range_avx2(const void* words, int64_t count, uint32_t edge,
                                                                   uint32_t width, uint32_t* out) {
   const CompactTable& t = compact_table();
+  const uint8_t* in = static_cast<const uint8_t*>(words);
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
   // key - edge as int32 (both keys below 2^31) lies in [0, width): above -1 and below width.
   const __m256i e = _mm256_set1_epi32(static_cast<int32_t>(edge)), below = _mm256_set1_epi32(-1);
   const __m256i w = _mm256_set1_epi32(static_cast<int32_t>(width));
   int64_t o = 0, i = 0;
   for (; i + 8 <= count; i += 8) {
-    const __m256i key = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + i)), abs_mask);
+    const __m256i key = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + 4 * i)), abs_mask);
     const __m256i d = _mm256_sub_epi32(key, e);
-    const __m256i in = _mm256_and_si256(_mm256_cmpgt_epi32(d, below), _mm256_cmpgt_epi32(w, d));
-    const int m = _mm256_movemask_ps(_mm256_castsi256_ps(in));
+    const __m256i inside = _mm256_and_si256(_mm256_cmpgt_epi32(d, below), _mm256_cmpgt_epi32(w, d));
+    const int m = _mm256_movemask_ps(_mm256_castsi256_ps(inside));
     const __m256i perm = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.perm[m]));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + o), _mm256_permutevar8x32_epi32(key, perm));
     o += __builtin_popcount(m);
   }
   for (; i < count; ++i) {
-    const uint32_t key = magnitude_key(v[i]);
+    uint32_t key;
+    std::memcpy(&key, in + 4 * i, sizeof(key));
+    key &= 0x7fffffffu;
     out[o] = key;
     o += key - edge < width;
   }
@@ -554,17 +555,20 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
   parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
     std::vector<uint32_t> keys, tmp;
     for (int64_t r = r0; r < r1; ++r) {
-      keys.clear();
-      for (int64_t p = first[r]; p < first[r + 1]; ++p)
-        for (int64_t i = 0; i < cand[p].count; ++i) keys.push_back(magnitude_key(cand[p].val[i]));
-      cuts[r] = cut_keys(keys.data(), static_cast<int64_t>(keys.size()), k, tmp);
+      int64_t total = 0;
+      for (int64_t p = first[r]; p < first[r + 1]; ++p) total += cand[p].count;
+      keys.resize(total);
+      for (int64_t p = first[r], o = 0; p < first[r + 1]; o += cand[p].count, ++p)
+        for (int64_t i = 0; i < cand[p].count; ++i) keys[o + i] = magnitude_key(cand[p].val[i]);
+      cuts[r] = cut_keys(keys.data(), total, k, tmp);
       int64_t budget = cuts[r].ties, o = r * k, equal = 0;
+      const int32_t cut = static_cast<int32_t>(cuts[r].key);  // keys below 2^31: int32 compares vectorise
       for (int64_t p = first[r]; p < first[r + 1]; ++p) {
         int64_t gt = 0, eq = 0;
         for (int64_t i = 0; i < cand[p].count; ++i) {
-          const uint32_t key = magnitude_key(cand[p].val[i]);
-          gt += key > cuts[r].key;
-          eq += key == cuts[r].key;
+          const int32_t key = static_cast<int32_t>(magnitude_key(cand[p].val[i]));
+          gt += key > cut;
+          eq += key == cut;
         }
         equal += eq;
         ties[p] = std::min(eq, budget);
