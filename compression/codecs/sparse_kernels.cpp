@@ -412,8 +412,9 @@ void gather_candidates(const float* x, const uint8_t* mask, int64_t base, int64_
 
 // Note [top-k row by row]. With at least two rows per thread (scope=sample on a micro-batch),
 // rows are not split: one parallel region hands each task a run of whole rows, and a task takes
-// each row from the sample to the emitted selection (sample, gather, cut, emit) with its own
-// scratch, reused across calls. The selection of each row is the one of Note [top-k by a sampled
+// each row from its floor to the emitted selection (floor, gather, cut, emit: the floor from the
+// sample, or from the row before, Note [the previous row's floor]) with its own scratch, reused
+// across calls. The selection of each row is the one of Note [top-k by a sampled
 // threshold]; what it saves is the three parallel regions and the per-row allocations (at (64,
 // 4096), 64 rows of 410 kept, ~0.8 ms a call on one thread, most of it per-call and per-row cost).
 // A task holds at least kTaskWork elements.
