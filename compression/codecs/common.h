@@ -25,6 +25,9 @@ bool cpu_kernels_enabled();
 /// Whether this CPU has AVX2 and F16C (checked once; false where the build has no x86 paths):
 /// the condition of the vectorised fp16 section loops.
 bool cpu_has_avx2_f16c();
+/// Section `in` (n values of fp16 or bf16, any byte alignment) as float32 at out, threaded past
+/// 2^18 values; false at a NaN (out then partly written). Note [casts back on the CPU], dense.cpp.
+bool cast_back_cpu(const uint8_t* in, int64_t n, at::ScalarType wire, float* out);
 /// Whether CPU tensors are treated as device tensors in every respect (see PortableKernelsGuard).
 bool device_semantics_on_cpu();
 /// Forces the portable ATen-op path on this thread for its lifetime (tests). With

@@ -66,8 +66,9 @@ __attribute__((target("avx2,f16c"))) bool from_half_f16c(const uint8_t* in, int6
 }
 #endif
 
-// Section `in` (n values of fp16 or bf16, any byte alignment) as float32 at out; false at a NaN.
-bool cast_back_cpu(const uint8_t* in, int64_t n, at::ScalarType wire, float* out) {
+}  // namespace
+
+bool codec::cast_back_cpu(const uint8_t* in, int64_t n, at::ScalarType wire, float* out) {
   const bool f16c = codec::cpu_has_avx2_f16c();
   std::atomic<bool> no_nan{true};
   at::parallel_for(0, n, kCastGrain, [&](int64_t i0, int64_t i1) {
@@ -85,8 +86,6 @@ bool cast_back_cpu(const uint8_t* in, int64_t n, at::ScalarType wire, float* out
   });
   return no_nan;
 }
-
-}  // namespace
 
 DenseCodec::DenseCodec(const std::string& name) : SectionedCodec("DenseCodec"), name_(name) {
   if (name == "fp16")
@@ -125,7 +124,8 @@ at::Tensor DenseCodec::decode_parts(const Payload& rest, const std::vector<at::T
   if (rest.dtype == at::kFloat && (v.scalar_type() == at::kHalf || v.scalar_type() == at::kBFloat16) &&
       codec::use_cpu_kernel(v) && v.is_contiguous()) {  // Note [casts back on the CPU]
     at::Tensor out = at::empty(v.sizes(), v.options().dtype(at::kFloat));
-    if (cast_back_cpu(static_cast<const uint8_t*>(v.data_ptr()), v.numel(), v.scalar_type(), out.data_ptr<float>()))
+    if (codec::cast_back_cpu(static_cast<const uint8_t*>(v.data_ptr()), v.numel(), v.scalar_type(),
+                             out.data_ptr<float>()))
       return out.view(rest.shape);
   }
   return v.to(rest.dtype).view(rest.shape);

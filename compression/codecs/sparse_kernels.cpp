@@ -16,10 +16,21 @@
 #include <immintrin.h>
 #endif
 
+#include "compression/codecs/common.h"
 #include "compression/codecs/inline_parallel.h"
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define TL_COMPACT_AVX2 1
+#endif
 
 namespace tl::codec {
 namespace {
+
+// Whether the AVX2 loops of Note [compaction by permutation] may run (checked once).
+bool compact_with_avx2();
+#ifdef TL_COMPACT_AVX2
+int64_t keys_in_range_avx2(const void* words, int64_t count, uint32_t edge, uint32_t width, uint32_t* out);
+#endif
 
 constexpr int64_t kMinChunk = 1 << 15;
 // Elements (read or written) a task of the row-wise loops holds at least: a 1 MiB tensor stays on
@@ -29,19 +40,32 @@ constexpr int64_t kTaskWork = int64_t(1) << 18;
 
 int64_t threads() { return at::in_parallel_region() ? 1 : std::max<int64_t>(1, at::get_num_threads()); }
 
-// The cut keeping the k largest of keys[0, count) (0 < k <= count), which it may reorder: one
-// histogram of the keys' offsets from the smallest, in at most 2^12 bins (512 for a few thousand
-// keys: clearing and walking the bins is then a small part), walked from the top to the bin that
-// holds the k-th largest; the keys of that bin (a few, for keys spread over the range) are then
-// selected by nth_element. It replaced a copy and nth_element of all the keys (~10 us for TopK's
-// 900 candidates of a row of 4096) and a three-level radix select (12 + 11 + 8 bits).
-RowCut cut_keys(uint32_t* keys, int64_t count, int64_t k, std::vector<uint32_t>& tmp) {
-  uint32_t lo = keys[0], hi = keys[0];
+// A candidate's key: magnitude_key of its float value, or the key itself.
+inline uint32_t key_of(float v) { return magnitude_key(v); }
+inline uint32_t key_of(uint32_t key) { return key; }
+
+// The cut keeping the k largest keys of v[0, count) (0 < k <= count): one histogram of the keys'
+// offsets from the smallest, in at most 2^12 bins (512 for a few thousand keys: clearing and
+// walking the bins is then a small part), walked from the top to the bin that holds the k-th
+// largest; the keys of that bin (a few, for keys spread over the range) are then selected by
+// nth_element. It replaced a copy and nth_element of all the keys (~10 us for TopK's 900
+// candidates of a row of 4096) and a three-level radix select (12 + 11 + 8 bits).
+// With `floor`, also the lower edge of the highest bin at and above which at least `floor_rank`
+// keys lie (a key that many reach), else a guess below the smallest key, 0 where there is none
+// (Note [the previous row's floor]).
+template <class T>
+RowCut cut_keys(const T* v, int64_t count, int64_t k, std::vector<uint32_t>& tmp, int64_t floor_rank = 0,
+                uint32_t* floor = nullptr) {
+  if (floor) *floor = 0;
+  // Keys are below 2^31: compared as int32, which the baseline (SSE2) build vectorises.
+  int32_t lo_i = static_cast<int32_t>(key_of(v[0])), hi_i = lo_i;
   for (int64_t i = 1; i < count; ++i) {
-    lo = std::min(lo, keys[i]);
-    hi = std::max(hi, keys[i]);
+    const int32_t key = static_cast<int32_t>(key_of(v[i]));
+    lo_i = std::min(lo_i, key);
+    hi_i = std::max(hi_i, key);
   }
-  if (lo == hi) return {lo, k};  // all equal: k ties
+  const uint32_t lo = static_cast<uint32_t>(lo_i), hi = static_cast<uint32_t>(hi_i);
+  if (lo == hi) return {lo, k, count};  // all equal: k ties
   int bits = 9;
   while (bits < 12 && (int64_t(1) << (bits + 3)) < count) ++bits;  // ~8 keys a bin at most
   const int span_bits = 32 - __builtin_clz(hi - lo);
@@ -49,19 +73,65 @@ RowCut cut_keys(uint32_t* keys, int64_t count, int64_t k, std::vector<uint32_t>&
   std::array<uint32_t, 4096> hist;
   const int64_t bins = ((hi - lo) >> shift) + 1;
   std::fill(hist.begin(), hist.begin() + bins, 0u);
-  for (int64_t i = 0; i < count; ++i) ++hist[(keys[i] - lo) >> shift];
-  int64_t need = k, b = bins - 1;
-  for (; b > 0 && hist[b] < need; --b) need -= hist[b];
-  // The keys of bin b; the need-th largest of them is the cut.
-  tmp.resize(hist[b]);
-  int64_t m = 0;
-  for (int64_t i = 0; i < count; ++i)
-    if (((keys[i] - lo) >> shift) == static_cast<uint64_t>(b)) tmp[m++] = keys[i];
+  for (int64_t i = 0; i < count; ++i) ++hist[(key_of(v[i]) - lo) >> shift];
+  // The bin of the k-th largest, and `need`: its rank from the top within the bin. Walked from the
+  // nearer end: TopK's candidates are mostly just above their floor, so the cut lies near the bottom.
+  int64_t need, b;
+  if (2 * k <= count) {
+    need = k;
+    for (b = bins - 1; b > 0 && hist[b] < need; --b) need -= hist[b];
+  } else {
+    int64_t from_bottom = count - k + 1;  // the cut's rank from the bottom
+    for (b = 0; b < bins - 1 && hist[b] < from_bottom; ++b) from_bottom -= hist[b];
+    need = hist[b] - from_bottom + 1;
+  }
+  if (floor && floor_rank <= count) {
+    // The highest bin f with at least floor_rank keys in bins [f, bins): from the top, or the
+    // highest f with at most count - floor_rank keys below it, from the bottom.
+    int64_t f;
+    if (2 * floor_rank <= count) {
+      int64_t above = 0;
+      for (f = bins - 1; (above += hist[f]) < floor_rank; --f) {
+      }
+    } else {
+      int64_t below = 0;
+      for (f = 0; f < bins - 1 && below + hist[f] <= count - floor_rank; ++f) below += hist[f];
+    }
+    *floor = lo + (static_cast<uint32_t>(f) << shift);
+  } else if (floor && floor_rank < 2 * count) {
+    // Fewer keys than floor_rank (they were gathered above a floor of about that rank): the
+    // missing ones are assumed below the smallest as densely as the lowest keys lie above it.
+    int64_t below = 0, f = 0;
+    for (; f < bins - 1 && below < floor_rank - count; ++f) below += hist[f];
+    const uint32_t span = static_cast<uint32_t>(f) << shift;
+    *floor = lo > span ? lo - span : 0;
+  }
+  // The keys of bin b (compared with its edges, written unconditionally, kept by the count).
+  tmp.resize(count);
+  const uint32_t edge = lo + (static_cast<uint32_t>(b) << shift), width = uint32_t(1) << shift;
+  int64_t m = -1;
+#ifdef TL_COMPACT_AVX2
+  if (compact_with_avx2()) {
+    tmp.resize(count + 8);
+    m = keys_in_range_avx2(v, count, edge, width, tmp.data());
+  }
+#endif
+  if (m < 0) {
+    m = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      const uint32_t key = key_of(v[i]);
+      tmp[m] = key;
+      m += key - edge < width;
+    }
+  }
   std::nth_element(tmp.begin(), tmp.begin() + (need - 1), tmp.begin() + m, std::greater<uint32_t>());
   const uint32_t cut = tmp[need - 1];
-  int64_t above = 0;  // in the bin, every key above the cut now lies before it
-  for (int64_t i = 0; i < need - 1; ++i) above += tmp[i] > cut;
-  return {cut, need - above};
+  int64_t above = 0, equal = 0;  // in the bin, every key above the cut now lies before it
+  for (int64_t i = 0; i < m; ++i) {
+    above += i < need - 1 && tmp[i] > cut;
+    equal += tmp[i] == cut;
+  }
+  return {cut, need - above, equal};
 }
 
 // Splits rows into pieces for TopK: whole rows when there are enough of them, else pieces.
@@ -95,6 +165,10 @@ std::vector<Chunk> make_chunks(int64_t rows, int64_t D, int64_t max_len = std::n
 // candidates in parallel.
 namespace {
 
+// Cache lines sampled: kSampleLines, or one per 4096 elements of a longer row (at most 1/16 of the
+// row). A long row (scope=global) then gets a tighter floor: at k = 10% of 4M elements, 16k keys
+// put it ~8% below the k-th largest instead of ~23% with 2048, fewer candidates for the cut and
+// the emission.
 constexpr int64_t kSampleLines = 128, kLine = 16;  // floats per cache line
 
 // The smallest key among the `rank + 1` largest of a sample of the row; 0 (everything) when the
@@ -102,7 +176,7 @@ constexpr int64_t kSampleLines = 128, kLine = 16;  // floats per cache line
 // `keys`, `tmp`: scratch.
 uint32_t sampled_floor(const float* x, int64_t D, int64_t k, int attempt, std::vector<uint32_t>& keys,
                        std::vector<uint32_t>& tmp) {
-  const int64_t lines = std::min<int64_t>(kSampleLines, D / (16 * kLine));  // at most 1/16 of the row
+  const int64_t lines = std::min<int64_t>(std::max<int64_t>(kSampleLines, D / 4096), D / (16 * kLine));
   if (attempt >= 3 || lines < 8) return 0;
   keys.clear();
   for (int64_t l = 0; l < lines; ++l) {
@@ -156,8 +230,7 @@ int64_t compact_scalar(const float* x, const uint8_t* mask, int32_t first, int64
   return o;
 }
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define TL_COMPACT_AVX2 1
+#ifdef TL_COMPACT_AVX2
 // Note [compaction by permutation]. The scalar loop costs ~6 instructions an element. With AVX2,
 // 8 keys are compared at once; the 8-bit mask of kept lanes picks a permutation (a table of 256)
 // that moves the kept values and their positions to the front of the vectors, stored whole (the
@@ -206,7 +279,79 @@ __attribute__((target("avx2,popcnt"))) int64_t compact_avx2(const float* x, cons
   return o +
          compact_scalar(x + j, mask ? mask + j : nullptr, first + static_cast<int32_t>(j), len - j, lo, pp + o, vp + o);
 }
+
+// The candidates of c with key >= cut, which are `count`, at ip (flat indices) and vp: compacted
+// as above, the positions widened to int64. Stores of 8 stop short of the row's end (the next row
+// may be another thread's); the last few go one at a time.
+__attribute__((target("avx2,popcnt"))) int64_t emit_avx2(const Candidates& c, uint32_t cut, int64_t count, int64_t* ip,
+                                                         float* vp) {
+  const CompactTable& t = compact_table();
+  const float* val = c.val.get();
+  const int32_t* pos = c.pos.get();
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  const __m256i threshold = _mm256_set1_epi32(static_cast<int32_t>(cut) - 1);  // as in compact_avx2
+  const __m256i base = _mm256_set1_epi64x(c.base);
+  int64_t o = 0, i = 0;
+  for (; i + 8 <= c.count && o + 8 <= count; i += 8) {
+    const __m256 v = _mm256_loadu_ps(val + i);
+    const __m256i keep = _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_castps_si256(v), abs_mask), threshold);
+    const int m = _mm256_movemask_ps(_mm256_castsi256_ps(keep));
+    const __m256i perm = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.perm[m]));
+    const __m256i p = _mm256_permutevar8x32_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pos + i)), perm);
+    _mm256_storeu_ps(vp + o, _mm256_permutevar8x32_ps(v, perm));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(ip + o),
+                        _mm256_add_epi64(base, _mm256_cvtepi32_epi64(_mm256_castsi256_si128(p))));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(ip + o + 4),
+                        _mm256_add_epi64(base, _mm256_cvtepi32_epi64(_mm256_extracti128_si256(p, 1))));
+    o += __builtin_popcount(m);
+  }
+  for (; i < c.count && o < count; ++i) {
+    ip[o] = c.base + pos[i];
+    vp[o] = val[i];
+    o += magnitude_key(val[i]) >= cut;
+  }
+  return o;
+}
+
+// The keys of words[0, count) (floats or keys: 32-bit words whose key is the low 31 bits) in
+// [edge, edge + width), in order, at out (room for count + 8); how many.
+__attribute__((target("avx2,popcnt"))) int64_t keys_in_range_avx2(const void* words, int64_t count, uint32_t edge,
+                                                                  uint32_t width, uint32_t* out) {
+  const CompactTable& t = compact_table();
+  const uint8_t* in = static_cast<const uint8_t*>(words);
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  // key - edge as int32 (both keys below 2^31) lies in [0, width): above -1 and below width.
+  const __m256i e = _mm256_set1_epi32(static_cast<int32_t>(edge)), below = _mm256_set1_epi32(-1);
+  const __m256i w = _mm256_set1_epi32(static_cast<int32_t>(width));
+  int64_t o = 0, i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m256i key = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + 4 * i)), abs_mask);
+    const __m256i d = _mm256_sub_epi32(key, e);
+    const __m256i inside = _mm256_and_si256(_mm256_cmpgt_epi32(d, below), _mm256_cmpgt_epi32(w, d));
+    const int m = _mm256_movemask_ps(_mm256_castsi256_ps(inside));
+    const __m256i perm = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.perm[m]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + o), _mm256_permutevar8x32_epi32(key, perm));
+    o += __builtin_popcount(m);
+  }
+  for (; i < count; ++i) {
+    uint32_t key;
+    std::memcpy(&key, in + 4 * i, sizeof(key));
+    key &= 0x7fffffffu;
+    out[o] = key;
+    o += key - edge < width;
+  }
+  return o;
+}
 #endif
+
+bool compact_with_avx2() {
+#ifdef TL_COMPACT_AVX2
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
+  return avx2;
+#else
+  return false;
+#endif
+}
 
 // The candidates with key > cut and the first `ties` with key == cut, at most `count`, at ip, vp
 // (flat indices); returns how many. Every candidate is written, the position advances past kept
@@ -224,6 +369,15 @@ int64_t keep_candidates(const Candidates& c, uint32_t cut, int64_t ties, int64_t
   return o;
 }
 
+// The `count` candidates of c that `cut` keeps, `ties` of those equal to it (in index order), at ip
+// and vp: 8 at a time where the cut keeps every key equal to it (cut.ties == cut.equal).
+int64_t emit_kept(const Candidates& c, const RowCut& cut, int64_t ties, int64_t count, int64_t* ip, float* vp) {
+#ifdef TL_COMPACT_AVX2
+  if (cut.ties == cut.equal && compact_with_avx2()) return emit_avx2(c, cut.key, count, ip, vp);
+#endif
+  return keep_candidates(c, cut.key, ties, count, ip, vp);
+}
+
 constexpr int64_t kGatherBlock = 256;  // elements compacted between checks of the room left
 // Room for the candidates of a piece expected to hold `expect` of them.
 int64_t candidate_room(int64_t expect) { return expect + kGatherBlock + 8; }
@@ -236,11 +390,7 @@ void gather_candidates(const float* x, const uint8_t* mask, int64_t base, int64_
   c.base = base + b;
   c.count = 0;
   c.reserve(candidate_room(expect));
-#ifdef TL_COMPACT_AVX2
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
-#else
-  constexpr bool avx2 = false;
-#endif
+  const bool avx2 = compact_with_avx2();
   int64_t o = 0;
   for (int64_t j0 = b; j0 < e; j0 += kBlock) {
     if (o + kBlock + 8 > c.capacity) {
@@ -262,8 +412,9 @@ void gather_candidates(const float* x, const uint8_t* mask, int64_t base, int64_
 
 // Note [top-k row by row]. With at least two rows per thread (scope=sample on a micro-batch),
 // rows are not split: one parallel region hands each task a run of whole rows, and a task takes
-// each row from the sample to the emitted selection (sample, gather, cut, emit) with its own
-// scratch, reused across calls. The selection of each row is the one of Note [top-k by a sampled
+// each row from its floor to the emitted selection (floor, gather, cut, emit: the floor from the
+// sample, or from the row before, Note [the previous row's floor]) with its own scratch, reused
+// across calls. The selection of each row is the one of Note [top-k by a sampled
 // threshold]; what it saves is the three parallel regions and the per-row allocations (at (64,
 // 4096), 64 rows of 410 kept, ~0.8 ms a call on one thread, most of it per-call and per-row cost).
 // A task holds at least kTaskWork elements.
@@ -273,26 +424,41 @@ struct RowScratch {
   std::vector<uint32_t> keys, tmp;
 };
 
+// Note [the previous row's floor]. Rows of one message tend to have alike magnitudes (a layer's
+// activations or gradients, sample after sample), so the row before gives the next one's floor
+// for free: its histogram of candidates (cut_keys) tells a key that k + margin of its elements
+// reach, and the next row is gathered with it, without sampling, and with fewer candidates than
+// the sample's wider margin leaves (at (64, 4096) and k = 410 about 490 against 720, normal data).
+// The selection is exact whatever the floor: a row where fewer than k elements reach it, or so
+// many that the cut would cost more than sampling again, is gathered from its sample as before.
+// Each task starts its first row from the sample; the margin, 3 sqrt(k) + 16, is some 4 standard
+// deviations of the count above a fixed key in rows of iid elements.
+int64_t floor_margin(int64_t k) { return 3 * static_cast<int64_t>(std::sqrt(static_cast<double>(k))) + 16; }
+
 // Row xr (D floats, flat index of its first element `base`): its k largest |x|, ties in index
-// order, written at ip, vp in index order.
+// order, written at ip, vp in index order. `floor`: the previous row's (0: none), replaced by
+// this row's for the next.
 // True when more elements equal the cut than were kept (the index order broke a tie), if `ties`.
-bool select_row(const float* xr, int64_t base, int64_t D, int64_t k, RowScratch& s, int64_t* ip, float* vp, bool ties) {
+bool select_row(const float* xr, int64_t base, int64_t D, int64_t k, RowScratch& s, uint32_t& floor, int64_t* ip,
+                float* vp, bool ties) {
   Candidates& c = s.cand;
-  for (int attempt = 0;; ++attempt) {
+  const int64_t margin = floor_margin(k);
+  bool gathered = false;
+  if (floor != 0) {  // Note [the previous row's floor]
+    gather_candidates(xr, nullptr, base, 0, D, floor, k + margin, c);
+    gathered = c.count >= k && c.count <= 2 * (k + margin) + kGatherBlock;
+  }
+  for (int attempt = 0; !gathered; ++attempt) {
     const uint32_t lo = sampled_floor(xr, D, k, attempt, s.keys, s.tmp);
     gather_candidates(xr, nullptr, base, 0, D, lo, lo == 0 ? D : k * 5 / 4 + 1024, c);
-    if (c.count >= k) break;
-    TORCH_CHECK(lo != 0, "topk: internal error: a row of ", D, " elements gathered ", c.count, " < k = ", k);
+    gathered = c.count >= k;
+    TORCH_CHECK(gathered || lo != 0, "topk: internal error: a row of ", D, " elements gathered ", c.count,
+                " < k = ", k);
   }
-  s.keys.resize(c.count);
-  for (int64_t i = 0; i < c.count; ++i) s.keys[i] = magnitude_key(c.val[i]);
-  const RowCut cut = cut_keys(s.keys.data(), c.count, k, s.tmp);
-  const int64_t o = keep_candidates(c, cut.key, cut.ties, k, ip, vp);
+  const RowCut cut = cut_keys(c.val.get(), c.count, k, s.tmp, k + margin, &floor);
+  const int64_t o = emit_kept(c, cut, cut.ties, k, ip, vp);
   TORCH_CHECK(o == k, "topk: internal error: a row kept ", o, " elements, expected ", k);
-  if (!ties) return false;
-  int64_t eq = 0;
-  for (int64_t i = 0; i < c.count; ++i) eq += magnitude_key(c.val[i]) == cut.key;
-  return eq > cut.ties;
+  return ties && cut.equal > cut.ties;
 }
 
 // Note [top-k row by row]: rows [0, rows) of x in tasks of whole rows.
@@ -308,9 +474,11 @@ void select_rows(const float* x, int64_t rows, int64_t D, int64_t k, int64_t* ip
   std::vector<RowScratch>& s = scratch;
   std::atomic<bool> tie{false};
   parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t)
+    for (int64_t t = t0; t < t1; ++t) {
+      uint32_t floor = 0;  // the first row of a task is sampled
       for (int64_t r = t * rows / tasks; r < (t + 1) * rows / tasks; ++r)
-        if (select_row(x + r * D, r * D, D, k, s[t], ip + r * k, vp + r * k, ambiguous != nullptr)) tie = true;
+        if (select_row(x + r * D, r * D, D, k, s[t], floor, ip + r * k, vp + r * k, ambiguous != nullptr)) tie = true;
+    }
   });
   if (ambiguous) *ambiguous = tie;
 }
@@ -388,17 +556,20 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
   parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
     std::vector<uint32_t> keys, tmp;
     for (int64_t r = r0; r < r1; ++r) {
-      keys.clear();
-      for (int64_t p = first[r]; p < first[r + 1]; ++p)
-        for (int64_t i = 0; i < cand[p].count; ++i) keys.push_back(magnitude_key(cand[p].val[i]));
-      cuts[r] = cut_keys(keys.data(), static_cast<int64_t>(keys.size()), k, tmp);
+      int64_t total = 0;
+      for (int64_t p = first[r]; p < first[r + 1]; ++p) total += cand[p].count;
+      keys.resize(total);
+      for (int64_t p = first[r], o = 0; p < first[r + 1]; o += cand[p].count, ++p)
+        for (int64_t i = 0; i < cand[p].count; ++i) keys[o + i] = magnitude_key(cand[p].val[i]);
+      cuts[r] = cut_keys(keys.data(), total, k, tmp);
       int64_t budget = cuts[r].ties, o = r * k, equal = 0;
+      const int32_t cut = static_cast<int32_t>(cuts[r].key);  // keys below 2^31: int32 compares vectorise
       for (int64_t p = first[r]; p < first[r + 1]; ++p) {
         int64_t gt = 0, eq = 0;
         for (int64_t i = 0; i < cand[p].count; ++i) {
-          const uint32_t key = magnitude_key(cand[p].val[i]);
-          gt += key > cuts[r].key;
-          eq += key == cuts[r].key;
+          const int32_t key = static_cast<int32_t>(magnitude_key(cand[p].val[i]));
+          gt += key > cut;
+          eq += key == cut;
         }
         equal += eq;
         ties[p] = std::min(eq, budget);
@@ -414,7 +585,7 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
   parallel_for(0, np, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t o = offset[p];
-      keep_candidates(cand[p], cuts[pieces[p].row].key, ties[p], offset[p + 1] - o, ip + o, vp + o);
+      emit_kept(cand[p], cuts[pieces[p].row], ties[p], offset[p + 1] - o, ip + o, vp + o);
     }
   });
 }
@@ -534,6 +705,16 @@ bool dispatch_values(const at::Tensor& values, F f) {
 }  // namespace
 
 bool scatter_sorted_cpu(const int64_t* idx, const at::Tensor& values, int64_t numel, float* out) {
+  // fp16 and bf16 values are made float32 first, by the vectorised casts (each value on its own
+  // was c10::Half's software conversion, about half of a 1 MiB TopK scatter); NaN as before.
+  const at::ScalarType vt = values.scalar_type();
+  if (vt == at::kHalf || vt == at::kBFloat16) {
+    static thread_local std::vector<float> wide;  // kept for the next call
+    const int64_t n = values.numel();
+    wide.resize(n);
+    if (cast_back_cpu(static_cast<const uint8_t*>(values.data_ptr()), n, vt, wide.data()))
+      return scatter_sorted(idx, wide.data(), n, numel, out);
+  }
   return dispatch_values(values, [&](auto* v) { return scatter_sorted(idx, v, values.numel(), numel, out); });
 }
 

@@ -20,10 +20,10 @@ inline uint32_t magnitude_key(float v) {
 }
 
 /// A row keeps the elements whose key is > `key`, plus the first `ties` (in index order) whose key
-/// equals it. {0xffffffff, 0} keeps nothing.
+/// equals it, of the `equal` there are (ties <= equal). {0xffffffff, 0, 0} keeps nothing.
 struct RowCut {
   uint32_t key;
-  int64_t ties;
+  int64_t ties, equal;
 };
 
 /// The k largest |x| of each of `rows` rows of D contiguous floats, ties at the k-th taken in

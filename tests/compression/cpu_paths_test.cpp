@@ -25,6 +25,13 @@ namespace {
 using codec::IndexFormat;
 using testing::same_payload;
 
+// at::get_num_threads() set for a scope.
+struct Threads {
+  explicit Threads(int n) : before(at::get_num_threads()) { at::set_num_threads(n); }
+  ~Threads() { at::set_num_threads(before); }
+  int before;
+};
+
 // Payload of `spec` on the CPU path equals the portable path's, and decodes to the same values
 // (x: float32).
 void expect_paths_agree(const std::string& spec, const at::Tensor& x, const std::string& where) {
@@ -344,12 +351,42 @@ TEST(SparseIndex, ChunkedDeltaEqualsThePortablePath) {
   EXPECT_ERROR_CONTAINS(codec::decode_index(IndexFormat::kDelta, longer, n, universe, "t"), "t: corrupt delta index");
 }
 
-// at::get_num_threads() set for a scope.
-struct Threads {
-  explicit Threads(int n) : before(at::get_num_threads()) { at::set_num_threads(n); }
-  ~Threads() { at::set_num_threads(before); }
-  int before;
-};
+// Delta streams of one-byte gaps (Note [one-byte gaps]): chunks of kDeltaChunk indices whose gaps
+// all lie below 128 next to chunks with one gap of 128 (two bytes) or of 127 (the largest of one
+// byte), a first gap of 127 and of 128, short streams; encoded and decoded on 1 and 2 threads
+// against the portable path, and an index past the universe in a one-byte chunk refused.
+TEST(SparseIndex, OneByteGapsEqualThePortablePath) {
+  at::manual_seed(45);
+  const int64_t chunk = int64_t(1) << 16;
+  at::Tensor gaps = at::randint(0, 128, {5 * chunk + 77});  // (n) int64
+  gaps[2 * chunk + 5] = 128;                                // chunk 2: one two-byte varint
+  gaps[3 * chunk + 9] = 127;                                // chunk 3: still one byte each
+  gaps[4 * chunk] = 300;                                    // the first gap of chunk 4, from chunk 3's last index
+  std::vector<at::Tensor> cases = {gaps, gaps.narrow(0, 0, 1), gaps.narrow(0, 0, 2), at::full({3}, 127, at::kLong),
+                                   at::tensor({int64_t(128), int64_t(0), int64_t(5)})};
+  for (int t : {1, 2}) {
+    Threads threads(t);
+    for (const at::Tensor& g : cases) {
+      at::Tensor idx = (g + 1).cumsum(0) - 1;
+      const int64_t n = idx.numel(), universe = idx[-1].item<int64_t>() + 3;
+      const std::string where = std::to_string(n) + " indices, " + std::to_string(t) + " threads";
+      at::Tensor fast = codec::encode_index(idx, universe, IndexFormat::kDelta).bytes;
+      at::Tensor portable;
+      {
+        codec::PortableKernelsGuard guard;
+        portable = codec::encode_index(idx, universe, IndexFormat::kDelta).bytes;
+      }
+      EXPECT_TRUE(at::equal(fast, portable)) << where;
+      EXPECT_TRUE(at::equal(codec::decode_index(IndexFormat::kDelta, fast, n, universe, "t"), idx)) << where;
+      if (n > 100) {
+        at::Tensor past = fast.clone();
+        past[-1] = 127;  // the last gap, one byte: the last index lands past the universe
+        EXPECT_ERROR_CONTAINS(codec::decode_index(IndexFormat::kDelta, past, n, universe, "t"),
+                              "t: corrupt delta index");
+      }
+    }
+  }
+}
 
 // PowerSGD's tiled products (Note [thin products in tiles]) against at::mm, on shapes with partial
 // tiles, several row chunks and column blocks, ranks that are not multiples of 4; bit for bit the
@@ -479,6 +516,66 @@ TEST(TopK, RowByRowMatchesThePortablePath) {
            {std::string("topk(0.1)"), std::string("topk(0.01)"), std::string("topk(1)"),
             std::string("topk(0.1, index=int32)"), "topk(" + std::to_string(x.size(1) - 1) + ")"})
         expect_paths_agree(spec, x, where);
+    }
+  }
+}
+
+// Note [the previous row's floor]: rows whose magnitudes differ from the row before (100 times
+// larger: more candidates than the floor allows, sampled again; 100 times smaller: fewer than k,
+// sampled again), rows of zeros, rows of few distinct values (ties at the cut) between normal
+// ones, against the portable path on 1 and 2 threads (two tasks, each starting from a sample); the
+// same tensor as one row (scope=global: pieces, whose cut may fall on ties).
+TEST(TopK, RowsUnlikeTheRowBeforeMatchThePortablePath) {
+  at::manual_seed(46);
+  at::Tensor x = at::randn({48, 11001});  // (48, 11001): two tasks of rows on 2 threads
+  x[3].mul_(100);
+  x[4].mul_(0.01);
+  x[5].zero_();
+  x[9].copy_(at::randint(-2, 3, {11001}).to(at::kFloat));
+  x[10].mul_(1e-30);
+  x[20].fill_(1.5f);
+  x[21].mul_(1e4);
+  x[22].mul_(1e-4);
+  for (int t : {1, 2}) {
+    Threads threads(t);
+    // Over the whole tensor, cuts on row 20's 11001 ties at 1.5: some kept, and all.
+    const int64_t above = (x.abs() > 1.5f).sum().item<int64_t>();
+    for (const std::string& spec :
+         {std::string("topk(0.1)"), std::string("topk(0.01)"), std::string("topk(0.5)"), std::string("topk(3)"),
+          std::string("topk(0.1, scope=global)"), "topk(" + std::to_string(above + 100) + ", scope=global)",
+          "topk(" + std::to_string(above + 11001) + ", scope=global)"})
+      expect_paths_agree(spec, x, std::string("rows of other scales, ") + std::to_string(t) + " threads");
+  }
+}
+
+// TopK's fp16 and bf16 values are scattered after the vectorised cast back to float32: infinities,
+// -0, fp16 subnormals and a NaN (which keeps the value-by-value conversion) decode as on the
+// portable path, bit for bit, on 1 and 2 threads.
+TEST(TopK, HalfValuesScatterAsThePortablePath) {
+  at::manual_seed(47);
+  at::Tensor x = at::randn({8, 1001});  // (8, 1001)
+  x[0][5] = std::numeric_limits<float>::infinity();
+  x[1][7] = -std::numeric_limits<float>::infinity();
+  x[2][3] = 1e-6f;  // an fp16 subnormal
+  x[2][4] = -0.0f;
+  x[4][8] = 1e5f;  // saturates at fp16's largest
+  for (bool nan : {false, true}) {
+    if (nan) x[3][9] = std::numeric_limits<float>::quiet_NaN();
+    for (int t : {1, 2}) {
+      Threads threads(t);
+      for (const char* spec : {"topk(1.0)", "topk(0.3)", "topk(1.0, values=bf16)", "topk(0.3, values=bf16)"}) {
+        CodecContext ctx;
+        auto c = parse_compressor(spec);
+        const Payload p = c->encode(x, ctx);
+        const at::Tensor y_fast = c->decode(p, ctx);
+        at::Tensor y_portable;
+        {
+          codec::PortableKernelsGuard g;
+          y_portable = parse_compressor(spec)->decode(p, ctx);
+        }
+        EXPECT_TRUE(at::equal(y_fast.contiguous().view(at::kInt), y_portable.contiguous().view(at::kInt)))
+            << spec << (nan ? " with a NaN, " : ", ") << t << " threads";
+      }
     }
   }
 }
