@@ -79,14 +79,19 @@ TEST(Transport, TwoRanksExchangeVariableSizePayloadsExactly) {
 // Note [group sums in flight]: two members' sum on their own process group is the bits of the sum
 // in rank order (the data-parallel sum during the backward relies on it), and a dead member is an
 // error naming it and the sum's context.
-TEST(Transport, GroupSumsOfTwoAreTheSumInRankOrder) {
-  SKIP_WITHOUT_TRANSPORT();
-  auto runs = run_ranks("group_sum", 2, {"group_sum"}, 120);
-  for (int r = 0; r < 2; ++r) {
+// The helper's group_sum on n ranks: every rank checked its 8 sums bit for bit.
+void expect_group_sums(int n, double limit_s) {
+  auto runs = run_ranks("group_sum" + std::to_string(n), n, {"group_sum"}, limit_s);
+  for (int r = 0; r < n; ++r) {
     EXPECT_EQ(exit_code(runs[r].status), 0) << logs_of(runs);
     EXPECT_NE(runs[r].log.find("OK group_sum rank " + std::to_string(r) + " checked=8"), std::string::npos)
         << logs_of(runs);
   }
+}
+
+TEST(Transport, GroupSumsOfTwoAreTheSumInRankOrder) {
+  SKIP_WITHOUT_TRANSPORT();
+  expect_group_sums(2, 120);
 }
 
 // Note [group sums of more than two in rank order]: three members' chunks exchanged, summed in
@@ -94,12 +99,7 @@ TEST(Transport, GroupSumsOfTwoAreTheSumInRankOrder) {
 // of fewer values than members (empty chunks) and with two sums in flight.
 TEST(Transport, GroupSumsOfThreeAreTheSumInRankOrder) {
   SKIP_WITHOUT_TRANSPORT();
-  auto runs = run_ranks("group_sum3", 3, {"group_sum"}, 180);
-  for (int r = 0; r < 3; ++r) {
-    EXPECT_EQ(exit_code(runs[r].status), 0) << logs_of(runs);
-    EXPECT_NE(runs[r].log.find("OK group_sum rank " + std::to_string(r) + " checked=8"), std::string::npos)
-        << logs_of(runs);
-  }
+  expect_group_sums(3, 180);
 }
 
 TEST(Transport, AGroupSumWithADeadMemberNamesIt) {
