@@ -29,6 +29,7 @@ namespace {
 // Whether the AVX2 loops of Note [compaction by permutation] may run (checked once).
 bool compact_with_avx2();
 #ifdef TL_COMPACT_AVX2
+bool compact_with_avx512();
 int64_t keys_in_range_avx2(const void* words, int64_t count, uint32_t edge, uint32_t width, uint32_t* out);
 #endif
 
@@ -353,6 +354,72 @@ bool compact_with_avx2() {
 #endif
 }
 
+#ifdef TL_COMPACT_AVX2
+// Note [compaction by compression]. With AVX-512, 16 keys are compared into a mask register and
+// vcompressps moves the kept lanes to the front (the register form: the memory form is microcoded
+// on Zen 4, tens of cycles), then one store of 16 as above: no table, twice the width. The same
+// output as compact_avx2 and compact_scalar; `set_sparse_avx512(false)` keeps the AVX2 loops (the
+// tests compare both with the ATen path). 1 MiB topk(0.1), one thread: the gathering pass ~54 ->
+// ~NN us.
+std::atomic<bool> avx512_allowed{true};
+
+bool compact_with_avx512() {
+  static const bool has = compact_with_avx2() && __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  return has && avx512_allowed.load(std::memory_order_relaxed);
+}
+
+#define TL_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,popcnt")))
+
+TL_AVX512 int64_t compact_avx512(const float* x, const uint8_t* mask, int32_t first, int64_t len, uint32_t lo,
+                                 int32_t* pp, float* vp) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  const __m512i threshold = _mm512_set1_epi32(static_cast<int32_t>(lo) - 1);  // as in compact_avx2
+  const __m512i step = _mm512_set1_epi32(16);
+  __m512i pos = _mm512_add_epi32(_mm512_set1_epi32(first),
+                                 _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  int64_t o = 0, j = 0;
+  for (; j + 16 <= len; j += 16) {
+    const __m512 v = _mm512_loadu_ps(x + j);
+    const __mmask16 m =
+        mask ? _mm_test_epi8_mask(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mask + j)), _mm_set1_epi8(-1))
+             : _mm512_cmpgt_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v), abs_mask), threshold);
+    _mm512_storeu_ps(vp + o, _mm512_maskz_compress_ps(m, v));
+    _mm512_storeu_si512(pp + o, _mm512_maskz_compress_epi32(m, pos));
+    o += __builtin_popcount(m);
+    pos = _mm512_add_epi32(pos, step);
+  }
+  return o +
+         compact_scalar(x + j, mask ? mask + j : nullptr, first + static_cast<int32_t>(j), len - j, lo, pp + o, vp + o);
+}
+
+// emit_avx2 16 at a time, by compression.
+TL_AVX512 int64_t emit_avx512(const Candidates& c, uint32_t cut, int64_t count, int64_t* ip, float* vp) {
+  const float* val = c.val.get();
+  const int32_t* pos = c.pos.get();
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  const __m512i threshold = _mm512_set1_epi32(static_cast<int32_t>(cut) - 1);
+  const __m512i base = _mm512_set1_epi64(c.base);
+  int64_t o = 0, i = 0;
+  for (; i + 16 <= c.count && o + 16 <= count; i += 16) {
+    const __m512 v = _mm512_loadu_ps(val + i);
+    const __mmask16 m = _mm512_cmpgt_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v), abs_mask), threshold);
+    const __m512i p = _mm512_maskz_compress_epi32(m, _mm512_loadu_si512(pos + i));
+    _mm512_storeu_ps(vp + o, _mm512_maskz_compress_ps(m, v));
+    _mm512_storeu_si512(ip + o, _mm512_add_epi64(base, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(p))));
+    _mm512_storeu_si512(ip + o + 8, _mm512_add_epi64(base, _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(p, 1))));
+    o += __builtin_popcount(m);
+  }
+  for (; i < c.count && o < count; ++i) {
+    ip[o] = c.base + pos[i];
+    vp[o] = val[i];
+    o += magnitude_key(val[i]) >= cut;
+  }
+  return o;
+}
+#undef TL_AVX512
+#endif
+
 // The candidates with key > cut and the first `ties` with key == cut, at most `count`, at ip, vp
 // (flat indices); returns how many. Every candidate is written, the position advances past kept
 // ones only (about half of the candidates are kept: a branch on it mispredicts).
@@ -373,6 +440,7 @@ int64_t keep_candidates(const Candidates& c, uint32_t cut, int64_t ties, int64_t
 // and vp: 8 at a time where the cut keeps every key equal to it (cut.ties == cut.equal).
 int64_t emit_kept(const Candidates& c, const RowCut& cut, int64_t ties, int64_t count, int64_t* ip, float* vp) {
 #ifdef TL_COMPACT_AVX2
+  if (cut.ties == cut.equal && compact_with_avx512()) return emit_avx512(c, cut.key, count, ip, vp);
   if (cut.ties == cut.equal && compact_with_avx2()) return emit_avx2(c, cut.key, count, ip, vp);
 #endif
   return keep_candidates(c, cut.key, ties, count, ip, vp);
@@ -391,6 +459,9 @@ void gather_candidates(const float* x, const uint8_t* mask, int64_t base, int64_
   c.count = 0;
   c.reserve(candidate_room(expect));
   const bool avx2 = compact_with_avx2();
+#ifdef TL_COMPACT_AVX2
+  const bool avx512 = compact_with_avx512();
+#endif
   int64_t o = 0;
   for (int64_t j0 = b; j0 < e; j0 += kBlock) {
     if (o + kBlock + 8 > c.capacity) {
@@ -400,6 +471,10 @@ void gather_candidates(const float* x, const uint8_t* mask, int64_t base, int64_
     const int64_t len = std::min(e, j0 + kBlock) - j0;
     const int32_t first = static_cast<int32_t>(j0 - b);
 #ifdef TL_COMPACT_AVX2
+    if (avx512) {
+      o += compact_avx512(x + j0, mask ? mask + j0 : nullptr, first, len, lo, c.pos.get() + o, c.val.get() + o);
+      continue;
+    }
     if (avx2) {
       o += compact_avx2(x + j0, mask ? mask + j0 : nullptr, first, len, lo, c.pos.get() + o, c.val.get() + o);
       continue;
@@ -703,6 +778,22 @@ bool dispatch_values(const at::Tensor& values, F f) {
   }
 }
 }  // namespace
+
+bool sparse_avx512() {
+#ifdef TL_COMPACT_AVX2
+  return compact_with_avx512();
+#else
+  return false;
+#endif
+}
+
+bool set_sparse_avx512(bool on) {
+#ifdef TL_COMPACT_AVX2
+  return avx512_allowed.exchange(on);
+#else
+  return on;
+#endif
+}
 
 bool scatter_sorted_cpu(const int64_t* idx, const at::Tensor& values, int64_t numel, float* out) {
   // fp16 and bf16 values are made float32 first, by the vectorised casts (each value on its own

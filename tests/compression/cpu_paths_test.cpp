@@ -548,6 +548,44 @@ TEST(TopK, RowsUnlikeTheRowBeforeMatchThePortablePath) {
   }
 }
 
+// Note [compaction by compression] and the AVX-512 running sum of one-byte delta gaps, each against
+// the portable path with the AVX-512 loops on and off (the AVX2 loops): TopK rows of odd lengths
+// (tails of 1 to 15 after the last 16), rows of few distinct values (ties at the cut), infinities
+// and -0, threshold and RandK's masks, on 1 and 2 threads; and delta streams of one-byte gaps of every length from 1 to 40.
+TEST(TopK, CompactionByCompressionMatchesThePortablePath) {
+  at::manual_seed(48);
+  at::Tensor special = at::randn({5, 1037});  // (5, 1037)
+  special[0][3] = std::numeric_limits<float>::infinity();
+  special[1][1036] = -std::numeric_limits<float>::infinity();
+  special[2][15] = -0.0f;
+  const at::Tensor inputs[] = {at::randn({64, 4096}), at::randn({33, 777}), at::randn({4, 31}),
+                               at::randint(-3, 4, {16, 5003}).to(at::kFloat), special};
+  const bool before = codec::set_sparse_avx512(true);
+  for (bool avx512 : {true, false}) {
+    codec::set_sparse_avx512(avx512);
+    for (int t : {1, 2}) {
+      Threads threads(t);
+      const std::string how = std::string(avx512 ? "AVX-512, " : "AVX2, ") + std::to_string(t) + " threads";
+      for (const at::Tensor& x : inputs) {
+        const std::string where = std::to_string(x.size(0)) + " x " + std::to_string(x.size(1)) + ", " + how;
+        for (const char* spec : {"topk(0.1)", "topk(0.3)", "topk(0.1, scope=global)", "topk(0.1, index=int32)",
+                                 "threshold(1.0)", "randk(0.1, seed=3)"})
+          expect_paths_agree(spec, x, where);
+      }
+      for (int64_t n = 1; n <= 40; ++n) {
+        at::Tensor idx = (at::randint(0, 128, {n}) + 1).cumsum(0) - 1;  // (n) one-byte gaps
+        const int64_t universe = idx[-1].item<int64_t>() + 1;
+        at::Tensor bytes = codec::encode_index(idx, universe, IndexFormat::kDelta).bytes;
+        EXPECT_TRUE(at::equal(codec::decode_index(IndexFormat::kDelta, bytes, n, universe, "t"), idx))
+            << n << " indices, " << how;
+        EXPECT_ERROR_CONTAINS(codec::decode_index(IndexFormat::kDelta, bytes, n, universe - 1, "t"),
+                              "t: corrupt delta index");
+      }
+    }
+  }
+  codec::set_sparse_avx512(before);
+}
+
 // TopK's fp16 and bf16 values are scattered after the vectorised cast back to float32: infinities,
 // -0, fp16 subnormals and a NaN (which keeps the value-by-value conversion) decode as on the
 // portable path, bit for bit, on 1 and 2 threads.
