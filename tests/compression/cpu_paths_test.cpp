@@ -646,22 +646,35 @@ TEST(ColumnSparse, CpuPathMatchesThePortablePath) {
 // rows split between threads, signed zeros, infinities and NaNs (the rotation itself passes them
 // on; quant refuses them later), both directions; and hadquant's payloads on odd shapes, a single
 // tile, and zero tiles (Note [min and max while rotating], hadamard.cpp).
+// With the AVX-512 rotation (Note [butterflies in AVX-512 registers]: fused multiply-adds on tiles
+// without a NaN) and without it (the AVX2 form); row 5 holds +inf and -inf that meet (inf - inf:
+// a NaN made inside the tile). Tiles where two NaNs of other bits meet: NaN where the AVX2 form
+// gives NaN, the other tiles bit for bit. Which of two NaNs' bits survives an addition depends on
+// the operand order the compiler picks for a commutative add (the CPU loops and ATen's stages
+// already differ there), so those bits are not compared.
 TEST(HadQuant, RotationMatchesThePortableStages) {
   at::manual_seed(47);
+  const bool before = codec::set_hadamard_avx512(true);
+  for (bool avx512 : {true, false})
   for (int t : {1, 2}) {
+    codec::set_hadamard_avx512(avx512);
     Threads threads(t);
-    for (int64_t tile : {2, 4, 8, 16, 32, 128, 1024}) {
+    for (int64_t tile : {2, 4, 8, 16, 32, 64, 128, 1024}) {
       at::Tensor x = at::randn({515, tile});  // (M, t)
       x[0].zero_();
       x[1].fill_(-0.0f);
       x[2][0] = std::numeric_limits<float>::infinity();
       x[3][tile - 1] = std::numeric_limits<float>::quiet_NaN();
       x[4][tile / 2] = -std::numeric_limits<float>::infinity();
+      x[5][0] = std::numeric_limits<float>::infinity();
+      x[5][tile - 1] = std::numeric_limits<float>::infinity();
+      x[5][tile / 2] = -std::numeric_limits<float>::infinity();
       const at::Tensor signs = codec::hadamard_signs(tile, 5, x.options());
       const at::Tensor fast_r = codec::hadamard_rotate(x, signs), fast_u = codec::hadamard_unrotate(x, signs);
       codec::PortableKernelsGuard g;
       const at::Tensor slow_r = codec::hadamard_rotate(x, signs), slow_u = codec::hadamard_unrotate(x, signs);
-      const std::string where = "tile " + std::to_string(tile) + ", " + std::to_string(t) + " threads";
+      const std::string where = "tile " + std::to_string(tile) + ", " + std::to_string(t) + " threads" +
+                                (avx512 ? ", AVX-512" : ", AVX2");
       EXPECT_TRUE(at::equal(fast_r.view(at::kInt), slow_r.view(at::kInt))) << "rotate, " << where;
       EXPECT_TRUE(at::equal(fast_u.view(at::kInt), slow_u.view(at::kInt))) << "unrotate, " << where;
     }
@@ -688,6 +701,27 @@ TEST(HadQuant, RotationMatchesThePortableStages) {
       EXPECT_TRUE(at::equal(p.body, q.body)) << "zero tiles, tile " << b << ", " << t << " threads";
     }
   }
+  for (int64_t tile : {16, 32, 64, 128}) {
+    at::Tensor x = at::randn({7, tile});  // (M, t)
+    x[2][1] = at::tensor({int32_t(0x7fc00123)}).view(at::kFloat).item<float>();
+    x[2][tile - 1] = at::tensor({int32_t(0xffc00456)}).view(at::kFloat).item<float>();
+    x[4][0] = at::tensor({int32_t(0xff800001)}).view(at::kFloat).item<float>();  // a signalling NaN
+    x[4][tile / 2] = std::numeric_limits<float>::quiet_NaN();
+    const at::Tensor signs = codec::hadamard_signs(tile, 9, x.options());
+    at::Tensor got[2][2];
+    for (int avx512 : {0, 1}) {
+      codec::set_hadamard_avx512(avx512 == 1);
+      got[avx512][0] = codec::hadamard_rotate(x, signs);
+      got[avx512][1] = codec::hadamard_unrotate(x, signs);
+    }
+    for (int d : {0, 1}) {
+      const at::Tensor nan = got[0][d].isnan();
+      EXPECT_TRUE(at::equal(nan, got[1][d].isnan())) << (d ? "unrotate" : "rotate") << ", tile " << tile;
+      EXPECT_TRUE(at::equal(got[0][d].masked_fill(nan, 0).view(at::kInt), got[1][d].masked_fill(nan, 0).view(at::kInt)))
+          << (d ? "unrotate" : "rotate") << " with NaNs of other bits, tile " << tile;
+    }
+  }
+  codec::set_hadamard_avx512(before);
 }
 
 // Scale groups of +0 and of -0 (Note [zero scales], quant_logic.h): whole zero blocks, channels
