@@ -30,6 +30,8 @@ namespace {
 bool compact_with_avx2();
 #ifdef TL_COMPACT_AVX2
 bool compact_with_avx512();
+void key_range_avx512(const void* words, int64_t count, int32_t& lo, int32_t& hi);
+void histogram_avx512(const void* words, int64_t count, uint32_t lo, int shift, uint32_t* hist);
 int64_t keys_in_range_avx2(const void* words, int64_t count, uint32_t edge, uint32_t width, uint32_t* out);
 #endif
 
@@ -60,7 +62,13 @@ RowCut cut_keys(const T* v, int64_t count, int64_t k, std::vector<uint32_t>& tmp
   if (floor) *floor = 0;
   // Keys are below 2^31: compared as int32, which the baseline (SSE2) build vectorises.
   int32_t lo_i = static_cast<int32_t>(key_of(v[0])), hi_i = lo_i;
-  for (int64_t i = 1; i < count; ++i) {
+#ifdef TL_COMPACT_AVX2
+  const bool avx512 = compact_with_avx512();  // Note [the cut with AVX-512]
+  if (avx512) key_range_avx512(v, count, lo_i, hi_i);
+#else
+  constexpr bool avx512 = false;
+#endif
+  for (int64_t i = 1; i < count && !avx512; ++i) {
     const int32_t key = static_cast<int32_t>(key_of(v[i]));
     lo_i = std::min(lo_i, key);
     hi_i = std::max(hi_i, key);
@@ -74,7 +82,10 @@ RowCut cut_keys(const T* v, int64_t count, int64_t k, std::vector<uint32_t>& tmp
   std::array<uint32_t, 4096> hist;
   const int64_t bins = ((hi - lo) >> shift) + 1;
   std::fill(hist.begin(), hist.begin() + bins, 0u);
-  for (int64_t i = 0; i < count; ++i) ++hist[(key_of(v[i]) - lo) >> shift];
+#ifdef TL_COMPACT_AVX2
+  if (avx512) histogram_avx512(v, count, lo, shift, hist.data());
+#endif
+  for (int64_t i = 0; i < count && !avx512; ++i) ++hist[(key_of(v[i]) - lo) >> shift];
   // The bin of the k-th largest, and `need`: its rank from the top within the bin. Walked from the
   // nearer end: TopK's candidates are mostly just above their floor, so the cut lies near the bottom.
   int64_t need, b;
@@ -416,6 +427,46 @@ TL_AVX512 int64_t emit_avx512(const Candidates& c, uint32_t cut, int64_t count, 
     o += magnitude_key(val[i]) >= cut;
   }
   return o;
+}
+// Note [the cut with AVX-512]. cut_keys' two passes over a row's candidates (~490 at (64, 4096),
+// k = 410) with AVX-512: the keys' min and max 16 at a time (the baseline build's loop ran 4 at a
+// time), and the histogram's bins computed 16 at a time into a small buffer, the increments then
+// one load and one store each (the scalar loop's key, subtraction and shift went with each
+// increment). The same bins and counts. 1 MiB topk(0.1), one thread: the cut ~28 -> ~19 us.
+TL_AVX512 void key_range_avx512(const void* words, int64_t count, int32_t& lo, int32_t& hi) {
+  const int32_t* w = static_cast<const int32_t*>(words);
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  __m512i mn = _mm512_set1_epi32(lo), mx = mn;
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    const __m512i key = _mm512_and_si512(_mm512_loadu_si512(w + i), abs_mask);
+    mn = _mm512_min_epi32(mn, key);
+    mx = _mm512_max_epi32(mx, key);
+  }
+  lo = _mm512_reduce_min_epi32(mn);
+  hi = _mm512_reduce_max_epi32(mx);
+  for (; i < count; ++i) {
+    const int32_t key = w[i] & 0x7fffffff;
+    lo = std::min(lo, key);
+    hi = std::max(hi, key);
+  }
+}
+
+TL_AVX512 void histogram_avx512(const void* words, int64_t count, uint32_t lo, int shift, uint32_t* hist) {
+  const int32_t* w = static_cast<const int32_t*>(words);
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), base = _mm512_set1_epi32(static_cast<int32_t>(lo));
+  const __m128i sh = _mm_cvtsi32_si128(shift);
+  alignas(64) uint32_t bin[256];
+  for (int64_t i0 = 0; i0 < count; i0 += 256) {
+    const int64_t n = std::min<int64_t>(256, count - i0);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const __m512i key = _mm512_and_si512(_mm512_loadu_si512(w + i0 + i), abs_mask);
+      _mm512_store_si512(bin + i, _mm512_srl_epi32(_mm512_sub_epi32(key, base), sh));
+    }
+    for (; i < n; ++i) bin[i] = ((static_cast<uint32_t>(w[i0 + i]) & 0x7fffffffu) - lo) >> shift;
+    for (i = 0; i < n; ++i) ++hist[bin[i]];
+  }
 }
 #undef TL_AVX512
 #endif

@@ -548,10 +548,12 @@ TEST(TopK, RowsUnlikeTheRowBeforeMatchThePortablePath) {
   }
 }
 
-// Note [compaction by compression] and the AVX-512 running sum of one-byte delta gaps, each against
-// the portable path with the AVX-512 loops on and off (the AVX2 loops): TopK rows of odd lengths
-// (tails of 1 to 15 after the last 16), rows of few distinct values (ties at the cut), infinities
-// and -0, threshold and RandK's masks, on 1 and 2 threads; and delta streams of one-byte gaps of every length from 1 to 40.
+// The AVX-512 loops of the sparse codecs (Note [compaction by compression], Note [the cut with
+// AVX-512], the one-byte delta loops), each against the portable path with them on and off (the
+// AVX2 and plain loops): TopK rows of odd lengths (tails of 1 to 15 after the last 16), rows of few
+// distinct values (ties at the cut), infinities and -0, threshold and RandK, on 1 and 2 threads;
+// and delta streams of every length from 1 to 40, of one-byte gaps and with one gap of 128 (two
+// bytes), against the portable encoder, decoded back, and refused past the universe.
 TEST(TopK, CompactionByCompressionMatchesThePortablePath) {
   at::manual_seed(48);
   at::Tensor special = at::randn({5, 1037});  // (5, 1037)
@@ -572,15 +574,23 @@ TEST(TopK, CompactionByCompressionMatchesThePortablePath) {
                                  "threshold(1.0)", "randk(0.1, seed=3)"})
           expect_paths_agree(spec, x, where);
       }
-      for (int64_t n = 1; n <= 40; ++n) {
-        at::Tensor idx = (at::randint(0, 128, {n}) + 1).cumsum(0) - 1;  // (n) one-byte gaps
-        const int64_t universe = idx[-1].item<int64_t>() + 1;
-        at::Tensor bytes = codec::encode_index(idx, universe, IndexFormat::kDelta).bytes;
-        EXPECT_TRUE(at::equal(codec::decode_index(IndexFormat::kDelta, bytes, n, universe, "t"), idx))
-            << n << " indices, " << how;
-        EXPECT_ERROR_CONTAINS(codec::decode_index(IndexFormat::kDelta, bytes, n, universe - 1, "t"),
-                              "t: corrupt delta index");
-      }
+      for (int64_t n = 1; n <= 40; ++n)
+        for (bool wide : {false, true}) {  // wide: one gap of 128 (two bytes) among gaps of one
+          at::Tensor gaps = at::randint(0, 128, {n});
+          if (wide) gaps[n / 2] = 128;
+          at::Tensor idx = (gaps + 1).cumsum(0) - 1;  // (n)
+          const int64_t universe = idx[-1].item<int64_t>() + 1;
+          const std::string what = std::to_string(n) + (wide ? " indices, a gap of 128, " : " indices, ") + how;
+          at::Tensor bytes = codec::encode_index(idx, universe, IndexFormat::kDelta).bytes, portable;
+          {
+            codec::PortableKernelsGuard guard;
+            portable = codec::encode_index(idx, universe, IndexFormat::kDelta).bytes;
+          }
+          EXPECT_TRUE(at::equal(bytes, portable)) << what;
+          EXPECT_TRUE(at::equal(codec::decode_index(IndexFormat::kDelta, bytes, n, universe, "t"), idx)) << what;
+          EXPECT_ERROR_CONTAINS(codec::decode_index(IndexFormat::kDelta, bytes, n, universe - 1, "t"),
+                                "t: corrupt delta index");
+        }
     }
   }
   codec::set_sparse_avx512(before);
