@@ -140,6 +140,21 @@ __attribute__((target("avx2"))) inline __m256 butterfly8_avx2(__m256 v) {
   return _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xAA);  // h = 1
 }
 
+// *mn and *mx: the least of lo's lanes and the greatest of hi's, taken in lane order as the
+// selections r < a ? r : a and r > b ? r : b (the order fixes which zero's sign is kept).
+__attribute__((target("avx2"))) inline void lanes_min_max(__m256 lo, __m256 hi, float* mn, float* mx) {
+  alignas(32) float l[8], h[8];
+  _mm256_store_ps(l, lo);
+  _mm256_store_ps(h, hi);
+  float a = std::numeric_limits<float>::infinity(), b = -a;
+  for (int k = 0; k < 8; ++k) {
+    a = l[k] < a ? l[k] : a;
+    b = h[k] > b ? h[k] : b;
+  }
+  *mn = a;
+  *mx = b;
+}
+
 // A tile of V vectors (t = 8 V <= 128) held in registers from load to store: the stages h >= 8
 // pair r[i] with r[i + h / 8] (the loops are unrolled, V being a constant). Wider tiles go through
 // memory stage by stage (rotate_tiles_avx2), where the stores were the bound. With mn and mx
@@ -178,16 +193,7 @@ __attribute__((target("avx2"))) void rotate_tiles_regs(const float* x, const flo
         lo = _mm256_min_ps(r[i], lo);  // r[i] < lo ? r[i] : lo
         hi = _mm256_max_ps(r[i], hi);  // r[i] > hi ? r[i] : hi
       }
-      alignas(32) float l[8], h[8];
-      _mm256_store_ps(l, lo);
-      _mm256_store_ps(h, hi);
-      float a = std::numeric_limits<float>::infinity(), b = -a;
-      for (int k = 0; k < 8; ++k) {
-        a = l[k] < a ? l[k] : a;
-        b = h[k] > b ? h[k] : b;
-      }
-      mn[m] = a;
-      mx[m] = b;
+      lanes_min_max(lo, hi, mn + m, mx + m);
     }
   }
 }
@@ -200,7 +206,7 @@ __attribute__((target("avx2"))) void rotate_tiles_regs(const float* x, const flo
 // and half as many instructions per element. The min and max go through the 8-lane halves in
 // the order of rotate_tiles_regs (register 2j is the lower half of register j here), so a zero's
 // sign and a NaN are handled as there. `codec::set_hadamard_avx512(false)` keeps the AVX2 form.
-// 1 MiB hadquant(4), one thread: the two rotations ~87 + ~68 us -> NN + NN us.
+// 1 MiB hadquant(4), one thread: the two rotations ~87 + ~68 us -> ~67 + ~44 us (perf).
 std::atomic<bool> had_avx512_allowed{true};
 
 bool rotation_avx512(int64_t t) {
@@ -275,16 +281,7 @@ __attribute__((target("avx512f,fma"))) void rotate_tiles_regs512(const float* x,
         lo = _mm256_min_ps(b, lo);
         hi = _mm256_max_ps(b, hi);
       }
-      alignas(32) float l[8], h[8];
-      _mm256_store_ps(l, lo);
-      _mm256_store_ps(h, hi);
-      float a = std::numeric_limits<float>::infinity(), b = -a;
-      for (int k = 0; k < 8; ++k) {
-        a = l[k] < a ? l[k] : a;
-        b = h[k] > b ? h[k] : b;
-      }
-      mn[m] = a;
-      mx[m] = b;
+      lanes_min_max(lo, hi, mn + m, mx + m);
     }
   }
 }

@@ -292,6 +292,17 @@ __attribute__((target("avx2,popcnt"))) int64_t compact_avx2(const float* x, cons
          compact_scalar(x + j, mask ? mask + j : nullptr, first + static_cast<int32_t>(j), len - j, lo, pp + o, vp + o);
 }
 
+// The candidates of c from i on with key >= cut at ip + o, vp + o, one at a time, until `count`
+// are written: the tails of emit_avx2 and emit_avx512. Returns the count written.
+int64_t emit_tail(const Candidates& c, uint32_t cut, int64_t count, int64_t i, int64_t o, int64_t* ip, float* vp) {
+  for (; i < c.count && o < count; ++i) {
+    ip[o] = c.base + c.pos[i];
+    vp[o] = c.val[i];
+    o += magnitude_key(c.val[i]) >= cut;
+  }
+  return o;
+}
+
 // The candidates of c with key >= cut, which are `count`, at ip (flat indices) and vp: compacted
 // as above, the positions widened to int64. Stores of 8 stop short of the row's end (the next row
 // may be another thread's); the last few go one at a time.
@@ -317,12 +328,7 @@ __attribute__((target("avx2,popcnt"))) int64_t emit_avx2(const Candidates& c, ui
                         _mm256_add_epi64(base, _mm256_cvtepi32_epi64(_mm256_extracti128_si256(p, 1))));
     o += __builtin_popcount(m);
   }
-  for (; i < c.count && o < count; ++i) {
-    ip[o] = c.base + pos[i];
-    vp[o] = val[i];
-    o += magnitude_key(val[i]) >= cut;
-  }
-  return o;
+  return emit_tail(c, cut, count, i, o, ip, vp);
 }
 
 // The keys of words[0, count) (floats or keys: 32-bit words whose key is the low 31 bits) in
@@ -367,11 +373,11 @@ bool compact_with_avx2() {
 
 #ifdef TL_COMPACT_AVX2
 // Note [compaction by compression]. With AVX-512, 16 keys are compared into a mask register and
-// vcompressps moves the kept lanes to the front (the register form: the memory form is microcoded
-// on Zen 4, tens of cycles), then one store of 16 as above: no table, twice the width. The same
-// output as compact_avx2 and compact_scalar; `set_sparse_avx512(false)` keeps the AVX2 loops (the
-// tests compare both with the ATen path). 1 MiB topk(0.1), one thread: the gathering pass ~54 ->
-// ~NN us.
+// vcompressps moves the kept lanes to the front of a register, then one store of 16 as above: no
+// table, twice the width. The same output as compact_avx2 and compact_scalar;
+// `set_sparse_avx512(false)` keeps the AVX2 loops (the tests compare both with the ATen path).
+// 1 MiB topk(0.1), one thread (perf): the gathering pass ~48 -> ~37 us, bound by the two
+// compressions of each step (values and positions), ~8 cycles a step of 16 on this Zen 4.
 std::atomic<bool> avx512_allowed{true};
 
 bool compact_with_avx512() {
@@ -421,12 +427,7 @@ TL_AVX512 int64_t emit_avx512(const Candidates& c, uint32_t cut, int64_t count, 
     _mm512_storeu_si512(ip + o + 8, _mm512_add_epi64(base, _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(p, 1))));
     o += __builtin_popcount(m);
   }
-  for (; i < c.count && o < count; ++i) {
-    ip[o] = c.base + pos[i];
-    vp[o] = val[i];
-    o += magnitude_key(val[i]) >= cut;
-  }
-  return o;
+  return emit_tail(c, cut, count, i, o, ip, vp);
 }
 // Note [the cut with AVX-512]. cut_keys' two passes over a row's candidates (~490 at (64, 4096),
 // k = 410) with AVX-512: the keys' min and max 16 at a time (the baseline build's loop ran 4 at a
