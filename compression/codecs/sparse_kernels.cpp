@@ -718,6 +718,17 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
 }
 
 namespace {
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define TL_WIDEN_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define TL_WIDEN_CLONES
+#endif
+// out[i] = base + pos[i], i in [0, n): a loop the compiler vectorises (the baseline build did two
+// int64 lanes at a time: ~10 us of a 1 MiB randk(0.1) encode).
+TL_WIDEN_CLONES void widen_positions(const int32_t* pos, int64_t n, int64_t base, int64_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = base + pos[i];
+}
+
 // Note [selection by compaction]. Threshold and RandK keep, in index order, the elements of the
 // flattened tensor that pass a test of their own (|x| > t, the mask): pieces of the tensor gather
 // them as TopK gathers its candidates (Note [compaction by permutation]), then are copied out at
@@ -746,7 +757,7 @@ void select_flat(const float* x, const uint8_t* mask, int64_t N, uint32_t lo, in
   parallel_for(0, np, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const Candidates& c = cand[p];
-      for (int64_t i = 0; i < c.count; ++i) ip[offset[p] + i] = c.base + c.pos[i];
+      widen_positions(c.pos.get(), c.count, c.base, ip + offset[p]);
       if (c.count > 0) std::memcpy(vp + offset[p], c.val.get(), c.count * sizeof(float));
     }
   });
