@@ -215,14 +215,14 @@ bool rotation_avx512(int64_t t) {
 }
 
 __attribute__((target("avx512f"))) inline __m512 butterfly16_avx512(__m512 v) {
-  __m512 p = _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2));       // 256-bit halves swapped
-  v = _mm512_mask_sub_ps(_mm512_add_ps(v, p), 0xFF00, p, v);             // h = 8
-  p = _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1));               // 128-bit quarters swapped
-  v = _mm512_mask_sub_ps(_mm512_add_ps(v, p), 0xF0F0, p, v);             // h = 4
-  p = _mm512_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2));                     // pairs swapped
-  v = _mm512_mask_sub_ps(_mm512_add_ps(v, p), 0xCCCC, p, v);             // h = 2
-  p = _mm512_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1));                     // neighbours swapped
-  return _mm512_mask_sub_ps(_mm512_add_ps(v, p), 0xAAAA, p, v);          // h = 1
+  __m512 p = _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2));  // 256-bit halves swapped
+  v = _mm512_mask_sub_ps(_mm512_add_ps(v, p), 0xFF00, p, v);       // h = 8
+  p = _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1));         // 128-bit quarters swapped
+  v = _mm512_mask_sub_ps(_mm512_add_ps(v, p), 0xF0F0, p, v);       // h = 4
+  p = _mm512_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2));               // pairs swapped
+  v = _mm512_mask_sub_ps(_mm512_add_ps(v, p), 0xCCCC, p, v);       // h = 2
+  p = _mm512_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1));               // neighbours swapped
+  return _mm512_mask_sub_ps(_mm512_add_ps(v, p), 0xAAAA, p, v);    // h = 1
 }
 
 // The same stages where the tile holds no NaN: the kept lane of each pair is v * s + p by one fused
@@ -240,7 +240,7 @@ __attribute__((target("avx512f,fma"))) inline __m512 butterfly16_fma(__m512 v, c
 
 template <int W, bool ScaleFirst>
 __attribute__((target("avx512f,fma"))) void rotate_tiles_regs512(const float* x, const float* scale, int64_t m0,
-                                                             int64_t m1, float* y, float* mn, float* mx) {
+                                                                 int64_t m1, float* y, float* mn, float* mx) {
   const __m512 one = _mm512_set1_ps(1.0f), minus = _mm512_set1_ps(-1.0f);
   const __m512 sign[4] = {_mm512_mask_blend_ps(0xFF00, one, minus), _mm512_mask_blend_ps(0xF0F0, one, minus),
                           _mm512_mask_blend_ps(0xCCCC, one, minus), _mm512_mask_blend_ps(0xAAAA, one, minus)};

@@ -54,8 +54,7 @@ constexpr int64_t kDeltaChunk = int64_t(1) << 16;  // indices (encode) or bytes 
 // idx[i] = rel += 1 + in[i] for i in [0, n); the last rel. With AVX-512, 8 indices a step: the
 // gaps widened to int64, their running sum within the vector by three shifted adds, plus the
 // last index before them (the same integers as the scalar loop).
-__attribute__((target("avx512f"))) int64_t running_sum_avx512(const uint8_t* in, int64_t n, int64_t rel,
-                                                               int64_t* idx) {
+__attribute__((target("avx512f"))) int64_t running_sum_avx512(const uint8_t* in, int64_t n, int64_t rel, int64_t* idx) {
   const __m512i one = _mm512_set1_epi64(1), zero = _mm512_setzero_si512(), last = _mm512_set1_epi64(7);
   __m512i carry = _mm512_set1_epi64(rel);
   int64_t i = 0;
@@ -103,7 +102,7 @@ __attribute__((target("avx512f"))) bool steps_fit_a_byte_avx512(const int64_t* i
 }
 
 __attribute__((target("avx512f"))) void write_small_gaps_avx512(const int64_t* idx, int64_t i0, int64_t i1,
-                                                                 uint8_t* out) {
+                                                                uint8_t* out) {
   const __m512i one = _mm512_set1_epi64(1);
   int64_t i = i0 + 1;
   for (; i + 8 <= i1; i += 8) {

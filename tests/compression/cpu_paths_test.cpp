@@ -666,51 +666,52 @@ TEST(HadQuant, RotationMatchesThePortableStages) {
   at::manual_seed(47);
   const bool before = codec::set_hadamard_avx512(true);
   for (bool avx512 : {true, false})
-  for (int t : {1, 2}) {
-    codec::set_hadamard_avx512(avx512);
-    Threads threads(t);
-    for (int64_t tile : {2, 4, 8, 16, 32, 64, 128, 1024}) {
-      at::Tensor x = at::randn({515, tile});  // (M, t)
-      x[0].zero_();
-      x[1].fill_(-0.0f);
-      x[2][0] = std::numeric_limits<float>::infinity();
-      x[3][tile - 1] = std::numeric_limits<float>::quiet_NaN();
-      x[4][tile / 2] = -std::numeric_limits<float>::infinity();
-      x[5][0] = std::numeric_limits<float>::infinity();
-      x[5][tile - 1] = std::numeric_limits<float>::infinity();
-      x[5][tile / 2] = -std::numeric_limits<float>::infinity();
-      const at::Tensor signs = codec::hadamard_signs(tile, 5, x.options());
-      const at::Tensor fast_r = codec::hadamard_rotate(x, signs), fast_u = codec::hadamard_unrotate(x, signs);
-      codec::PortableKernelsGuard g;
-      const at::Tensor slow_r = codec::hadamard_rotate(x, signs), slow_u = codec::hadamard_unrotate(x, signs);
-      const std::string where = "tile " + std::to_string(tile) + ", " + std::to_string(t) + " threads" +
-                                (avx512 ? ", AVX-512" : ", AVX2");
-      EXPECT_TRUE(at::equal(fast_r.view(at::kInt), slow_r.view(at::kInt))) << "rotate, " << where;
-      EXPECT_TRUE(at::equal(fast_u.view(at::kInt), slow_u.view(at::kInt))) << "unrotate, " << where;
+    for (int t : {1, 2}) {
+      codec::set_hadamard_avx512(avx512);
+      Threads threads(t);
+      for (int64_t tile : {2, 4, 8, 16, 32, 64, 128, 1024}) {
+        at::Tensor x = at::randn({515, tile});  // (M, t)
+        x[0].zero_();
+        x[1].fill_(-0.0f);
+        x[2][0] = std::numeric_limits<float>::infinity();
+        x[3][tile - 1] = std::numeric_limits<float>::quiet_NaN();
+        x[4][tile / 2] = -std::numeric_limits<float>::infinity();
+        x[5][0] = std::numeric_limits<float>::infinity();
+        x[5][tile - 1] = std::numeric_limits<float>::infinity();
+        x[5][tile / 2] = -std::numeric_limits<float>::infinity();
+        const at::Tensor signs = codec::hadamard_signs(tile, 5, x.options());
+        const at::Tensor fast_r = codec::hadamard_rotate(x, signs), fast_u = codec::hadamard_unrotate(x, signs);
+        codec::PortableKernelsGuard g;
+        const at::Tensor slow_r = codec::hadamard_rotate(x, signs), slow_u = codec::hadamard_unrotate(x, signs);
+        const std::string where =
+            "tile " + std::to_string(tile) + ", " + std::to_string(t) + " threads" + (avx512 ? ", AVX-512" : ", AVX2");
+        EXPECT_TRUE(at::equal(fast_r.view(at::kInt), slow_r.view(at::kInt))) << "rotate, " << where;
+        EXPECT_TRUE(at::equal(fast_u.view(at::kInt), slow_u.view(at::kInt))) << "unrotate, " << where;
+      }
+      for (const at::Tensor& x :
+           {at::randn({64, 4096}), at::randn({3, 7, 200}), at::randn({9, 1000}), at::randn({1, 128})})
+        for (const char* spec : {"hadquant(4)", "hadquant(2, tile=64)", "hadquant(8, tile=8, seed=3)"})
+          expect_paths_agree(spec, x, std::to_string(x.numel()) + " elements, " + std::to_string(t) + " threads");
+      // Tiles of +0 and of -0 (a scale of zero, Note [zero scales] in quant_logic.h): against the
+      // portable path, and against the rotation then the tile quantiser, the CPU path before the min
+      // and max moved into the rotation.
+      at::Tensor zeros = at::randn({9, 1000});
+      zeros[2].zero_();
+      zeros[3].fill_(-0.0f);
+      for (int64_t tile : {8, 64, 128}) {
+        const std::string b = std::to_string(tile);
+        expect_paths_agree("hadquant(4, tile=" + b + ", seed=1)", zeros,
+                           "zero tiles, " + std::to_string(t) + " threads");
+        CodecContext ctx;
+        const Payload p = parse_compressor("hadquant(4, tile=" + b + ", seed=1)")->encode(zeros, ctx);
+        const at::Tensor tiles =
+            at::constant_pad_nd(zeros, {0, (1000 + tile - 1) / tile * tile - 1000}, 0).reshape({-1, tile});
+        const at::Tensor rotated = codec::hadamard_rotate(tiles, codec::hadamard_signs(tile, 1, tiles.options()));
+        const Payload q =
+            parse_compressor("quant(4, scale=block, block=" + b + ", scales=fp16)")->encode(rotated.reshape({-1}), ctx);
+        EXPECT_TRUE(at::equal(p.body, q.body)) << "zero tiles, tile " << b << ", " << t << " threads";
+      }
     }
-    for (const at::Tensor& x :
-         {at::randn({64, 4096}), at::randn({3, 7, 200}), at::randn({9, 1000}), at::randn({1, 128})})
-      for (const char* spec : {"hadquant(4)", "hadquant(2, tile=64)", "hadquant(8, tile=8, seed=3)"})
-        expect_paths_agree(spec, x, std::to_string(x.numel()) + " elements, " + std::to_string(t) + " threads");
-    // Tiles of +0 and of -0 (a scale of zero, Note [zero scales] in quant_logic.h): against the
-    // portable path, and against the rotation then the tile quantiser, the CPU path before the min
-    // and max moved into the rotation.
-    at::Tensor zeros = at::randn({9, 1000});
-    zeros[2].zero_();
-    zeros[3].fill_(-0.0f);
-    for (int64_t tile : {8, 64, 128}) {
-      const std::string b = std::to_string(tile);
-      expect_paths_agree("hadquant(4, tile=" + b + ", seed=1)", zeros, "zero tiles, " + std::to_string(t) + " threads");
-      CodecContext ctx;
-      const Payload p = parse_compressor("hadquant(4, tile=" + b + ", seed=1)")->encode(zeros, ctx);
-      const at::Tensor tiles =
-          at::constant_pad_nd(zeros, {0, (1000 + tile - 1) / tile * tile - 1000}, 0).reshape({-1, tile});
-      const at::Tensor rotated = codec::hadamard_rotate(tiles, codec::hadamard_signs(tile, 1, tiles.options()));
-      const Payload q =
-          parse_compressor("quant(4, scale=block, block=" + b + ", scales=fp16)")->encode(rotated.reshape({-1}), ctx);
-      EXPECT_TRUE(at::equal(p.body, q.body)) << "zero tiles, tile " << b << ", " << t << " threads";
-    }
-  }
   for (int64_t tile : {16, 32, 64, 128}) {
     at::Tensor x = at::randn({7, tile});  // (M, t)
     x[2][1] = at::tensor({int32_t(0x7fc00123)}).view(at::kFloat).item<float>();
