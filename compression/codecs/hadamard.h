@@ -55,6 +55,10 @@ class HadamardQuant : public Compressor {
 
 namespace codec {
 
+/// Whether the rotation may use AVX-512 registers where the CPU has them (Note [butterflies in
+/// AVX-512 registers], hadamard.cpp; default true); the AVX2 form otherwise. Returns the previous
+/// setting (for tests of both).
+bool set_hadamard_avx512(bool on);
 /// The tile used for rows of D elements (Note [hadamard tiles]): min(tile, smallest power of two >= D).
 int64_t hadamard_tile(int64_t tile, int64_t D);
 /// The t pseudo-random signs (+-1) of `seed` (Note [hadamard signs]: a hash of the index and the

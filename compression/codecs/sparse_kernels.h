@@ -41,6 +41,13 @@ void threshold_select_cpu(const float* x, int64_t N, uint32_t cut, at::Tensor& i
 /// (n) float; `expect`: about how many.
 void mask_select_cpu(const float* x, const uint8_t* mask, int64_t N, int64_t expect, at::Tensor& idx, at::Tensor& vals);
 
+/// Whether the AVX-512 compaction (Note [compaction by compression] in sparse_kernels.cpp) may run
+/// where the CPU has it (default true); the AVX2 loops otherwise. Returns the previous setting
+/// (for tests of both).
+bool set_sparse_avx512(bool on);
+/// Whether the CPU has the AVX-512 subsets those loops use and set_sparse_avx512 allows them.
+bool sparse_avx512();
+
 /// out[0, numel) = 0 except out[idx[i]] = values[i], in one threaded pass over out. values: (n)
 /// float32, float16 or bfloat16. False, with out partly written, unless idx is strictly
 /// increasing and below numel.

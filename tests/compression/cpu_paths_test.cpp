@@ -548,6 +548,54 @@ TEST(TopK, RowsUnlikeTheRowBeforeMatchThePortablePath) {
   }
 }
 
+// The AVX-512 loops of the sparse codecs (Note [compaction by compression], Note [the cut with
+// AVX-512], the one-byte delta loops), each against the portable path with them on and off (the
+// AVX2 and plain loops): TopK rows of odd lengths (tails of 1 to 15 after the last 16), rows of few
+// distinct values (ties at the cut), infinities and -0, threshold and RandK, on 1 and 2 threads;
+// and delta streams of every length from 1 to 40, of one-byte gaps and with one gap of 128 (two
+// bytes), against the portable encoder, decoded back, and refused past the universe.
+TEST(TopK, CompactionByCompressionMatchesThePortablePath) {
+  at::manual_seed(48);
+  at::Tensor special = at::randn({5, 1037});  // (5, 1037)
+  special[0][3] = std::numeric_limits<float>::infinity();
+  special[1][1036] = -std::numeric_limits<float>::infinity();
+  special[2][15] = -0.0f;
+  const at::Tensor inputs[] = {at::randn({64, 4096}), at::randn({33, 777}), at::randn({4, 31}),
+                               at::randint(-3, 4, {16, 5003}).to(at::kFloat), special};
+  const bool before = codec::set_sparse_avx512(true);
+  for (bool avx512 : {true, false}) {
+    codec::set_sparse_avx512(avx512);
+    for (int t : {1, 2}) {
+      Threads threads(t);
+      const std::string how = std::string(avx512 ? "AVX-512, " : "AVX2, ") + std::to_string(t) + " threads";
+      for (const at::Tensor& x : inputs) {
+        const std::string where = std::to_string(x.size(0)) + " x " + std::to_string(x.size(1)) + ", " + how;
+        for (const char* spec : {"topk(0.1)", "topk(0.3)", "topk(0.1, scope=global)", "topk(0.1, index=int32)",
+                                 "threshold(1.0)", "randk(0.1, seed=3)"})
+          expect_paths_agree(spec, x, where);
+      }
+      for (int64_t n = 1; n <= 40; ++n)
+        for (bool wide : {false, true}) {  // wide: one gap of 128 (two bytes) among gaps of one
+          at::Tensor gaps = at::randint(0, 128, {n});
+          if (wide) gaps[n / 2] = 128;
+          at::Tensor idx = (gaps + 1).cumsum(0) - 1;  // (n)
+          const int64_t universe = idx[-1].item<int64_t>() + 1;
+          const std::string what = std::to_string(n) + (wide ? " indices, a gap of 128, " : " indices, ") + how;
+          at::Tensor bytes = codec::encode_index(idx, universe, IndexFormat::kDelta).bytes, portable;
+          {
+            codec::PortableKernelsGuard guard;
+            portable = codec::encode_index(idx, universe, IndexFormat::kDelta).bytes;
+          }
+          EXPECT_TRUE(at::equal(bytes, portable)) << what;
+          EXPECT_TRUE(at::equal(codec::decode_index(IndexFormat::kDelta, bytes, n, universe, "t"), idx)) << what;
+          EXPECT_ERROR_CONTAINS(codec::decode_index(IndexFormat::kDelta, bytes, n, universe - 1, "t"),
+                                "t: corrupt delta index");
+        }
+    }
+  }
+  codec::set_sparse_avx512(before);
+}
+
 // TopK's fp16 and bf16 values are scattered after the vectorised cast back to float32: infinities,
 // -0, fp16 subnormals and a NaN (which keeps the value-by-value conversion) decode as on the
 // portable path, bit for bit, on 1 and 2 threads.
@@ -608,48 +656,83 @@ TEST(ColumnSparse, CpuPathMatchesThePortablePath) {
 // rows split between threads, signed zeros, infinities and NaNs (the rotation itself passes them
 // on; quant refuses them later), both directions; and hadquant's payloads on odd shapes, a single
 // tile, and zero tiles (Note [min and max while rotating], hadamard.cpp).
+// With the AVX-512 rotation (Note [butterflies in AVX-512 registers]: fused multiply-adds on tiles
+// without a NaN) and without it (the AVX2 form); row 5 holds +inf and -inf that meet (inf - inf:
+// a NaN made inside the tile). Tiles where two NaNs of other bits meet: NaN where the AVX2 form
+// gives NaN, the other tiles bit for bit. Which of two NaNs' bits survives an addition depends on
+// the operand order the compiler picks for a commutative add (the CPU loops and ATen's stages
+// already differ there), so those bits are not compared.
 TEST(HadQuant, RotationMatchesThePortableStages) {
   at::manual_seed(47);
-  for (int t : {1, 2}) {
-    Threads threads(t);
-    for (int64_t tile : {2, 4, 8, 16, 32, 128, 1024}) {
-      at::Tensor x = at::randn({515, tile});  // (M, t)
-      x[0].zero_();
-      x[1].fill_(-0.0f);
-      x[2][0] = std::numeric_limits<float>::infinity();
-      x[3][tile - 1] = std::numeric_limits<float>::quiet_NaN();
-      x[4][tile / 2] = -std::numeric_limits<float>::infinity();
-      const at::Tensor signs = codec::hadamard_signs(tile, 5, x.options());
-      const at::Tensor fast_r = codec::hadamard_rotate(x, signs), fast_u = codec::hadamard_unrotate(x, signs);
-      codec::PortableKernelsGuard g;
-      const at::Tensor slow_r = codec::hadamard_rotate(x, signs), slow_u = codec::hadamard_unrotate(x, signs);
-      const std::string where = "tile " + std::to_string(tile) + ", " + std::to_string(t) + " threads";
-      EXPECT_TRUE(at::equal(fast_r.view(at::kInt), slow_r.view(at::kInt))) << "rotate, " << where;
-      EXPECT_TRUE(at::equal(fast_u.view(at::kInt), slow_u.view(at::kInt))) << "unrotate, " << where;
+  const bool before = codec::set_hadamard_avx512(true);
+  for (bool avx512 : {true, false})
+    for (int t : {1, 2}) {
+      codec::set_hadamard_avx512(avx512);
+      Threads threads(t);
+      for (int64_t tile : {2, 4, 8, 16, 32, 64, 128, 1024}) {
+        at::Tensor x = at::randn({515, tile});  // (M, t)
+        x[0].zero_();
+        x[1].fill_(-0.0f);
+        x[2][0] = std::numeric_limits<float>::infinity();
+        x[3][tile - 1] = std::numeric_limits<float>::quiet_NaN();
+        x[4][tile / 2] = -std::numeric_limits<float>::infinity();
+        x[5][0] = std::numeric_limits<float>::infinity();
+        x[5][tile - 1] = std::numeric_limits<float>::infinity();
+        x[5][tile / 2] = -std::numeric_limits<float>::infinity();
+        const at::Tensor signs = codec::hadamard_signs(tile, 5, x.options());
+        const at::Tensor fast_r = codec::hadamard_rotate(x, signs), fast_u = codec::hadamard_unrotate(x, signs);
+        codec::PortableKernelsGuard g;
+        const at::Tensor slow_r = codec::hadamard_rotate(x, signs), slow_u = codec::hadamard_unrotate(x, signs);
+        const std::string where =
+            "tile " + std::to_string(tile) + ", " + std::to_string(t) + " threads" + (avx512 ? ", AVX-512" : ", AVX2");
+        EXPECT_TRUE(at::equal(fast_r.view(at::kInt), slow_r.view(at::kInt))) << "rotate, " << where;
+        EXPECT_TRUE(at::equal(fast_u.view(at::kInt), slow_u.view(at::kInt))) << "unrotate, " << where;
+      }
+      for (const at::Tensor& x :
+           {at::randn({64, 4096}), at::randn({3, 7, 200}), at::randn({9, 1000}), at::randn({1, 128})})
+        for (const char* spec : {"hadquant(4)", "hadquant(2, tile=64)", "hadquant(8, tile=8, seed=3)"})
+          expect_paths_agree(spec, x, std::to_string(x.numel()) + " elements, " + std::to_string(t) + " threads");
+      // Tiles of +0 and of -0 (a scale of zero, Note [zero scales] in quant_logic.h): against the
+      // portable path, and against the rotation then the tile quantiser, the CPU path before the min
+      // and max moved into the rotation.
+      at::Tensor zeros = at::randn({9, 1000});
+      zeros[2].zero_();
+      zeros[3].fill_(-0.0f);
+      for (int64_t tile : {8, 64, 128}) {
+        const std::string b = std::to_string(tile);
+        expect_paths_agree("hadquant(4, tile=" + b + ", seed=1)", zeros,
+                           "zero tiles, " + std::to_string(t) + " threads");
+        CodecContext ctx;
+        const Payload p = parse_compressor("hadquant(4, tile=" + b + ", seed=1)")->encode(zeros, ctx);
+        const at::Tensor tiles =
+            at::constant_pad_nd(zeros, {0, (1000 + tile - 1) / tile * tile - 1000}, 0).reshape({-1, tile});
+        const at::Tensor rotated = codec::hadamard_rotate(tiles, codec::hadamard_signs(tile, 1, tiles.options()));
+        const Payload q =
+            parse_compressor("quant(4, scale=block, block=" + b + ", scales=fp16)")->encode(rotated.reshape({-1}), ctx);
+        EXPECT_TRUE(at::equal(p.body, q.body)) << "zero tiles, tile " << b << ", " << t << " threads";
+      }
     }
-    for (const at::Tensor& x :
-         {at::randn({64, 4096}), at::randn({3, 7, 200}), at::randn({9, 1000}), at::randn({1, 128})})
-      for (const char* spec : {"hadquant(4)", "hadquant(2, tile=64)", "hadquant(8, tile=8, seed=3)"})
-        expect_paths_agree(spec, x, std::to_string(x.numel()) + " elements, " + std::to_string(t) + " threads");
-    // Tiles of +0 and of -0 (a scale of zero, Note [zero scales] in quant_logic.h): against the
-    // portable path, and against the rotation then the tile quantiser, the CPU path before the min
-    // and max moved into the rotation.
-    at::Tensor zeros = at::randn({9, 1000});
-    zeros[2].zero_();
-    zeros[3].fill_(-0.0f);
-    for (int64_t tile : {8, 64, 128}) {
-      const std::string b = std::to_string(tile);
-      expect_paths_agree("hadquant(4, tile=" + b + ", seed=1)", zeros, "zero tiles, " + std::to_string(t) + " threads");
-      CodecContext ctx;
-      const Payload p = parse_compressor("hadquant(4, tile=" + b + ", seed=1)")->encode(zeros, ctx);
-      const at::Tensor tiles =
-          at::constant_pad_nd(zeros, {0, (1000 + tile - 1) / tile * tile - 1000}, 0).reshape({-1, tile});
-      const at::Tensor rotated = codec::hadamard_rotate(tiles, codec::hadamard_signs(tile, 1, tiles.options()));
-      const Payload q =
-          parse_compressor("quant(4, scale=block, block=" + b + ", scales=fp16)")->encode(rotated.reshape({-1}), ctx);
-      EXPECT_TRUE(at::equal(p.body, q.body)) << "zero tiles, tile " << b << ", " << t << " threads";
+  for (int64_t tile : {16, 32, 64, 128}) {
+    at::Tensor x = at::randn({7, tile});  // (M, t)
+    x[2][1] = at::tensor({int32_t(0x7fc00123)}).view(at::kFloat).item<float>();
+    x[2][tile - 1] = at::tensor({int32_t(0xffc00456)}).view(at::kFloat).item<float>();
+    x[4][0] = at::tensor({int32_t(0xff800001)}).view(at::kFloat).item<float>();  // a signalling NaN
+    x[4][tile / 2] = std::numeric_limits<float>::quiet_NaN();
+    const at::Tensor signs = codec::hadamard_signs(tile, 9, x.options());
+    at::Tensor got[2][2];
+    for (int avx512 : {0, 1}) {
+      codec::set_hadamard_avx512(avx512 == 1);
+      got[avx512][0] = codec::hadamard_rotate(x, signs);
+      got[avx512][1] = codec::hadamard_unrotate(x, signs);
+    }
+    for (int d : {0, 1}) {
+      const at::Tensor nan = got[0][d].isnan();
+      EXPECT_TRUE(at::equal(nan, got[1][d].isnan())) << (d ? "unrotate" : "rotate") << ", tile " << tile;
+      EXPECT_TRUE(at::equal(got[0][d].masked_fill(nan, 0).view(at::kInt), got[1][d].masked_fill(nan, 0).view(at::kInt)))
+          << (d ? "unrotate" : "rotate") << " with NaNs of other bits, tile " << tile;
     }
   }
+  codec::set_hadamard_avx512(before);
 }
 
 // Scale groups of +0 and of -0 (Note [zero scales], quant_logic.h): whole zero blocks, channels
