@@ -7,9 +7,7 @@
 #include <cmath>
 #include <limits>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "compression/codecs/x86.h"
 
 #include "compression/codecs/common.h"
 

@@ -8,9 +8,7 @@
 #include <limits>
 #include <vector>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "compression/codecs/x86.h"
 
 #include "compression/codecs/common.h"
 #include "compression/codecs/inline_parallel.h"

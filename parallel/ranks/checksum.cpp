@@ -4,9 +4,7 @@
 #include <array>
 #include <cstring>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "compression/codecs/x86.h"
 
 namespace tl::ranks {
 namespace {
