@@ -497,6 +497,305 @@ void minmax_row(const float* x, int64_t len, float* mn, float* mx) {
   }
 }
 
+// ---- AVX-512 loops (Note [quant by AVX-512]) ------------------------------------------------------
+
+// Note [quant by AVX-512]. Where the CPU has AVX-512 (F, BW, DQ, VL and VBMI: this machine's Zen 4)
+// uniform quantisation runs hand-written loops of 16 lanes; the loops GCC made of the plain C++
+// above cost ~15 instructions per 8 elements (a 1 MiB max-abs encode: 56 us for the codes alone,
+// its check for half-integers carried through a stack slot). Per 16 elements here:
+// - max-abs, nearest: u = fma(x, r, 2^(bits-1)) clamped above at 2^bits - 1; the code is u rounded
+//   by the conversion itself (to nearest even), and `vreduceps` gives u - round(u), whose largest
+//   magnitude over a span of kCheckSpan elements (`vrangeps`, NaN kept) decides whether the span
+//   is coded again by the division (Note [quotient by a reciprocal]; the fused multiply-add and
+//   the added offset move u by at most 2^-17 more, far inside the margin of 2^-13). No clamp
+//   below: a finite x never goes below 0 there by more than 2^-17 and a NaN is recoded; a
+//   negative code saturates to 0 in the packing, as the division path's clamp gives.
+// - min-max: (x - lo) * b clamped to [0, 2^bits - 1] and converted to nearest even, the plain
+//   loop's operations; decoding's c * step + lo by the intrinsics with a rounding argument, which
+//   GCC does not contract into an FMA (it does the plain ones: the test caught it).
+// - codes are packed in registers: 4 vectors of int32 to 64 bytes by unsigned saturation (a
+//   NaN's 0x80000000 becomes 0, as the truncating cast gives), then 4, 2 and 1 bits from those
+//   bytes by multiply-adds of adjacent bytes and words (c0 + 16 c1; c0 + 4 c1 + 16 c2 + 64 c3) or
+//   a byte test mask.
+// - decoding: 1, 2 and 4-bit codes are unpacked in registers (nibbles by shifts, 2 bits by a
+//   multishift, 1 bit by a mask); with up to 4 bits a span's 2^bits values are computed once, by
+//   the plain loop's operations, and looked up by a permute; 8 bits convert and scale.
+// - the per-tensor min/max: four chains of 16 lanes, NaN noted in a mask.
+// The payload bytes and decoded values are the plain loops' (cpu_paths_test checks both, with the
+// AVX-512 loops on and off: set_quant_avx512).
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define TL_QUANT_AVX512 1
+#define TL_AVX512_ISA "avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi"
+#define TL_AVX512 __attribute__((target(TL_AVX512_ISA)))
+// A lambda takes no target from the function around it; one called from a loop of plain C++
+// (for_spans) cannot be inlined there, the others are.
+#define TL_AVX512_LAMBDA TL_AVX512
+#define TL_AVX512_INLINE_LAMBDA __attribute__((always_inline, target(TL_AVX512_ISA)))
+
+std::atomic<bool> quant_avx512_allowed{true};
+
+bool quant_avx512() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512vbmi");
+  return has && quant_avx512_allowed.load(std::memory_order_relaxed);
+}
+
+// The first min(max(n, 0), 16) lanes.
+TL_INLINE __mmask16 lanes16(int64_t n) {
+  return n >= 16 ? __mmask16(0xffff) : n > 0 ? __mmask16((1u << n) - 1) : __mmask16(0);
+}
+TL_INLINE __mmask64 lanes64(int64_t n) { return n >= 64 ? ~__mmask64(0) : (__mmask64(1) << n) - 1; }
+
+// 4 vectors of int32 codes (elements 0-15, 16-31, ...) to 64 bytes in element order, saturated to
+// [0, 255]: the packs interleave 128-bit lanes, the permute puts the 4-byte pieces back in order.
+TL_AVX512 TL_INLINE __m512i bytes_of(const __m512i* q) {
+  const __m512i b = _mm512_packus_epi16(_mm512_packus_epi32(q[0], q[1]), _mm512_packus_epi32(q[2], q[3]));
+  return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), b);
+}
+
+// Codes of 64 elements from 4 vectors of int32 per step: x[j, j + 64) with the lanes `live(k)` of
+// vector k (full masks in the main loop, which the compiler folds away; the end's at the tail).
+// code(k, v, live) maps a vector of 16 loaded lanes to their int32 codes.
+template <class Code>
+TL_AVX512 TL_INLINE void codes_by_64(const float* x, int64_t len, uint8_t* codes, Code code) {
+  int64_t j = 0;
+  for (; j + 64 <= len; j += 64) {
+    __m512i q[4];
+    for (int k = 0; k < 4; ++k) q[k] = code(k, j + 16 * k, _mm512_loadu_ps(x + j + 16 * k), __mmask16(0xffff));
+    _mm512_storeu_si512(codes + j, bytes_of(q));
+  }
+  if (j == len) return;
+  __m512i q[4];
+  for (int k = 0; k < 4; ++k) {
+    const __mmask16 live = lanes16(len - j - 16 * k);  // lanes past the end load 0
+    q[k] = code(k, j + 16 * k, _mm512_maskz_loadu_ps(live, x + j + 16 * k), live);
+  }
+  _mm512_mask_storeu_epi8(codes + j, lanes64(len - j), bytes_of(q));
+}
+
+// Codes of x[0, len) by the reciprocal (max-abs, nearest; Row: r per element): true when some u
+// lay within kHalfMargin of a half-integer, or was NaN.
+template <bool Row>
+TL_AVX512 TL_INLINE bool recip_codes_avx512(const float* x, int64_t len, const float* r, float p, float hi,
+                                            uint8_t* codes) {
+  const __m512 vp = _mm512_set1_ps(p), vhi = _mm512_set1_ps(hi), r0 = _mm512_set1_ps(r[0]);
+  __m512 far[4];  // per vector of a step, the largest |u - round(u)| (or NaN): four independent chains
+  for (int k = 0; k < 4; ++k) far[k] = _mm512_setzero_ps();
+  codes_by_64(x, len, codes, [&](int k, int64_t j, __m512 v, __mmask16 live) TL_AVX512_INLINE_LAMBDA {
+    // lanes past the end: x = 0 and r = 0, so u = p, an integer
+    const __m512 rr = Row ? _mm512_maskz_loadu_ps(live, r + j) : r0;
+    const __m512 u = _mm512_min_ps(vhi, _mm512_fmadd_ps(v, rr, vp));  // min: its second operand for NaN
+    far[k] = _mm512_range_ps(far[k], _mm512_reduce_ps(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), 0x0B);
+    return _mm512_cvt_roundps_epi32(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  });
+  const __m512 f = _mm512_range_ps(_mm512_range_ps(far[0], far[1], 0x0B), _mm512_range_ps(far[2], far[3], 0x0B), 0x0B);
+  return _mm512_cmp_ps_mask(f, _mm512_set1_ps(0.5f - kHalfMargin), _CMP_NLE_UQ) != 0;
+}
+
+// Min-max codes of x[0, len): clamp((x - lo) * b, 0, hi) rounded to nearest even (Row: lo, b per
+// element).
+template <bool Row>
+TL_AVX512 TL_INLINE void minmax_codes_avx512(const float* x, int64_t len, const float* lo, const float* b, float hi,
+                                             uint8_t* codes) {
+  const __m512 vhi = _mm512_set1_ps(hi), zero = _mm512_setzero_ps(), lo0 = _mm512_set1_ps(lo[0]),
+               b0 = _mm512_set1_ps(b[0]);
+  codes_by_64(x, len, codes, [&](int, int64_t j, __m512 v, __mmask16 live) TL_AVX512_INLINE_LAMBDA {
+    const __m512 l = Row ? _mm512_maskz_loadu_ps(live, lo + j) : lo0;
+    const __m512 s = Row ? _mm512_maskz_loadu_ps(live, b + j) : b0;
+    // std::max(v, 0) then std::min(v, hi): a NaN stays NaN (max/min return their second operand)
+    const __m512 u = _mm512_min_ps(vhi, _mm512_max_ps(zero, _mm512_mul_ps(_mm512_sub_ps(v, l), s)));
+    return _mm512_cvt_roundps_epi32(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  });
+}
+
+// pack_bits of n codes for 1, 2 and 4 bits, 64 codes a step (the rest by pack()).
+TL_AVX512 void pack_avx512(const uint8_t* codes, int64_t n, int bits, uint8_t* out) {
+  int64_t j = 0;
+  for (; j + 64 <= n; j += 64) {
+    const __m512i c = _mm512_loadu_si512(codes + j);
+    uint8_t* o = out + j / 8 * bits;
+    if (bits == 4) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o),
+                          _mm512_cvtepi16_epi8(_mm512_maddubs_epi16(c, _mm512_set1_epi16(0x1001))));
+    } else if (bits == 2) {
+      const __m512i w =
+          _mm512_madd_epi16(_mm512_maddubs_epi16(c, _mm512_set1_epi16(0x0401)), _mm512_set1_epi32(0x00100001));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o), _mm512_cvtepi32_epi8(w));
+    } else {
+      const uint64_t m = _mm512_test_epi8_mask(c, c);
+      std::memcpy(o, &m, 8);
+    }
+  }
+  if (j < n) pack(codes + j, n - j, bits, out + j / 8 * bits);
+}
+
+// unpack_bits for 1, 2 and 4 bits, 64 codes a step (the rest by unpack()).
+TL_AVX512 void unpack_avx512(const uint8_t* in, int64_t n, int bits, uint8_t* codes) {
+  // 2 bits: byte k of each 64-bit lane takes bits [2k, 2k + 2) of the lane's low dword for
+  // k < 4, of its high dword (bit 32 on) for k >= 4
+  const __m512i shifts = _mm512_set1_epi64(0x2624222006040200ll);
+  int64_t j = 0;
+  for (; j + 64 <= n; j += 64) {
+    const uint8_t* i = in + j / 8 * bits;
+    __m512i c;
+    if (bits == 4) {
+      const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(i)));
+      c = _mm512_or_si512(_mm512_and_si512(w, _mm512_set1_epi16(0x000f)),
+                          _mm512_and_si512(_mm512_slli_epi16(w, 4), _mm512_set1_epi16(0x0f00)));
+    } else if (bits == 2) {
+      const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(i)));
+      c = _mm512_and_si512(_mm512_multishift_epi64_epi8(shifts, d), _mm512_set1_epi8(3));
+    } else {
+      uint64_t m;
+      std::memcpy(&m, i, 8);
+      c = _mm512_maskz_mov_epi8(m, _mm512_set1_epi8(1));
+    }
+    _mm512_storeu_si512(codes + j, c);
+  }
+  if (j < n) unpack(in + j / 8 * bits, n - j, bits, codes + j);
+}
+
+// Values of codes[0, len): max-abs (c - p) * step, min-max c * step + lo (Row: per element). With
+// up to 4 bits and one scale, the 16 possible values by the same operations, then a permute.
+template <bool Row, bool MinMax>
+TL_AVX512 TL_INLINE void dequantise_span_avx512(const uint8_t* codes, int64_t len, const float* step, const float* lo,
+                                                float p, bool small, float* out) {
+  const __m512 vp = _mm512_set1_ps(p), s0 = _mm512_set1_ps(step[0]), l0 = _mm512_set1_ps(lo[0]);
+  auto value = [&](__m512 c, __m512 s, __m512 l) TL_AVX512_INLINE_LAMBDA {
+    // c * step + lo by the rounding forms: GCC contracts _mm512_add_ps(_mm512_mul_ps(..)) into an
+    // FMA (one rounding, not the plain loop's two)
+    constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    return MinMax ? _mm512_add_round_ps(_mm512_mul_round_ps(c, s, kNearest), l, kNearest)
+                  : _mm512_mul_ps(_mm512_sub_ps(c, vp), s);
+  };
+  const __m512 table =
+      value(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), s0, l0);  // codes < 16
+  auto values = [&](int64_t j, __m512i c, __mmask16 live) TL_AVX512_INLINE_LAMBDA {
+    if (!Row && small) return _mm512_permutexvar_ps(c, table);
+    const __m512 s = Row ? _mm512_maskz_loadu_ps(live, step + j) : s0;
+    const __m512 l = Row && MinMax ? _mm512_maskz_loadu_ps(live, lo + j) : l0;
+    return value(_mm512_cvtepi32_ps(c), s, l);
+  };
+  int64_t j = 0;
+  for (; j + 16 <= len; j += 16) {
+    const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + j)));
+    _mm512_storeu_ps(out + j, values(j, c, __mmask16(0xffff)));
+  }
+  if (j < len) {
+    const __mmask16 live = lanes16(len - j);
+    const __m512i c = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(live, codes + j));
+    _mm512_mask_storeu_ps(out + j, live, values(j, c, live));
+  }
+}
+
+// The division's codes of a span (Note [quotient by a reciprocal]) by the plain loop, compiled
+// as it always was (no FMA contraction).
+TL_TARGET_CLONES
+void recode_by_division(const float* x, int64_t len, const float* a, bool row, float p, float hi, uint8_t* codes) {
+  if (row)
+    quantise_span<true, false, false>(x, len, a, a, p, hi, 0, 0, codes);
+  else
+    quantise_span<false, false, false>(x, len, a, a, p, hi, 0, 0, codes);
+}
+
+// quantise_tile for nearest rounding (stochastic keeps the plain loop).
+TL_AVX512 void quantise_tile_avx512(const float* x, int64_t t0, int64_t t1, const QuantGeometry& g,
+                                    const QuantParams& q, const float* recip, uint8_t* out) {
+  alignas(64) uint8_t buf[kTile];
+  uint8_t* codes = q.bits == 8 ? out + t0 : buf;  // Note [8-bit codes in place]
+  const float p = static_cast<float>(1 << (q.bits - 1));
+  const float hi = q.minmax ? static_cast<float>((1 << q.bits) - 1) : p - 1;
+  for_spans(g, t0, t1, [&](int64_t i, int64_t len, int64_t s, bool row) TL_AVX512_LAMBDA {
+    uint8_t* c = codes + (i - t0);
+    if (q.minmax) {
+      row ? minmax_codes_avx512<true>(x + i, len, q.a + s, q.b + s, hi, c)
+          : minmax_codes_avx512<false>(x + i, len, q.a + s, q.b + s, hi, c);
+      return;
+    }
+    for (int64_t b = 0; b < len; b += kCheckSpan) {
+      const int64_t e = std::min(len, b + kCheckSpan);
+      const bool near = row ? recip_codes_avx512<true>(x + i + b, e - b, recip + s + b, p, 2 * p - 1, c + b)
+                            : recip_codes_avx512<false>(x + i + b, e - b, recip + s, p, 2 * p - 1, c + b);
+      if (near) recode_by_division(x + i + b, e - b, q.a + s + (row ? b : 0), row, p, hi, c + b);
+    }
+  });
+  if (q.bits == 8) return;
+  uint8_t* o = out + t0 / 8 * q.bits;
+  if (q.bits == 1 || q.bits == 2 || q.bits == 4)
+    pack_avx512(codes, t1 - t0, q.bits, o);
+  else
+    pack_tile(codes, t1 - t0, q.bits, o);
+}
+
+TL_AVX512 void dequantise_tile_avx512(const uint8_t* in, int64_t t0, int64_t t1, const QuantGeometry& g,
+                                      const DequantParams& q, float* out) {
+  alignas(64) uint8_t buf[kTile];
+  const uint8_t* codes = q.bits == 8 ? in + t0 : buf;  // Note [8-bit codes in place]
+  const uint8_t* packed = in + t0 / 8 * q.bits;
+  if (q.bits == 1 || q.bits == 2 || q.bits == 4)
+    unpack_avx512(packed, t1 - t0, q.bits, buf);
+  else if (q.bits != 8)
+    unpack_tile(packed, t1 - t0, q.bits, buf);
+  const float p = static_cast<float>(1 << (q.bits - 1));
+  const bool small = q.bits <= 4;
+  for_spans(g, t0, t1, [&](int64_t i, int64_t len, int64_t s, bool row) TL_AVX512_LAMBDA {
+    const uint8_t* c = codes + (i - t0);
+    const float* lo = q.minmax ? q.lo + s : q.step + s;
+    if (q.minmax)
+      row ? dequantise_span_avx512<true, true>(c, len, q.step + s, lo, p, small, out + i)
+          : dequantise_span_avx512<false, true>(c, len, q.step + s, lo, p, small, out + i);
+    else
+      row ? dequantise_span_avx512<true, false>(c, len, q.step + s, lo, p, small, out + i)
+          : dequantise_span_avx512<false, false>(c, len, q.step + s, lo, p, small, out + i);
+  });
+}
+
+// minmax_span_chains with 16 lanes; a NaN noted in a mask (Nan) or skipped.
+template <bool Nan>
+TL_AVX512 TL_INLINE void minmax_chains_avx512(const float* x, int64_t len, float& mn, float& mx) {
+  constexpr int kChains = 4;
+  __m512 a[kChains], b[kChains];
+  for (int c = 0; c < kChains; ++c) {
+    a[c] = _mm512_set1_ps(mn);
+    b[c] = _mm512_set1_ps(mx);
+  }
+  __mmask16 nan = 0;
+  int64_t j = 0;
+  for (; j + 16 * kChains <= len; j += 16 * kChains)
+    for (int c = 0; c < kChains; ++c) {
+      const __m512 v = _mm512_loadu_ps(x + j + 16 * c);
+      if (Nan) nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+      a[c] = _mm512_min_ps(v, a[c]);  // a NaN v: a[c] (its second operand)
+      b[c] = _mm512_max_ps(v, b[c]);
+    }
+  for (; j < len; j += 16) {
+    const __mmask16 live = lanes16(len - j);
+    const __m512 v = _mm512_maskz_loadu_ps(live, x + j);
+    if (Nan) nan |= _mm512_mask_cmp_ps_mask(live, v, v, _CMP_UNORD_Q);
+    a[0] = _mm512_mask_min_ps(a[0], live, v, a[0]);
+    b[0] = _mm512_mask_max_ps(b[0], live, v, b[0]);
+  }
+  const __m512 lo = _mm512_min_ps(_mm512_min_ps(a[0], a[1]), _mm512_min_ps(a[2], a[3]));
+  const __m512 up = _mm512_max_ps(_mm512_max_ps(b[0], b[1]), _mm512_max_ps(b[2], b[3]));
+  alignas(64) float l[16], u[16];
+  _mm512_store_ps(l, lo);
+  _mm512_store_ps(u, up);
+  for (int k = 0; k < 16; ++k) {
+    mn = min_of<false>(l[k], mn);
+    mx = max_of<false>(u[k], mx);
+  }
+  if (Nan && nan) mn = mx = std::numeric_limits<float>::quiet_NaN();
+}
+
+TL_AVX512 void minmax_span_avx512(const float* x, int64_t len, bool nan, float& mn, float& mx) {
+  if (nan)
+    minmax_chains_avx512<true>(x, len, mn, mx);
+  else
+    minmax_chains_avx512<false>(x, len, mn, mx);
+}
+#endif
+
 }  // namespace
 
 void group_minmax_cpu(const float* x, const QuantGeometry& g, float* mn, float* mx) {
@@ -505,11 +804,18 @@ void group_minmax_cpu(const float* x, const QuantGeometry& g, float* mn, float* 
   std::fill(mx, mx + g.groups, -inf);
   std::mutex merge;
   const int64_t tiles = (g.n + kTile - 1) / kTile;
+#ifdef TL_QUANT_AVX512
+  const bool avx512 = quant_avx512();
+#endif
   at::parallel_for(0, tiles, 16, [&](int64_t b0, int64_t b1) {
     std::vector<float> lmn(g.groups, inf), lmx(g.groups, -inf);
     for_spans(g, b0 * kTile, std::min(g.n, b1 * kTile), [&](int64_t i, int64_t len, int64_t s, bool row) {
       if (row)
         minmax_row(x + i, len, lmn.data() + s, lmx.data() + s);
+#ifdef TL_QUANT_AVX512
+      else if (avx512 && len >= 1024)
+        minmax_span_avx512(x + i, len, g.groups == 1, lmn[s], lmx[s]);
+#endif
       else
         minmax_span(x + i, len, g.groups == 1, lmn[s], lmx[s]);
     });
@@ -527,16 +833,39 @@ void quantise_pack_cpu(const float* x, const QuantGeometry& g, const QuantParams
   std::vector<float> recip(!q.minmax && !q.stochastic ? g.groups : 0);
   const float p = static_cast<float>(1 << (q.bits - 1));
   for (size_t s = 0; s < recip.size(); ++s) recip[s] = p / q.a[s];
+#ifdef TL_QUANT_AVX512
+  const bool avx512 = quant_avx512() && !q.stochastic;
+#endif
   at::parallel_for(0, tiles, 4, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b)
-      quantise_tile(x, b * kTile, std::min(g.n, (b + 1) * kTile), g, q, recip.data(), out);
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t t0 = b * kTile, t1 = std::min(g.n, (b + 1) * kTile);
+#ifdef TL_QUANT_AVX512
+      if (avx512) {
+        quantise_tile_avx512(x, t0, t1, g, q, recip.data(), out);
+        continue;
+      }
+#endif
+      quantise_tile(x, t0, t1, g, q, recip.data(), out);
+    }
   });
 }
 
 void unpack_dequantise_cpu(const uint8_t* in, const QuantGeometry& g, const DequantParams& q, float* out) {
   const int64_t tiles = (g.n + kTile - 1) / kTile;
+#ifdef TL_QUANT_AVX512
+  const bool avx512 = quant_avx512();
+#endif
   at::parallel_for(0, tiles, 4, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) dequantise_tile(in, b * kTile, std::min(g.n, (b + 1) * kTile), g, q, out);
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t t0 = b * kTile, t1 = std::min(g.n, (b + 1) * kTile);
+#ifdef TL_QUANT_AVX512
+      if (avx512) {
+        dequantise_tile_avx512(in, t0, t1, g, q, out);
+        continue;
+      }
+#endif
+      dequantise_tile(in, t0, t1, g, q, out);
+    }
   });
 }
 
@@ -815,6 +1144,14 @@ void codes_span(const float* x, int64_t len, const MidGrid& grid, const SearchTa
 }
 
 }  // namespace
+
+bool set_quant_avx512(bool on) {
+#ifdef TL_QUANT_AVX512
+  return quant_avx512_allowed.exchange(on);
+#else
+  return on;
+#endif
+}
 
 bool set_quantile_avx512(bool on) {
 #ifdef TL_SEARCH_CODES
