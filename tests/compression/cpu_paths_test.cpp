@@ -803,6 +803,21 @@ TEST(Quant, Avx512LoopsMatchThePlainLoops) {
         const at::Tensor c = at::full({5, 999}, v);
         for (const std::string& spec : specs) expect_paths_agree(spec, c, "constant " + std::to_string(v));
       }
+      // fp16 wire scales at the type's edges (Note [fp16 scales by AVX-512]): subnormal and
+      // near-overflow scales, one per channel; beyond 65504 a scale rounds out to inf: refused.
+      for (float m : {1e-7f, 3e-5f, 6.5e4f}) {
+        const at::Tensor e = at::randn({8, 300}) * m / 4;  // (8, 300)
+        for (const std::string& spec : {specs[4], specs[5], specs[6]}) {
+          expect_paths_agree(spec, e, "scales near " + std::to_string(m));
+          expect_loops_agree(spec, e, "scales near " + std::to_string(m));
+        }
+      }
+      for (bool avx512 : {true, false}) {
+        const bool before = codec::set_quant_avx512(avx512);
+        CodecContext ctx;
+        EXPECT_THROW(parse_compressor(specs[4])->encode(at::full({2, 3}, 65520.0f), ctx), c10::Error);
+        codec::set_quant_avx512(before);
+      }
       // NaN among finite values, several scale groups.
       at::Tensor nan = at::randn({4, 1000});
       nan.view({-1}).index_put_({at::tensor({0, 5, 64, 100, 1999, 3999})}, std::numeric_limits<float>::quiet_NaN());
