@@ -801,12 +801,35 @@ TL_AVX512 void minmax_span_avx512(const float* x, int64_t len, bool nan, float& 
 // minmax_row with 16 lanes: `x < m ? x : m` is minps(x, m) (its second operand for NaN and equal
 // zeros), likewise the maximum.
 TL_AVX512 void minmax_row_avx512(const float* x, int64_t len, float* mn, float* mx) {
-  for (int64_t j = 0; j < len; j += 16) {
+  int64_t j = 0;
+  for (; j + 16 <= len; j += 16) {
+    const __m512 v = _mm512_loadu_ps(x + j);
+    _mm512_storeu_ps(mn + j, _mm512_min_ps(v, _mm512_loadu_ps(mn + j)));
+    _mm512_storeu_ps(mx + j, _mm512_max_ps(v, _mm512_loadu_ps(mx + j)));
+  }
+  if (j < len) {
     const __mmask16 live = lanes16(len - j);
     const __m512 v = _mm512_maskz_loadu_ps(live, x + j);
     _mm512_mask_storeu_ps(mn + j, live, _mm512_min_ps(v, _mm512_maskz_loadu_ps(live, mn + j)));
     _mm512_mask_storeu_ps(mx + j, live, _mm512_max_ps(v, _mm512_maskz_loadu_ps(live, mx + j)));
   }
+}
+
+// Note [channel min/max by columns]. With one scale per element of a row (channel scales along the
+// last dim: run = 1), minmax_row walked each thread's tiles updating a private copy of all G
+// minima and maxima, then merged the copies under a lock (two G-sized vectors per thread per
+// call). Here the columns go in blocks of kColumnBlock, each thread owning whole blocks, whose
+// minima and maxima stay in L1 (16 KiB) while all the rows pass over them (8 KiB read in sequence
+// from each row); the rows come in the same order with the same minps/maxps, so the results are
+// minmax_row's bit for bit. One thread, (64, 65536) float32: 1.45 ms -> 1.1-1.3 ms, bound by
+// reading x (a block of 128 columns in registers, and blocks of 8192 or 32768, were no faster).
+constexpr int64_t kColumnBlock = 2048;
+
+TL_AVX512 void minmax_columns_avx512(const float* x, int64_t rows, int64_t stride, int64_t width, float* mn,
+                                     float* mx) {
+  std::fill(mn, mn + width, std::numeric_limits<float>::infinity());
+  std::fill(mx, mx + width, -std::numeric_limits<float>::infinity());
+  for (int64_t r = 0; r < rows; ++r) minmax_row_avx512(x + r * stride, width, mn, mx);
 }
 
 // Note [fp16 scales by AVX-512]. quant_logic.h's scales_group and derive_group for 16 groups at
@@ -892,6 +915,17 @@ void group_minmax_cpu(const float* x, const QuantGeometry& g, float* mn, float* 
   const int64_t tiles = (g.n + kTile - 1) / kTile;
 #ifdef TL_QUANT_AVX512
   const bool avx512 = quant_avx512();
+  if (avx512 && g.run == 1 && g.n % g.groups == 0) {  // Note [channel min/max by columns]
+    const int64_t rows = g.n / g.groups, blocks = (g.groups + kColumnBlock - 1) / kColumnBlock;
+    at::parallel_for(
+        0, blocks, std::max<int64_t>(1, (int64_t(1) << 16) / (rows * kColumnBlock)), [&](int64_t c0, int64_t c1) {
+          for (int64_t c = c0; c < c1; ++c) {
+            const int64_t j = c * kColumnBlock;
+            minmax_columns_avx512(x + j, rows, g.groups, std::min(kColumnBlock, g.groups - j), mn + j, mx + j);
+          }
+        });
+    return;
+  }
 #endif
   at::parallel_for(0, tiles, 16, [&](int64_t b0, int64_t b1) {
     std::vector<float> lmn(g.groups, inf), lmx(g.groups, -inf);

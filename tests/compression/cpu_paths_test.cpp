@@ -803,6 +803,16 @@ TEST(Quant, Avx512LoopsMatchThePlainLoops) {
         const at::Tensor c = at::full({5, 999}, v);
         for (const std::string& spec : specs) expect_paths_agree(spec, c, "constant " + std::to_string(v));
       }
+      // Channel scales along rows of many columns: the min/max in blocks of 2048 columns (Note
+      // [channel min/max by columns]) with a partial last block, NaN skipped as before.
+      at::Tensor wide = at::randn({5, 2 * 2048 + 21});  // (5, 4117)
+      for (const std::string& spec : {specs[4], specs[5]}) {
+        expect_paths_agree(spec, wide, "(5, 4117)");
+        expect_loops_agree(spec, wide, "(5, 4117)");
+      }
+      wide[2][7] = std::numeric_limits<float>::quiet_NaN();
+      wide[4][4100] = std::numeric_limits<float>::quiet_NaN();
+      for (const std::string& spec : {specs[4], specs[5]}) expect_loops_agree(spec, wide, "(5, 4117) with NaN");
       // fp16 wire scales at the type's edges (Note [fp16 scales by AVX-512]): subnormal and
       // near-overflow scales, one per channel; beyond 65504 a scale rounds out to inf: refused.
       for (float m : {1e-7f, 3e-5f, 6.5e4f}) {
