@@ -502,19 +502,22 @@ void minmax_row(const float* x, int64_t len, float* mn, float* mx) {
 // Note [quant by AVX-512]. Where the CPU has AVX-512 (F, BW, DQ, VL and VBMI: this machine's Zen 4)
 // uniform quantisation runs hand-written loops of 16 lanes; the loops GCC made of the plain C++
 // above cost ~15 instructions per 8 elements (a 1 MiB max-abs encode: 56 us for the codes alone,
-// its check for half-integers carried through a stack slot). Per 16 elements here:
-// - max-abs, nearest: u = fma(x, r, 2^(bits-1)) clamped above at 2^bits - 1; the code is u rounded
-//   by the conversion itself (to nearest even), and `vreduceps` gives u - round(u), whose largest
-//   magnitude over a span of kCheckSpan elements (`vrangeps`, NaN kept) decides whether the span
-//   is coded again by the division (Note [quotient by a reciprocal]; the fused multiply-add and
-//   the added offset move u by at most 2^-17 more, far inside the margin of 2^-13). No clamp
-//   below: a finite x never goes below 0 there by more than 2^-17 and a NaN is recoded; a
-//   negative code saturates to 0 in the packing, as the division path's clamp gives.
+// its check for half-integers carried through a stack slot; 28 us here, about 9 instructions per
+// 16 elements, bound by their issue). Per 16 elements here:
+// - max-abs, nearest: u = fma(x, r, 2^(bits-1)) clamped above at 2^bits - 1, t = u + 1.5 * 2^23
+//   (round(u) in t's low byte: the code) and f = u - (t - 1.5 * 2^23), exact; an element whose
+//   |f| exceeds 1/2 - 2^-13 (or is NaN) gets a bit in a mask per 64 elements and is coded again by
+//   the division after the span (Note [quotient by a reciprocal]; the fused multiply-add and the
+//   added offset move u by at most 2^-17 more, far inside the margin). Element by element: about
+//   2 elements in 8192 (the earlier 128-element spans' end-of-span test and the recoding of whole
+//   spans cost ~25% of the loop). No clamp below: a finite x is never below 0 there by more than
+//   2^-17, which rounds to code 0, as the division path's clamp gives.
 // - min-max: (x - lo) * b clamped to [0, 2^bits - 1] and converted to nearest even, the plain
 //   loop's operations; decoding's c * step + lo by the intrinsics with a rounding argument, which
 //   GCC does not contract into an FMA (it does the plain ones: the test caught it).
 // - codes are packed in registers: 4 vectors of int32 to 64 bytes by unsigned saturation (a
-//   NaN's 0x80000000 becomes 0, as the truncating cast gives), then 4, 2 and 1 bits from those
+//   NaN's 0x80000000 becomes 0, as the truncating cast gives) or by a byte permute of the low
+//   bytes (max-abs's t), then 4, 2 and 1 bits from those
 //   bytes by multiply-adds of adjacent bytes and words (c0 + 16 c1; c0 + 4 c1 + 16 c2 + 64 c3) or
 //   a byte test mask.
 // - decoding: 1, 2 and 4-bit codes are unpacked in registers (nibbles by shifts, 2 bits by a
@@ -554,16 +557,34 @@ TL_AVX512 TL_INLINE __m512i bytes_of(const __m512i* q) {
   return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), b);
 }
 
+// The low bytes of 4 vectors of dwords (elements 0-15, 16-31, ...), in element order: two
+// two-table byte permutes and an insert.
+struct LowByteIndex {
+  alignas(64) uint8_t idx[64];
+  constexpr LowByteIndex() : idx{} {
+    for (int j = 0; j < 64; ++j) idx[j] = static_cast<uint8_t>(j % 32 < 16 ? 4 * (j % 16) : 64 + 4 * (j % 16));
+  }
+};
+constexpr LowByteIndex kLowBytes{};
+
+TL_AVX512 TL_INLINE __m512i low_bytes_of(const __m512i* q) {
+  const __m512i idx = _mm512_load_si512(kLowBytes.idx);
+  const __m512i ab = _mm512_permutex2var_epi8(q[0], idx, q[1]), cd = _mm512_permutex2var_epi8(q[2], idx, q[3]);
+  return _mm512_inserti64x4(ab, _mm512_castsi512_si256(cd), 1);
+}
+
 // Codes of 64 elements from 4 vectors of int32 per step: x[j, j + 64) with the lanes `live(k)` of
 // vector k (full masks in the main loop, which the compiler folds away; the end's at the tail).
 // code(k, v, live) maps a vector of 16 loaded lanes to their int32 codes.
-template <class Code>
-TL_AVX512 TL_INLINE void codes_by_64(const float* x, int64_t len, uint8_t* codes, Code code) {
+template <bool LowBytes, class Code, class After>
+TL_AVX512 TL_INLINE void codes_by_64(const float* x, int64_t len, uint8_t* codes, Code code, After after) {
+  auto bytes = [](const __m512i* q) TL_AVX512_INLINE_LAMBDA { return LowBytes ? low_bytes_of(q) : bytes_of(q); };
   int64_t j = 0;
   for (; j + 64 <= len; j += 64) {
     __m512i q[4];
     for (int k = 0; k < 4; ++k) q[k] = code(k, j + 16 * k, _mm512_loadu_ps(x + j + 16 * k), __mmask16(0xffff));
-    _mm512_storeu_si512(codes + j, bytes_of(q));
+    _mm512_storeu_si512(codes + j, bytes(q));
+    after(j);
   }
   if (j == len) return;
   __m512i q[4];
@@ -571,26 +592,33 @@ TL_AVX512 TL_INLINE void codes_by_64(const float* x, int64_t len, uint8_t* codes
     const __mmask16 live = lanes16(len - j - 16 * k);  // lanes past the end load 0
     q[k] = code(k, j + 16 * k, _mm512_maskz_loadu_ps(live, x + j + 16 * k), live);
   }
-  _mm512_mask_storeu_epi8(codes + j, lanes64(len - j), bytes_of(q));
+  _mm512_mask_storeu_epi8(codes + j, lanes64(len - j), bytes(q));
+  after(j);
 }
 
-// Codes of x[0, len) by the reciprocal (max-abs, nearest; Row: r per element): true when some u
-// lay within kHalfMargin of a half-integer, or was NaN.
+// Codes of x[0, len) by the reciprocal (max-abs, nearest; Row: r per element), and for each step
+// of 64 elements a bit per element whose u lay within kHalfMargin of a half-integer, or was NaN
+// (near[(len + 63) / 64]).
 template <bool Row>
-TL_AVX512 TL_INLINE bool recip_codes_avx512(const float* x, int64_t len, const float* r, float p, float hi,
-                                            uint8_t* codes) {
+TL_AVX512 TL_INLINE void recip_codes_avx512(const float* x, int64_t len, const float* r, float p, float hi,
+                                            uint8_t* codes, uint64_t* near) {
   const __m512 vp = _mm512_set1_ps(p), vhi = _mm512_set1_ps(hi), r0 = _mm512_set1_ps(r[0]);
-  __m512 far[4];  // per vector of a step, the largest |u - round(u)| (or NaN): four independent chains
-  for (int k = 0; k < 4; ++k) far[k] = _mm512_setzero_ps();
-  codes_by_64(x, len, codes, [&](int k, int64_t j, __m512 v, __mmask16 live) TL_AVX512_INLINE_LAMBDA {
-    // lanes past the end: x = 0 and r = 0, so u = p, an integer
-    const __m512 rr = Row ? _mm512_maskz_loadu_ps(live, r + j) : r0;
-    const __m512 u = _mm512_min_ps(vhi, _mm512_fmadd_ps(v, rr, vp));  // min: its second operand for NaN
-    far[k] = _mm512_range_ps(far[k], _mm512_reduce_ps(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), 0x0B);
-    return _mm512_cvt_roundps_epi32(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  });
-  const __m512 f = _mm512_range_ps(_mm512_range_ps(far[0], far[1], 0x0B), _mm512_range_ps(far[2], far[3], 0x0B), 0x0B);
-  return _mm512_cmp_ps_mask(f, _mm512_set1_ps(0.5f - kHalfMargin), _CMP_NLE_UQ) != 0;
+  const __m512 magic = _mm512_set1_ps(12582912.0f), margin = _mm512_set1_ps(0.5f - kHalfMargin);
+  __mmask16 m[4];
+  codes_by_64<true>(
+      x, len, codes,
+      [&](int k, int64_t j, __m512 v, __mmask16 live) TL_AVX512_INLINE_LAMBDA {
+        // lanes past the end: x = 0 and r = 0, so u = p, an integer
+        const __m512 rr = Row ? _mm512_maskz_loadu_ps(live, r + j) : r0;
+        const __m512 u = _mm512_min_ps(vhi, _mm512_fmadd_ps(v, rr, vp));  // min: its second operand for NaN
+        const __m512 t = _mm512_add_ps(u, magic);  // 1.5 * 2^23 + round(u): the code in the low byte
+        const __m512 f = _mm512_sub_ps(u, _mm512_sub_ps(t, magic));
+        m[k] = _mm512_cmp_ps_mask(_mm512_abs_ps(f), margin, _CMP_NLE_UQ);
+        return _mm512_castps_si512(t);
+      },
+      [&](int64_t j) TL_AVX512_INLINE_LAMBDA {
+        near[j / 64] = _cvtmask64_u64(_mm512_kunpackd(_mm512_kunpackw(m[3], m[2]), _mm512_kunpackw(m[1], m[0])));
+      });
 }
 
 // Min-max codes of x[0, len): clamp((x - lo) * b, 0, hi) rounded to nearest even (Row: lo, b per
@@ -600,13 +628,16 @@ TL_AVX512 TL_INLINE void minmax_codes_avx512(const float* x, int64_t len, const 
                                              uint8_t* codes) {
   const __m512 vhi = _mm512_set1_ps(hi), zero = _mm512_setzero_ps(), lo0 = _mm512_set1_ps(lo[0]),
                b0 = _mm512_set1_ps(b[0]);
-  codes_by_64(x, len, codes, [&](int, int64_t j, __m512 v, __mmask16 live) TL_AVX512_INLINE_LAMBDA {
-    const __m512 l = Row ? _mm512_maskz_loadu_ps(live, lo + j) : lo0;
-    const __m512 s = Row ? _mm512_maskz_loadu_ps(live, b + j) : b0;
-    // std::max(v, 0) then std::min(v, hi): a NaN stays NaN (max/min return their second operand)
-    const __m512 u = _mm512_min_ps(vhi, _mm512_max_ps(zero, _mm512_mul_ps(_mm512_sub_ps(v, l), s)));
-    return _mm512_cvt_roundps_epi32(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  });
+  codes_by_64<false>(
+      x, len, codes,
+      [&](int, int64_t j, __m512 v, __mmask16 live) TL_AVX512_INLINE_LAMBDA {
+        const __m512 l = Row ? _mm512_maskz_loadu_ps(live, lo + j) : lo0;
+        const __m512 s = Row ? _mm512_maskz_loadu_ps(live, b + j) : b0;
+        // std::max(v, 0) then std::min(v, hi): a NaN stays NaN (max/min return their second operand)
+        const __m512 u = _mm512_min_ps(vhi, _mm512_max_ps(zero, _mm512_mul_ps(_mm512_sub_ps(v, l), s)));
+        return _mm512_cvt_roundps_epi32(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      },
+      [](int64_t) {});
 }
 
 // pack_bits of n codes for 1, 2 and 4 bits, 64 codes a step (the rest by pack()).
@@ -717,12 +748,14 @@ TL_AVX512 void quantise_tile_avx512(const float* x, int64_t t0, int64_t t1, cons
           : minmax_codes_avx512<false>(x + i, len, q.a + s, q.b + s, hi, c);
       return;
     }
-    for (int64_t b = 0; b < len; b += kCheckSpan) {
-      const int64_t e = std::min(len, b + kCheckSpan);
-      const bool near = row ? recip_codes_avx512<true>(x + i + b, e - b, recip + s + b, p, 2 * p - 1, c + b)
-                            : recip_codes_avx512<false>(x + i + b, e - b, recip + s, p, 2 * p - 1, c + b);
-      if (near) recode_by_division(x + i + b, e - b, q.a + s + (row ? b : 0), row, p, hi, c + b);
-    }
+    uint64_t near[kTile / 64];  // a span lies inside a tile
+    row ? recip_codes_avx512<true>(x + i, len, recip + s, p, 2 * p - 1, c, near)
+        : recip_codes_avx512<false>(x + i, len, recip + s, p, 2 * p - 1, c, near);
+    for (int64_t st = 0; st < (len + 63) / 64; ++st)
+      for (uint64_t bits = near[st]; bits != 0; bits &= bits - 1) {
+        const int64_t e = 64 * st + __builtin_ctzll(bits);
+        if (e < len) recode_by_division(x + i + e, 1, q.a + s + (row ? e : 0), row, p, hi, c + e);
+      }
   });
   if (q.bits == 8) return;
   uint8_t* o = out + t0 / 8 * q.bits;
