@@ -517,12 +517,13 @@ void minmax_row(const float* x, int64_t len, float* mn, float* mx) {
 //   GCC does not contract into an FMA (it does the plain ones: the test caught it).
 // - codes are packed in registers: 4 vectors of int32 to 64 bytes by unsigned saturation (a
 //   NaN's 0x80000000 becomes 0, as the truncating cast gives) or by a byte permute of the low
-//   bytes (max-abs's t), then 4, 2 and 1 bits from those
-//   bytes by multiply-adds of adjacent bytes and words (c0 + 16 c1; c0 + 4 c1 + 16 c2 + 64 c3) or
-//   a byte test mask.
-// - decoding: 1, 2 and 4-bit codes are unpacked in registers (nibbles by shifts, 2 bits by a
-//   multishift, 1 bit by a mask); with up to 4 bits a span's 2^bits values are computed once, by
-//   the plain loop's operations, and looked up by a permute; 8 bits convert and scale.
+//   bytes (max-abs's t), then 4, 2 and 1 bits from those bytes by multiply-adds of adjacent bytes
+//   and words (c0 + 16 c1; c0 + 4 c1 + 16 c2 + 64 c3) or a byte test mask, 3, 5, 6 and 7 bits by
+//   a tree of multiply-adds and shifts and a byte permute (pack_avx512).
+// - decoding: codes are unpacked in registers (nibbles by shifts, 1 bit by a mask, the other
+//   widths by a byte permute and a multishift); with up to 4 bits a span's 2^bits values are
+//   computed once, by the plain loop's operations, and looked up by a permute; 8 bits convert
+//   and scale.
 // - the per-tensor min/max: four chains of 16 lanes, NaN noted in a mask.
 // The payload bytes and decoded values are the plain loops' (cpu_paths_test checks both, with the
 // AVX-512 loops on and off: set_quant_avx512).
@@ -640,8 +641,18 @@ TL_AVX512 TL_INLINE void minmax_codes_avx512(const float* x, int64_t len, const 
       [](int64_t) {});
 }
 
-// pack_bits of n codes for 1, 2 and 4 bits, 64 codes a step (the rest by pack()).
+// pack_bits of n codes, 64 codes a step (the rest by pack()). Widths that divide 8 by multiply-adds
+// or a test mask; the others (3, 5, 6, 7) build each group of 8 codes as a 64-bit lane, sum c_j
+// 2^(bits j), by a tree (bytes to words, words to dwords by multiply-adds, dwords to the lane by
+// shifts), then a byte permute packs the `bits` low bytes of the 8 lanes.
 TL_AVX512 void pack_avx512(const uint8_t* codes, int64_t n, int bits, uint8_t* out) {
+  alignas(64) uint8_t squeeze[64];  // the permute: byte g * bits + k <- byte 8 g + k
+  for (int m = 0; m < 64; ++m) squeeze[m] = static_cast<uint8_t>(m < 8 * bits ? 8 * (m / bits) + m % bits : 0);
+  const __m512i idx = _mm512_load_si512(squeeze);
+  const __m128i shift_b = _mm_cvtsi32_si128(bits), shift_4b = _mm_cvtsi32_si128(4 * bits);
+  const __m512i pair = _mm512_set1_epi16(static_cast<int16_t>(1 | (1 << bits) << 8)),
+                quad = _mm512_set1_epi32(1 | (1 << (2 * bits)) << 16), low32 = _mm512_set1_epi64(0xffffffffll);
+  const __mmask64 group_bytes = lanes64(8 * bits);
   int64_t j = 0;
   for (; j + 64 <= n; j += 64) {
     const __m512i c = _mm512_loadu_si512(codes + j);
@@ -653,19 +664,36 @@ TL_AVX512 void pack_avx512(const uint8_t* codes, int64_t n, int bits, uint8_t* o
       const __m512i w =
           _mm512_madd_epi16(_mm512_maddubs_epi16(c, _mm512_set1_epi16(0x0401)), _mm512_set1_epi32(0x00100001));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(o), _mm512_cvtepi32_epi8(w));
-    } else {
+    } else if (bits == 1) {
       const uint64_t m = _mm512_test_epi8_mask(c, c);
       std::memcpy(o, &m, 8);
+    } else {
+      const __m512i w = bits < 7 ? _mm512_maddubs_epi16(c, pair)  // c0 + 2^bits c1 (2^7 is no signed byte)
+                                 : _mm512_or_si512(_mm512_and_si512(c, _mm512_set1_epi16(0x00ff)),
+                                                   _mm512_sll_epi16(_mm512_srli_epi16(c, 8), shift_b));
+      const __m512i d = _mm512_madd_epi16(w, quad);  // w0 + 2^(2 bits) w1
+      const __m512i lane =
+          _mm512_or_si512(_mm512_and_si512(d, low32), _mm512_sll_epi64(_mm512_srli_epi64(d, 32), shift_4b));
+      _mm512_mask_storeu_epi8(o, group_bytes, _mm512_permutexvar_epi8(idx, lane));
     }
   }
   if (j < n) pack(codes + j, n - j, bits, out + j / 8 * bits);
 }
 
-// unpack_bits for 1, 2 and 4 bits, 64 codes a step (the rest by unpack()).
+// unpack_bits, 64 codes a step (the rest by unpack()). 4 bits by shifts, 1 bit by a mask; the others
+// spread each group's `bits` bytes into a 64-bit lane (a byte permute) and take code k from bits
+// [bits k, bits k + bits) by a multishift.
 TL_AVX512 void unpack_avx512(const uint8_t* in, int64_t n, int bits, uint8_t* codes) {
   // 2 bits: byte k of each 64-bit lane takes bits [2k, 2k + 2) of the lane's low dword for
   // k < 4, of its high dword (bit 32 on) for k >= 4
   const __m512i shifts = _mm512_set1_epi64(0x2624222006040200ll);
+  alignas(64) uint8_t spread[64];  // byte 8 g + k <- byte g * bits + k
+  uint64_t offsets = 0;            // byte k: bits * k
+  for (int m = 0; m < 64; ++m) spread[m] = static_cast<uint8_t>(std::min(63, (m / 8) * bits + m % 8));
+  for (int k = 0; k < 8; ++k) offsets |= static_cast<uint64_t>(bits * k) << (8 * k);
+  const __m512i idx = _mm512_load_si512(spread), field = _mm512_set1_epi64(static_cast<int64_t>(offsets)),
+                mask = _mm512_set1_epi8(static_cast<char>((1 << bits) - 1));
+  const __mmask64 group_bytes = lanes64(8 * bits);
   int64_t j = 0;
   for (; j + 64 <= n; j += 64) {
     const uint8_t* i = in + j / 8 * bits;
@@ -677,10 +705,13 @@ TL_AVX512 void unpack_avx512(const uint8_t* in, int64_t n, int bits, uint8_t* co
     } else if (bits == 2) {
       const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(i)));
       c = _mm512_and_si512(_mm512_multishift_epi64_epi8(shifts, d), _mm512_set1_epi8(3));
-    } else {
+    } else if (bits == 1) {
       uint64_t m;
       std::memcpy(&m, i, 8);
       c = _mm512_maskz_mov_epi8(m, _mm512_set1_epi8(1));
+    } else {
+      const __m512i lane = _mm512_permutexvar_epi8(idx, _mm512_maskz_loadu_epi8(group_bytes, i));
+      c = _mm512_and_si512(_mm512_multishift_epi64_epi8(field, lane), mask);
     }
     _mm512_storeu_si512(codes + j, c);
   }
@@ -759,10 +790,7 @@ TL_AVX512 void quantise_tile_avx512(const float* x, int64_t t0, int64_t t1, cons
   });
   if (q.bits == 8) return;
   uint8_t* o = out + t0 / 8 * q.bits;
-  if (q.bits == 1 || q.bits == 2 || q.bits == 4)
-    pack_avx512(codes, t1 - t0, q.bits, o);
-  else
-    pack_tile(codes, t1 - t0, q.bits, o);
+  pack_avx512(codes, t1 - t0, q.bits, o);
 }
 
 TL_AVX512 void dequantise_tile_avx512(const uint8_t* in, int64_t t0, int64_t t1, const QuantGeometry& g,
@@ -770,10 +798,7 @@ TL_AVX512 void dequantise_tile_avx512(const uint8_t* in, int64_t t0, int64_t t1,
   alignas(64) uint8_t buf[kTile];
   const uint8_t* codes = q.bits == 8 ? in + t0 : buf;  // Note [8-bit codes in place]
   const uint8_t* packed = in + t0 / 8 * q.bits;
-  if (q.bits == 1 || q.bits == 2 || q.bits == 4)
-    unpack_avx512(packed, t1 - t0, q.bits, buf);
-  else if (q.bits != 8)
-    unpack_tile(packed, t1 - t0, q.bits, buf);
+  if (q.bits != 8) unpack_avx512(packed, t1 - t0, q.bits, buf);
   const float p = static_cast<float>(1 << (q.bits - 1));
   const bool small = q.bits <= 4;
   for_spans(g, t0, t1, [&](int64_t i, int64_t len, int64_t s, bool row) TL_AVX512_LAMBDA {

@@ -748,9 +748,9 @@ TEST(Quant, EightBitCodesInPlaceMatchTheOtherPaths) {
 }
 
 // The AVX-512 loops (Note [quant by AVX-512], quant_kernels.cpp) against the plain loops and the
-// portable path: bits 1 to 8, each scale kind and mode, sizes around the 16-lane vectors, the
-// 64-code steps and the tiles, values near half-integers (the reciprocal's check), constant
-// tensors, and NaN in a tensor of several scale groups (the CPU loops skip it in the min/max and
+// portable path: bits 1 to 8 (every packing width), each scale kind and mode, sizes around the
+// 16-lane vectors, the 64-code steps and the tiles, values near half-integers (the reciprocal's
+// check), constant tensors, and NaN in a tensor of several scale groups (the CPU loops skip it in the min/max and
 // code it 0; the ATen path's amin would propagate it, so there the two CPU loops are compared), on
 // 1 and 2 threads. On a CPU without AVX-512 both settings run the plain loops.
 TEST(Quant, Avx512LoopsMatchThePlainLoops) {
@@ -772,7 +772,7 @@ TEST(Quant, Avx512LoopsMatchThePlainLoops) {
   };
   for (int t : {1, 2}) {
     Threads threads(t);
-    for (int64_t bits : {1, 2, 3, 4, 8}) {
+    for (int64_t bits : {1, 2, 3, 4, 5, 6, 7, 8}) {
       const std::string b = std::to_string(bits);
       const std::vector<std::string> specs = {"quant(" + b + ")",
                                               "quant(" + b + ", mode=minmax)",
