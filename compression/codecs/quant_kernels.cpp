@@ -641,6 +641,45 @@ TL_AVX512 TL_INLINE void minmax_codes_avx512(const float* x, int64_t len, const 
       [](int64_t) {});
 }
 
+// Stochastic codes of x[0, len) (element indices i0, i0 + 1, ...): quantise_span's operations
+// op for op, floor(v + u) as the truncation of v + u + off after the clamp, u from uniform01's
+// hash 16 lanes at a time (32-bit multiplies and shifts); the multiply and the add by their
+// rounding forms, which GCC does not contract (the plain loop rounds both).
+template <bool Row, bool MinMax>
+TL_AVX512 TL_INLINE void stochastic_codes_avx512(const float* x, int64_t len, const float* a, const float* b, float p,
+                                                 float hi, uint64_t seed, int64_t i0, uint8_t* codes) {
+  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const __m512 vp = _mm512_set1_ps(p), vhi = _mm512_set1_ps(hi), vlo = _mm512_set1_ps(MinMax ? 0.0f : -p),
+               off = _mm512_set1_ps(MinMax ? 0.0f : p), a0 = _mm512_set1_ps(a[0]), b0 = _mm512_set1_ps(b[0]),
+               unit = _mm512_set1_ps(1.0f / 16777216.0f);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                base = _mm512_set1_epi32(
+                    static_cast<int32_t>(static_cast<uint32_t>(seed) + static_cast<uint32_t>(seed >> 32)));
+  codes_by_64<false>(
+      x, len, codes,
+      [&](int, int64_t j, __m512 v, __mmask16 live) TL_AVX512_INLINE_LAMBDA {
+        const __m512 aa = Row ? _mm512_maskz_loadu_ps(live, a + j) : a0;  // past the end: NaN codes, not stored
+        __m512 w;
+        if (MinMax)
+          w = _mm512_mul_round_ps(_mm512_sub_ps(v, aa), Row ? _mm512_maskz_loadu_ps(live, b + j) : b0, kNearest);
+        else
+          w = _mm512_mul_round_ps(_mm512_div_ps(v, aa), vp, kNearest);
+        // uniform01(seed, i0 + j + lane)
+        __m512i z = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(static_cast<uint32_t>(i0 + j))), lane);
+        z = _mm512_add_epi32(_mm512_mullo_epi32(z, _mm512_set1_epi32(static_cast<int32_t>(0x9E3779B9u))), base);
+        z = _mm512_xor_si512(z, _mm512_srli_epi32(z, 16));
+        z = _mm512_mullo_epi32(z, _mm512_set1_epi32(0x7feb352d));
+        z = _mm512_xor_si512(z, _mm512_srli_epi32(z, 15));
+        z = _mm512_mullo_epi32(z, _mm512_set1_epi32(static_cast<int32_t>(0x846ca68bu)));
+        z = _mm512_xor_si512(z, _mm512_srli_epi32(z, 16));
+        const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(z, 8)), unit);
+        // std::max(v + u, lo), std::min(.., hi): maxps(lo, .), minps(hi, .) (NaN stays)
+        w = _mm512_min_ps(vhi, _mm512_max_ps(vlo, _mm512_add_round_ps(w, u, kNearest)));
+        return _mm512_cvttps_epi32(_mm512_add_ps(w, off));
+      },
+      [](int64_t) {});
+}
+
 // pack_bits of n codes, 64 codes a step (the rest by pack()). Widths that divide 8 by multiply-adds
 // or a test mask; the others (3, 5, 6, 7) build each group of 8 codes as a 64-bit lane, sum c_j
 // 2^(bits j), by a tree (bytes to words, words to dwords by multiply-adds, dwords to the lane by
@@ -765,7 +804,7 @@ void recode_by_division(const float* x, int64_t len, const float* a, bool row, f
     quantise_span<false, false, false>(x, len, a, a, p, hi, 0, 0, codes);
 }
 
-// quantise_tile for nearest rounding (stochastic keeps the plain loop).
+// quantise_tile by the loops above.
 TL_AVX512 void quantise_tile_avx512(const float* x, int64_t t0, int64_t t1, const QuantGeometry& g,
                                     const QuantParams& q, const float* recip, uint8_t* out) {
   alignas(64) uint8_t buf[kTile];
@@ -774,6 +813,16 @@ TL_AVX512 void quantise_tile_avx512(const float* x, int64_t t0, int64_t t1, cons
   const float hi = q.minmax ? static_cast<float>((1 << q.bits) - 1) : p - 1;
   for_spans(g, t0, t1, [&](int64_t i, int64_t len, int64_t s, bool row) TL_AVX512_LAMBDA {
     uint8_t* c = codes + (i - t0);
+    if (q.stochastic) {
+      const float* b = q.minmax ? q.b + s : q.a + s;
+      if (q.minmax)
+        row ? stochastic_codes_avx512<true, true>(x + i, len, q.a + s, b, p, hi, q.seed, i, c)
+            : stochastic_codes_avx512<false, true>(x + i, len, q.a + s, b, p, hi, q.seed, i, c);
+      else
+        row ? stochastic_codes_avx512<true, false>(x + i, len, q.a + s, b, p, hi, q.seed, i, c)
+            : stochastic_codes_avx512<false, false>(x + i, len, q.a + s, b, p, hi, q.seed, i, c);
+      return;
+    }
     if (q.minmax) {
       row ? minmax_codes_avx512<true>(x + i, len, q.a + s, q.b + s, hi, c)
           : minmax_codes_avx512<false>(x + i, len, q.a + s, q.b + s, hi, c);
@@ -1019,7 +1068,7 @@ void quantise_pack_cpu(const float* x, const QuantGeometry& g, const QuantParams
   const float p = static_cast<float>(1 << (q.bits - 1));
   for (size_t s = 0; s < recip.size(); ++s) recip[s] = p / q.a[s];
 #ifdef TL_QUANT_AVX512
-  const bool avx512 = quant_avx512() && !q.stochastic;
+  const bool avx512 = quant_avx512();
 #endif
   at::parallel_for(0, tiles, 4, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {

@@ -750,9 +750,10 @@ TEST(Quant, EightBitCodesInPlaceMatchTheOtherPaths) {
 // The AVX-512 loops (Note [quant by AVX-512], quant_kernels.cpp) against the plain loops and the
 // portable path: bits 1 to 8 (every packing width), each scale kind and mode, sizes around the
 // 16-lane vectors, the 64-code steps and the tiles, values near half-integers (the reciprocal's
-// check), constant tensors, and NaN in a tensor of several scale groups (the CPU loops skip it in the min/max and
-// code it 0; the ATen path's amin would propagate it, so there the two CPU loops are compared), on
-// 1 and 2 threads. On a CPU without AVX-512 both settings run the plain loops.
+// check), constant tensors, stochastic rounding (against the plain loops: the same hash stream), and NaN in a tensor of
+// several scale groups (the CPU loops skip it in the min/max and code it 0; the ATen path's amin would propagate it, so
+// there the two CPU loops are compared), on 1 and 2 threads. On a CPU without AVX-512 both settings run the plain
+// loops.
 TEST(Quant, Avx512LoopsMatchThePlainLoops) {
   at::manual_seed(50);
   // Encode and decode with the AVX-512 loops allowed or not; the payload and the decoded bits.
@@ -780,13 +781,15 @@ TEST(Quant, Avx512LoopsMatchThePlainLoops) {
                                               "quant(" + b + ", scale=block, block=7, mode=minmax)",
                                               "quant(" + b + ", scale=channel)",
                                               "quant(" + b + ", scale=channel, mode=minmax)",
-                                              "quant(" + b + ", scale=channel, dim=0)"};
+                                              "quant(" + b + ", scale=channel, dim=0)",
+                                              "quant(" + b + ", round=stochastic, seed=3)",
+                                              "quant(" + b + ", round=stochastic, mode=minmax, scale=channel, seed=4)"};
       for (int64_t n : {int64_t(1), int64_t(15), int64_t(17), int64_t(63), int64_t(65), int64_t(129), int64_t(1030),
                         int64_t(8191), int64_t(8193), int64_t(3 * 8192 + 77)}) {
         const std::string where = std::to_string(n) + " elements, " + std::to_string(t) + " threads";
         const at::Tensor x = at::randn({n, 2});  // (n, 2): channel scales along either dim
         for (const std::string& spec : specs) {
-          expect_paths_agree(spec, x, where);
+          if (spec.find("stochastic") == std::string::npos) expect_paths_agree(spec, x, where);  // ATen: at::rand
           expect_loops_agree(spec, x, where);
         }
       }
@@ -801,7 +804,8 @@ TEST(Quant, Avx512LoopsMatchThePlainLoops) {
       // Constant tensors (one value: every code the top or the middle one; zeros: Note [zero scales]).
       for (float v : {0.0f, 1.5f, -3.0f}) {
         const at::Tensor c = at::full({5, 999}, v);
-        for (const std::string& spec : specs) expect_paths_agree(spec, c, "constant " + std::to_string(v));
+        for (const std::string& spec : specs) expect_loops_agree(spec, c, "constant " + std::to_string(v));
+        for (size_t k = 0; k < 7; ++k) expect_paths_agree(specs[k], c, "constant " + std::to_string(v));
       }
       // Channel scales along rows of many columns: the min/max in blocks of 2048 columns (Note
       // [channel min/max by columns]) with a partial last block, NaN skipped as before.
@@ -831,7 +835,7 @@ TEST(Quant, Avx512LoopsMatchThePlainLoops) {
       // NaN among finite values, several scale groups.
       at::Tensor nan = at::randn({4, 1000});
       nan.view({-1}).index_put_({at::tensor({0, 5, 64, 100, 1999, 3999})}, std::numeric_limits<float>::quiet_NaN());
-      for (const std::string& spec : {specs[2], specs[3], specs[6]})
+      for (const std::string& spec : {specs[2], specs[3], specs[6], specs[8]})
         expect_loops_agree(spec, nan, "NaN among normals, " + std::to_string(t) + " threads");
     }
   }
