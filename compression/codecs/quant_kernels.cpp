@@ -502,16 +502,18 @@ void minmax_row(const float* x, int64_t len, float* mn, float* mx) {
 // Note [quant by AVX-512]. Where the CPU has AVX-512 (F, BW, DQ, VL and VBMI: this machine's Zen 4)
 // uniform quantisation runs hand-written loops of 16 lanes; the loops GCC made of the plain C++
 // above cost ~15 instructions per 8 elements (a 1 MiB max-abs encode: 56 us for the codes alone,
-// its check for half-integers carried through a stack slot; 28 us here, about 9 instructions per
+// its check for half-integers carried through a stack slot; ~25 us here, about 8 instructions per
 // 16 elements, bound by their issue). Per 16 elements here:
-// - max-abs, nearest: u = fma(x, r, 2^(bits-1)) clamped above at 2^bits - 1, t = u + 1.5 * 2^23
-//   (round(u) in t's low byte: the code) and f = u - (t - 1.5 * 2^23), exact; an element whose
-//   |f| exceeds 1/2 - 2^-13 (or is NaN) gets a bit in a mask per 64 elements and is coded again by
-//   the division after the span (Note [quotient by a reciprocal]; the fused multiply-add and the
-//   added offset move u by at most 2^-17 more, far inside the margin). Element by element: about
+// - max-abs, nearest: t = fma(x, r, 2^(bits-1) + 1.5 * 2^23): one rounding to an integer,
+//   round(x r + 2^(bits-1)), whose low byte is the code once t is clamped above at 2^bits - 1 +
+//   1.5 * 2^23; f = fma(x, r, 2^(bits-1) + 1.5 * 2^23 - t), the distance to it (taken before the
+//   clamp: with 1 bit a quarter of the elements clamp). An element whose |f| exceeds 1/2 - 2^-13
+//   (or is NaN) gets a bit in a mask per 64 elements and is coded again by the division after the
+//   span (Note [quotient by a reciprocal]: x r differs from the division's value by under 2^-15,
+//   the fused operations add no rounding before the code's, and f is off by at most 2^-25). About
 //   2 elements in 8192 (the earlier 128-element spans' end-of-span test and the recoding of whole
-//   spans cost ~25% of the loop). No clamp below: a finite x is never below 0 there by more than
-//   2^-17, which rounds to code 0, as the division path's clamp gives.
+//   spans cost ~25% of the loop). No clamp below: a finite x never takes x r + 2^(bits-1) below
+//   -2^-17, which rounds to code 0, as the division path's clamp gives.
 // - min-max: (x - lo) * b clamped to [0, 2^bits - 1] and converted to nearest even, the plain
 //   loop's operations; decoding's c * step + lo by the intrinsics with a rounding argument, which
 //   GCC does not contract into an FMA (it does the plain ones: the test caught it).
@@ -603,19 +605,21 @@ TL_AVX512 TL_INLINE void codes_by_64(const float* x, int64_t len, uint8_t* codes
 template <bool Row>
 TL_AVX512 TL_INLINE void recip_codes_avx512(const float* x, int64_t len, const float* r, float p, float hi,
                                             uint8_t* codes, uint64_t* near) {
-  const __m512 vp = _mm512_set1_ps(p), vhi = _mm512_set1_ps(hi), r0 = _mm512_set1_ps(r[0]);
-  const __m512 magic = _mm512_set1_ps(12582912.0f), margin = _mm512_set1_ps(0.5f - kHalfMargin);
+  const float magic = 12582912.0f;  // 1.5 * 2^23
+  const __m512 shift = _mm512_set1_ps(p + magic), top = _mm512_set1_ps(hi + magic), r0 = _mm512_set1_ps(r[0]),
+               margin = _mm512_set1_ps(0.5f - kHalfMargin);
   __mmask16 m[4];
   codes_by_64<true>(
       x, len, codes,
       [&](int k, int64_t j, __m512 v, __mmask16 live) TL_AVX512_INLINE_LAMBDA {
         // lanes past the end: x = 0 and r = 0, so u = p, an integer
         const __m512 rr = Row ? _mm512_maskz_loadu_ps(live, r + j) : r0;
-        const __m512 u = _mm512_min_ps(vhi, _mm512_fmadd_ps(v, rr, vp));  // min: its second operand for NaN
-        const __m512 t = _mm512_add_ps(u, magic);  // 1.5 * 2^23 + round(u): the code in the low byte
-        const __m512 f = _mm512_sub_ps(u, _mm512_sub_ps(t, magic));
+        // t = 1.5 * 2^23 + round(x r + p) in one rounding: the code in the low byte once clamped
+        // (min: its second operand for NaN); f = x r + p - round(x r + p), rounded once
+        const __m512 t = _mm512_fmadd_ps(v, rr, shift);
+        const __m512 f = _mm512_fmadd_ps(v, rr, _mm512_sub_ps(shift, t));
         m[k] = _mm512_cmp_ps_mask(_mm512_abs_ps(f), margin, _CMP_NLE_UQ);
-        return _mm512_castps_si512(t);
+        return _mm512_castps_si512(_mm512_min_ps(top, t));
       },
       [&](int64_t j) TL_AVX512_INLINE_LAMBDA {
         near[j / 64] = _cvtmask64_u64(_mm512_kunpackd(_mm512_kunpackw(m[3], m[2]), _mm512_kunpackw(m[1], m[0])));
