@@ -1055,21 +1055,14 @@ void group_minmax_cpu(const float* x, const QuantGeometry& g, float* mn, float* 
   at::parallel_for(0, tiles, 16, [&](int64_t b0, int64_t b1) {
     std::vector<float> lmn(g.groups, inf), lmx(g.groups, -inf);
     for_spans(g, b0 * kTile, std::min(g.n, b1 * kTile), [&](int64_t i, int64_t len, int64_t s, bool row) {
-#ifdef TL_QUANT_AVX512
-      if (row && avx512)
-        minmax_row_avx512(x + i, len, lmn.data() + s, lmx.data() + s);
-      else if (row)
-        minmax_row(x + i, len, lmn.data() + s, lmx.data() + s);
-      else if (avx512 && len >= 64)  // blocks of 64 and more too (Note [quant by AVX-512])
-        minmax_span_avx512(x + i, len, g.groups == 1, lmn[s], lmx[s]);
-      else
-        minmax_span(x + i, len, g.groups == 1, lmn[s], lmx[s]);
-#else
       if (row)
         minmax_row(x + i, len, lmn.data() + s, lmx.data() + s);
+#ifdef TL_QUANT_AVX512
+      else if (avx512 && len >= 64)  // blocks of 64 and more too (Note [quant by AVX-512])
+        minmax_span_avx512(x + i, len, g.groups == 1, lmn[s], lmx[s]);
+#endif
       else
         minmax_span(x + i, len, g.groups == 1, lmn[s], lmx[s]);
-#endif
     });
     std::lock_guard<std::mutex> lock(merge);
     for (int64_t s = 0; s < g.groups; ++s) {
