@@ -533,6 +533,13 @@ void minmax_row(const float* x, int64_t len, float* mn, float* mx) {
 // AVX-512 loops on and off: set_quant_avx512).
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define TL_QUANT_AVX512 1
+// GCC 12's AVX-512 headers pass an undefined vector as the merge source of the plain intrinsics
+// (_mm512_max_ps, _mm512_cvtepi32_ps, ...) and then warn that it may be used uninitialized (a false
+// alarm: the mask is all ones; GCC 13 no longer warns); the lambdas' vector returns warn about an
+// ABI they never use (they are inlined).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wpsabi"
 #define TL_AVX512_ISA "avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi"
 #define TL_AVX512 __attribute__((target(TL_AVX512_ISA)))
 // A lambda takes no target from the function around it; one called from a loop of plain C++
@@ -1028,6 +1035,7 @@ TL_AVX512 bool scales_f16_avx512(int64_t s0, int64_t s1, const float* mn, const 
   }
   return ok;
 }
+#pragma GCC diagnostic pop
 #endif
 
 }  // namespace
