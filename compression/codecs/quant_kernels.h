@@ -44,6 +44,11 @@ struct DequantParams {
 ///   max-abs: x^ = (q - 2^(bits-1)) * step;   min-max: x^ = q * step + lo
 void unpack_dequantise_cpu(const uint8_t* in, const QuantGeometry& g, const DequantParams& q, float* out);
 
+/// Whether the loops above (and unpack_dequantise_cpu) may use AVX-512 where the CPU has it (Note
+/// [quant by AVX-512] in quant_kernels.cpp; on by default); off, they take the AVX2 or baseline
+/// loops, as on CPUs without it (the tests check both). Returns the previous setting.
+bool set_quant_avx512(bool on);
+
 /// The wire scales and per-group quantities from the per-group min and max (G = p.groups each),
 /// threaded over the groups: the arithmetic of quant_logic.h's scales_group, which writes the
 /// ATen path's bytes (Note [fused scales]). max-abs scales max(-mn, mx) (NaN propagates), min-max

@@ -830,6 +830,100 @@ TEST(Quant, EightBitCodesInPlaceMatchTheOtherPaths) {
   }
 }
 
+// The AVX-512 loops (Note [quant by AVX-512], quant_kernels.cpp) against the plain loops and the
+// portable path: bits 1 to 8 (every packing width), each scale kind and mode, sizes around the
+// 16-lane vectors, the 64-code steps and the tiles, values near half-integers (the reciprocal's
+// check), constant tensors, stochastic rounding (against the plain loops: the same hash stream), and NaN in a tensor of
+// several scale groups (the CPU loops skip it in the min/max and code it 0; the ATen path's amin would propagate it, so
+// there the two CPU loops are compared), on 1 and 2 threads. On a CPU without AVX-512 both settings run the plain
+// loops.
+TEST(Quant, Avx512LoopsMatchThePlainLoops) {
+  at::manual_seed(50);
+  // Encode and decode with the AVX-512 loops allowed or not; the payload and the decoded bits.
+  auto run = [](const std::string& spec, const at::Tensor& x, bool avx512) {
+    const bool before = codec::set_quant_avx512(avx512);
+    CodecContext ctx;
+    auto c = parse_compressor(spec);
+    Payload p = c->encode(x, ctx);
+    at::Tensor y = c->decode(p, ctx).contiguous().view(at::kInt);
+    codec::set_quant_avx512(before);
+    return std::make_pair(p, y);
+  };
+  auto expect_loops_agree = [&](const std::string& spec, const at::Tensor& x, const std::string& where) {
+    const auto fast = run(spec, x, true), plain = run(spec, x, false);
+    EXPECT_TRUE(same_payload(fast.first, plain.first)) << spec << " on " << where;
+    EXPECT_TRUE(at::equal(fast.second, plain.second)) << spec << " decoded on " << where;
+  };
+  for (int t : {1, 2}) {
+    Threads threads(t);
+    for (int64_t bits : {1, 2, 3, 4, 5, 6, 7, 8}) {
+      const std::string b = std::to_string(bits);
+      const std::vector<std::string> specs = {"quant(" + b + ")",
+                                              "quant(" + b + ", mode=minmax)",
+                                              "quant(" + b + ", scale=block, block=100)",
+                                              "quant(" + b + ", scale=block, block=7, mode=minmax)",
+                                              "quant(" + b + ", scale=channel)",
+                                              "quant(" + b + ", scale=channel, mode=minmax)",
+                                              "quant(" + b + ", scale=channel, dim=0)",
+                                              "quant(" + b + ", round=stochastic, seed=3)",
+                                              "quant(" + b + ", round=stochastic, mode=minmax, scale=channel, seed=4)"};
+      for (int64_t n : {int64_t(1), int64_t(15), int64_t(17), int64_t(63), int64_t(65), int64_t(129), int64_t(1030),
+                        int64_t(8191), int64_t(8193), int64_t(3 * 8192 + 77)}) {
+        const std::string where = std::to_string(n) + " elements, " + std::to_string(t) + " threads";
+        const at::Tensor x = at::randn({n, 2});  // (n, 2): channel scales along either dim
+        for (const std::string& spec : specs) {
+          if (spec.find("stochastic") == std::string::npos) expect_paths_agree(spec, x, where);  // ATen: at::rand
+          expect_loops_agree(spec, x, where);
+        }
+      }
+      // Near half-integers: the reciprocal's spans coded again by the division.
+      const at::Tensor h = near_half_integers(2 * 8192 + 333, bits);
+      for (const std::string& spec : {specs[0], specs[2]}) {
+        expect_paths_agree(spec, h, "near half-integers");
+        expect_loops_agree(spec, h, "near half-integers");
+      }
+      const at::Tensor rows = at::cat({near_half_integers(3000, bits), near_half_integers(3000, bits)}).view({6, 1000});
+      expect_paths_agree(specs[4], rows, "(6, 1000) near half-integers");
+      // Constant tensors (one value: every code the top or the middle one; zeros: Note [zero scales]).
+      for (float v : {0.0f, 1.5f, -3.0f}) {
+        const at::Tensor c = at::full({5, 999}, v);
+        for (const std::string& spec : specs) expect_loops_agree(spec, c, "constant " + std::to_string(v));
+        for (size_t k = 0; k < 7; ++k) expect_paths_agree(specs[k], c, "constant " + std::to_string(v));
+      }
+      // Channel scales along rows of many columns: the min/max in blocks of 2048 columns (Note
+      // [channel min/max by columns]) with a partial last block, NaN skipped as before.
+      at::Tensor wide = at::randn({5, 2 * 2048 + 21});  // (5, 4117)
+      for (const std::string& spec : {specs[4], specs[5]}) {
+        expect_paths_agree(spec, wide, "(5, 4117)");
+        expect_loops_agree(spec, wide, "(5, 4117)");
+      }
+      wide[2][7] = std::numeric_limits<float>::quiet_NaN();
+      wide[4][4100] = std::numeric_limits<float>::quiet_NaN();
+      for (const std::string& spec : {specs[4], specs[5]}) expect_loops_agree(spec, wide, "(5, 4117) with NaN");
+      // fp16 wire scales at the type's edges (Note [fp16 scales by AVX-512]): subnormal and
+      // near-overflow scales, one per channel; beyond 65504 a scale rounds out to inf: refused.
+      for (float m : {1e-7f, 3e-5f, 6.5e4f}) {
+        const at::Tensor e = at::randn({8, 300}) * m / 4;  // (8, 300)
+        for (const std::string& spec : {specs[4], specs[5], specs[6]}) {
+          expect_paths_agree(spec, e, "scales near " + std::to_string(m));
+          expect_loops_agree(spec, e, "scales near " + std::to_string(m));
+        }
+      }
+      for (bool avx512 : {true, false}) {
+        const bool before = codec::set_quant_avx512(avx512);
+        CodecContext ctx;
+        EXPECT_THROW(parse_compressor(specs[4])->encode(at::full({2, 3}, 65520.0f), ctx), c10::Error);
+        codec::set_quant_avx512(before);
+      }
+      // NaN among finite values, several scale groups.
+      at::Tensor nan = at::randn({4, 1000});
+      nan.view({-1}).index_put_({at::tensor({0, 5, 64, 100, 1999, 3999})}, std::numeric_limits<float>::quiet_NaN());
+      for (const std::string& spec : {specs[2], specs[3], specs[6], specs[8]})
+        expect_loops_agree(spec, nan, "NaN among normals, " + std::to_string(t) + " threads");
+    }
+  }
+}
+
 // Lemire's remainder (Note [remainder by multiplication], sparse_kernels.h) against %: divisors
 // from 1 to beyond 2^32 (powers of two and their neighbours included), numerators at the ends of
 // the range, multiples of d and their neighbours, and random ones.
