@@ -12,9 +12,7 @@
 #include <mutex>
 #include <vector>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "compression/codecs/x86.h"
 
 #include "compression/cuda/quant_logic.h"
 
@@ -533,12 +531,9 @@ void minmax_row(const float* x, int64_t len, float* mn, float* mx) {
 // AVX-512 loops on and off: set_quant_avx512).
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define TL_QUANT_AVX512 1
-// GCC 12's AVX-512 headers pass an undefined vector as the merge source of the plain intrinsics
-// (_mm512_max_ps, _mm512_cvtepi32_ps, ...) and then warn that it may be used uninitialized (a false
-// alarm: the mask is all ones; GCC 13 no longer warns); the lambdas' vector returns warn about an
-// ABI they never use (they are inlined).
+// The lambdas' vector returns warn about an ABI they never use (they are inlined). (GCC 12's false
+// uninitialized warnings of the AVX-512 headers are off through x86.h.)
 #pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wpsabi"
 #define TL_AVX512_ISA "avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi"
 #define TL_AVX512 __attribute__((target(TL_AVX512_ISA)))

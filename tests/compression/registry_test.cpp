@@ -59,8 +59,9 @@ TEST(CodecRegistry, WireIdsAreFixed) {
     EXPECT_EQ(find_codec(id)->name, name);
   }
   for (const CodecRecord* r : codec_records())
-    if (r->wire_id >= 1 && r->wire_id < 64)
+    if (r->wire_id >= 1 && r->wire_id < 64) {
       EXPECT_TRUE(fixed_wire_ids().count(r->name)) << r->name << " (id " << r->wire_id << "): add it to the table";
+    }
   EXPECT_EQ(find_codec("cast")->wire_id, 0);
   EXPECT_FALSE(find_codec("compose")->factory) << "compose is the '|' pipeline, not a spec name";
 }
@@ -95,7 +96,9 @@ int check_traits(const CodecRecord& r) {
     EXPECT_EQ(t.tp == MessageUse::kNoTransform, transform) << what;
     // A decoder with state of its own cannot serve D replicas' payloads.
     EXPECT_EQ(t.dp == MessageUse::kNoDecoderState, t.decode_state == Capability::kYes) << what;
-    if (t.reduce_scatter) EXPECT_TRUE(!transform && !c->decode_has_state()) << what;
+    if (t.reduce_scatter) {
+      EXPECT_TRUE(!transform && !c->decode_has_state()) << what;
+    }
   }
   if (t.knob) {
     for (double level : {t.knob->from, t.knob->to}) {
