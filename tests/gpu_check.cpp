@@ -63,6 +63,69 @@ int main() {
       }
     }
   }
+  // Scales made on the device (Note [scales in the kernels]): one per tensor of 4M elements (a full
+  // grid of partial minima and maxima), per channel of a (64, 65537) view, per block of 128.
+  {
+    at::Tensor big = at::randn({64 * 65537}) * 3;  // (N)
+    big[1234567] = -77;
+    at::Tensor bigd = big.cuda(), partials = at::empty({codec::gpu::kQuantPartialFloats}, bigd.options());
+    const int64_t nb = big.numel();
+    for (const bool minmax : {false, true}) {
+      for (const int bits : {2, 4, 8}) {
+        const codec::gpu::ScaleParams p{bits, minmax, codec::gpu::WireType::kBF16, 1};
+        const int64_t bytes = (minmax ? 4 : 2) + (nb * bits + 7) / 8;
+        at::Tensor host = at::empty({bytes}, at::kByte), dev = at::empty({bytes}, bigd.options().dtype(at::kByte));
+        const codec::QuantParams q{bits, minmax, false, 0, nullptr, nullptr};
+        const codec::QuantGeometry g{nb, nb, 1};
+        codec::gpu::quant_tensor_host(big.data_ptr<float>(), g, q, p, host.data_ptr<uint8_t>(), nullptr);
+        codec::gpu::quant_tensor_cuda(0, bigd.data_ptr<float>(), g, q, p, partials.data_ptr<float>(),
+                                      dev.data_ptr<uint8_t>(), nullptr);
+        if (!at::equal(host, dev.cpu())) {
+          std::printf("FAIL quant_tensor bits=%d minmax=%d: bytes differ\n", bits, int(minmax));
+          ++failures;
+        }
+        at::Tensor yh = at::empty({nb}), yd = at::empty({nb}, bigd.options());
+        codec::gpu::dequant_tensor_host(host.data_ptr<uint8_t>(), g, p, yh.data_ptr<float>());
+        codec::gpu::dequant_tensor_cuda(0, dev.data_ptr<uint8_t>(), g, p, yd.data_ptr<float>());
+        if (!at::equal(yh, yd.cpu())) {
+          std::printf("FAIL dequant_tensor bits=%d minmax=%d: values differ\n", bits, int(minmax));
+          ++failures;
+        }
+      }
+      // Channels (inner 1 and inner 7) and blocks: wire scales and a, b, step, lo.
+      struct Shape {
+        const char* what;
+        int64_t outer, groups, inner, block;
+      };
+      for (const Shape sh : {Shape{"channel", 64, 65537, 1, 0}, Shape{"channel", 599, 1000, 7, 0},
+                             Shape{"block", 0, (nb + 127) / 128, 0, 128}, Shape{"block", 0, (nb + 99999) / 100000, 0, 100000},
+                             Shape{"block", 0, (nb + 32) / 33, 0, 33}, Shape{"block", 0, (nb + 1499) / 1500, 0, 1500},
+                             Shape{"block", 0, (nb + 4095) / 4096, 0, 4096}}) {
+        const codec::gpu::ScaleParams p{4, minmax, codec::gpu::WireType::kF16, sh.groups};
+        const int64_t wb = (minmax ? 2 : 1) * sh.groups * 2;
+        at::Tensor wh = at::empty({wb}, at::kByte), wd = at::empty({wb}, bigd.options().dtype(at::kByte));
+        at::Tensor fh = at::zeros({4, sh.groups}), fd = at::zeros({4, sh.groups}, bigd.options());  // a, b, step, lo
+        auto f = [&](at::Tensor& t, int i) { return t[i].data_ptr<float>(); };
+        const int64_t used = sh.block ? nb : sh.outer * sh.groups * sh.inner;
+        if (sh.block) {
+          codec::gpu::block_scales_host(big.data_ptr<float>(), used, sh.block, p, wh.data_ptr<uint8_t>(), f(fh, 0),
+                                        f(fh, 1), f(fh, 2), f(fh, 3));
+          codec::gpu::block_scales_cuda(0, bigd.data_ptr<float>(), used, sh.block, p, partials.data_ptr<float>(),
+                                        wd.data_ptr<uint8_t>(), f(fd, 0), f(fd, 1), f(fd, 2), f(fd, 3));
+        } else {
+          codec::gpu::channel_scales_host(big.data_ptr<float>(), sh.outer, sh.inner, p, wh.data_ptr<uint8_t>(),
+                                          f(fh, 0), f(fh, 1), f(fh, 2), f(fh, 3));
+          codec::gpu::channel_scales_cuda(0, bigd.data_ptr<float>(), sh.outer, sh.inner, p, wd.data_ptr<uint8_t>(),
+                                          f(fd, 0), f(fd, 1), f(fd, 2), f(fd, 3));
+        }
+        if (!at::equal(wh, wd.cpu()) || !at::equal(fh, fd.cpu())) {
+          std::printf("FAIL %s_scales inner=%ld block=%ld minmax=%d: scales differ\n", sh.what,
+                      static_cast<long>(sh.inner), static_cast<long>(sh.block), int(minmax));
+          ++failures;
+        }
+      }
+    }
+  }
   // Sparse packing: every 7th of 20011 elements (int index) and a bitmap, each wire type.
   at::Tensor idx = at::arange(0, n, 7, at::kLong), idxd = idx.cuda();  // (k)
   const int64_t k = idx.numel();

@@ -176,12 +176,66 @@ Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::
               ": encode_with_minmax takes float32 CPU tensors of several scale groups on the fast path");
   // Note [CUDA kernels or ATen ops] (compression/cuda/quant_cuda.h).
   const bool cuda = codec::use_cuda_kernel(x);
+  const bool emulated = cpu && codec::gpu::host_emulation();  // the kernels' logic on the host
   at::Tensor xf = x.to(at::kFloat).contiguous().reshape({-1});
+  auto payload = [&](at::Tensor body) {
+    Payload p;
+    p.codec = codec_id(kName);
+    p.dtype = x.scalar_type();
+    p.shape = shape;
+    p.params = {o_.bits,
+                static_cast<int64_t>(o_.scale),
+                static_cast<int64_t>(o_.mode),
+                o_.stochastic ? 1 : 0,
+                dim,
+                o_.scale == Scale::kBlock ? o_.block : 0,
+                codec::wire_type_param(o_.scale_type)};
+    p.body = std::move(body);
+    return p;
+  };
+  auto stochastic_seed = [&]() -> uint64_t {
+    if (!o_.stochastic) return 0;
+    // The per-call seed comes from the codec's CPU generator, kept on the host (no device read).
+    const uint64_t seed = next_random64(generator_.get());
+    generator_.commit();
+    return seed;
+  };
+  const bool minmax = o_.mode == Mode::kMinMax;
+  const codec::gpu::ScaleParams sp{static_cast<int>(o_.bits), minmax, codec::kernel_wire_type(o_.scale_type), groups};
+  const int64_t scale_bytes = (minmax ? 2 : 1) * groups * static_cast<int64_t>(c10::elementSize(o_.scale_type));
+  const int64_t packed_bytes = (n * o_.bits + 7) / 8;
+
+  // One scale for the tensor, on the device: two kernels from x to the body (Note [scales in the
+  // kernels] in quant_logic.h).
+  if ((cuda || emulated) && groups == 1 && n > 0 && !given_mn) {
+    at::Tensor body = at::empty({scale_bytes + packed_bytes}, xf.options().dtype(at::kByte));
+    const codec::QuantParams q{static_cast<int>(o_.bits), minmax, o_.stochastic, stochastic_seed(), nullptr, nullptr};
+    // Error feedback's residual x - decode(payload) in the same pass (float32 x only: otherwise the
+    // residual is of the cast input).
+    at::Tensor r = residual && x.scalar_type() == at::kFloat ? at::empty({n}, xf.options()) : at::Tensor();  // (n)
+    float* rp = r.defined() ? r.data_ptr<float>() : nullptr;
+    if (cuda) {
+      at::Tensor partials = at::empty({codec::gpu::kQuantPartialFloats}, xf.options());
+      codec::gpu::quant_tensor_cuda(xf.get_device(), xf.data_ptr<float>(), geo.g, q, sp, partials.data_ptr<float>(),
+                                    body.data_ptr<uint8_t>(), rp);
+    } else {
+      codec::gpu::quant_tensor_host(xf.data_ptr<float>(), geo.g, q, sp, body.data_ptr<uint8_t>(), rp);
+      const at::Tensor scale = body.narrow(0, 0, scale_bytes).view(o_.scale_type).to(at::kFloat);
+      TORCH_CHECK(at::isfinite(scale).all().item<bool>(), kName, ": a scale is not finite in ",
+                  codec::wire_type_word(o_.scale_type), " (the tensor holds inf/NaN, or values beyond the ",
+                  "type's range: use scales=fp32)");
+    }
+    if (r.defined()) *residual = r.view(shape);
+    return payload(body);
+  }
 
   // Per-group min and max.
   at::Tensor mn, mx;
   if (n == 0) {
     mn = mx = at::zeros({groups}, xf.options());
+  } else if ((cuda || emulated) && !given_mn) {
+    // channels and blocks: min, max and scales by channel_scales_cuda or block_scales_cuda below
+    // (Note [scales in the kernels]; one scale for the tensor took the path above)
   } else if (groups == 1 && !cpu) {
     std::tie(mn, mx) = at::aminmax(xf);
     mn = mn.reshape({1});
@@ -207,10 +261,7 @@ Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::
 
   // Wire scales, rounded outward; both ends use exactly these. On the fused path one kernel writes
   // them into the body and derives a, b, step, lo (Note [fused scales] in quant_logic.h).
-  const bool minmax = o_.mode == Mode::kMinMax;
   const bool fused_scales = cuda || cpu;  // the CPU: Note [scales on the CPU] (quant_kernels.cpp)
-  const int64_t scale_bytes = (minmax ? 2 : 1) * groups * static_cast<int64_t>(c10::elementSize(o_.scale_type));
-  const int64_t packed_bytes = (n * o_.bits + 7) / 8;
   at::Tensor scales, wire, body;  // scales: float; wire: the scales in the wire type (unfused paths)
   Derived d;
   if (fused_scales) {
@@ -219,11 +270,27 @@ Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::
     d.step = at::empty({groups}, xf.options());
     d.b = minmax ? at::empty({groups}, xf.options()) : d.a;
     d.lo = minmax ? at::empty({groups}, xf.options()) : d.step;
-    const codec::gpu::ScaleParams sp{static_cast<int>(o_.bits), minmax, codec::kernel_wire_type(o_.scale_type), groups};
     auto* out = body.data_ptr<uint8_t>();
     float *a = d.a.data_ptr<float>(), *b = d.b.data_ptr<float>(), *step = d.step.data_ptr<float>(),
           *lo = d.lo.data_ptr<float>();
-    if (cpu && !codec::gpu::host_emulation()) {
+    if (!mn.defined()) {  // channels or blocks on the device, or their logic on the host
+      const float* xp = xf.data_ptr<float>();
+      // A channel whose elements are one contiguous run (dim 0) is a block of `inner` elements.
+      const bool as_blocks = o_.scale == Scale::kBlock || geo.outer == 1;
+      const int64_t block = o_.scale == Scale::kBlock ? o_.block : geo.inner;
+      if (as_blocks && cuda) {
+        at::Tensor partials = at::empty({codec::gpu::kQuantPartialFloats}, xf.options());
+        codec::gpu::block_scales_cuda(xf.get_device(), xp, n, block, sp, partials.data_ptr<float>(), out, a, b, step,
+                                      lo);
+      } else if (as_blocks) {
+        codec::gpu::block_scales_host(xp, n, block, sp, out, a, b, step, lo);
+      } else if (cuda) {
+        codec::gpu::channel_scales_cuda(xf.get_device(), xp, geo.outer, geo.inner, sp, out, a, b, step, lo);
+      } else {
+        codec::gpu::channel_scales_host(xp, geo.outer, geo.inner, sp, out, a, b, step, lo);
+      }
+      if (!codec::on_device(x)) scales = body.narrow(0, 0, scale_bytes).view(o_.scale_type).to(at::kFloat);
+    } else if (cpu && !emulated) {
       const at::Tensor lo_c = mn.contiguous(), hi_c = mx.contiguous();  // (G)
       const bool finite =
           codec::quant_scales_cpu(lo_c.data_ptr<float>(), hi_c.data_ptr<float>(), sp, out, a, b, step, lo);
@@ -255,12 +322,7 @@ Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::
                 "type's range: use scales=fp32)");
   }
 
-  uint64_t seed = 0;
-  if (o_.stochastic) {
-    // The per-call seed comes from the codec's CPU generator, kept on the host (no device read).
-    seed = next_random64(generator_.get());
-    generator_.commit();
-  }
+  const uint64_t seed = stochastic_seed();
 
   if (cpu || cuda) {
     // Scales then codes, written in place.
@@ -329,15 +391,7 @@ Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::
     body = w.finish();
   }
 
-  Payload p;
-  p.codec = codec_id(kName);
-  p.dtype = x.scalar_type();
-  p.shape = shape;
-  p.params = {
-      o_.bits, static_cast<int64_t>(o_.scale),           static_cast<int64_t>(o_.mode),        o_.stochastic ? 1 : 0,
-      dim,     o_.scale == Scale::kBlock ? o_.block : 0, codec::wire_type_param(o_.scale_type)};
-  p.body = body;
-  return p;
+  return payload(body);
 }
 
 at::Tensor Quantize::decode(const Payload& p, const CodecContext& ctx) {
@@ -368,13 +422,23 @@ at::Tensor Quantize::decode(const Payload& p, const CodecContext& ctx) {
   const at::TensorOptions floats = packed.options().dtype(at::kFloat);
   const bool cuda = codec::use_cuda_kernel(packed);
   const bool cpu = codec::use_cpu_kernel(packed), emulated = cpu && codec::gpu::host_emulation();
+  const codec::gpu::ScaleParams sp{static_cast<int>(bits), mode == Mode::kMinMax, codec::kernel_wire_type(scale_type),
+                                   groups};
+  if ((cuda || emulated) && groups == 1 && n > 0 && p.body.is_contiguous()) {
+    // One kernel derives the scale and decodes (Note [scales in the kernels] in quant_logic.h).
+    at::Tensor out = at::empty({n}, floats);
+    const auto* body = static_cast<const uint8_t*>(p.body.data_ptr());
+    if (cuda)
+      codec::gpu::dequant_tensor_cuda(packed.get_device(), body, geo.g, sp, out.data_ptr<float>());
+    else
+      codec::gpu::dequant_tensor_host(body, geo.g, sp, out.data_ptr<float>());
+    return out.to(p.dtype).view(p.shape);
+  }
   Derived d;
   if (cuda || cpu) {  // one kernel (one loop) derives step and lo (Note [fused scales] in quant_logic.h)
     const at::Tensor w = wire.contiguous();
     d.step = at::empty({groups}, floats);
     d.lo = mode == Mode::kMinMax ? at::empty({groups}, floats) : d.step;
-    const codec::gpu::ScaleParams sp{static_cast<int>(bits), mode == Mode::kMinMax, codec::kernel_wire_type(scale_type),
-                                     groups};
     const auto* wp = static_cast<const uint8_t*>(w.data_ptr());
     if (cuda)
       codec::gpu::quant_derive_cuda(packed.get_device(), wp, sp, d.step.data_ptr<float>(), d.lo.data_ptr<float>());

@@ -28,6 +28,21 @@ void tl_cuda_quant_scales(int device, const float* v, const float* mx, const Sca
 void tl_cuda_quant_derive(int device, const uint8_t* wire, const ScaleParams& p, float* step, float* lo) {
   quant_derive_cuda(device, wire, p, step, lo);
 }
+void tl_cuda_quant_tensor(int device, const float* x, const QuantGeometry& g, const QuantParams& q,
+                          const ScaleParams& p, float* partials, uint8_t* body, float* residual) {
+  quant_tensor_cuda(device, x, g, q, p, partials, body, residual);
+}
+void tl_cuda_dequant_tensor(int device, const uint8_t* body, const QuantGeometry& g, const ScaleParams& p, float* out) {
+  dequant_tensor_cuda(device, body, g, p, out);
+}
+void tl_cuda_channel_scales(int device, const float* x, int64_t outer, int64_t inner, const ScaleParams& p,
+                            uint8_t* wire, float* a, float* b, float* step, float* lo) {
+  channel_scales_cuda(device, x, outer, inner, p, wire, a, b, step, lo);
+}
+void tl_cuda_block_scales(int device, const float* x, int64_t n, int64_t block, const ScaleParams& p, float* partials,
+                          uint8_t* wire, float* a, float* b, float* step, float* lo) {
+  block_scales_cuda(device, x, n, block, p, partials, wire, a, b, step, lo);
+}
 void tl_cuda_sparse_pack(int device, const float* x, const int64_t* idx, const SparseLayout& s, uint8_t* body) {
   sparse_pack_cuda(device, x, idx, s, body);
 }

@@ -21,6 +21,16 @@ void tl_cuda_quant_scales(int device, const float* v, const float* mx, const tl:
                           uint8_t* wire, float* a, float* b, float* step, float* lo);
 void tl_cuda_quant_derive(int device, const uint8_t* wire, const tl::codec::gpu::ScaleParams& p, float* step,
                           float* lo);
+void tl_cuda_quant_tensor(int device, const float* x, const tl::codec::QuantGeometry& g,
+                          const tl::codec::QuantParams& q, const tl::codec::gpu::ScaleParams& p, float* partials,
+                          uint8_t* body, float* residual);
+void tl_cuda_dequant_tensor(int device, const uint8_t* body, const tl::codec::QuantGeometry& g,
+                            const tl::codec::gpu::ScaleParams& p, float* out);
+void tl_cuda_channel_scales(int device, const float* x, int64_t outer, int64_t inner,
+                            const tl::codec::gpu::ScaleParams& p, uint8_t* wire, float* a, float* b, float* step,
+                            float* lo);
+void tl_cuda_block_scales(int device, const float* x, int64_t n, int64_t block, const tl::codec::gpu::ScaleParams& p,
+                          float* partials, uint8_t* wire, float* a, float* b, float* step, float* lo);
 void tl_cuda_sparse_pack(int device, const float* x, const int64_t* idx, const tl::codec::gpu::SparseLayout& s,
                          uint8_t* body);
 void tl_cuda_bitmap_counts(int device, const uint8_t* bitmap, int64_t bytes, int64_t* counts);

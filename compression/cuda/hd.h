@@ -9,3 +9,11 @@
 #else
 #define TL_HD inline
 #endif
+
+// TL_UNROLL: unroll the next loop fully under nvcc (a constant trip count: arrays indexed by its
+// variable stay in registers, Note [groups in registers] in quant_logic.h); nothing under g++.
+#if defined(__CUDACC__)
+#define TL_UNROLL _Pragma("unroll")
+#else
+#define TL_UNROLL
+#endif

@@ -49,6 +49,30 @@ void quant_scales_cuda(int device, const float* v, const float* mx, const ScaleP
 /// step and lo (min-max) derived from the wire scales of a received payload.
 void quant_derive_cuda(int device, const uint8_t* wire, const ScaleParams& p, float* step, float* lo);
 
+/// Scratch floats quant_tensor_cuda needs for its partial minima and maxima (2 per CUDA block).
+constexpr int64_t kQuantPartialFloats = 4096;
+
+/// A per-tensor scale (p.groups == 1), Note [scales in the kernels] in quant_logic.h: the wire
+/// scale written to body[0, wire_bytes(p)) and the packed codes after it, from x alone, in two
+/// kernels; q's a and b are not read. `partials`: kQuantPartialFloats floats on the device.
+/// residual (or null): x - the decoded codes, as quantise_pack_residual_cuda.
+void quant_tensor_cuda(int device, const float* x, const QuantGeometry& g, const QuantParams& q, const ScaleParams& p,
+                       float* partials, uint8_t* body, float* residual);
+/// Its inverse in one kernel: step (and lo) derived from the wire scale at body[0, ...), then the
+/// codes after it unpacked and dequantised into out.
+void dequant_tensor_cuda(int device, const uint8_t* body, const QuantGeometry& g, const ScaleParams& p, float* out);
+/// Per block of `block` elements of x (n of them; p.groups blocks, the last may be short): its min
+/// and max, then its wire scales, a, b, step, lo as quant_scales_cuda writes them. Short blocks: a
+/// warp reduces 32 blocks, one after another, and its lanes make their 32 scales at once; long ones
+/// (Note [scales in the kernels]): CUDA blocks reduce slices into `partials` (kQuantPartialFloats
+/// floats on the device), then a thread a block makes its scale.
+void block_scales_cuda(int device, const float* x, int64_t n, int64_t block, const ScaleParams& p, float* partials,
+                       uint8_t* wire, float* a, float* b, float* step, float* lo);
+/// Per channel of x viewed as (outer, p.groups, inner): its min and max, then its wire scales, a, b,
+/// step, lo as quant_scales_cuda writes them, in one pass over x.
+void channel_scales_cuda(int device, const float* x, int64_t outer, int64_t inner, const ScaleParams& p, uint8_t* wire,
+                         float* a, float* b, float* step, float* lo);
+
 /// The kernels' logic on host pointers, one group of 8 elements after another (what each CUDA
 /// thread does, in sequence). Same bytes and values as the kernels.
 void quantise_pack_host(const float* x, const QuantGeometry& g, const QuantParams& q, uint8_t* out);
@@ -58,6 +82,13 @@ void quantise_pack_residual_host(const float* x, const QuantGeometry& g, const Q
 void quant_scales_host(const float* v, const float* mx, const ScaleParams& p, uint8_t* wire, float* a, float* b,
                        float* step, float* lo);
 void quant_derive_host(const uint8_t* wire, const ScaleParams& p, float* step, float* lo);
+void quant_tensor_host(const float* x, const QuantGeometry& g, const QuantParams& q, const ScaleParams& p,
+                       uint8_t* body, float* residual);
+void dequant_tensor_host(const uint8_t* body, const QuantGeometry& g, const ScaleParams& p, float* out);
+void channel_scales_host(const float* x, int64_t outer, int64_t inner, const ScaleParams& p, uint8_t* wire, float* a,
+                         float* b, float* step, float* lo);
+void block_scales_host(const float* x, int64_t n, int64_t block, const ScaleParams& p, uint8_t* wire, float* a,
+                       float* b, float* step, float* lo);
 
 /// Forces CPU tensors through quantise_pack_host/unpack_dequantise_host on this thread for its
 /// lifetime (tests: the GPU kernels' logic against the CPU fast path and the ATen path).

@@ -88,9 +88,21 @@ TL_HD int64_t scale_group(const QuantGeometry& g, int64_t i) {
 /// The scale groups of consecutive elements from i0 on: one division for the first, then a step per
 /// element (Note [no division per element]).
 struct GroupCursor {
-  int64_t s, r;  // the scale group, and the position in its run of `g.run` elements
-  TL_HD GroupCursor(const QuantGeometry& g, int64_t i0) : s(scale_group(g, i0)), r(i0 % g.run) {}
+  int64_t s = 0, r = 0;  // the scale group, and the position in its run of `g.run` elements
+  TL_HD GroupCursor(const QuantGeometry& g, int64_t i0) {
+    if (g.groups == 1) return;  // one scale: group 0 throughout
+    if (i0 <= 0xffffffffLL && g.run <= 0xffffffffLL && g.groups <= 0xffffffffLL) {
+      const uint32_t i = static_cast<uint32_t>(i0), run = static_cast<uint32_t>(g.run);
+      const uint32_t q = run == 1 ? i : i / run;
+      s = q % static_cast<uint32_t>(g.groups);
+      r = i - q * run;  // i % run
+      return;
+    }
+    s = scale_group(g, i0);
+    r = i0 % g.run;
+  }
   TL_HD void next(const QuantGeometry& g) {
+    if (g.groups == 1) return;
     if (++r == g.run) {
       r = 0;
       if (++s == g.groups) s = 0;
@@ -101,11 +113,19 @@ struct GroupCursor {
 // Note [no division per element]. scale_group divides 64-bit integers, which a GPU does in
 // software (dozens of instructions). Per element, it made the first quantisation kernels
 // compute-bound: 0.12 of a device-to-device copy on an H200. A cursor per group of 8 divides
-// once and steps; it names the same groups, so the payload bytes do not change.
+// once and steps; it names the same groups, so the payload bytes do not change. Per group of 8 the
+// three 64-bit divisions still cost ~30 instructions an element: a per-tensor scale now divides
+// nothing, and below 2^32 elements the divisions are 32-bit.
 //
 // Loads and stores of a group's 8 floats are two 16-byte accesses on the device when the group is
 // whole and aligned (a 16-byte-aligned x, as ATen allocates, and i0 a multiple of 8); otherwise,
 // and on the host, one float at a time.
+//
+// Note [groups in registers]. A group's 8 values live in an array; indexed by a loop variable
+// that runs to `count` (known at run time), nvcc put the array on the stack (32 bytes of local
+// memory a thread, written and read back for every group). Every loop over a group's elements
+// runs 0..7 under TL_UNROLL with `j < count` as a condition, so the indices are constants and the
+// arrays stay in registers; the host does the same steps.
 TL_HD void load_group(const float* x, int64_t i0, int count, float* v) {
 #if defined(__CUDA_ARCH__)
   if (count == 8 && (reinterpret_cast<uintptr_t>(x + i0) & 15) == 0) {
@@ -114,7 +134,8 @@ TL_HD void load_group(const float* x, int64_t i0, int count, float* v) {
     return;
   }
 #endif
-  for (int j = 0; j < count; ++j) v[j] = x[i0 + j];
+  TL_UNROLL
+  for (int j = 0; j < 8; ++j) v[j] = j < count ? x[i0 + j] : 0.0f;
 }
 
 TL_HD void store_group(float* out, int64_t i0, int count, const float* v) {
@@ -125,7 +146,16 @@ TL_HD void store_group(float* out, int64_t i0, int count, const float* v) {
     return;
   }
 #endif
-  for (int j = 0; j < count; ++j) out[i0 + j] = v[j];
+  TL_UNROLL
+  for (int j = 0; j < 8; ++j)
+    if (j < count) out[i0 + j] = v[j];
+}
+
+/// The first `bytes` (<= 8) bytes of a group's codes written from acc, LSB first.
+TL_HD void store_code_bytes(uint8_t* dst, int bytes, uint64_t acc) {
+  TL_UNROLL
+  for (int k = 0; k < 8; ++k)
+    if (k < bytes) dst[k] = static_cast<uint8_t>(acc >> (8 * k));
 }
 
 TL_HD float clamp_like_std(float v, float lo, float hi) {
@@ -215,19 +245,52 @@ TL_HD void derive_group(int64_t s, const uint8_t* wire, const ScaleParams& p, fl
   lo[s] = w;
 }
 
-/// Scale group s: its wire scales written (max-abs: outward-up of v[s] = max(-min, max) at s;
-/// min-max: outward-down of mn[s] at s and outward-up of mx[s] at groups + s), then derive_group.
-TL_HD void scales_group(int64_t s, const float* v, const float* mx, const ScaleParams& p, uint8_t* wire, float* a,
-                        float* b, float* step, float* lo) {
+/// Scale group s from its values: wire scales written (max-abs: outward-up of v = max(-min, max)
+/// at s; min-max: outward-down of v = min at s and outward-up of mx at groups + s), then
+/// derive_group.
+TL_HD void scales_group_of(int64_t s, float v, float mx, const ScaleParams& p, uint8_t* wire, float* a, float* b,
+                           float* step, float* lo) {
   const int size = wire_size(p.wire);
   if (p.minmax) {
-    store_le(wire + s * size, round_outward_bits(v[s], p.wire, /*up=*/false), size);
-    store_le(wire + (p.groups + s) * size, round_outward_bits(mx[s], p.wire, /*up=*/true), size);
+    store_le(wire + s * size, round_outward_bits(v, p.wire, /*up=*/false), size);
+    store_le(wire + (p.groups + s) * size, round_outward_bits(mx, p.wire, /*up=*/true), size);
   } else {
-    store_le(wire + s * size, round_outward_bits(v[s], p.wire, /*up=*/true), size);
+    store_le(wire + s * size, round_outward_bits(v, p.wire, /*up=*/true), size);
   }
   derive_group(s, wire, p, a, b, step, lo);
 }
+
+/// scales_group_of with v[s] and mx[s].
+TL_HD void scales_group(int64_t s, const float* v, const float* mx, const ScaleParams& p, uint8_t* wire, float* a,
+                        float* b, float* step, float* lo) {
+  scales_group_of(s, v[s], mx[s], p, wire, a, b, step, lo);
+}
+
+// Note [scales in the kernels]. Per-tensor and per-block scales no longer go through ATen's
+// reductions on the device (quant.cpp, quant_cuda.cu):
+//   - per tensor: a first kernel writes one (min, max) per CUDA block; the packing kernel's blocks
+//     each reduce those partials, one thread turns them into the scale (scales_group_of), block 0
+//     writes it to the wire, and every block quantises with it. Two launches and two reads of x,
+//     where aminmax, a negation, a maximum, the scales kernel and the packing kernel took five.
+//   - per block of `block` elements: one warp a block computes its min and max and writes its
+//     scales, in one pass; before, the last block was padded by a copy of the whole tensor (cat),
+//     then amin and amax read it twice.
+//   - per channel: one thread a channel (a warp where the channel's runs are longer than one
+//     element) reads its elements once and writes its scales; before, amin and amax read x twice,
+//     then a negation, a maximum and the scales kernel.
+//   - decoding a per-tensor payload: each CUDA block derives step and lo from the wire itself.
+// Min and max are exact whatever the order of the reduction, so the scales are those of aminmax;
+// NaN propagates as in aminmax and amin/amax (min_nan, max_nan), and zeros of either sign give the
+// wire scale +0 (Note [zero scales]). QuantKernelLogic.* run the same functions on the host
+// (quant_tensor_host, channel_scales_host, block_scales_host) against the CPU fast path, bit for
+// bit.
+
+/// min and max that keep a NaN once one is seen (as at::aminmax, amin and amax).
+TL_HD float min_nan(float m, float v) { return m != m ? m : (v != v || v < m ? v : m); }
+TL_HD float max_nan(float m, float v) { return m != m ? m : (v != v || v > m ? v : m); }
+
+/// The value a scale is made from: min-max the minimum, max-abs max(-min, max).
+TL_HD float scale_value(float mn, float mx, bool minmax) { return minmax ? mn : max_nan(-mn, mx); }
 
 /// The number of 8-element groups of n elements (the last may be partial).
 TL_HD int64_t pack_groups(int64_t n) { return (n + 7) / 8; }
@@ -243,11 +306,10 @@ TL_HD void quantise_pack_group(const float* x, int64_t grp, const QuantGeometry&
   load_group(x, i0, count, v);
   GroupCursor c(g, i0);
   uint64_t acc = 0;
-  for (int j = 0; j < count; ++j, c.next(g))
-    acc |= (static_cast<uint64_t>(quant_code(v[j], i0 + j, c.s, q)) & mask) << (j * q.bits);
-  const int bytes = (count * q.bits + 7) / 8;
-  uint8_t* dst = out + grp * q.bits;
-  for (int k = 0; k < bytes; ++k) dst[k] = static_cast<uint8_t>(acc >> (8 * k));
+  TL_UNROLL
+  for (int j = 0; j < 8; ++j, c.next(g))
+    if (j < count) acc |= (static_cast<uint64_t>(quant_code(v[j], i0 + j, c.s, q)) & mask) << (j * q.bits);
+  store_code_bytes(out + grp * q.bits, (count * q.bits + 7) / 8, acc);
 }
 
 /// quantise_pack_group, and also residual[i] = x[i] - (the value code i decodes to), for error
@@ -261,15 +323,17 @@ TL_HD void quantise_pack_residual_group(const float* x, int64_t grp, const Quant
   load_group(x, i0, count, v);
   GroupCursor c(g, i0);
   uint64_t acc = 0;
-  for (int j = 0; j < count; ++j, c.next(g)) {
-    const uint8_t code = quant_code(v[j], i0 + j, c.s, q);
-    acc |= (static_cast<uint64_t>(code) & mask) << (j * q.bits);
-    r[j] = sub_rn(v[j], dequant_value(code, c.s, d));
+  TL_UNROLL
+  for (int j = 0; j < 8; ++j, c.next(g)) {
+    r[j] = 0.0f;
+    if (j < count) {
+      const uint8_t code = quant_code(v[j], i0 + j, c.s, q);
+      acc |= (static_cast<uint64_t>(code) & mask) << (j * q.bits);
+      r[j] = sub_rn(v[j], dequant_value(code, c.s, d));
+    }
   }
   store_group(residual, i0, count, r);
-  const int bytes = (count * q.bits + 7) / 8;
-  uint8_t* dst = out + grp * q.bits;
-  for (int k = 0; k < bytes; ++k) dst[k] = static_cast<uint8_t>(acc >> (8 * k));
+  store_code_bytes(out + grp * q.bits, (count * q.bits + 7) / 8, acc);
 }
 
 /// The inverse: group `grp`'s codes read from in + grp * bits, dequantised into out.
@@ -280,13 +344,40 @@ TL_HD void unpack_dequantise_group(const uint8_t* in, int64_t grp, const QuantGe
   const int bytes = (count * q.bits + 7) / 8;
   const uint8_t* src = in + grp * q.bits;
   uint64_t acc = 0;
-  for (int k = 0; k < bytes; ++k) acc |= static_cast<uint64_t>(src[k]) << (8 * k);
+  TL_UNROLL
+  for (int k = 0; k < 8; ++k)
+    if (k < bytes) acc |= static_cast<uint64_t>(src[k]) << (8 * k);
   const uint64_t mask = (uint64_t(1) << q.bits) - 1;
   float v[8];
   GroupCursor c(g, i0);
-  for (int j = 0; j < count; ++j, c.next(g))
-    v[j] = dequant_value(static_cast<uint8_t>((acc >> (j * q.bits)) & mask), c.s, q);
+  TL_UNROLL
+  for (int j = 0; j < 8; ++j, c.next(g))
+    v[j] = j < count ? dequant_value(static_cast<uint8_t>((acc >> (j * q.bits)) & mask), c.s, q) : 0.0f;
   store_group(out, i0, count, v);
+}
+
+/// The bytes of a payload's wire scales: `groups` scales (max-abs) or lows then highs (min-max).
+TL_HD int64_t wire_bytes(const ScaleParams& p) { return (p.minmax ? 2 : 1) * p.groups * wire_size(p.wire); }
+
+/// Min and max of x[begin, end), folded into mn and mx (NaN propagates).
+TL_HD void fold_minmax(const float* x, int64_t begin, int64_t end, float& mn, float& mx) {
+  for (int64_t i = begin; i < end; ++i) mn = min_nan(mn, x[i]), mx = max_nan(mx, x[i]);
+}
+
+/// One scale for the whole tensor from its min and max (p.groups == 1): the wire scale written to
+/// `wire`, a, b, step and lo (single floats; b and lo only for min-max) derived from it.
+TL_HD void tensor_scales(float mn, float mx, const ScaleParams& p, uint8_t* wire, float* a, float* b, float* step,
+                         float* lo) {
+  scales_group_of(0, scale_value(mn, mx, p.minmax), mx, p, wire, a, p.minmax ? b : nullptr, step,
+                  p.minmax ? lo : nullptr);
+}
+
+/// The quantisation and dequantisation parameters of one per-tensor scale held in a, b, step, lo.
+TL_HD QuantParams tensor_quant_params(const QuantParams& q, const float* a, const float* b) {
+  return QuantParams{q.bits, q.minmax, q.stochastic, q.seed, a, q.minmax ? b : a};
+}
+TL_HD DequantParams tensor_dequant_params(const QuantParams& q, const float* step, const float* lo) {
+  return DequantParams{q.bits, q.minmax, step, q.minmax ? lo : step};
 }
 
 }  // namespace tl::codec::gpu

@@ -6,6 +6,8 @@
 // TAPELINE_CUDA_KERNELS=0's ATen path agrees with them.
 #include "compression/cuda/quant_cuda.h"
 
+#include <limits>
+
 #include "autograd/cuda_plugin.h"
 #include "compression/codecs/common.h"
 #include "compression/cuda/quant_logic.h"
@@ -95,6 +97,46 @@ TEST(QuantKernelLogic, SamePayloadBytesAsCpuAndAtenPaths) {
     }
   }
   EXPECT_EQ(checked, 8 * (4 * 6 + 2 * 4));
+}
+
+TEST(QuantKernelLogic, ScalesFromTheKernelsReductionsAreAminmaxs) {
+  // Per-tensor scales come from partial minima and maxima over chunks, channel and block scales
+  // from one reduction each (Note [scales in the kernels]): the same bytes as the CPU fast path for
+  // zeros of either sign, a lone extreme in any chunk, lengths around the chunks' edges, and the
+  // same refusal of a NaN on the host.
+  at::manual_seed(23);
+  CodecContext ctx;
+  std::vector<at::Tensor> inputs = {at::full({40}, -0.0), at::zeros({3, 5}), at::randn({1001}), at::randn({2, 1500}),
+                                    at::randn({2999}).relu(), -at::rand({64, 33}), at::randn({2, 3, 4, 5})};
+  inputs.push_back(at::cat({at::zeros({7}), at::full({9}, -0.0)}));
+  at::Tensor spike = at::randn({3000}) * 0.01;
+  spike[2998] = -40;  // the extreme in the last chunk
+  inputs.push_back(spike);
+  for (const at::Tensor& x : inputs) {
+    for (const char* spec : {"quant(4)", "quant(3, mode=minmax)", "quant(8, scales=bf16)",
+                             "quant(2, mode=minmax, scales=fp32)", "quant(4, scale=block, block=128)",
+                             "quant(5, scale=block, block=33, mode=minmax)", "quant(4, scale=channel)",
+                             "quant(3, scale=channel, dim=0, mode=minmax, scales=fp32)"}) {
+      if (x.dim() < 2 && std::string(spec).find("channel") != std::string::npos) continue;
+      auto c = parse_compressor(spec);
+      const std::string where = std::string(spec) + " shape " + c10::str(x.sizes());
+      Payload fast = c->encode(x, ctx), emulated;
+      at::Tensor y;
+      {
+        codec::gpu::HostEmulationGuard guard;
+        emulated = c->encode(x, ctx);
+        y = c->decode(emulated, ctx);
+      }
+      EXPECT_TRUE(same_payload(emulated, fast)) << where;
+      EXPECT_TRUE(at::equal(y, c->decode(fast, ctx))) << where;
+    }
+  }
+  at::Tensor nan = at::randn({100});
+  nan[57] = std::numeric_limits<float>::quiet_NaN();
+  auto c = parse_compressor("quant(4)");
+  EXPECT_ERROR_CONTAINS(c->encode(nan, ctx), "a scale is not finite");
+  codec::gpu::HostEmulationGuard guard;
+  EXPECT_ERROR_CONTAINS(c->encode(nan, ctx), "a scale is not finite");
 }
 
 TEST(QuantKernelLogic, StochasticRoundingSameBytesAsCpuFastPath) {
@@ -201,6 +243,26 @@ TEST(QuantGpu, KernelPayloadsEqualCpuBytes) {
       }
     }
   }
+}
+
+TEST(QuantGpu, LargeTensorsEqualCpuBytes) {
+  // Enough elements that the per-tensor scale is reduced from a full grid of partials, and every
+  // CUDA block of the packing kernel strides over several groups (Note [scales in the kernels]).
+  std::string why;
+  if (testing::skip_without_cuda_kernels(&why)) GTEST_SKIP() << why;
+  at::manual_seed(24);
+  at::Tensor x = at::randn({64, 65537});
+  x[31][4097] = 57;  // the extreme, in one partial only
+  for (const char* spec : {"quant(4)", "quant(8, scales=bf16)", "quant(3, mode=minmax)",
+                           "quant(4, scale=block, block=128)", "quant(4, scale=channel)",
+                           "quant(4, scale=channel, dim=0, mode=minmax)"}) {
+    auto c = parse_compressor(spec);
+    testing::expect_cuda_payload_is_cpus(c, c, c, x, spec);
+  }
+  // Stochastic rounding: the kernels draw the CPU fast path's stream (two codecs, the same seeds).
+  CodecContext ctx;
+  auto a = parse_compressor("quant(2, round=stochastic, seed=5)"), b = parse_compressor("quant(2, round=stochastic, seed=5)");
+  EXPECT_TRUE(same_payload(b->encode(x.cuda(), ctx), a->encode(x, ctx)));
 }
 
 TEST(QuantGpu, ErrorFeedbackOnTheDeviceEqualsCpu) {
