@@ -1,33 +1,47 @@
 #pragma once
-// Note [codec threads]. The codecs' CPU loops run on ATen's OpenMP pool only where two threads
-// win, and the rule for "win" is here, once: a task moves at least kTaskBytes (what it reads plus
-// what it writes), so a loop over less than twice that runs on the calling thread.
+// Note [codec threads]. The codecs' CPU loops use ATen's OpenMP pool only where two threads win,
+// and the rule for that is here, once: a task reads and writes at least kTaskBytes (2 MiB), so a
+// loop that moves less than twice that runs on the calling thread, as does a range of one task.
+// Each call site says what one item of its range moves (a tile: its floats in, its codes out); the
+// loops that size their own tasks (TopK's rows and pieces) ask task_count.
 //
-// Why a floor at all: at::parallel_for enters ATen's OpenMP region as soon as the range exceeds
-// one grain, and the region starts every thread of the pool (it cannot use a num_threads clause)
-// and ends at its barrier. The executables' workers sleep while they wait (Note [waiting threads],
-// autograd/passive_wait.cpp): on the loaded 2-core machine waking the second one, and waiting for
-// it to be scheduled, cost more than its half of a 1 MiB message's loops (quant(8) at 1 MiB: 37 +
-// 21 us on one thread, 57 + 31 us on two). The value of kTaskBytes was measured (docs/COMPRESSION.md
-// 3.11, "Threads in the codecs"): from a few MiB a loop up, the second thread pays.
+// Why a floor: at::parallel_for enters ATen's OpenMP region as soon as the range exceeds one grain,
+// and the region starts every thread of the pool (it cannot use a num_threads clause) and ends at
+// its barrier. The executables' workers sleep while they wait (Note [waiting threads],
+// autograd/passive_wait.cpp): on the loaded 2-core machine, waking the second one and waiting for
+// it to be scheduled cost more than its half of a 1 MiB message (quant(8) at 1 MiB on two threads,
+// 37 + 21 -> 57 + 31 us). Measured (docs/COMPRESSION.md 3.11, "Threads in the codecs"): tasks of
+// 1 MiB lost at 2 MiB messages, tasks of 2 MiB won a little at 4 MiB and clearly from 8 MiB up.
 //
-// Which holds only where the caller is compiled with OpenMP: at::parallel_for's parallel branch is
-// `#ifdef _OPENMP` in ATen's headers (the template is instantiated in the caller's file). The files
-// whose loops are worth it are compiled with -fopenmp (compression/CMakeLists.txt, Note [codecs
-// with OpenMP]); elsewhere, and in the builds that leave OpenMP out (clang's fuzz build), these
-// loops run their whole range on the calling thread, with the same results: every loop gives each
-// task its own outputs, and its reductions give the same value whatever the split (tests compare 1
-// and 2 threads, tests/compression/cpu_paths_test.cpp).
+// The parallel branch exists only where the caller is compiled with OpenMP: at::parallel_for is a
+// header template, instantiated in the caller's file, whose branch is `#ifdef _OPENMP`. The codec
+// kernels are compiled with -fopenmp where the build can (compression/CMakeLists.txt, Note [codecs
+// with OpenMP]); elsewhere (clang's fuzz build) these loops run their whole range on the calling
+// thread. Results do not depend on the threads: every task writes outputs of its own (tiles that
+// pack to whole bytes, rows, pieces at offsets computed before the loop), flags are atomics, and
+// the two reductions are split-proof or kept whole: min/max partials are merged in task order
+// (Note [minima merged in task order]; only which of -0 and +0 a group of zeros keeps could follow
+// the split), and quantile's per-code sums (doubles, whose last bits follow the order of
+// additions) stay on one task. Tests: Threads.SmallTasksMatchOneThread and the 1-vs-2-thread tests
+// of tests/compression/cpu_paths_test.cpp.
+//
+// Note [tasks taken in turn]. ATen's region hands each thread one half of the range; on the loaded
+// machine the second thread is often scheduled late (its core busy with another process), and
+// the call then waits for its half. Here a range of T tasks is cut into T pieces of at least
+// kTaskBytes, which the threads take from a shared counter: a late thread finds fewer left, and the
+// call waits only for the piece it runs, plus its wake-up. Results are the same, as every piece
+// writes outputs of its own.
 
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 namespace tl::codec {
 
 // Bytes a task reads and writes at least.
-constexpr int64_t kTaskBytes = int64_t(2) << 20;
+constexpr int64_t kTaskBytes = int64_t(4) << 20;
 
 // The floor in force: kTaskBytes, unless set_task_bytes changed it (tests split small loops with a
 // few bytes, to run every loop's parallel form on tensors of a few KiB). Returns the previous one.
@@ -44,16 +58,22 @@ inline int64_t task_count(int64_t bytes, int64_t most) {
 }
 
 // f(i0, i1) over [begin, end), each item reading and writing about `item_bytes`: in tasks of at
-// least kTaskBytes, on the calling thread when the range holds fewer than two.
+// least kTaskBytes, on the calling thread when the range holds fewer than two. The threads take
+// the tasks in turn from a counter (Note [tasks taken in turn]).
 template <class F>
 void parallel_for(int64_t begin, int64_t end, int64_t item_bytes, const F& f) {
   const int64_t floor = task_bytes();
   const int64_t grain = std::max<int64_t>(1, (floor + item_bytes - 1) / std::max<int64_t>(item_bytes, 1));
-  if (end - begin < 2 * grain) {
+  const int64_t n = end - begin, tasks = n / grain;
+  if (tasks < 2 || threads() < 2) {
     if (begin < end) f(begin, end);
     return;
   }
-  at::parallel_for(begin, end, grain, f);
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min(tasks, threads()), 1, [&](int64_t, int64_t) {
+    for (int64_t t; (t = next.fetch_add(1, std::memory_order_relaxed)) < tasks;)
+      f(begin + t * n / tasks, begin + (t + 1) * n / tasks);
+  });
 }
 
 }  // namespace tl::codec

@@ -1459,6 +1459,47 @@ bool set_quantile_avx512(bool on) {
 #endif
 }
 
+namespace {
+
+// Codes of tiles [b0, b1) of x (n elements); with sums, each code's sum and count over them added
+// to sums and counts. A function of its own (not a lambda's capture of the caller's variables):
+// the count increments could alias a captured int64_t, which the compiler then reloaded at every
+// element (quantile(8)'s encode ~10% slower).
+void codes_of_tiles(const float* x, int64_t n, int64_t b0, int64_t b1, const MidGrid& grid,
+                    const SearchTables* search, int bits, int64_t levels, uint8_t* codes, double* sums,
+                    int64_t* counts) {
+  // Four banks of sums and counts, element i in bank i % 4: consecutive elements of one code
+  // do not wait on each other's update.
+  constexpr int kBanks = 4;
+  std::vector<double> ls(sums ? kBanks * levels : 0, 0.0);
+  std::vector<int64_t> lc(sums ? kBanks * levels : 0, 0);
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t i0 = b * kTile, len = std::min(n, i0 + kTile) - i0;
+    codes_span(x + i0, len, grid, search, bits, codes + i0);
+    if (!sums) continue;
+    const uint8_t* c = codes + i0;
+    const float* v = x + i0;
+    int64_t i = 0;
+    for (; i + kBanks <= len; i += kBanks)
+      for (int k = 0; k < kBanks; ++k) {
+        ls[k * levels + c[i + k]] += v[i + k];
+        ++lc[k * levels + c[i + k]];
+      }
+    for (; i < len; ++i) {
+      ls[c[i]] += v[i];
+      ++lc[c[i]];
+    }
+  }
+  if (!sums) return;
+  for (int64_t l = 0; l < levels; ++l)
+    for (int k = 0; k < kBanks; ++k) {
+      sums[l] += ls[k * levels + l];
+      counts[l] += lc[k * levels + l];
+    }
+}
+
+}  // namespace
+
 void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, uint8_t* codes, double* sums,
                        int64_t* counts) {
   const int64_t levels = int64_t(1) << bits;
@@ -1466,7 +1507,6 @@ void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, ui
     std::fill(sums, sums + levels, 0.0);
     std::fill(counts, counts + levels, 0);
   }
-  std::mutex merge;
   const MidGrid grid = make_grid(mid, levels - 1);
   SearchTables tables;
 #ifdef TL_SEARCH_CODES
@@ -1475,44 +1515,13 @@ void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, ui
   const SearchTables* search = nullptr;
 #endif
   const int64_t tiles = (n + kTile - 1) / kTile;
-  const auto codes_of = [&](int64_t b0, int64_t b1) {
-    // Four banks of sums and counts, element i in bank i % 4: consecutive elements of one code
-    // do not wait on each other's update.
-    constexpr int kBanks = 4;
-    std::vector<double> ls(sums ? kBanks * levels : 0, 0.0);
-    std::vector<int64_t> lc(sums ? kBanks * levels : 0, 0);
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t i0 = b * kTile, len = std::min(n, i0 + kTile) - i0;
-      codes_span(x + i0, len, grid, search, bits, codes + i0);
-      if (!sums) continue;
-      const uint8_t* c = codes + i0;
-      const float* v = x + i0;
-      int64_t i = 0;
-      for (; i + kBanks <= len; i += kBanks)
-        for (int k = 0; k < kBanks; ++k) {
-          ls[k * levels + c[i + k]] += v[i + k];
-          ++lc[k * levels + c[i + k]];
-        }
-      for (; i < len; ++i) {
-        ls[c[i]] += v[i];
-        ++lc[c[i]];
-      }
-    }
-    if (sums) {
-      std::lock_guard<std::mutex> lock(merge);
-      for (int64_t l = 0; l < levels; ++l)
-        for (int k = 0; k < kBanks; ++k) {
-          sums[l] += ls[k * levels + l];
-          counts[l] += lc[k * levels + l];
-        }
-    }
-  };
   // With sums, one task: the sums of a split would be added in another order, and the codebook's
   // centres would depend on the threads by the last bit of a double (Note [codec threads]).
-  if (sums)
-    codes_of(0, tiles);
-  else  // a tile reads kTile floats and writes kTile codes
-    parallel_for(0, tiles, kTile * int64_t(sizeof(float) + 1), codes_of);
+  if (sums) return codes_of_tiles(x, n, 0, tiles, grid, search, bits, levels, codes, sums, counts);
+  // A tile reads kTile floats and writes kTile codes.
+  parallel_for(0, tiles, kTile * int64_t(sizeof(float) + 1), [&](int64_t b0, int64_t b1) {
+    codes_of_tiles(x, n, b0, b1, grid, search, bits, levels, codes, nullptr, nullptr);
+  });
 }
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
