@@ -1,6 +1,6 @@
 #pragma once
 // Note [codec threads]. The codecs' CPU loops use ATen's OpenMP pool only where two threads win,
-// and the rule for that is here, once: a task reads and writes at least kTaskBytes (2 MiB), so a
+// and the rule for that is here, once: a task reads and writes at least kTaskBytes (4 MiB), so a
 // loop that moves less than twice that runs on the calling thread, as does a range of one task.
 // Each call site says what one item of its range moves (a tile: its floats in, its codes out); the
 // loops that size their own tasks (TopK's rows and pieces) ask task_count.
@@ -11,7 +11,8 @@
 // autograd/passive_wait.cpp): on the loaded 2-core machine, waking the second one and waiting for
 // it to be scheduled cost more than its half of a 1 MiB message (quant(8) at 1 MiB on two threads,
 // 37 + 21 -> 57 + 31 us). Measured (docs/COMPRESSION.md 3.11, "Threads in the codecs"): tasks of
-// 1 MiB lost at 2 MiB messages, tasks of 2 MiB won a little at 4 MiB and clearly from 8 MiB up.
+// 1 MiB lost at 2 MiB messages; tasks of 2 MiB won at 4 MiB under a load of ~1.5-2 and lost under
+// ~3 (then the second core is mostly taken); from 8 MiB up two threads won under both.
 //
 // The parallel branch exists only where the caller is compiled with OpenMP: at::parallel_for is a
 // header template, instantiated in the caller's file, whose branch is `#ifdef _OPENMP`. The codec
