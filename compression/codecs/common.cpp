@@ -2,10 +2,14 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+
+#include "compression/codecs/inline_parallel.h"
 
 namespace tl::codec {
 namespace {
@@ -14,6 +18,12 @@ thread_local bool g_device_semantics = false;
 }  // namespace
 
 bool cpu_kernels_enabled() { return g_cpu_kernels; }
+
+namespace {
+std::atomic<int64_t> g_task_bytes{kTaskBytes};
+}  // namespace
+int64_t task_bytes() { return g_task_bytes.load(std::memory_order_relaxed); }
+int64_t set_task_bytes(int64_t bytes) { return g_task_bytes.exchange(std::max<int64_t>(1, bytes)); }
 
 bool cpu_has_avx2_f16c() {
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)

@@ -11,17 +11,17 @@
 #endif
 
 #include "compression/codecs/common.h"
+#include "compression/codecs/inline_parallel.h"
 
 namespace tl {
 namespace {
 
-// Note [casts back on the CPU]. A decoded fp16/bf16 section becomes float32 in one loop, threaded
-// only past 2^18 elements (1 MiB of float32 on one thread): ATen's copy kernel started a parallel
-// region for it, and on a loaded 2-core machine a 1 MiB bf16 decode then waited 10 ms for the
-// second thread (30 us on one). Every fp16 and bf16 value is a float32: bf16 is its top half, fp16
-// converts exactly (F16C or c10::Half); a section holding a NaN (whose payload bits the
-// conversions may treat differently) is left to ATen.
-constexpr int64_t kCastGrain = int64_t(1) << 18;
+// Note [casts back on the CPU]. A decoded fp16/bf16 section becomes float32 in one loop, on two
+// threads only by the rule of Note [codec threads] (a 1 MiB output stays on one): ATen's copy
+// kernel started a parallel region for it, and on a loaded 2-core machine a 1 MiB bf16 decode
+// then waited 10 ms for the second thread (30 us on one). Every fp16 and bf16 value is a float32:
+// bf16 is its top half, fp16 converts exactly (F16C or c10::Half); a section holding a NaN (whose
+// payload bits the conversions may treat differently) is left to ATen.
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define TL_CAST_CLONES __attribute__((target_clones("avx2", "default")))
@@ -71,7 +71,8 @@ __attribute__((target("avx2,f16c"))) bool from_half_f16c(const uint8_t* in, int6
 bool codec::cast_back_cpu(const uint8_t* in, int64_t n, at::ScalarType wire, float* out) {
   const bool f16c = codec::cpu_has_avx2_f16c();
   std::atomic<bool> no_nan{true};
-  at::parallel_for(0, n, kCastGrain, [&](int64_t i0, int64_t i1) {
+  // 2 bytes read and 4 written an element.
+  codec::parallel_for(0, n, 6, [&](int64_t i0, int64_t i1) {
     bool nan;
     if (wire == at::kBFloat16) {
       nan = from_bf16(in + 2 * i0, i1 - i0, out + i0);

@@ -10,6 +10,7 @@
 #include "compression/codecs/x86.h"
 
 #include "compression/codecs/common.h"
+#include "compression/codecs/inline_parallel.h"
 
 namespace tl {
 namespace {
@@ -414,8 +415,9 @@ at::Tensor rotate_cpu(const at::Tensor& x, const at::Tensor& scale, bool scale_f
   const float* xp = in.data_ptr<float>();
   const float* sp = s.data_ptr<float>();
   float* yp = out.data_ptr<float>();
-  at::parallel_for(0, M, std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(t, 1)),
-                   [&](int64_t m0, int64_t m1) { rotate_tiles(xp, sp, t, scale_first, m0, m1, yp, mn, mx); });
+  // A tile of t floats read and t written.
+  codec::parallel_for(0, M, 2 * t * int64_t(sizeof(float)),
+                      [&](int64_t m0, int64_t m1) { rotate_tiles(xp, sp, t, scale_first, m0, m1, yp, mn, mx); });
   return out;
 }
 

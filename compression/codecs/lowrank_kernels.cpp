@@ -33,7 +33,6 @@ namespace {
 
 constexpr int64_t kColBlock = 1024;    // columns per tile: a factor block of r x 4 KiB
 constexpr int64_t kRowChunk = 512;     // rows per tile
-constexpr int64_t kMinWork = 1 << 18;  // elements of M per task: smaller products stay on one thread
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define TL_THIN_CLONES __attribute__((target_clones("avx2", "default")))
@@ -176,20 +175,19 @@ struct Tile {
   int64_t i0, i1, j0, j1, chunk, block;
 };
 
-// f(tile) over the tiles of a (rows, cols) matrix, in parallel; each task holds at least kMinWork
-// elements.
+// f(tile) over the tiles of a (rows, cols) matrix, in parallel; each task reads or writes at least
+// kTaskBytes of the matrix (Note [codec threads]).
 template <class F>
 void for_tiles(int64_t rows, int64_t cols, F f) {
   const int64_t chunks = (rows + kRowChunk - 1) / kRowChunk, blocks = (cols + kColBlock - 1) / kColBlock;
   const int64_t tile = std::min(rows, kRowChunk) * std::min(cols, kColBlock);
-  parallel_for(0, chunks * blocks, std::max<int64_t>(1, kMinWork / std::max<int64_t>(tile, 1)),
-               [&](int64_t t0, int64_t t1) {
-                 for (int64_t t = t0; t < t1; ++t) {
-                   const int64_t c = t / blocks, b = t % blocks;
-                   f(Tile{c * kRowChunk, std::min(rows, (c + 1) * kRowChunk), b * kColBlock,
-                          std::min(cols, (b + 1) * kColBlock), c, b});
-                 }
-               });
+  parallel_for(0, chunks * blocks, tile * int64_t(sizeof(float)), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t c = t / blocks, b = t % blocks;
+      f(Tile{c * kRowChunk, std::min(rows, (c + 1) * kRowChunk), b * kColBlock, std::min(cols, (b + 1) * kColBlock), c,
+             b});
+    }
+  });
 }
 
 // qt (r, j1 - j0) = q (cols, r) rows [j0, j1), transposed.
@@ -202,7 +200,7 @@ void transpose_block(const float* q, int64_t r, int64_t j0, int64_t j1, float* q
 // out[e] = sum over p of parts[p * size + e], p in order; parts == out when there is one part.
 void sum_parts(const float* parts, int64_t count, int64_t size, float* out) {
   if (count == 1) return;
-  parallel_for(0, size, kMinWork, [&](int64_t e0, int64_t e1) {
+  parallel_for(0, size, (count + 1) * int64_t(sizeof(float)), [&](int64_t e0, int64_t e1) {
     for (int64_t e = e0; e < e1; ++e) {
       float s = parts[e];
       for (int64_t p = 1; p < count; ++p) s += parts[p * size + e];
@@ -330,7 +328,7 @@ void thin_pqt_cpu(const float* p, int64_t rows, const float* q, int64_t cols, in
 #endif
   if (rows * cols == 0) return;
   if (r == 0) {
-    parallel_for(0, rows * cols, kMinWork, [&](int64_t e0, int64_t e1) { std::fill(out + e0, out + e1, 0.0f); });
+    parallel_for(0, rows * cols, sizeof(float), [&](int64_t e0, int64_t e1) { std::fill(out + e0, out + e1, 0.0f); });
     return;
   }
   for_tiles(rows, cols, [&](const Tile& t) {

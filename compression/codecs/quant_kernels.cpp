@@ -12,6 +12,7 @@
 #include <mutex>
 #include <vector>
 
+#include "compression/codecs/inline_parallel.h"
 #include "compression/codecs/x86.h"
 
 #include "compression/cuda/quant_logic.h"
@@ -1039,40 +1040,52 @@ void group_minmax_cpu(const float* x, const QuantGeometry& g, float* mn, float* 
   const float inf = std::numeric_limits<float>::infinity();
   std::fill(mn, mn + g.groups, inf);
   std::fill(mx, mx + g.groups, -inf);
-  std::mutex merge;
   const int64_t tiles = (g.n + kTile - 1) / kTile;
 #ifdef TL_QUANT_AVX512
   const bool avx512 = quant_avx512();
   if (avx512 && g.run == 1 && g.n % g.groups == 0) {  // Note [channel min/max by columns]
     const int64_t rows = g.n / g.groups, blocks = (g.groups + kColumnBlock - 1) / kColumnBlock;
-    at::parallel_for(
-        0, blocks, std::max<int64_t>(1, (int64_t(1) << 16) / (rows * kColumnBlock)), [&](int64_t c0, int64_t c1) {
-          for (int64_t c = c0; c < c1; ++c) {
-            const int64_t j = c * kColumnBlock;
-            minmax_columns_avx512(x + j, rows, g.groups, std::min(kColumnBlock, g.groups - j), mn + j, mx + j);
-          }
-        });
+    parallel_for(0, blocks, rows * kColumnBlock * int64_t(sizeof(float)), [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t j = c * kColumnBlock;
+        minmax_columns_avx512(x + j, rows, g.groups, std::min(kColumnBlock, g.groups - j), mn + j, mx + j);
+      }
+    });
     return;
   }
 #endif
-  at::parallel_for(0, tiles, 16, [&](int64_t b0, int64_t b1) {
-    std::vector<float> lmn(g.groups, inf), lmx(g.groups, -inf);
-    for_spans(g, b0 * kTile, std::min(g.n, b1 * kTile), [&](int64_t i, int64_t len, int64_t s, bool row) {
-      if (row)
-        minmax_row(x + i, len, lmn.data() + s, lmx.data() + s);
+  // Note [minima merged in task order]. Each task's minima and maxima (the first task's in mn and
+  // mx), merged in task order after the loop: where the order matters (-0 against +0, two NaNs)
+  // the result is the same whichever thread finishes first, and one task is the loop as it was.
+  const int64_t tasks = task_count(g.n * int64_t(sizeof(float)), tiles);
+  std::vector<float> rest(2 * (tasks - 1) * g.groups);
+  parallel_for(0, tasks, g.n * int64_t(sizeof(float)) / tasks, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* lmn = t == 0 ? mn : rest.data() + 2 * (t - 1) * g.groups;
+      float* lmx = t == 0 ? mx : lmn + g.groups;
+      std::fill(lmn, lmn + g.groups, inf);
+      std::fill(lmx, lmx + g.groups, -inf);
+      const int64_t b0 = t * tiles / tasks, b1 = (t + 1) * tiles / tasks;
+      for_spans(g, b0 * kTile, std::min(g.n, b1 * kTile), [&](int64_t i, int64_t len, int64_t s, bool row) {
+        if (row)
+          minmax_row(x + i, len, lmn + s, lmx + s);
 #ifdef TL_QUANT_AVX512
-      else if (avx512 && len >= 64)  // blocks of 64 and more too (Note [quant by AVX-512])
-        minmax_span_avx512(x + i, len, g.groups == 1, lmn[s], lmx[s]);
+        else if (avx512 && len >= 64)  // blocks of 64 and more too (Note [quant by AVX-512])
+          minmax_span_avx512(x + i, len, g.groups == 1, lmn[s], lmx[s]);
 #endif
-      else
-        minmax_span(x + i, len, g.groups == 1, lmn[s], lmx[s]);
-    });
-    std::lock_guard<std::mutex> lock(merge);
+        else
+          minmax_span(x + i, len, g.groups == 1, lmn[s], lmx[s]);
+      });
+    }
+  });
+  for (int64_t t = 1; t < tasks; ++t) {
+    const float* lmn = rest.data() + 2 * (t - 1) * g.groups;
+    const float* lmx = lmn + g.groups;
     for (int64_t s = 0; s < g.groups; ++s) {
       mn[s] = g.groups == 1 ? min_of<true>(lmn[s], mn[s]) : std::min(mn[s], lmn[s]);
       mx[s] = g.groups == 1 ? max_of<true>(lmx[s], mx[s]) : std::max(mx[s], lmx[s]);
     }
-  });
+  }
 }
 
 void quantise_pack_cpu(const float* x, const QuantGeometry& g, const QuantParams& q, uint8_t* out) {
@@ -1084,7 +1097,8 @@ void quantise_pack_cpu(const float* x, const QuantGeometry& g, const QuantParams
 #ifdef TL_QUANT_AVX512
   const bool avx512 = quant_avx512();
 #endif
-  at::parallel_for(0, tiles, 4, [&](int64_t b0, int64_t b1) {
+  // A tile reads kTile floats and writes kTile * bits / 8 bytes.
+  parallel_for(0, tiles, kTile * int64_t(sizeof(float)) + kTile * q.bits / 8, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t t0 = b * kTile, t1 = std::min(g.n, (b + 1) * kTile);
 #ifdef TL_QUANT_AVX512
@@ -1116,7 +1130,8 @@ void unpack_dequantise_cpu(const uint8_t* in, const QuantGeometry& g, const Dequ
   const bool avx512 = quant_avx512();
   const bool stream = g.n * int64_t(sizeof(float)) >= kStreamBytes;
 #endif
-  at::parallel_for(0, tiles, 4, [&](int64_t b0, int64_t b1) {
+  // A tile reads kTile * bits / 8 bytes and writes kTile floats.
+  parallel_for(0, tiles, kTile * int64_t(sizeof(float)) + kTile * q.bits / 8, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t t0 = b * kTile, t1 = std::min(g.n, (b + 1) * kTile);
 #ifdef TL_QUANT_AVX512
@@ -1137,14 +1152,15 @@ void unpack_dequantise_cpu(const uint8_t* in, const QuantGeometry& g, const Dequ
 // block scale has up to n / 2 groups (262144 channels of a (64, 262144) tensor), where the ATen
 // form (twenty ops on (G) tensors, each its own parallel region) cost more than quantising: on a
 // loaded 2-core machine every region waits for both threads. One region does all of it here.
-constexpr int64_t kScaleGrain = 1 << 14;
+// A group reads its min and max and writes its wire scales and four derived floats.
+constexpr int64_t kScaleBytes = 32;
 
 bool quant_scales_cpu(const float* mn, const float* mx, const gpu::ScaleParams& p, uint8_t* wire, float* a, float* b,
                       float* step, float* lo) {
 #ifdef TL_QUANT_AVX512
   if (p.wire == gpu::WireType::kF16 && quant_avx512()) {  // Note [fp16 scales by AVX-512]
     std::atomic<bool> finite{true};
-    at::parallel_for(0, p.groups, kScaleGrain, [&](int64_t s0, int64_t s1) {
+    parallel_for(0, p.groups, kScaleBytes, [&](int64_t s0, int64_t s1) {
       if (!scales_f16_avx512(s0, s1, mn, mx, p, /*round=*/true, wire, a, b, step, lo)) finite = false;
     });
     return finite;
@@ -1153,7 +1169,7 @@ bool quant_scales_cpu(const float* mn, const float* mx, const gpu::ScaleParams& 
   std::vector<float> v(p.minmax ? 0 : p.groups);
   std::atomic<bool> finite{true};
   const int size = gpu::wire_size(p.wire);
-  at::parallel_for(0, p.groups, kScaleGrain, [&](int64_t s0, int64_t s1) {
+  parallel_for(0, p.groups, kScaleBytes, [&](int64_t s0, int64_t s1) {
     bool ok = true;
     for (int64_t s = s0; s < s1; ++s) {
       if (!p.minmax) {
@@ -1172,14 +1188,14 @@ bool quant_scales_cpu(const float* mn, const float* mx, const gpu::ScaleParams& 
 void quant_derive_cpu(const uint8_t* wire, const gpu::ScaleParams& p, float* step, float* lo) {
 #ifdef TL_QUANT_AVX512
   if (p.wire == gpu::WireType::kF16 && quant_avx512()) {  // Note [fp16 scales by AVX-512]
-    at::parallel_for(0, p.groups, kScaleGrain, [&](int64_t s0, int64_t s1) {
+    parallel_for(0, p.groups, kScaleBytes, [&](int64_t s0, int64_t s1) {
       scales_f16_avx512(s0, s1, nullptr, nullptr, p, /*round=*/false, const_cast<uint8_t*>(wire), nullptr, nullptr,
                         step, lo);
     });
     return;
   }
 #endif
-  at::parallel_for(0, p.groups, kScaleGrain, [&](int64_t s0, int64_t s1) {
+  parallel_for(0, p.groups, kScaleBytes, [&](int64_t s0, int64_t s1) {
     for (int64_t s = s0; s < s1; ++s) gpu::derive_group(s, wire, p, nullptr, nullptr, step, lo);
   });
 }
@@ -1443,6 +1459,47 @@ bool set_quantile_avx512(bool on) {
 #endif
 }
 
+namespace {
+
+// Codes of tiles [b0, b1) of x (n elements); with sums, each code's sum and count over them added
+// to sums and counts. A function of its own (not a lambda's capture of the caller's variables):
+// the count increments could alias a captured int64_t, which the compiler then reloaded at every
+// element (quantile(8)'s encode ~10% slower).
+void codes_of_tiles(const float* x, int64_t n, int64_t b0, int64_t b1, const MidGrid& grid,
+                    const SearchTables* search, int bits, int64_t levels, uint8_t* codes, double* sums,
+                    int64_t* counts) {
+  // Four banks of sums and counts, element i in bank i % 4: consecutive elements of one code
+  // do not wait on each other's update.
+  constexpr int kBanks = 4;
+  std::vector<double> ls(sums ? kBanks * levels : 0, 0.0);
+  std::vector<int64_t> lc(sums ? kBanks * levels : 0, 0);
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t i0 = b * kTile, len = std::min(n, i0 + kTile) - i0;
+    codes_span(x + i0, len, grid, search, bits, codes + i0);
+    if (!sums) continue;
+    const uint8_t* c = codes + i0;
+    const float* v = x + i0;
+    int64_t i = 0;
+    for (; i + kBanks <= len; i += kBanks)
+      for (int k = 0; k < kBanks; ++k) {
+        ls[k * levels + c[i + k]] += v[i + k];
+        ++lc[k * levels + c[i + k]];
+      }
+    for (; i < len; ++i) {
+      ls[c[i]] += v[i];
+      ++lc[c[i]];
+    }
+  }
+  if (!sums) return;
+  for (int64_t l = 0; l < levels; ++l)
+    for (int k = 0; k < kBanks; ++k) {
+      sums[l] += ls[k * levels + l];
+      counts[l] += lc[k * levels + l];
+    }
+}
+
+}  // namespace
+
 void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, uint8_t* codes, double* sums,
                        int64_t* counts) {
   const int64_t levels = int64_t(1) << bits;
@@ -1450,7 +1507,6 @@ void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, ui
     std::fill(sums, sums + levels, 0.0);
     std::fill(counts, counts + levels, 0);
   }
-  std::mutex merge;
   const MidGrid grid = make_grid(mid, levels - 1);
   SearchTables tables;
 #ifdef TL_SEARCH_CODES
@@ -1459,37 +1515,12 @@ void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, ui
   const SearchTables* search = nullptr;
 #endif
   const int64_t tiles = (n + kTile - 1) / kTile;
-  at::parallel_for(0, tiles, 4, [&](int64_t b0, int64_t b1) {
-    // Four banks of sums and counts, element i in bank i % 4: consecutive elements of one code
-    // do not wait on each other's update.
-    constexpr int kBanks = 4;
-    std::vector<double> ls(sums ? kBanks * levels : 0, 0.0);
-    std::vector<int64_t> lc(sums ? kBanks * levels : 0, 0);
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t i0 = b * kTile, len = std::min(n, i0 + kTile) - i0;
-      codes_span(x + i0, len, grid, search, bits, codes + i0);
-      if (!sums) continue;
-      const uint8_t* c = codes + i0;
-      const float* v = x + i0;
-      int64_t i = 0;
-      for (; i + kBanks <= len; i += kBanks)
-        for (int k = 0; k < kBanks; ++k) {
-          ls[k * levels + c[i + k]] += v[i + k];
-          ++lc[k * levels + c[i + k]];
-        }
-      for (; i < len; ++i) {
-        ls[c[i]] += v[i];
-        ++lc[c[i]];
-      }
-    }
-    if (sums) {
-      std::lock_guard<std::mutex> lock(merge);
-      for (int64_t l = 0; l < levels; ++l)
-        for (int k = 0; k < kBanks; ++k) {
-          sums[l] += ls[k * levels + l];
-          counts[l] += lc[k * levels + l];
-        }
-    }
+  // With sums, one task: the sums of a split would be added in another order, and the codebook's
+  // centres would depend on the threads by the last bit of a double (Note [codec threads]).
+  if (sums) return codes_of_tiles(x, n, 0, tiles, grid, search, bits, levels, codes, sums, counts);
+  // A tile reads kTile floats and writes kTile codes.
+  parallel_for(0, tiles, kTile * int64_t(sizeof(float) + 1), [&](int64_t b0, int64_t b1) {
+    codes_of_tiles(x, n, b0, b1, grid, search, bits, levels, codes, nullptr, nullptr);
   });
 }
 
@@ -1546,7 +1577,7 @@ void codebook_lookup_cpu(const uint8_t* codes, int64_t n, const float* book, int
     std::fill(book256 + std::min<int64_t>(size, 256), book256 + 256, 0.0f);
   }
 #endif
-  at::parallel_for(0, n, 1 << 16, [&](int64_t i0, int64_t i1) {
+  parallel_for(0, n, 1 + sizeof(float), [&](int64_t i0, int64_t i1) {  // a code read, a float written
 #ifdef TL_SEARCH_CODES
     if (avx512) return lookup_avx512(codes + i0, i1 - i0, book256, out + i0);
 #endif
@@ -1729,7 +1760,7 @@ bool sorted_values_cpu(const float* x, int64_t count, int64_t stride, const int6
 
 void pack_codes_cpu(const uint8_t* codes, int64_t n, int bits, uint8_t* out) {
   const int64_t tiles = (n + kTile - 1) / kTile;
-  at::parallel_for(0, tiles, 8, [&](int64_t b0, int64_t b1) {
+  parallel_for(0, tiles, kTile + kTile * bits / 8, [&](int64_t b0, int64_t b1) {
     const int64_t t0 = b0 * kTile;
     pack_tile(codes + t0, std::min(n, b1 * kTile) - t0, bits, out + t0 / 8 * bits);
   });
@@ -1737,7 +1768,7 @@ void pack_codes_cpu(const uint8_t* codes, int64_t n, int bits, uint8_t* out) {
 
 void unpack_codes_cpu(const uint8_t* in, int64_t n, int bits, uint8_t* codes) {
   const int64_t tiles = (n + kTile - 1) / kTile;
-  at::parallel_for(0, tiles, 8, [&](int64_t b0, int64_t b1) {
+  parallel_for(0, tiles, kTile + kTile * bits / 8, [&](int64_t b0, int64_t b1) {
     const int64_t t0 = b0 * kTile;
     unpack_tile(in + t0 / 8 * bits, std::min(n, b1 * kTile) - t0, bits, codes + t0);
   });

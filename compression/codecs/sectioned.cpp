@@ -12,6 +12,7 @@
 #endif
 
 #include "compression/codecs/common.h"
+#include "compression/codecs/inline_parallel.h"
 
 namespace tl {
 namespace {
@@ -24,7 +25,6 @@ constexpr double kHalfMax = 65504.0;  // the largest finite fp16
 // the CPU, one loop writes each section into the body in its wire type: saturated at the largest
 // fp16, then rounded to nearest even, as the ATen cast. A NaN (whose bits the vectorised ATen cast
 // and the scalar conversion spell differently) sends its section to the ATen form.
-constexpr int64_t kValueGrain = int64_t(1) << 18;
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define TL_SECTION_CLONES __attribute__((target_clones("avx2", "default")))
@@ -87,7 +87,8 @@ bool write_values_cpu(const float* v, int64_t n, at::ScalarType wire, uint8_t* o
   }
   const bool f16c = codec::cpu_has_avx2_f16c();
   std::atomic<bool> finite_or_inf{true};
-  at::parallel_for(0, n, kValueGrain, [&](int64_t i0, int64_t i1) {
+  // 4 bytes read and 2 written an element.
+  codec::parallel_for(0, n, 6, [&](int64_t i0, int64_t i1) {
     uint8_t* o = out + 2 * i0;  // a section may start at any byte of the body
     bool nan;
     if (wire == at::kBFloat16) {

@@ -33,13 +33,7 @@ void histogram_avx512(const void* words, int64_t count, uint32_t lo, int shift, 
 int64_t keys_in_range_avx2(const void* words, int64_t count, uint32_t edge, uint32_t width, uint32_t* out);
 #endif
 
-constexpr int64_t kMinChunk = 1 << 15;
-// Elements (read or written) a task of the row-wise loops holds at least: a 1 MiB tensor stays on
-// one thread, where a second one (woken, and on the loaded machine often descheduled) cost more
-// than its half of the work (Note [top-k row by row]).
-constexpr int64_t kTaskWork = int64_t(1) << 18;
-
-int64_t threads() { return at::in_parallel_region() ? 1 : std::max<int64_t>(1, at::get_num_threads()); }
+constexpr int64_t kMinChunk = 1 << 15;  // elements of a piece of a row at least (make_chunks)
 
 // A candidate's key: magnitude_key of its float value, or the key itself.
 inline uint32_t key_of(float v) { return magnitude_key(v); }
@@ -542,7 +536,7 @@ void gather_candidates(const float* x, const uint8_t* mask, int64_t base, int64_
 // across calls. The selection of each row is the one of Note [top-k by a sampled
 // threshold]; what it saves is the three parallel regions and the per-row allocations (at (64,
 // 4096), 64 rows of 410 kept, ~0.8 ms a call on one thread, most of it per-call and per-row cost).
-// A task holds at least kTaskWork elements.
+// A task reads at least kTaskBytes of x (Note [codec threads]).
 
 struct RowScratch {
   Candidates cand;
@@ -588,7 +582,7 @@ bool select_row(const float* xr, int64_t base, int64_t D, int64_t k, RowScratch&
 
 // Note [top-k row by row]: rows [0, rows) of x in tasks of whole rows.
 void select_rows(const float* x, int64_t rows, int64_t D, int64_t k, int64_t* ip, float* vp, bool* ambiguous) {
-  const int64_t tasks = std::max<int64_t>(1, std::min({threads(), rows, rows * D / kTaskWork}));
+  const int64_t tasks = task_count(rows * D * int64_t(sizeof(float)), rows);
   // Reserved on the calling thread (see topk_select_cpu) and kept for the next call.
   static thread_local std::vector<RowScratch> scratch;
   if (static_cast<int64_t>(scratch.size()) < tasks) scratch.resize(tasks);
@@ -598,7 +592,7 @@ void select_rows(const float* x, int64_t rows, int64_t D, int64_t k, int64_t* ip
   }
   std::vector<RowScratch>& s = scratch;
   std::atomic<bool> tie{false};
-  parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+  parallel_for(0, tasks, rows * D * int64_t(sizeof(float)) / tasks, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       uint32_t floor = 0;  // the first row of a task is sampled
       for (int64_t r = t * rows / tasks; r < (t + 1) * rows / tasks; ++r)
@@ -621,7 +615,7 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
   int64_t* ip = idx.data_ptr<int64_t>();
   float* vp = vals.data_ptr<float>();
   if (k >= D) {
-    parallel_for(0, n, kMinChunk, [&](int64_t i0, int64_t i1) {
+    parallel_for(0, n, 2 * sizeof(float) + sizeof(int64_t), [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) ip[i] = i;
       std::memcpy(vp + i0, x + i0, (i1 - i0) * sizeof(float));
     });
@@ -655,7 +649,9 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
         // every call: 3.3k a call of topk(0.1) on 64 MiB).
         cand[p].reserve(candidate_room(expect[p]));
       }
-    parallel_for(0, static_cast<int64_t>(work.size()), 1, [&](int64_t w0, int64_t w1) {
+    // Bytes of a work item: its piece of x (the pieces of a row are alike).
+    const int64_t piece_bytes = (pieces[0].end - pieces[0].begin) * int64_t(sizeof(float));
+    parallel_for(0, static_cast<int64_t>(work.size()), piece_bytes, [&](int64_t w0, int64_t w1) {
       for (int64_t w = w0; w < w1; ++w) {
         const Chunk& ch = pieces[work[w]];
         gather_candidates(x + ch.row * D, nullptr, ch.row * D, ch.begin, ch.end, lo[ch.row], expect[work[w]],
@@ -678,7 +674,8 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
   std::vector<RowCut> cuts(rows);
   std::vector<int64_t> offset(np + 1, n), ties(np, 0);  // offset[np] = n: the end of the last piece
   std::atomic<bool> tie{false};
-  parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
+  // A row reads its candidates (~1.25 k values) three times.
+  parallel_for(0, rows, 15 * k, [&](int64_t r0, int64_t r1) {
     std::vector<uint32_t> keys, tmp;
     for (int64_t r = r0; r < r1; ++r) {
       int64_t total = 0;
@@ -707,7 +704,8 @@ void topk_select_cpu(const float* x, int64_t rows, int64_t D, int64_t k, at::Ten
     }
   });
   if (ambiguous) *ambiguous = tie;
-  parallel_for(0, np, 1, [&](int64_t p0, int64_t p1) {
+  // A piece reads its candidates and writes its share of the k (int64 and float each).
+  parallel_for(0, np, 20 * n / np, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t o = offset[p];
       emit_kept(cand[p], cuts[pieces[p].row], ties[p], offset[p + 1] - o, ip + o, vp + o);
@@ -731,17 +729,18 @@ TL_WIDEN_CLONES void widen_positions(const int32_t* pos, int64_t n, int64_t base
 // flattened tensor that pass a test of their own (|x| > t, the mask): pieces of the tensor gather
 // them as TopK gathers its candidates (Note [compaction by permutation]), then are copied out at
 // the prefix sums of their counts: a pass over x and one over the n kept. (It was a scalar loop
-// over x that counted, then another that emitted.) Pieces of at least kTaskWork elements; the
+// over x that counted, then another that emitted.) Pieces of at least kTaskBytes of x; the
 // scratch is reserved on the calling thread and kept for the next call.
 void select_flat(const float* x, const uint8_t* mask, int64_t N, uint32_t lo, int64_t expect, at::Tensor& idx_out,
                  at::Tensor& vals_out) {
-  const int64_t np = std::max<int64_t>({1, std::min(2 * threads(), N / kTaskWork), N / kMaxPiece + 1});
+  const int64_t np = std::max<int64_t>(
+      {1, std::min<int64_t>(2 * threads(), N * int64_t(sizeof(float)) / kTaskBytes), N / kMaxPiece + 1});
   const int64_t len = (N + np - 1) / np, piece_expect = expect / np + 1;
   static thread_local std::vector<Candidates> scratch;
   if (static_cast<int64_t>(scratch.size()) < np) scratch.resize(np);
   for (int64_t p = 0; p < np; ++p) scratch[p].reserve(candidate_room(piece_expect));
   std::vector<Candidates>& cand = scratch;
-  parallel_for(0, np, 1, [&](int64_t p0, int64_t p1) {
+  parallel_for(0, np, len * int64_t(sizeof(float) + (mask ? 1 : 0)), [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t b = std::min(N, p * len), e = std::min(N, b + len);
       gather_candidates(x, mask, 0, b, e, lo, piece_expect, cand[p]);
@@ -752,7 +751,8 @@ void select_flat(const float* x, const uint8_t* mask, int64_t N, uint32_t lo, in
   at::Tensor idx = at::empty({offset[np]}, at::kLong), vals = at::empty({offset[np]}, at::kFloat);
   int64_t* ip = idx.data_ptr<int64_t>();
   float* vp = vals.data_ptr<float>();
-  parallel_for(0, np, 1, [&](int64_t p0, int64_t p1) {
+  // A piece reads its kept (int32 and float) and writes them (int64 and float).
+  parallel_for(0, np, 20 * offset[np] / np, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const Candidates& c = cand[p];
       widen_positions(c.pos.get(), c.count, c.base, ip + offset[p]);
@@ -799,13 +799,13 @@ bool write_stretch(const int64_t* idx, const T* v, int64_t i0, int64_t i1, int64
 template <class T>
 bool scatter_sorted(const int64_t* idx, const T* v, int64_t n, int64_t numel, float* out) {
   if (n == 0) {
-    parallel_for(0, numel, kMinChunk, [&](int64_t e0, int64_t e1) { std::fill(out + e0, out + e1, 0.0f); });
+    parallel_for(0, numel, sizeof(float), [&](int64_t e0, int64_t e1) { std::fill(out + e0, out + e1, 0.0f); });
     return true;
   }
   std::atomic<bool> ok{true};
-  // Grain: entries covering about kTaskWork outputs on average.
-  const int64_t grain = std::max<int64_t>(1, kTaskWork * n / std::max<int64_t>(numel, 1));
-  parallel_for(0, n, grain, [&](int64_t i0, int64_t i1) {
+  // An entry reads its index and value and writes its share of the outputs (on average).
+  const int64_t entry_bytes = (numel * int64_t(sizeof(float)) + n * int64_t(8 + sizeof(T))) / n;
+  parallel_for(0, n, entry_bytes, [&](int64_t i0, int64_t i1) {
     const int64_t j = i0 == 0 ? 0 : idx[i0 - 1] + 1;
     const int64_t e = i1 == n ? numel : idx[i1 - 1] + 1;
     if (!write_stretch(idx, v, i0, i1, j, e, out)) ok = false;
@@ -818,7 +818,7 @@ bool scatter_sorted(const int64_t* idx, const T* v, int64_t n, int64_t numel, fl
 template <class T>
 bool scatter_rows(const int64_t* channels, const T* v, int64_t rows, int64_t D, int64_t k, int64_t block, float* out) {
   std::atomic<bool> ok{true};
-  parallel_for(0, rows, std::max<int64_t>(1, kTaskWork / std::max<int64_t>(D, 1)), [&](int64_t r0, int64_t r1) {
+  parallel_for(0, rows, D * int64_t(sizeof(float)) + k * int64_t(sizeof(T)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       if (!write_stretch(channels + r / block * k, v + r * k, 0, k, 0, D, out + r * D)) ok = false;
   });
@@ -878,8 +878,8 @@ bool scatter_rows_cpu(const int64_t* channels, const at::Tensor& values, int64_t
 
 void gather_rows_cpu(const float* x, int64_t rows, int64_t D, const int64_t* channels, int64_t k, float* out,
                      int64_t block) {
-  // Grain: rows reading about kTaskWork elements (a row's gather touches most of its cache lines).
-  parallel_for(0, rows, std::max<int64_t>(1, kTaskWork / std::max<int64_t>(D, 1)), [&](int64_t r0, int64_t r1) {
+  // A row's gather touches most of its cache lines, and writes k.
+  parallel_for(0, rows, (D + k) * int64_t(sizeof(float)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t* ch = channels + r / block * k;
       const float* xr = x + r * D;

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "compression/codecs/hadamard.h"
+#include "compression/codecs/inline_parallel.h"
 #include "compression/codecs/lowrank_kernels.h"
 #include "compression/codecs/quant_kernels.h"
 #include "compression/codecs/sparse_index.h"
@@ -30,6 +31,13 @@ struct Threads {
   explicit Threads(int n) : before(at::get_num_threads()) { at::set_num_threads(n); }
   ~Threads() { at::set_num_threads(before); }
   int before;
+};
+
+// codec::task_bytes() set for a scope.
+struct TaskBytes {
+  explicit TaskBytes(int64_t bytes) : before(codec::set_task_bytes(bytes)) {}
+  ~TaskBytes() { codec::set_task_bytes(before); }
+  int64_t before;
 };
 
 // Payload of `spec` on the CPU path equals the portable path's, and decodes to the same values
@@ -985,6 +993,69 @@ TEST(RandK, MaskFromTheEngineMatchesRandom64) {
     EXPECT_EQ(fast, ref) << where;
     EXPECT_EQ(std::count(fast.begin(), fast.end(), 1), rows * k) << where;
     for (int i = 0; i < 3; ++i) EXPECT_EQ(fast_gen.random64(), ref_gen.random64()) << where;
+  }
+}
+
+// Note [codec threads]: every codec loop split into tasks of a few hundred bytes, so that tensors
+// of tens of KiB run each loop's parallel form (where the build has OpenMP, Note [codecs with
+// OpenMP] in compression/CMakeLists.txt), gives the payload and the decoded values of one thread,
+// and of the portable path.
+TEST(Threads, SmallTasksMatchOneThread) {
+  const TaskBytes small(256);
+  const std::vector<std::string> specs = {"fp16",
+                                          "bf16",
+                                          "quant(8)",
+                                          "quant(3, mode=minmax)",
+                                          "quant(4, scale=channel)",
+                                          "quant(4, scale=channel, dim=0)",
+                                          "quant(4, scale=block, block=100)",
+                                          "quant(4, round=stochastic)",
+                                          "quant(2)",
+                                          "quantile(4)",
+                                          "topk(0.1)",
+                                          "topk(0.1, scope=global)",
+                                          "topk(0.2, index=delta)",
+                                          "topk(0.3, index=bitmap)",
+                                          "topk(0.1, values=fp16)",
+                                          "topk(1.0)",
+                                          "randk(0.1)",
+                                          "threshold(1.645)",
+                                          "powersgd(4)",
+                                          "hadquant(4)",
+                                          "colsparse(0.1)",
+                                          "colsparse(0.1, block=8) | quant(4)"};
+  at::manual_seed(39);
+  // Rows of an odd length (a tail in every row) and one long row.
+  const std::vector<at::Tensor> inputs = {at::randn({24, 4099}), at::randn({3 * 8192 + 77})};
+  for (const at::Tensor& x : inputs) {
+    const std::string where = "(" + std::to_string(x.size(0)) + (x.dim() > 1 ? ", 4099)" : ")");
+    for (const std::string& spec : specs) {
+      if (x.dim() == 1 && spec.find("channel") != std::string::npos) continue;  // needs rows
+      CodecContext ctx;
+      Payload one, two;
+      at::Tensor y_one, y_two;
+      {
+        const Threads t(1);
+        at::manual_seed(1);  // randk's draws
+        auto c = parse_compressor(spec);
+        one = c->encode(x, ctx);
+        y_one = c->decode(one, ctx);
+      }
+      {
+        const Threads t(2);
+        at::manual_seed(1);
+        auto c = parse_compressor(spec);
+        two = c->encode(x, ctx);
+        y_two = c->decode(two, ctx);
+        // Not the codecs whose portable path draws or sums otherwise.
+        if (spec.find("randk") == std::string::npos && spec.find("stochastic") == std::string::npos &&
+            spec.find("powersgd") == std::string::npos)
+          expect_paths_agree(spec, x, where + " in small tasks");
+      }
+      EXPECT_TRUE(same_payload(one, two)) << spec << " on " << where;
+      EXPECT_TRUE(at::equal(y_one.contiguous().view(at::kInt), y_two.contiguous().view(at::kInt)))
+          << spec << " decoded on " << where;
+    }
   }
 }
 
