@@ -113,9 +113,9 @@ struct GroupCursor {
 // Note [no division per element]. scale_group divides 64-bit integers, which a GPU does in
 // software (dozens of instructions). Per element, it made the first quantisation kernels
 // compute-bound: 0.12 of a device-to-device copy on an H200. A cursor per group of 8 divides
-// once and steps; it names the same groups, so the payload bytes do not change. Per group of 8 the
-// three 64-bit divisions still cost ~30 instructions an element: a per-tensor scale now divides
-// nothing, and below 2^32 elements the divisions are 32-bit.
+// once and steps; it names the same groups, so the payload bytes do not change. A per-tensor scale
+// now divides nothing, and below 2^32 elements the cursor's divisions are 32-bit (on an H100 this
+// changed nothing measurable at 64 MiB: the stack was the bound, Note [groups in registers]).
 //
 // Loads and stores of a group's 8 floats are two 16-byte accesses on the device when the group is
 // whole and aligned (a 16-byte-aligned x, as ATen allocates, and i0 a multiple of 8); otherwise,
@@ -123,9 +123,11 @@ struct GroupCursor {
 //
 // Note [groups in registers]. A group's 8 values live in an array; indexed by a loop variable
 // that runs to `count` (known at run time), nvcc put the array on the stack (32 bytes of local
-// memory a thread, written and read back for every group). Every loop over a group's elements
-// runs 0..7 under TL_UNROLL with `j < count` as a condition, so the indices are constants and the
-// arrays stay in registers; the host does the same steps.
+// memory a thread, written and read back for every group: `ptxas -v` said "32 bytes stack frame"
+// for every kernel). Every loop over a group's elements runs 0..7 under TL_UNROLL with `j < count`
+// as a condition, so the indices are constants and the arrays stay in registers (0 bytes of
+// stack); the host does the same steps. On an H100, 64 MiB quant(4): encode 0.114 -> 0.087 ms,
+// decode 0.069 -> 0.047 ms.
 TL_HD void load_group(const float* x, int64_t i0, int count, float* v) {
 #if defined(__CUDA_ARCH__)
   if (count == 8 && (reinterpret_cast<uintptr_t>(x + i0) & 15) == 0) {
