@@ -706,16 +706,18 @@ TEST(MultiProcessTrain, TensorParallelMiniLmFineTuningMatchesOneProcess) {
   EXPECT_LE(worst, std::max(1e-5, 3 * floor)) << name;
 }
 
-// Compressed all-reduces: 8-bit forward and backward send about a quarter of the raw bytes with
+// Compressed all-reduces: 4-bit forward and 8-bit backward send about 3/16 of the raw bytes with
 // allgather, and reduce_scatter sends fewer still at T = 4 (2 (T - 1) / T = 1.5 payloads instead
-// of T - 1 = 3); the run trains, and the inference toggle evaluates without the codec.
+// of T - 1 = 3); the run trains, and the inference toggle evaluates without the codec. (With 8
+// bits forward, the codec moved this test loss by a few float32 ulps, 0 in one run: 4 bits move it
+// by ~7e-4, which the toggle's check can see.)
 TEST(MultiProcessTrain, CompressedTensorParallelAllReducesSendFewerBytesAndTrain) {
   REQUIRE_WORDNET();
   testing::TempDir dir;
   std::map<std::string, std::map<std::string, std::vector<double>>> m;
   for (const std::string algorithm : {"allgather", "reduce_scatter"}) {
     const fs::path out = dir.path() / algorithm;
-    auto [s, o] = run(tp_lm_args("--model.cuts=none --nproc 4 --parallel.tp=4 --tp.forward=quant(bits=8) "
+    auto [s, o] = run(tp_lm_args("--model.cuts=none --nproc 4 --parallel.tp=4 --tp.forward=quant(bits=4) "
                                  "--tp.backward=quant(bits=8) --tp.algorithm=" + algorithm + " --out " + out.string()),
                       mp::temp_log("tpq"));
     ASSERT_EQ(s, 0) << o;
@@ -723,8 +725,8 @@ TEST(MultiProcessTrain, CompressedTensorParallelAllReducesSendFewerBytesAndTrain
   }
   const double raw = m["allgather"]["bytes_tp_uncompressed"].at(0);
   EXPECT_EQ(raw, 2.0 * 2 * 2 * 4 * 3 * (32.0 * 64 * 128 * 4) * m["allgather"]["steps"].at(0));
-  EXPECT_LT(m["allgather"]["bytes_tp"].at(0), 0.27 * raw);
-  EXPECT_GT(m["allgather"]["bytes_tp"].at(0), 0.25 * raw);
+  EXPECT_LT(m["allgather"]["bytes_tp"].at(0), 0.20 * raw);
+  EXPECT_GT(m["allgather"]["bytes_tp"].at(0), 0.1875 * raw);
   EXPECT_LT(m["reduce_scatter"]["bytes_tp"].at(0), 0.55 * m["allgather"]["bytes_tp"].at(0));
   for (auto& [algorithm, metrics] : m) {
     SCOPED_TRACE(algorithm);
