@@ -2,7 +2,7 @@
 // sources and nothing else: the NCCL and Gloo paths of c10d_compat, the fused codec kernels and
 // their host logic. CI builds it against PyTorch 2.x's CUDA libtorch (scripts/build-gpu --check):
 // compiling those sources and resolving every symbol they use is the check. On a machine with a
-// GPU it also runs the quantisation, sparse packing and AQ-SGD kernels on one tensor and compares their bytes and
+// GPU it also runs the quantisation, sparse packing, TopK selection and AQ-SGD kernels on one tensor and compares their bytes and
 // values with the host logic (docs/GPU.md); the full comparison with the codecs is `ctest -L gpu`.
 #include <ATen/ATen.h>
 
@@ -12,6 +12,7 @@
 #include "compression/cuda/aqsgd_cuda.h"
 #include "compression/cuda/quant_cuda.h"
 #include "compression/cuda/sparse_cuda.h"
+#include "compression/cuda/topk_cuda.h"
 #include "parallel/ranks/c10d_compat.h"
 
 using namespace tl;
@@ -140,8 +141,8 @@ int main() {
         std::printf("FAIL sparse_pack bitmap=%d wire=%d: bytes differ\n", int(bitmap), int(w));
         ++failures;
       }
-      at::Tensor rh = at::zeros({s.index_bytes}, at::kLong),
-                 rd = at::zeros({s.index_bytes}, xd.options().dtype(at::kLong));
+      const int64_t chunks = codec::gpu::bitmap_chunks(s.index_bytes);
+      at::Tensor rh = at::zeros({chunks}, at::kLong), rd = at::zeros({chunks}, xd.options().dtype(at::kLong));
       if (bitmap) {
         codec::gpu::bitmap_counts_host(host.data_ptr<uint8_t>(), s.index_bytes, rh.data_ptr<int64_t>());
         codec::gpu::bitmap_counts_cuda(0, dev.data_ptr<uint8_t>(), s.index_bytes, rd.data_ptr<int64_t>());
@@ -155,6 +156,29 @@ int main() {
         std::printf("FAIL sparse_unpack bitmap=%d wire=%d: values differ\n", int(bitmap), int(w));
         ++failures;
       }
+    }
+  }
+  // TopK's radix selection: one row and five rows of x, k large and small, and small integers
+  // (ties across tiles), against the host loops: the kept indices and each row's k-th key.
+  at::Tensor ties = at::randint(-3, 4, {n}).to(at::kFloat), tiesd = ties.cuda();
+  for (const auto& [src, srcd, s] : {std::make_tuple(x, xd, codec::gpu::TopkShape{1, n, 2001}),
+                                     std::make_tuple(x, xd, codec::gpu::TopkShape{5, n / 5, 17}),
+                                     std::make_tuple(ties, tiesd, codec::gpu::TopkShape{1, n, 5000})}) {
+    const auto bytes = at::TensorOptions().dtype(at::kByte);
+    at::Tensor zh = at::zeros({codec::gpu::topk_zeroed_bytes(s)}, bytes);
+    at::Tensor rh = at::empty({codec::gpu::topk_rest_bytes(s)}, bytes);
+    at::Tensor zd = zh.cuda(), rd = rh.cuda();
+    at::Tensor ih = at::empty({s.rows * s.k}, at::kLong), id = ih.cuda();
+    codec::gpu::topk_select_host(src.data_ptr<float>(), s, zh.data_ptr<uint8_t>(), rh.data_ptr<uint8_t>(),
+                                 ih.data_ptr<int64_t>());
+    codec::gpu::topk_select_cuda(0, srcd.data_ptr<float>(), s, zd.data_ptr<uint8_t>(), rd.data_ptr<uint8_t>(),
+                                 id.data_ptr<int64_t>());
+    // The rows' states (RadixRow) lead the zeroed bytes.
+    const int64_t state = s.rows * int64_t(sizeof(codec::gpu::RadixRow));
+    if (!at::equal(ih, id.cpu()) || !at::equal(zh.slice(0, 0, state), zd.cpu().slice(0, 0, state))) {
+      std::printf("FAIL topk_select rows=%lld k=%lld: indices or k-th keys differ\n", (long long)s.rows,
+                  (long long)s.k);
+      ++failures;
     }
   }
   // AQ-SGD: a delta and two updates of rows 3, 0, 5 of a (6, 20011) fp16 cache.

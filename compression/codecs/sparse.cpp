@@ -8,6 +8,7 @@
 #include "compression/codecs/common.h"
 #include "compression/codecs/sparse_kernels.h"
 #include "compression/cuda/sparse_cuda.h"
+#include "compression/cuda/topk_cuda.h"
 
 namespace tl {
 namespace {
@@ -130,6 +131,26 @@ at::Tensor SparseCodec::randk_mask(int64_t rows, int64_t D, int64_t k) {
   return mask;
 }
 
+namespace {
+// TopK's selection by the radix kernels (Note [radix top-k on a device] in
+// compression/cuda/topk_logic.h), or their logic on the host under HostEmulationGuard: (rows * k)
+// int64 flat indices, increasing, the same as the CPU loop's and the ATen path's.
+at::Tensor radix_topk(const at::Tensor& flat, const codec::gpu::TopkShape& s) {
+  at::Tensor xf = flat.to(at::kFloat).contiguous();  // (rows * D)
+  const auto bytes = xf.options().dtype(at::kByte);
+  at::Tensor zeroed = at::zeros({codec::gpu::topk_zeroed_bytes(s)}, bytes);
+  at::Tensor rest = at::empty({codec::gpu::topk_rest_bytes(s)}, bytes);
+  at::Tensor idx = at::empty({s.rows * s.k}, xf.options().dtype(at::kLong));
+  if (xf.is_cuda())
+    codec::gpu::topk_select_cuda(xf.get_device(), xf.data_ptr<float>(), s, zeroed.data_ptr<uint8_t>(),
+                                 rest.data_ptr<uint8_t>(), idx.data_ptr<int64_t>());
+  else
+    codec::gpu::topk_select_host(xf.data_ptr<float>(), s, zeroed.data_ptr<uint8_t>(), rest.data_ptr<uint8_t>(),
+                                 idx.data_ptr<int64_t>());
+  return idx;
+}
+}  // namespace
+
 void SparseCodec::select(const at::Tensor& x, int64_t rows, int64_t D, at::Tensor& idx, at::Tensor& vals, bool values) {
   const bool cpu = codec::use_cpu_kernel(x);
   at::Tensor flat = x.reshape({-1});
@@ -138,6 +159,12 @@ void SparseCodec::select(const at::Tensor& x, int64_t rows, int64_t D, at::Tenso
   switch (o_.kind) {
     case SparseKind::kTopK: {
       const int64_t k = k_for(D);
+      const codec::gpu::TopkShape shape{rows, D, k};
+      if (codec::use_fused_kernel(x) && codec::gpu::topk_fits_radix(shape)) {
+        idx = radix_topk(flat, shape);
+        if (values) vals = flat.index_select(0, idx);
+        return;
+      }
       if (cpu) {
         codec::topk_select_cpu(xf.data_ptr<float>(), rows, D, k, idx, vals);
         break;
@@ -243,9 +270,11 @@ Payload SparseCodec::encode_parts(const at::Tensor& x, const CodecContext& ctx, 
 // cast of the indices (or a zeroed mask, index_fill and pack_bits for a bitmap) and the copies
 // into the body; decoding runs the inverse plus a zeros and an index_put. The fused kernels
 // (compression/cuda/sparse_*) write the body in one pass over the selection and decode it in one
-// (two for a bitmap: its popcounts, then a cumsum, then the scatter). What stays ATen:
-//   - the selection itself (kthvalue, the tie mask, positions_of; RandK's mask is drawn on the
-//     host): selecting is not a packing pass, and it yields the sorted indices the kernels take;
+// (two for a bitmap: its popcounts, then a cumsum, then the scatter). TopK's selection has its own
+// kernels (compression/cuda/topk_*: Note [radix top-k on a device]), used by every TopK on a
+// device, packed here or not, in rows that fit them (topk_fits_radix: else ATen's topk, the tie
+// mask and positions_of). What stays ATen:
+//   - RandK's and threshold's selection (RandK's mask is drawn on the host, threshold's nonzero);
 //   - delta indices: varints make the body's size and each index's offset a prefix sum over the
 //     data (and knowing the size reads it back to the host), so `index=delta` stays on the ATen
 //     path; auto never picks delta on a device (pick_index_format);
@@ -358,12 +387,14 @@ at::Tensor SparseCodec::decode(const Payload& p, const CodecContext& ctx) {
   const codec::gpu::SparseLayout kl = kernel_layout(n, l.numel, l.format, l.index_bytes, l.wire);
   at::Tensor out = kl.bitmap ? at::empty({l.numel}, body.options().dtype(at::kFloat))  // (N) every one written
                              : at::zeros({l.numel}, body.options().dtype(at::kFloat));
-  at::Tensor ranks = at::empty({kl.bitmap ? l.index_bytes : 0}, body.options().dtype(at::kLong));  // (index bytes)
+  // (bitmap chunks) set bits, then their prefix sums (Note [bitmap ranks by chunks], sparse_logic.h)
+  const int64_t chunks = kl.bitmap ? codec::gpu::bitmap_chunks(l.index_bytes) : 0;
+  at::Tensor ranks = at::empty({chunks}, body.options().dtype(at::kLong));
   const uint8_t* in = body.data_ptr<uint8_t>();
   if (body.is_cuda()) {
     const int device = body.get_device();
     if (kl.bitmap) codec::gpu::bitmap_counts_cuda(device, in, l.index_bytes, ranks.data_ptr<int64_t>());
-    ranks = ranks.cumsum(0);  // popcounts -> inclusive ranks
+    ranks = ranks.cumsum(0);  // inclusive ranks
     codec::gpu::sparse_unpack_cuda(device, in, ranks.data_ptr<int64_t>(), kl, out.data_ptr<float>());
   } else {
     if (kl.bitmap) codec::gpu::bitmap_counts_host(in, l.index_bytes, ranks.data_ptr<int64_t>());

@@ -52,6 +52,9 @@ void tl_cuda_bitmap_counts(int device, const uint8_t* bitmap, int64_t bytes, int
 void tl_cuda_sparse_unpack(int device, const uint8_t* body, const int64_t* ranks, const SparseLayout& s, float* out) {
   sparse_unpack_cuda(device, body, ranks, s, out);
 }
+void tl_cuda_topk_select(int device, const float* x, const TopkShape& s, uint8_t* zeroed, uint8_t* rest, int64_t* idx) {
+  topk_select_cuda(device, x, s, zeroed, rest, idx);
+}
 void tl_cuda_aqsgd_delta(int device, const float* x, const CacheRows& m, float* delta) {
   aqsgd_delta_cuda(device, x, m, delta);
 }

@@ -8,6 +8,7 @@
 #include "compression/cuda/aqsgd_cuda.h"
 #include "compression/cuda/quant_cuda.h"
 #include "compression/cuda/sparse_cuda.h"
+#include "compression/cuda/topk_cuda.h"
 
 extern "C" {
 void tl_cuda_quantise_pack(int device, const float* x, const tl::codec::QuantGeometry& g,
@@ -34,8 +35,10 @@ void tl_cuda_block_scales(int device, const float* x, int64_t n, int64_t block, 
 void tl_cuda_sparse_pack(int device, const float* x, const int64_t* idx, const tl::codec::gpu::SparseLayout& s,
                          uint8_t* body);
 void tl_cuda_bitmap_counts(int device, const uint8_t* bitmap, int64_t bytes, int64_t* counts);
-void tl_cuda_sparse_unpack(int device, const uint8_t* body, const int64_t* ranks,
-                           const tl::codec::gpu::SparseLayout& s, float* out);
+void tl_cuda_sparse_unpack(int device, const uint8_t* body, const int64_t* ranks, const tl::codec::gpu::SparseLayout& s,
+                           float* out);
+void tl_cuda_topk_select(int device, const float* x, const tl::codec::gpu::TopkShape& s, uint8_t* zeroed, uint8_t* rest,
+                         int64_t* idx);
 void tl_cuda_aqsgd_delta(int device, const float* x, const tl::codec::gpu::CacheRows& m, float* delta);
 void tl_cuda_aqsgd_update(int device, const float* c, const tl::codec::gpu::CacheRows& m, float* out);
 /// c10's CUDA synchronisation check: 0 off, 2 every host synchronisation is an error (the tests).
@@ -55,10 +58,10 @@ F* cuda_entry(const char* name, const char* codec) {
 }
 
 /// Calls the plugin's entry NAME (declared above) for CODEC with the arguments that follow.
-#define TL_CUDA_CALL(NAME, CODEC, ...)                                                          \
-  do {                                                                                          \
-    static auto* const entry = ::tl::codec::gpu::cuda_entry<decltype(NAME)>(#NAME, CODEC);      \
-    entry(__VA_ARGS__);                                                                         \
+#define TL_CUDA_CALL(NAME, CODEC, ...)                                                     \
+  do {                                                                                     \
+    static auto* const entry = ::tl::codec::gpu::cuda_entry<decltype(NAME)>(#NAME, CODEC); \
+    entry(__VA_ARGS__);                                                                    \
   } while (false)
 
 }  // namespace tl::codec::gpu

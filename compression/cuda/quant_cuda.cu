@@ -38,13 +38,18 @@ __global__ void derive_kernel(const uint8_t* wire, ScaleParams p, float* step, f
 // Elements a CUDA block of the long-block path reduces at least (Note [scales in the kernels]).
 constexpr int64_t kLongSlice = 2048;
 
-// Block-wide NaN-propagating min and max (Note [scales in the kernels] in quant_logic.h): the
-// result in thread 0. blockDim.x == kThreads.
-__device__ void block_minmax(float& mn, float& mx) {
+// NaN-propagating min and max over a warp's lanes, the result in every lane (a butterfly; Note
+// [scales in the kernels] in quant_logic.h: neither depends on the order values meet in).
+__device__ __forceinline__ void warp_minmax(float& mn, float& mx) {
   for (int o = 16; o > 0; o /= 2) {
-    mn = min_nan(mn, __shfl_down_sync(0xffffffffu, mn, o));
-    mx = max_nan(mx, __shfl_down_sync(0xffffffffu, mx, o));
+    mn = min_nan(mn, __shfl_xor_sync(0xffffffffu, mn, o));
+    mx = max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   }
+}
+
+// Block-wide NaN-propagating min and max: the result in thread 0. blockDim.x == kThreads.
+__device__ void block_minmax(float& mn, float& mx) {
+  warp_minmax(mn, mx);
   __shared__ float smn[kThreads / 32], smx[kThreads / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) smn[warp] = mn, smx[warp] = mx;
@@ -52,10 +57,7 @@ __device__ void block_minmax(float& mn, float& mx) {
   if (warp == 0) {
     mn = lane < kThreads / 32 ? smn[lane] : smn[0];
     mx = lane < kThreads / 32 ? smx[lane] : smx[0];
-    for (int o = 16; o > 0; o /= 2) {
-      mn = min_nan(mn, __shfl_down_sync(0xffffffffu, mn, o));
-      mx = max_nan(mx, __shfl_down_sync(0xffffffffu, mx, o));
-    }
+    warp_minmax(mn, mx);
   }
 }
 
@@ -133,10 +135,7 @@ __global__ void block_scales_kernel(const float* x, int64_t n, int64_t block, in
       const int64_t begin = (base + j) * block, end = begin + block < n ? begin + block : n;
       float mn = __int_as_float(0x7f800000), mx = -mn;
       for (int64_t i = begin + lane; i < end; i += 32) mn = min_nan(mn, x[i]), mx = max_nan(mx, x[i]);
-      for (int o = 16; o > 0; o /= 2) {
-        mn = min_nan(mn, __shfl_xor_sync(0xffffffffu, mn, o));
-        mx = max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      }
+      warp_minmax(mn, mx);
       if (lane == j) my_mn = mn, my_mx = mx;
     }
     if (lane < count) scales_group_of(base + lane, scale_value(my_mn, my_mx, p.minmax), my_mx, p, wire, a, b, step, lo);
@@ -187,29 +186,9 @@ __global__ void channel_scales_kernel(const float* x, int64_t outer, int64_t inn
       const float* row = x + (o * p.groups + s) * inner;
       for (int64_t i = lane; i < inner; i += 32) mn = min_nan(mn, row[i]), mx = max_nan(mx, row[i]);
     }
-    for (int o = 16; o > 0; o /= 2) {
-      mn = min_nan(mn, __shfl_down_sync(0xffffffffu, mn, o));
-      mx = max_nan(mx, __shfl_down_sync(0xffffffffu, mx, o));
-    }
+    warp_minmax(mn, mx);
     if (lane == 0) scales_group_of(s, scale_value(mn, mx, p.minmax), mx, p, wire, a, b, step, lo);
   }
-}
-
-// Blocks of kThreads that `kernel` can keep resident on the device at once (its registers decide
-// how many fit a multiprocessor), at most grid_for(items): one wave, so that each block's prologue
-// (quant_tensor_kernel reduces the partials) runs once.
-// Asked of CUDA once per kernel and device.
-template <auto kKernel>
-int resident_grid(int device, int64_t items) {
-  static int blocks[64] = {};
-  int& b = blocks[device & 63];
-  if (b == 0) {
-    int sms = 0, per_sm = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kThreads, 0));
-    b = sms * std::max(per_sm, 1);
-  }
-  return static_cast<int>(std::min<int64_t>(grid_for(items), b));
 }
 
 }  // namespace

@@ -33,11 +33,15 @@ struct SparseLayout {
 /// synchronisation). x: (universe) float32; idx: (n) int64, strictly increasing; body: index_bytes
 /// + n * wire_size bytes, every one written. Error in a build without the kernels.
 void sparse_pack_cuda(int device, const float* x, const int64_t* idx, const SparseLayout& s, uint8_t* body);
-/// counts[b] = set bits of bitmap byte b (b < bytes); their inclusive prefix sums are the `ranks`
-/// sparse_unpack_cuda takes for a bitmap index (unused for an int index).
+/// Bitmap bytes a chunk of the decode's ranks (a warp's lanes), and the chunks of `bytes` bytes.
+constexpr int64_t kBitmapChunk = 32;
+TL_HD int64_t bitmap_chunks(int64_t bytes) { return (bytes + kBitmapChunk - 1) / kBitmapChunk; }
+/// counts[c] = set bits of chunk c of the bitmap (bitmap_chunks(bytes) of them: Note [bitmap ranks
+/// by chunks] in sparse_logic.h); their inclusive prefix sums are the `ranks` sparse_unpack_cuda
+/// takes for a bitmap index (unused for an int index).
 void bitmap_counts_cuda(int device, const uint8_t* bitmap, int64_t bytes, int64_t* counts);
-/// out: (universe) float32. Int index: out must be zeros, the kept entries are written. Bitmap:
-/// every element is written (zero where the bit is clear).
+/// out: (universe) float32, 16-byte aligned. Int index: out must be zeros, the kept entries are
+/// written. Bitmap: every element is written (zero where the bit is clear).
 void sparse_unpack_cuda(int device, const uint8_t* body, const int64_t* ranks, const SparseLayout& s, float* out);
 
 /// The same logic on host pointers, one work item after another (what each CUDA thread does).

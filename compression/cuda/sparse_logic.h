@@ -3,19 +3,19 @@
 // once for nvcc and g++ (Note [one logic, two compilers] in quant_logic.h); the CPU tests run it
 // through sparse_cuda_host.cpp and compare the payload bytes with the CPU and ATen paths.
 //
-// Note [sparse packing, one writer per byte]. Encoding has max(n, bitmap bytes) work items:
-//   - item i < n (an entry): value x[idx[i]] cast to the wire type at values + i * size, and for
-//     an int index idx[i] as `index_width` little-endian bytes at i * index_width;
-//   - item b < ceil(universe / 8) (a bitmap byte): the bits of the indices in [8b, 8b + 8), found
-//     by a binary search in the sorted idx (lower_bound of 8b), written as one byte.
-// Every byte of the body has exactly one writer and is written once: no atomics, no memset, and
-// the bytes do not depend on the order the items run in. Decoding an int index scatters entry i
+// Note [sparse packing, one writer per byte]. Encoding has n work items, one an entry: value
+// x[idx[i]] cast to the wire type at values + i * size, and for an int index idx[i] as
+// `index_width` little-endian bytes at i * index_width; for a bitmap, the first entry of each
+// bitmap byte (idx sorted: entries of one byte are consecutive) writes that byte whole, after the
+// bitmap was zeroed (a memset; a binary search per byte for its entries cost twice as long).
+// After the zeros, every byte of the body has one writer: no atomics, and the bytes do not depend
+// on the order the items run in. Decoding an int index scatters entry i
 // to out[idx[i]]; a bitmap byte needs the rank of its first set bit, an exclusive prefix sum of
-// the bytes' popcounts (bitmap_count per byte, then a scan with ATen's cumsum, then
-// unpack_bitmap_byte writes all 8 outputs of its byte, zeros included). Decoding is memory-safe
-// on corrupt bytes (indices outside the tensor and ranks past n write nothing / zero); the checks
-// that name the corruption stay with the ATen path (the kernels decode only bytes this process
-// made or already checked: Note [fused sparse packing] in compression/codecs/sparse.cpp).
+// the bytes' popcounts (Note [bitmap ranks by chunks]), and writes all 8 outputs of its byte,
+// zeros included. Decoding is memory-safe on corrupt bytes (indices outside the tensor and ranks
+// past n write nothing / zero); the checks that name the corruption stay with the ATen path (the
+// kernels decode only bytes this process made or already checked: Note [fused sparse packing] in
+// compression/codecs/sparse.cpp).
 //
 // Wire values: fp32 is copied; bf16 rounds to nearest even (NaN -> 0x7fc0), as c10::BFloat16;
 // fp16 first clamps to +-65504, as SectionedCodec does before its cast, then rounds to nearest
@@ -118,33 +118,20 @@ TL_HD int popcount8(uint32_t v) {
   return static_cast<int>((v + (v >> 4)) & 0x0fu);
 }
 
-/// The first position p in sorted idx[0, n) with idx[p] >= v.
-TL_HD int64_t lower_bound(const int64_t* idx, int64_t n, int64_t v) {
-  int64_t lo = 0, hi = n;
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (idx[mid] < v)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
-}
+/// Work items of an encode: the entries (Note [sparse packing, one writer per byte]).
+TL_HD int64_t pack_items(const SparseLayout& s) { return s.n; }
 
-/// Work items of an encode (Note [sparse packing, one writer per byte]).
-TL_HD int64_t pack_items(const SparseLayout& s) { return s.bitmap && s.index_bytes > s.n ? s.index_bytes : s.n; }
-
-/// Item t of an encode: entry t (its value, and its index for an int index) and bitmap byte t.
+/// Entry t of an encode: its value, and its index (int), or its bitmap byte if t is the first of
+/// the entries in that byte (which it writes whole: the bits of entries t, t + 1, ... in it). The
+/// bitmap's other bytes are the zeros written before.
 TL_HD void pack_item(const float* x, const int64_t* idx, int64_t t, const SparseLayout& s, uint8_t* body) {
-  if (t < s.n) {
-    const int64_t j = idx[t];
-    if (!s.bitmap) store_le(body + t * s.index_width, static_cast<uint64_t>(j), s.index_width);
-    store_wire(body + s.index_bytes + t * wire_size(s.wire), x[j], s.wire);
-  }
-  if (s.bitmap && t < s.index_bytes) {
+  const int64_t j = idx[t];
+  if (!s.bitmap) store_le(body + t * s.index_width, static_cast<uint64_t>(j), s.index_width);
+  store_wire(body + s.index_bytes + t * wire_size(s.wire), x[j], s.wire);
+  if (s.bitmap && (t == 0 || idx[t - 1] >> 3 != j >> 3)) {
     uint32_t byte = 0;
-    for (int64_t p = lower_bound(idx, s.n, 8 * t); p < s.n && idx[p] < 8 * t + 8; ++p) byte |= 1u << (idx[p] - 8 * t);
-    body[t] = static_cast<uint8_t>(byte);
+    for (int64_t p = t; p < s.n && idx[p] >> 3 == j >> 3; ++p) byte |= 1u << (idx[p] & 7);
+    body[j >> 3] = static_cast<uint8_t>(byte);
   }
 }
 
@@ -154,28 +141,43 @@ TL_HD void unpack_entry(const uint8_t* body, int64_t i, const SparseLayout& s, f
   if (j < static_cast<uint64_t>(s.universe)) out[j] = load_wire(body + s.index_bytes + i * wire_size(s.wire), s.wire);
 }
 
-/// Bitmap index: the 8 outputs of byte b; `rank` is the inclusive prefix sum of popcounts at b.
-TL_HD void unpack_bitmap_byte(const uint8_t* body, const int64_t* rank, int64_t b, const SparseLayout& s, float* out) {
-  const uint32_t byte = body[b];
-  int64_t r = rank[b] - popcount8(byte);
-  for (int j = 0; j < 8 && 8 * b + j < s.universe; ++j) {
-    float v = 0.0f;
-    if (byte >> j & 1) {
-      if (r < s.n) v = load_wire(body + s.index_bytes + r * wire_size(s.wire), s.wire);
-      ++r;
-    }
-    out[8 * b + j] = v;
-  }
+// Note [bitmap ranks by chunks]. A bitmap byte's outputs need the rank of its first set bit: the
+// bits set in every byte before it. The decode counts them per chunk of kBitmapChunk bytes (a
+// thread a chunk), turns the counts into inclusive prefix sums (cumsum: one int64 per 32 bytes, not
+// per byte), and then each warp takes a chunk, a lane a byte: a warp scan of the lanes' popcounts
+// adds the bits before the byte within its chunk. Each lane writes its byte's 8 outputs, zeros
+// included, as 32 contiguous bytes (two 16-byte stores on the device).
+/// Set bits of chunk c of a bitmap of `bytes` bytes.
+TL_HD int64_t bitmap_chunk_count(const uint8_t* bitmap, int64_t bytes, int64_t c) {
+  int64_t n = 0;
+  for (int64_t b = c * kBitmapChunk; b < bytes && b < (c + 1) * kBitmapChunk; ++b) n += popcount8(bitmap[b]);
+  return n;
 }
 
-/// Work items of a decode: entries (int index) or bitmap bytes.
-TL_HD int64_t unpack_items(const SparseLayout& s) { return s.bitmap ? s.index_bytes : s.n; }
-
-TL_HD void unpack_item(const uint8_t* body, const int64_t* rank, int64_t t, const SparseLayout& s, float* out) {
-  if (s.bitmap)
-    unpack_bitmap_byte(body, rank, t, s, out);
-  else
-    unpack_entry(body, t, s, out);
+/// Bitmap index: the 8 outputs of byte b, whose first set bit has rank `before` (set bits in the
+/// bytes before it).
+TL_HD void unpack_bitmap_byte(const uint8_t* body, int64_t before, int64_t b, const SparseLayout& s, float* out) {
+  const uint32_t byte = body[b];
+  int64_t r = before;
+  float v[8];
+  TL_UNROLL for (int j = 0; j < 8; ++j) {
+    v[j] = 0.0f;
+    if (byte >> j & 1) {
+      if (r < s.n) v[j] = load_wire(body + s.index_bytes + r * wire_size(s.wire), s.wire);
+      ++r;
+    }
+  }
+  float* o = out + 8 * b;
+  if (8 * b + 8 <= s.universe) {
+#if defined(__CUDA_ARCH__)
+    reinterpret_cast<float4*>(o)[0] = make_float4(v[0], v[1], v[2], v[3]);  // out: 16-byte aligned
+    reinterpret_cast<float4*>(o)[1] = make_float4(v[4], v[5], v[6], v[7]);
+#else
+    memcpy(o, v, sizeof(v));
+#endif
+  } else {
+    for (int j = 0; 8 * b + j < s.universe; ++j) o[j] = v[j];
+  }
 }
 
 }  // namespace tl::codec::gpu

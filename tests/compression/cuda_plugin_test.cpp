@@ -40,7 +40,7 @@ TEST(CudaPlugin, LoadsOnRequestWithEveryEntry) {
   for (const char* name :
        {"tl_cuda_quantise_pack", "tl_cuda_unpack_dequantise", "tl_cuda_quantise_pack_residual", "tl_cuda_quant_scales",
         "tl_cuda_quant_derive", "tl_cuda_quant_tensor", "tl_cuda_dequant_tensor", "tl_cuda_block_scales", "tl_cuda_channel_scales",
-        "tl_cuda_sparse_pack", "tl_cuda_bitmap_counts", "tl_cuda_sparse_unpack",
+        "tl_cuda_sparse_pack", "tl_cuda_bitmap_counts", "tl_cuda_sparse_unpack", "tl_cuda_topk_select",
         "tl_cuda_aqsgd_delta", "tl_cuda_aqsgd_update", "tl_cuda_set_sync_debug_mode", "tl_cuda_make_nccl"})
     EXPECT_NE(cuda_plugin_symbol(name), nullptr) << name;
   EXPECT_EQ(cuda_plugin_symbol("tl_cuda_no_such_entry"), nullptr);

@@ -11,6 +11,7 @@
 #include "compression/codecs/common.h"
 #include "compression/codecs/sparse_index.h"
 #include "compression/cuda/sparse_logic.h"
+#include "compression/cuda/topk_cuda.h"
 #include "tests/common/testing.h"
 #include "tests/compression/codec_testing.h"
 
@@ -124,10 +125,9 @@ TEST(SparseKernelLogic, PacksIndicesAndValuesByHand) {
   EXPECT_EQ(bm[0], 0x12);
   EXPECT_EQ(bm[1], 0x02);
   EXPECT_EQ(bm[2] | bm[3] << 8, codec::gpu::bf16_bits(1.5f));
-  std::vector<int64_t> ranks(2);
+  std::vector<int64_t> ranks(1);  // one chunk of 2 bytes: 3 bits set (inclusive prefix sum: itself)
   codec::gpu::bitmap_counts_host(bm.data(), 2, ranks.data());
-  EXPECT_EQ(ranks, (std::vector<int64_t>{2, 1}));
-  ranks[1] += ranks[0];  // inclusive
+  EXPECT_EQ(ranks, (std::vector<int64_t>{3}));
   std::vector<float> back(10, -1.0f);
   codec::gpu::sparse_unpack_host(bm.data(), ranks.data(), as_bitmap, back.data());
   for (int i = 0; i < 10; ++i) EXPECT_EQ(back[i], (i == 1 || i == 4 || i == 9) ? x[i] : 0.0f) << "element " << i;
@@ -247,6 +247,95 @@ TEST(SparseKernelLogic, WithoutKernelsTheDeviceEntryPointsSayWhy) {
   const SparseLayout s{0, 8, false, 4, 0, WireType::kF32};
   EXPECT_ERROR_CONTAINS(codec::gpu::sparse_pack_cuda(0, nullptr, nullptr, s, nullptr),
                         "this build of tapeline has no CUDA kernels");
+}
+
+// Inputs of TopK's radix selection (Note [radix top-k on a device]): rows of several tiles with a
+// partial last one, ties across tile edges, rows whose candidates are the whole row (all equal),
+// NaN, infinities and zeros of both signs, rows of one element, and enough elements for many
+// blocks. The values' magnitudes decide; their signs must not. Values go on the wire as fp32 (a
+// NaN's cast to 16 bits is not ATen's on the CPU: cast_probes).
+std::vector<std::pair<std::string, at::Tensor>> radix_inputs(int64_t scale) {
+  at::manual_seed(36);
+  at::Tensor specials = at::randn({3, 3 * codec::gpu::kTopkTile + 17});  // (B, D)
+  specials.index_put_({0, at::indexing::Slice(0, 40)}, INFINITY);
+  specials.index_put_({1, at::indexing::Slice(4090, 4100)}, -INFINITY);
+  specials.index_put_({1, at::indexing::Slice(100, 105)}, NAN);
+  specials.index_put_({2, at::indexing::Slice(0, 2000)}, 0.0f);
+  specials.index_put_({2, at::indexing::Slice(2000, 9000)}, -0.0f);
+  return {{"randn (3, 10000)", at::randn({3, 10000})},
+          {"randn (" + std::to_string(scale) + ")", at::randn({scale})},
+          {"ties (2, 9000)", at::randint(-3, 4, {2, 9000}).to(at::kFloat)},
+          {"all equal (2, 5000)", at::full({2, 5000}, -2.5f)},
+          {"one value apart (1, 8193)", at::cat({at::full({4096}, 1.0f), at::full({4097}, 1.0000001f)}).view({1, -1})},
+          {"specials (3, 12305)", specials},
+          {"rows of one (9, 1)", at::randn({9, 1})},
+          {"many rows (" + std::to_string(scale / 4096) + ", 4096)", at::randn({scale / 4096, 4096})}};
+}
+
+std::vector<std::string> radix_specs() {
+  return {"topk(0.1, values=fp32, index=int32)", "topk(1, values=fp32, index=int32)",
+          "topk(1.0, values=fp32, index=bitmap)", "topk(0.5, scope=global, values=fp32, index=int32)",
+          "topk(4097, values=fp32, index=int32)", "topk(0.01, scope=global, values=fp32, index=bitmap)"};
+}
+
+TEST(TopkKernelLogic, RadixSelectionKeepsTheCpuLoopsIndices) {
+  CodecContext ctx;
+  int64_t radix = 0;
+  for (const auto& [name, x] : radix_inputs(60000)) {
+    for (const auto& spec : radix_specs()) {
+      const std::string where = spec + " on " + name;
+      if (spec.rfind("topk(4097", 0) == 0 && x.size(-1) < 4097) continue;
+      Payload fast = parse_compressor(spec)->encode(x, ctx), emulated;
+      const int64_t runs = codec::gpu::topk_host_runs();
+      {
+        codec::gpu::HostEmulationGuard guard;
+        emulated = parse_compressor(spec)->encode(x, ctx);
+      }
+      radix += codec::gpu::topk_host_runs() - runs;
+      EXPECT_TRUE(same_payload(emulated, fast)) << where << ": radix selection vs CPU fast path";
+    }
+  }
+  EXPECT_GE(radix, 40);  // of 46 cases: rows of one element with k = 0 do not select
+}
+
+TEST(TopkKernelLogic, FindsTheKthKeyDigitByDigit) {
+  // Row of keys 1..10 (as floats 1.0..10.0), k = 3: t = key(8.0), two above it, need 1.
+  std::vector<float> x(10);
+  for (int i = 0; i < 10; ++i) x[i] = static_cast<float>(i + 1) * (i % 2 ? -1.0f : 1.0f);
+  const codec::gpu::TopkShape s{1, 10, 3};
+  ASSERT_TRUE(codec::gpu::topk_fits_radix(s));
+  std::vector<uint8_t> zeroed(codec::gpu::topk_zeroed_bytes(s), 0), rest(codec::gpu::topk_rest_bytes(s));
+  std::vector<int64_t> idx(3, -1);
+  codec::gpu::topk_select_host(x.data(), s, zeroed.data(), rest.data(), idx.data());
+  EXPECT_EQ(idx, (std::vector<int64_t>{7, 8, 9}));
+  const codec::gpu::TopkBuffers b = codec::gpu::topk_buffers(s, zeroed.data(), rest.data());
+  EXPECT_EQ(b.row[0].prefix, codec::gpu::topk_key(8.0f));
+  EXPECT_EQ(b.row[0].mask, 0x7fffffffu);
+  EXPECT_EQ(b.row[0].remaining, 1);
+  // Ties: keys 5 5 5 5 with k = 2 keep the first two; with 7 in front, 7 and the first 5.
+  std::vector<float> ties = {5, -5, 5, 5, 7};
+  const codec::gpu::TopkShape st{1, 5, 2};
+  std::vector<uint8_t> z2(codec::gpu::topk_zeroed_bytes(st), 0), r2(codec::gpu::topk_rest_bytes(st));
+  std::vector<int64_t> i2(2, -1);
+  codec::gpu::topk_select_host(ties.data(), st, z2.data(), r2.data(), i2.data());
+  EXPECT_EQ(i2, (std::vector<int64_t>{0, 4}));
+  EXPECT_FALSE(codec::gpu::topk_fits_radix({1, 10, 0}));             // nothing to select
+  EXPECT_FALSE(codec::gpu::topk_fits_radix({1000000, 4, 1}));        // histograms 512x the data
+  EXPECT_TRUE(codec::gpu::topk_fits_radix({100, 4, 1}));             // under the 1 MiB floor
+}
+
+TEST(SparseGpu, RadixSelectionOfLargeTensorsEqualsCpuBytes) {
+  std::string why;
+  if (testing::skip_without_cuda_kernels(&why)) GTEST_SKIP() << why;
+  CodecContext ctx;
+  for (const auto& [name, x] : radix_inputs(4 << 20)) {
+    for (const auto& spec : radix_specs()) {
+      if (spec.rfind("topk(4097", 0) == 0 && x.size(-1) < 4097) continue;
+      // NaN: the ATen path's mask is not the CPU loop's there; the kernels' must be.
+      EXPECT_TRUE(same_payload(parse_compressor(spec)->encode(x.cuda(), ctx), parse_compressor(spec)->encode(x, ctx)))
+          << spec << " on " << name;
+    }
+  }
 }
 
 TEST(SparseGpu, KernelPayloadsEqualCpuBytes) {
