@@ -44,6 +44,13 @@ function(tapeline_library name)
   add_library(${name} ${ARG_SOURCES})
   target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})
   target_link_libraries(${name} PUBLIC ${ARG_DEPS})
+  tapeline_library_pch(${name})
+endfunction()
+
+# tapeline_library_pch(NAME): the library PCH above for another library (static, object or shared:
+# compiled with -fPIC) outside tapeline_library, such as the tests' and the labs' helpers; about
+# 10 s of a core less per file (16.1 s against 4.4 s for labs/lab2/sign_common.cpp).
+function(tapeline_library_pch name)
   get_property(owner GLOBAL PROPERTY TL_LIB_PCH_OWNER)
   if(owner AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
     target_precompile_headers(${name} REUSE_FROM ${owner})
