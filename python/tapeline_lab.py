@@ -111,13 +111,22 @@ def figure(fig, name):
 # activation), "SG" / "RG" (a gradient); compress is False on the 1F1B gradient sends that
 # Optimus-CC's epilogue-only mode leaves uncompressed ("~").
 
+# (tapeline binary, its mtime, name, stages, micro_batches) -> `tapeline schedule --comm`'s output
+_schedule_text = {}
+
+
 def pipeline_schedule(name, stages, micro_batches):
     """Every rank's action list for one training step of `name` ("gpipe" or "1f1b"), rank = stage,
-    as `tapeline schedule --comm` prints it."""
-    out = run([str(tapeline()), "schedule", "--schedule", name, "--stages", str(stages),
-               "--micro-batches", str(micro_batches), "--comm"], show=False).stdout
+    as `tapeline schedule --comm` prints it. Each schedule is asked for once per process: lab 4's
+    predictions ask for the same one over a hundred times, and each `tapeline` start costs ~0.6 s of
+    a core (loading libtorch); the lists are parsed afresh every call, so a caller may change them."""
+    binary = tapeline()
+    key = (str(binary), binary.stat().st_mtime_ns, name, int(stages), int(micro_batches))  # rebuilt: asked again
+    if key not in _schedule_text:
+        _schedule_text[key] = run([key[0], "schedule", "--schedule", name, "--stages", str(stages),
+                                   "--micro-batches", str(micro_batches), "--comm"], show=False).stdout
     lists = []
-    for line in out.splitlines():
+    for line in _schedule_text[key].splitlines():
         if not line.startswith("rank "):
             continue
         actions = []
