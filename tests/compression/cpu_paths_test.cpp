@@ -17,6 +17,7 @@
 #include "compression/codecs/sparse_index.h"
 #include "compression/codecs/sparse_kernels.h"
 #include "compression/cuda/quant_cuda.h"
+#include "compression/cuda/quant_logic.h"
 #include "tests/common/testing.h"
 #include "tests/compression/codec_testing.h"
 
@@ -845,6 +846,50 @@ TEST(Quant, EightBitCodesInPlaceMatchTheOtherPaths) {
 // several scale groups (the CPU loops skip it in the min/max and code it 0; the ATen path's amin would propagate it, so
 // there the two CPU loops are compared), on 1 and 2 threads. On a CPU without AVX-512 both settings run the plain
 // loops.
+TEST(Quant, Fp16ScalesInLanesAreTheScalarOnes) {
+  // quant_scales_cpu and quant_derive_cpu (vector lanes where the CPU has them: Notes [fp16 scales
+  // by AVX-512] and [fp16 scales by F16C]) against quant_logic.h's scalar scales_group and
+  // derive_group, group by group, over values that round outward in fp16: subnormal halves,
+  // values just above and below representable ones, zeros of both signs, negative minima, the
+  // largest finite half; 1003 groups, so that a scalar tail runs too.
+  at::manual_seed(37);
+  const int64_t groups = 1003;
+  at::Tensor mag = at::cat({at::rand({400}) * 65000, at::rand({300}) * 1e-4, at::rand({200}) * 2,
+                            at::tensor({0.0f, -0.0f, 65504.0f, 6.1035156e-05f, 5.9604645e-08f, 1.0009766f, 0.99951172f}),
+                            at::rand({96}) * 1000});  // (groups)
+  ASSERT_EQ(mag.numel(), groups);
+  at::Tensor mn = -mag.roll(7) * (at::rand({groups}) > 0.3).to(at::kFloat), mx = mag;  // (groups) each
+  for (bool minmax : {false, true}) {
+    for (int bits : {1, 4, 8}) {
+      const codec::gpu::ScaleParams p{bits, minmax, codec::gpu::WireType::kF16, groups};
+      const int64_t wire_bytes = (minmax ? 4 : 2) * groups;
+      std::vector<uint8_t> wire(wire_bytes), want_wire(wire_bytes);
+      std::vector<float> a(groups), b(groups), step(groups), lo(groups), wa(groups), wb(groups), ws(groups), wl(groups);
+      std::vector<float> v(groups);
+      for (int64_t s = 0; s < groups; ++s) v[s] = codec::gpu::scale_value(mn[s].item<float>(), mx[s].item<float>(), minmax);
+      ASSERT_TRUE(codec::quant_scales_cpu(mn.data_ptr<float>(), mx.data_ptr<float>(), p, wire.data(), a.data(),
+                                          minmax ? b.data() : a.data(), step.data(), minmax ? lo.data() : step.data()));
+      for (int64_t s = 0; s < groups; ++s)
+        codec::gpu::scales_group(s, minmax ? mn.data_ptr<float>() : v.data(), mx.data_ptr<float>(), p, want_wire.data(),
+                                 wa.data(), minmax ? wb.data() : wa.data(), ws.data(), minmax ? wl.data() : ws.data());
+      const std::string where = std::string(minmax ? "min-max" : "max-abs") + ", bits " + std::to_string(bits);
+      EXPECT_EQ(wire, want_wire) << where;
+      EXPECT_EQ(a, wa) << where;
+      EXPECT_EQ(step, ws) << where;
+      if (minmax) {
+        EXPECT_EQ(b, wb) << where;
+        EXPECT_EQ(lo, wl) << where;
+      }
+      std::vector<float> step2(groups), lo2(groups, -1.0f);
+      codec::quant_derive_cpu(wire.data(), p, step2.data(), minmax ? lo2.data() : step2.data());
+      EXPECT_EQ(step2, ws) << where << ": derived from the wire";
+      if (minmax) {
+        EXPECT_EQ(lo2, wl) << where << ": derived from the wire";
+      }
+    }
+  }
+}
+
 TEST(Quant, Avx512LoopsMatchThePlainLoops) {
   at::manual_seed(50);
   // Encode and decode with the AVX-512 loops allowed or not; the payload and the decoded bits.
