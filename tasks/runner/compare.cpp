@@ -426,7 +426,12 @@ Comparison compare_runs(const std::vector<RunRecord>& runs) {
         by_fp[r.seedless_fingerprint.empty() ? r.fingerprint : r.seedless_fingerprint].push_back(r.label);
     if (by_fp.size() > 1) {
       std::vector<std::string> groups;
-      for (const auto& [fp, ls] : by_fp) groups.push_back("{" + join(ls, ", ") + "}");
+      for (const auto& [fp, ls] : by_fp) {
+        std::string g = "{";  // appended, not "{" + ...: GCC 12 warns on that form (-Wstringop-overflow)
+        g += join(ls, ", ");
+        g += '}';
+        groups.push_back(std::move(g));
+      }
       c.notes.push_back("settings other than the boundaries differ (config fingerprints), so only runs within a group "
                         "compare directly: " + join(groups, " "));
     }

@@ -587,7 +587,10 @@ std::string Plan::to_text() const {
     << "\n";
   for (const PlanRank& r : rank_plans) {
     std::string st;
-    for (int s : r.stages) st += (st.empty() ? "" : ",") + std::to_string(s);
+    for (int s : r.stages) {
+      if (!st.empty()) st += ',';
+      st += std::to_string(s);
+    }
     o << std::setw(4) << r.rank << "  " << std::setw(6) << st << "  " << std::setprecision(4) << std::setw(9)
       << r.compute_s << "  " << std::setw(7) << r.wait_s << "  " << std::setprecision(1) << std::setw(9)
       << r.parameter_bytes / 1e6 << "  " << std::setw(8) << r.optimizer_bytes / 1e6 << "  " << std::setw(8)

@@ -217,7 +217,11 @@ std::string levels_csv_row(const LevelRow& r) {
 void write_file_atomic(const std::string& path, const std::string& content) {
   namespace fs = std::filesystem;
   fs::path target(path);
-  fs::path tmp = target.parent_path() / ("." + target.filename().string() + ".tmp" + std::to_string(::getpid()));
+  std::string name = ".";  // appended, not "." + ...: GCC 12 warns on that form (-Wstringop-overflow)
+  name += target.filename().string();
+  name += ".tmp";
+  name += std::to_string(::getpid());
+  fs::path tmp = target.parent_path() / name;
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw std::runtime_error(tmp.string() + ": cannot be written");

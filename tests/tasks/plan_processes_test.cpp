@@ -293,7 +293,7 @@ TEST(PlanAgainstProcesses, TwoNodesOnAShapedVethLink) {
 
   // The same link emulated over loopback.
   std::vector<std::string> emulated_args = common;
-  for (const std::string& a : {"--nproc", "2", "--boundary.latency_ms=0", "--out"}) emulated_args.push_back(a);
+  for (const char* a : {"--nproc", "2", "--boundary.latency_ms=0", "--out"}) emulated_args.push_back(a);
   emulated_args.push_back((dir.path() / "emulated").string());
   emulated_args.push_back("--boundary.bandwidth_mbps=" + goodput);
   const auto [ecode, eout] =
