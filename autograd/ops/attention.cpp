@@ -319,6 +319,7 @@ struct FusedAttentionFn : Function<FusedAttentionFn> {
 };
 #endif
 
+#if TORCH_VERSION_MAJOR >= 2  // libtorch 1.x has no fused attention: nothing asks
 bool takes_fused_path(const Variable& q, const Variable& k, const Variable& v, double dropout_p) {
   if (!fused_attention_available() || dropout_p > 0.0) return false;
   const AttentionPath path = attention_path();
@@ -327,6 +328,7 @@ bool takes_fused_path(const Variable& q, const Variable& k, const Variable& v, d
   return q.data().dim() == 4 && same_leading_dims(q.data(), k.data(), v.data()) &&
          at::isFloatingType(q.data().scalar_type()) && !q.data().is_meta();
 }
+#endif
 
 }  // namespace
 

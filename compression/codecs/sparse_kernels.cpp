@@ -502,9 +502,8 @@ void gather_candidates(const float* x, const uint8_t* mask, int64_t base, int64_
   c.base = base + b;
   c.count = 0;
   c.reserve(candidate_room(expect));
-  const bool avx2 = compact_with_avx2();
 #ifdef TL_COMPACT_AVX2
-  const bool avx512 = compact_with_avx512();
+  const bool avx2 = compact_with_avx2(), avx512 = compact_with_avx512();
 #endif
   int64_t o = 0;
   for (int64_t j0 = b; j0 < e; j0 += kBlock) {
