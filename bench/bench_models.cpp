@@ -111,7 +111,7 @@ void resnet18(int steps, int warmup, at::Device device) {
   torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   run_case(
       device.is_cpu() ? "resnet18_cifar_train_step" : "resnet18_cifar_train_step_cuda",
-      "B" + std::to_string(batch) + " 3x32x32",
+      std::string("B").append(std::to_string(batch)).append(" 3x32x32"),  // not "B" + ...: GCC 12's -Wstringop-overflow
       [&] {
         tl_opt.zero_grad();
         tl::Variable loss = tl::cross_entropy(ours->forward(tl::Variable(x)), y);
@@ -150,7 +150,9 @@ void gpt2(int steps, int warmup, int64_t vocab, at::Device device, const std::st
   tl::SGD tl_opt(ours->parameters(), opt);
   torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   run_case(
-      name, "B" + std::to_string(batch) + " T" + std::to_string(t) + " V" + std::to_string(vocab),
+      name,
+      std::string("B").append(std::to_string(batch)).append(" T").append(std::to_string(t)).append(" V").append(
+          std::to_string(vocab)),
       [&] {
         tl_opt.zero_grad();
         tl::Variable logits = tl::reshape(ours->forward(ids), {batch * t, vocab});  // (B*T, V)

@@ -46,7 +46,8 @@ inline std::string json_array(const std::vector<double>& v, const char* fmt = "%
   char buf[64];
   for (size_t i = 0; i < v.size(); ++i) {
     std::snprintf(buf, sizeof(buf), fmt, v[i]);
-    s += (i ? "," : "") + std::string(buf);
+    if (i) s += ',';
+    s += buf;
   }
   return s + "]";
 }

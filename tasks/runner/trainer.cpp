@@ -167,16 +167,34 @@ RunSummary run_training(const TrainRequest& req) {
   if (ex.distributed()) {
     const int v = ex.executor().layout().virtual_stages;
     const int64_t dp = cfg.parallel.dp;
-    placement = "\n" + std::to_string(ex.world_size()) + " processes, " +
-                (v > 1 ? std::to_string(v) + " stages each" : std::string(cfg.parallel.tp > 1 ? "one stage part each" : "one stage each")) +
-                (dp > 1 ? ", " + std::to_string(dp) + " replicas of the pipeline (data-parallel gradients: " +
-                              cfg.dp.compression.text() + ")"
-                        : std::string()) +
-                (cfg.parallel.tp > 1 ? ", each stage split over " + std::to_string(cfg.parallel.tp) +
-                                           " tensor-parallel ranks (all-reduces: forward " + cfg.tp.forward.text() +
-                                           ", backward " + cfg.tp.backward.text() + ", " + cfg.tp.algorithm + ")"
-                                     : std::string()) +
-                " (rank 0 writes the run)";
+    // Appended piece by piece: GCC 12 warns (-Wstringop-overflow, a false positive) on some
+    // "literal" + std::string expressions.
+    placement = "\n";
+    placement += std::to_string(ex.world_size());
+    placement += " processes, ";
+    if (v > 1)
+      placement += std::to_string(v) + std::string(" stages each");
+    else
+      placement += cfg.parallel.tp > 1 ? "one stage part each" : "one stage each";
+    if (dp > 1) {
+      placement += ", ";
+      placement += std::to_string(dp);
+      placement += " replicas of the pipeline (data-parallel gradients: ";
+      placement += cfg.dp.compression.text();
+      placement += ")";
+    }
+    if (cfg.parallel.tp > 1) {
+      placement += ", each stage split over ";
+      placement += std::to_string(cfg.parallel.tp);
+      placement += " tensor-parallel ranks (all-reduces: forward ";
+      placement += cfg.tp.forward.text();
+      placement += ", backward ";
+      placement += cfg.tp.backward.text();
+      placement += ", ";
+      placement += cfg.tp.algorithm;
+      placement += ")";
+    }
+    placement += " (rank 0 writes the run)";
   }
   progress.line(ex.describe() + placement);
 

@@ -77,7 +77,9 @@ TEST(Sizing, DataDependentFormatsBoundEveryEncodeAndSaySo) {
         EXPECT_LE(real, s.bytes) << spec << " on " << c10::IntArrayRef(shape) << " seed " << seed;
         most = std::max(most, real);
       }
-      if (spec.rfind("threshold(0,", 0) == 0) EXPECT_EQ(most, s.bytes) << spec;  // all kept: the worst case
+      if (spec.rfind("threshold(0,", 0) == 0) {
+        EXPECT_EQ(most, s.bytes) << spec;  // all kept: the worst case
+      }
     }
 }
 

@@ -107,8 +107,9 @@ TEST(FuzzDictionary, SpecDictionaryNamesEveryCodec) {
   for (const tl::CodecRecord* r : tl::codec_records()) {
     if (!r->factory) continue;
     EXPECT_TRUE(has(r->name)) << "tests/fuzz/dict/spec.dict lacks \"" << r->name << "\"";
-    if (r->traits.knob)
+    if (r->traits.knob) {
       EXPECT_TRUE(has(r->traits.knob->arg + "=")) << "spec.dict lacks \"" << r->traits.knob->arg << "=\"";
+    }
   }
 }
 

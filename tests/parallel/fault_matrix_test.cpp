@@ -343,8 +343,9 @@ class FaultMatrix : public ::testing::Test {
     };
 
     ASSERT_TRUE(o.fired) << "the fault never fired\n" << all_logs();
-    if (c.pieces)  // the corrupted message was one in pieces ("(CONTEXT, B bytes, in K pieces) had ...")
+    if (c.pieces) {  // the corrupted message was one in pieces ("(CONTEXT, B bytes, in K pieces) had ...")
       EXPECT_NE(o.logs[static_cast<size_t>(c.victim)].find(" pieces) "), std::string::npos) << all_logs();
+    }
     double first = 1e9, last = 0;
     for (int r = 0; r < kRanks; ++r) {
       if (c.kind == "stop" && r == c.victim) continue;
