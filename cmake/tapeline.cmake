@@ -104,16 +104,28 @@ function(tapeline_executable_pch name)
   endif()
 endfunction()
 
-# tapeline_test(NAME LABEL [COST N] SOURCES... DEPS ...): one gtest binary, its tests registered with ctest
-# under LABEL. Tests that need CUDA have `Cuda` or `Gpu` in their name, skip themselves with
-# GTEST_SKIP when no device is present, and carry the label `gpu` instead (ctest -L gpu).
+# tapeline_test(NAME LABEL [COST N] [ALONE SUITE...] SOURCES... DEPS ...): one gtest binary, its
+# tests registered with ctest under LABEL, a process per suite (Note [a process per suite]) except
+# the ALONE suites, a process per test. Tests that need CUDA have `Cuda` or `Gpu` in their name,
+# skip themselves with GTEST_SKIP when no device is present, run a process each and carry the
+# label `gpu` instead (ctest -L gpu).
+#
+# Note [a process per suite]. Each test process starts libtorch first: 0.3 to 0.7 s of a core
+# before its first test, and CI ran 576 of them (about 250 s of a core, a tenth of ctest). A suite
+# of in-process tests now runs as one ctest test, `Suite.*` (test_compression's 190 tests: 13 s in
+# one process against over 90 s one by one); a suite whose tests start processes or train for tens
+# of seconds stays one process per test (ALONE), so that ctest -j spreads them and a failure names
+# its test. To run one test of a group: the executable with --gtest_filter=Suite.Test. The
+# executables' main (tests/common/main.cpp) exits with 77, ctest's "skipped", when every test it
+# ran skipped and none failed. ctest lists the tests when it starts (cmake/gtest_suites.cmake),
+# again only after the executable changed.
 function(tapeline_test name label)
-  cmake_parse_arguments(ARG "" "COST" "SOURCES;DEPS" ${ARGN})
+  cmake_parse_arguments(ARG "" "COST" "SOURCES;DEPS;ALONE" ${ARGN})
   if(NOT ARG_COST)
     set(ARG_COST 0)
   endif()
   add_executable(${name} ${ARG_SOURCES})
-  target_link_libraries(${name} PRIVATE ${ARG_DEPS} tl_test_common GTest::gtest GTest::gtest_main tl_passive_wait)
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} tl_test_common tl_test_main GTest::gtest tl_passive_wait)
   tapeline_executable_pch(${name})
   # Note [tests at -O1]: a test file is mostly gtest's macros and calls into the libraries, which
   # stay at -O3 (as do tl_test_common's numeric helpers and the PCH, which GCC accepts at any -O
@@ -127,11 +139,20 @@ function(tapeline_test name label)
   # (tests/sanitizers/lsan_libtorch1.supp says which and why); the processes a test starts inherit it.
   set(env "")
   if(TAPELINE_SANITIZE MATCHES "address" AND Torch_VERSION VERSION_LESS 2.0)
-    set(env ENVIRONMENT "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/sanitizers/lsan_libtorch1.supp")
+    set(env "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/sanitizers/lsan_libtorch1.supp")
   endif()
   # COST: ctest -j starts the costliest tests first (a clean clone has no timings to go by).
-  gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST TEST_FILTER "*-*Cuda*:*Gpu*"
-                       PROPERTIES LABELS ${label} COST ${ARG_COST} ${env} DISCOVERY_TIMEOUT 60)
-  gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST TEST_FILTER "*Cuda*:*Gpu*"
-                       PROPERTIES LABELS gpu ${env} DISCOVERY_TIMEOUT 60)
+  set(include ${CMAKE_CURRENT_BINARY_DIR}/${name}_suites_include.cmake)
+  file(GENERATE OUTPUT ${include} CONTENT
+"set(TL_NAME ${name})
+set(TL_EXE [==[$<TARGET_FILE:${name}>]==])
+set(TL_LABEL ${label})
+set(TL_COST ${ARG_COST})
+set(TL_ALONE [==[${ARG_ALONE}]==])
+set(TL_ENV [==[${env}]==])
+set(TL_DIR [==[${CMAKE_CURRENT_BINARY_DIR}]==])
+set(TL_OUT [==[${CMAKE_CURRENT_BINARY_DIR}/${name}_suites.cmake]==])
+include([==[${PROJECT_SOURCE_DIR}/cmake/gtest_suites.cmake]==])
+")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${include})
 endfunction()

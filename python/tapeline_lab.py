@@ -2,7 +2,9 @@
 and the lab's runs are, quick or full settings, and running the `tapeline` CLI.
 
 Environment (all optional):
-  TAPELINE_LAB_QUICK=1   quick settings (small data subsets, few epochs): what CI runs
+  TAPELINE_LAB_QUICK=1   quick settings (small data subsets, few epochs, and no curves.png per run:
+                         drawing one starts matplotlib, 1.5 s of a core, and the notebooks draw
+                         their own figures): what CI runs
   TAPELINE_BUILD_DIR     the CMake build folder (default: build/ at the repository root)
   TAPELINE_BIN           the tapeline executable (default: $TAPELINE_BUILD_DIR/tapeline)
   TAPELINE_LAB_WORK      where the lab's runs and figures go (default: runs/ at the repository root)
@@ -62,7 +64,7 @@ def train(config, name, *overrides, settings=(), baseline="baseline", show_table
     line is reused (delete its folder to train it again)."""
     out = WORK / name
     cmd = [tapeline(), "train", "--config", ROOT / "configs" / config, "--out", out, "--quiet",
-           "--baseline", WORK / baseline, *settings, *overrides]
+           "--baseline", WORK / baseline, *pick([], ["--no-plot"]), *settings, *overrides]
     key = shlex.join(str(c) for c in cmd)
     stamp = out / "lab_command.txt"
     if (out / "summary.json").exists() and stamp.exists() and stamp.read_text() == key:

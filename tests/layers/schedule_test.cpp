@@ -23,7 +23,7 @@ std::string error_of(const std::function<void()>& fn) {
   return "<no error>";
 }
 
-TEST(Schedule, ConstantAndStep) {
+TEST(LrSchedule, ConstantAndStep) {
   auto c = constant_schedule();
   for (int64_t t : {0, 1, 1000}) EXPECT_EQ(c->lr(t, 0.3), 0.3);
   auto s = step_schedule(3, 0.5);
@@ -31,7 +31,7 @@ TEST(Schedule, ConstantAndStep) {
   for (int64_t t = 0; t < 10; ++t) EXPECT_DOUBLE_EQ(s->lr(t, 1.0), expected[t]) << "t=" << t;
 }
 
-TEST(Schedule, StepMatchesTorchStepLR) {
+TEST(LrSchedule, StepMatchesTorchStepLR) {
   // torch::optim::StepLR (C++) applies its first decay one step() call later than the Python
   // closed form: after k calls its lr equals ours at step k - 1.
   auto w = torch::zeros({2}, torch::requires_grad());
@@ -45,7 +45,7 @@ TEST(Schedule, StepMatchesTorchStepLR) {
   }
 }
 
-TEST(Schedule, CosineToMinLr) {
+TEST(LrSchedule, CosineToMinLr) {
   auto s = cosine_schedule(100, 0.01);
   EXPECT_DOUBLE_EQ(s->lr(0, 1.0), 1.0);
   EXPECT_NEAR(s->lr(50, 1.0), 0.505, 1e-15);  // halfway: (b + m) / 2
@@ -55,7 +55,7 @@ TEST(Schedule, CosineToMinLr) {
   for (int64_t t = 1; t <= 100; ++t) EXPECT_LE(s->lr(t, 1.0), s->lr(t - 1, 1.0)) << "monotone, t=" << t;
 }
 
-TEST(Schedule, WarmupLinear) {
+TEST(LrSchedule, WarmupLinear) {
   auto s = warmup_linear_schedule(10, 110, 0.0);
   EXPECT_EQ(s->lr(0, 2.0), 0.0);
   EXPECT_DOUBLE_EQ(s->lr(5, 2.0), 1.0);
@@ -69,7 +69,7 @@ TEST(Schedule, WarmupLinear) {
   EXPECT_DOUBLE_EQ(m->lr(110, 2.0), 0.2);
 }
 
-TEST(Schedule, WarmupCosine) {
+TEST(LrSchedule, WarmupCosine) {
   auto s = warmup_cosine_schedule(4, 104, 0.1);
   EXPECT_EQ(s->lr(0, 1.0), 0.0);
   EXPECT_DOUBLE_EQ(s->lr(1, 1.0), 0.25);
@@ -80,7 +80,7 @@ TEST(Schedule, WarmupCosine) {
   EXPECT_NEAR(s->lr(1000, 1.0), 0.1, 1e-15);
 }
 
-TEST(Schedule, MakeScheduleAndErrors) {
+TEST(LrSchedule, MakeScheduleAndErrors) {
   ScheduleConfig c;
   c.kind = "warmup_cosine";
   c.warmup_steps = 5;
@@ -104,7 +104,7 @@ std::vector<ParamGroup> two_groups() {
   return {a, b};
 }
 
-TEST(Schedule, SchedulerSetsEveryGroup) {
+TEST(LrSchedule, SchedulerSetsEveryGroup) {
   SGD opt(two_groups(), GroupOptions().set_lr(0.1));
   LRScheduler sched(opt, warmup_cosine_schedule(2, 10, 0.0));
   EXPECT_EQ(sched.base_lrs(), (std::vector<double>{0.1, 0.01}));
@@ -118,7 +118,7 @@ TEST(Schedule, SchedulerSetsEveryGroup) {
   }
 }
 
-TEST(Schedule, StateRoundTripResumesTheSequence) {
+TEST(LrSchedule, StateRoundTripResumesTheSequence) {
   SGD opt(two_groups(), GroupOptions().set_lr(0.1));
   LRScheduler sched(opt, cosine_schedule(20, 0.001));
   for (int i = 0; i < 7; ++i) sched.step();
