@@ -78,13 +78,6 @@ pid_t start_run(const Options& o, const std::string& out, const std::vector<std:
   return pid;
 }
 
-// Waits for `pid`; a run that fails ends the benchmark (its output went to stderr).
-void finish(pid_t pid, const std::string& what) {
-  int status = 0;
-  if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    throw std::runtime_error(what + " failed (status " + std::to_string(status) + "); its errors are above");
-}
-
 // Wall seconds of each of `n` runs started together.
 std::vector<double> run_together(const Options& o, int n, const std::vector<std::string>& env, const fs::path& dir,
                                  const std::string& tag) {

@@ -63,8 +63,10 @@ def train(config, name, *overrides, settings=(), baseline="baseline", show_table
     with the run WORK/BASELINE; returns the run directory. A finished run with the same command
     line is reused (delete its folder to train it again)."""
     out = WORK / name
+    given = [str(a) for a in (*settings, *overrides)]
+    no_plot = ["--no-plot"] if QUICK and "--no-plot" not in given else []  # the CLI takes it once
     cmd = [tapeline(), "train", "--config", ROOT / "configs" / config, "--out", out, "--quiet",
-           "--baseline", WORK / baseline, *pick([], ["--no-plot"]), *settings, *overrides]
+           "--baseline", WORK / baseline, *no_plot, *settings, *overrides]
     key = shlex.join(str(c) for c in cmd)
     stamp = out / "lab_command.txt"
     if (out / "summary.json").exists() and stamp.exists() and stamp.read_text() == key:

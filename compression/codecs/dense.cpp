@@ -69,7 +69,7 @@ __attribute__((target("avx2,f16c"))) bool from_half_f16c(const uint8_t* in, int6
 }  // namespace
 
 bool codec::cast_back_cpu(const uint8_t* in, int64_t n, at::ScalarType wire, float* out) {
-  const bool f16c = codec::cpu_has_avx2_f16c();
+  [[maybe_unused]] const bool f16c = codec::cpu_has_avx2_f16c();  // GCC builds only
   std::atomic<bool> no_nan{true};
   // 2 bytes read and 4 written an element.
   codec::parallel_for(0, n, 6, [&](int64_t i0, int64_t i1) {

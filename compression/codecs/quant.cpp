@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstring>
+#include <vector>
 
 #include "compression/codecs/common.h"
 #include "compression/codecs/quant_kernels.h"
@@ -226,6 +227,22 @@ Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::
                   "type's range: use scales=fp32)");
     }
     if (r.defined()) *residual = r.view(shape);
+    return payload(body);
+  }
+
+  // Blocks on the CPU (and channels of dim 0, whose elements are one run each): min, max, scales
+  // and codes by tiles of whole blocks, one read of x (Note [block scales in one pass]).
+  const bool runs_are_groups = o_.scale == Scale::kBlock || (o_.scale == Scale::kChannel && geo.outer == 1);
+  if (cpu && !emulated && !given_mn && runs_are_groups && geo.g.run > 1 && n > 0) {
+    at::Tensor body = at::empty({scale_bytes + packed_bytes}, xf.options().dtype(at::kByte));
+    std::vector<float> a(groups), b(minmax ? groups : 0), step(groups), lo(minmax ? groups : 0);
+    const codec::QuantParams q{static_cast<int>(o_.bits), minmax, o_.stochastic, stochastic_seed(), nullptr, nullptr};
+    uint8_t* out = body.data_ptr<uint8_t>();
+    const bool finite = codec::block_quantise_cpu(xf.data_ptr<float>(), geo.g, sp, q, out, a.data(),
+                                                  minmax ? b.data() : a.data(), step.data(),
+                                                  minmax ? lo.data() : step.data(), out + scale_bytes);
+    TORCH_CHECK(finite, kName, ": a scale is not finite in ", codec::wire_type_word(o_.scale_type),
+                " (the tensor holds inf/NaN, or values beyond the type's range: use scales=fp32)");
     return payload(body);
   }
 

@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 #include <c10/macros/Macros.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <array>
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <numeric>
 #include <vector>
 
 #include "compression/codecs/inline_parallel.h"
@@ -32,6 +34,7 @@ namespace tl::codec {
 namespace {
 
 constexpr int64_t kTile = 8192;  // elements per work item (a multiple of 8: tiles pack to whole bytes)
+constexpr int64_t kColumnBlock = 2048;  // columns per work item (Note [channel min/max by columns])
 
 // Round half to even for |v| < 2^22 (the values here are clamped to [-128, 255] first).
 TL_INLINE float round_even(float v) {
@@ -496,6 +499,35 @@ void minmax_row(const float* x, int64_t len, float* mn, float* mx) {
   }
 }
 
+// Columns [0, width) of `rows` rows `stride` apart (Note [channel min/max by columns]), four rows a
+// pass, by plain loops GCC vectorises (minps / maxps: the comparisons of minmax_row).
+TL_TARGET_CLONES
+void minmax_columns(const float* x, int64_t rows, int64_t stride, int64_t width, float* mn, float* mx) {
+  std::fill(mn, mn + width, std::numeric_limits<float>::infinity());
+  std::fill(mx, mx + width, -std::numeric_limits<float>::infinity());
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    const float* x0 = x + r * stride;
+    const float* x1 = x0 + stride;
+    const float* x2 = x1 + stride;
+    const float* x3 = x2 + stride;
+    for (int64_t j = 0; j < width; ++j) {
+      float lo = mn[j], hi = mx[j];
+      lo = x0[j] < lo ? x0[j] : lo;
+      hi = x0[j] > hi ? x0[j] : hi;
+      lo = x1[j] < lo ? x1[j] : lo;
+      hi = x1[j] > hi ? x1[j] : hi;
+      lo = x2[j] < lo ? x2[j] : lo;
+      hi = x2[j] > hi ? x2[j] : hi;
+      lo = x3[j] < lo ? x3[j] : lo;
+      hi = x3[j] > hi ? x3[j] : hi;
+      mn[j] = lo;
+      mx[j] = hi;
+    }
+  }
+  for (; r < rows; ++r) minmax_row(x + r * stride, width, mn, mx);
+}
+
 // ---- AVX-512 loops (Note [quant by AVX-512]) ------------------------------------------------------
 
 // Note [quant by AVX-512]. Where the CPU has AVX-512 (F, BW, DQ, VL and VBMI: this machine's Zen 4)
@@ -934,9 +966,9 @@ TL_AVX512 void minmax_row_avx512(const float* x, int64_t len, float* mn, float* 
 // skipped as before; the order of the comparisons decides only the sign of a zero result, which
 // no wire scale keeps (Note [zero scales] in quant_logic.h). One thread, (64, 65536) float32:
 // 1.45 ms -> 1.1-1.3 ms, bound by reading x (a block of 128 columns in registers, and blocks of
-// 8192 or 32768, were no faster); (64, 4096): 21 -> ~13 us with four rows a pass.
-constexpr int64_t kColumnBlock = 2048;
-
+// 8192 or 32768, were no faster); (64, 4096): 21 -> ~13 us with four rows a pass. Without AVX-512
+// the same walk by plain loops (minmax_columns; GCC's 8-lane vectors): docs/COMPRESSION.md,
+// "Block scales in one pass; channel min/max by columns on AVX2".
 TL_AVX512 void minmax_columns_avx512(const float* x, int64_t rows, int64_t stride, int64_t width, float* mn,
                                      float* mx) {
   std::fill(mn, mn + width, std::numeric_limits<float>::infinity());
@@ -1125,17 +1157,23 @@ void group_minmax_cpu(const float* x, const QuantGeometry& g, float* mn, float* 
   const int64_t tiles = (g.n + kTile - 1) / kTile;
 #ifdef TL_QUANT_AVX512
   const bool avx512 = quant_avx512();
-  if (avx512 && g.run == 1 && g.n % g.groups == 0) {  // Note [channel min/max by columns]
+#endif
+  if (g.run == 1 && g.n % g.groups == 0) {  // Note [channel min/max by columns]
     const int64_t rows = g.n / g.groups, blocks = (g.groups + kColumnBlock - 1) / kColumnBlock;
     parallel_for(0, blocks, rows * kColumnBlock * int64_t(sizeof(float)), [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
-        const int64_t j = c * kColumnBlock;
-        minmax_columns_avx512(x + j, rows, g.groups, std::min(kColumnBlock, g.groups - j), mn + j, mx + j);
+        const int64_t j = c * kColumnBlock, width = std::min(kColumnBlock, g.groups - j);
+#ifdef TL_QUANT_AVX512
+        if (avx512) {
+          minmax_columns_avx512(x + j, rows, g.groups, width, mn + j, mx + j);
+          continue;
+        }
+#endif
+        minmax_columns(x + j, rows, g.groups, width, mn + j, mx + j);
       }
     });
     return;
   }
-#endif
   // Note [minima merged in task order]. Each task's minima and maxima (the first task's in mn and
   // mx), merged in task order after the loop: where the order matters (-0 against +0, two NaNs)
   // the result is the same whichever thread finishes first, and one task is the loop as it was.
@@ -1202,7 +1240,7 @@ namespace {
 // decode moved 64 MiB more). Measured with the AVX-512 loops (bench_compression, 2 threads, three
 // runs alternating): quant(8/4/2) decode at 64 MiB 3.3-5.3 ms -> 2.2-2.6 ms, at 16 MiB 0.80-1.36
 // ms -> 0.56-0.80 ms. (An earlier try with the plain loops found streaming slower at 64 MiB.)
-constexpr int64_t kStreamBytes = int64_t(16) << 20;
+[[maybe_unused]] constexpr int64_t kStreamBytes = int64_t(16) << 20;  // AVX-512 builds only
 
 }  // namespace
 
@@ -1237,39 +1275,103 @@ void unpack_dequantise_cpu(const uint8_t* in, const QuantGeometry& g, const Dequ
 // A group reads its min and max and writes its wire scales and four derived floats.
 constexpr int64_t kScaleBytes = 32;
 
-bool quant_scales_cpu(const float* mn, const float* mx, const gpu::ScaleParams& p, uint8_t* wire, float* a, float* b,
-                      float* step, float* lo) {
+namespace {
+
+// The wire scales and per-group quantities of groups [s0, s1) (Note [scales on the CPU]); v: the
+// groups' max(-mn, mx) (max-abs), written here. False when a wire scale is not finite.
+bool scales_of_groups(int64_t s0, int64_t s1, const float* mn, const float* mx, const gpu::ScaleParams& p, float* v,
+                      uint8_t* wire, float* a, float* b, float* step, float* lo) {
 #ifdef TL_QUANT_AVX512
-  if (p.wire == gpu::WireType::kF16 && quant_avx512()) {  // Note [fp16 scales by AVX-512]
-    std::atomic<bool> finite{true};
-    parallel_for(0, p.groups, kScaleBytes, [&](int64_t s0, int64_t s1) {
-      if (!scales_f16_avx512(s0, s1, mn, mx, p, /*round=*/true, wire, a, b, step, lo)) finite = false;
-    });
-    return finite;
+  if (p.wire == gpu::WireType::kF16 && quant_avx512())  // Note [fp16 scales by AVX-512]
+    return scales_f16_avx512(s0, s1, mn, mx, p, /*round=*/true, wire, a, b, step, lo);
+#endif
+  bool ok = true;
+  int64_t s = s0;
+#ifdef TL_SCALES_F16C
+  if (p.wire == gpu::WireType::kF16 && use_f16c()) {  // Note [fp16 scales by F16C]
+    s = s0 + (s1 - s0) / 8 * 8;
+    ok = scales_f16_f16c(s0, s, mn, mx, p, /*round=*/true, wire, a, b, step, lo);
   }
 #endif
+  const int size = gpu::wire_size(p.wire);
+  for (; s < s1; ++s) {
+    if (!p.minmax) {
+      const float neg = -mn[s];  // at::maximum(-mn, mx): NaN propagates
+      v[s] = std::isnan(neg) || std::isnan(mx[s]) ? std::numeric_limits<float>::quiet_NaN() : std::max(neg, mx[s]);
+    }
+    gpu::scales_group(s, p.minmax ? mn : v, mx, p, wire, a, b, step, lo);
+    ok = ok && std::isfinite(gpu::load_wire(wire + s * size, p.wire));
+    if (p.minmax) ok = ok && std::isfinite(gpu::load_wire(wire + (p.groups + s) * size, p.wire));
+  }
+  return ok;
+}
+
+}  // namespace
+
+bool quant_scales_cpu(const float* mn, const float* mx, const gpu::ScaleParams& p, uint8_t* wire, float* a, float* b,
+                      float* step, float* lo) {
   std::vector<float> v(p.minmax ? 0 : p.groups);
   std::atomic<bool> finite{true};
-  const int size = gpu::wire_size(p.wire);
   parallel_for(0, p.groups, kScaleBytes, [&](int64_t s0, int64_t s1) {
-    bool ok = true;
-    int64_t s = s0;
-#ifdef TL_SCALES_F16C
-    if (p.wire == gpu::WireType::kF16 && use_f16c()) {  // Note [fp16 scales by F16C]
-      s = s0 + (s1 - s0) / 8 * 8;
-      ok = scales_f16_f16c(s0, s, mn, mx, p, /*round=*/true, wire, a, b, step, lo);
-    }
+    if (!scales_of_groups(s0, s1, mn, mx, p, v.data(), wire, a, b, step, lo)) finite = false;
+  });
+  return finite;
+}
+
+// Note [block scales in one pass]. With a scale per block (or per channel of dim 0, whose elements
+// are one run), group_minmax_cpu, quant_scales_cpu and quantise_pack_cpu in turn read x twice:
+// from memory twice once x outgrows the cache (a 64 MiB encode is bound by those reads). Here the
+// work goes by tiles of whole blocks (about kTile elements; a multiple of 8, so that a tile's codes
+// pack into bytes of their own): each tile's blocks get their min and max, then their scales, then
+// their codes, while the tile is still in the cache. Every block is one call of the functions the
+// three passes call, so the bytes are theirs (cpu_paths_test compares them with the ATen path's).
+bool block_quantise_cpu(const float* x, const QuantGeometry& g, const gpu::ScaleParams& sp, const QuantParams& q,
+                        uint8_t* wire, float* a, float* b, float* step, float* lo, uint8_t* out) {
+  TORCH_INTERNAL_ASSERT(g.run >= 1 && g.groups * g.run >= g.n && sp.groups == g.groups && !q.a && !q.b,
+                        "block_quantise_cpu: every run of the geometry must be a group of its own");
+  const float inf = std::numeric_limits<float>::infinity();
+  const int64_t per = 8 / std::gcd<int64_t>(g.run, 8);  // blocks whose elements are a multiple of 8
+  const int64_t blocks = std::max<int64_t>(per, kTile / g.run / per * per);
+  const int64_t tile = blocks * g.run, tiles = (g.n + tile - 1) / tile;
+  const bool by_recip = !q.minmax && !q.stochastic;  // Note [quotient by a reciprocal]
+  std::vector<float> mn(g.groups), mx(g.groups), v(sp.minmax ? 0 : g.groups), recip(by_recip ? g.groups : 0);
+  QuantParams qq = q;
+  qq.a = a;
+  qq.b = q.minmax ? b : a;
+  const float pw = static_cast<float>(1 << (q.bits - 1));
+#ifdef TL_QUANT_AVX512
+  const bool avx512 = quant_avx512();
 #endif
-    for (; s < s1; ++s) {
-      if (!p.minmax) {
-        const float neg = -mn[s];  // at::maximum(-mn, mx): NaN propagates
-        v[s] = std::isnan(neg) || std::isnan(mx[s]) ? std::numeric_limits<float>::quiet_NaN() : std::max(neg, mx[s]);
+  std::atomic<bool> finite{true};
+  parallel_for(0, tiles, tile * int64_t(sizeof(float)) + tile * q.bits / 8, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t i0 = t * tile, i1 = std::min(g.n, i0 + tile);
+      const int64_t s0 = i0 / g.run, s1 = (i1 + g.run - 1) / g.run;
+      for (int64_t s = s0; s < s1; ++s) {
+        const int64_t e0 = s * g.run, len = std::min(g.n, e0 + g.run) - e0;
+        mn[s] = inf;
+        mx[s] = -inf;
+#ifdef TL_QUANT_AVX512
+        if (avx512 && len >= 64) {
+          minmax_span_avx512(x + e0, len, g.groups == 1, mn[s], mx[s]);
+          continue;
+        }
+#endif
+        minmax_span(x + e0, len, g.groups == 1, mn[s], mx[s]);
       }
-      gpu::scales_group(s, p.minmax ? mn : v.data(), mx, p, wire, a, b, step, lo);
-      ok = ok && std::isfinite(gpu::load_wire(wire + s * size, p.wire));
-      if (p.minmax) ok = ok && std::isfinite(gpu::load_wire(wire + (p.groups + s) * size, p.wire));
+      if (!scales_of_groups(s0, s1, mn.data(), mx.data(), sp, v.data(), wire, a, b, step, lo)) finite = false;
+      for (int64_t s = s0; s < s1 && by_recip; ++s) recip[s] = pw / a[s];
+      for (int64_t j = i0; j < i1; j += kTile) {  // the tile loops' buffers hold kTile codes
+        const int64_t j1 = std::min(i1, j + kTile);
+#ifdef TL_QUANT_AVX512
+        if (avx512) {
+          quantise_tile_avx512(x, j, j1, g, qq, recip.data(), out);
+          continue;
+        }
+#endif
+        quantise_tile(x, j, j1, g, qq, recip.data(), out);
+      }
     }
-    if (!ok) finite = false;
   });
   return finite;
 }
@@ -1420,7 +1522,7 @@ struct SearchTables {
 };
 
 // False where the midpoints are not sorted or hold a NaN.
-bool make_search_tables(const float* mid, int64_t count, SearchTables& s) {
+[[maybe_unused]] bool make_search_tables(const float* mid, int64_t count, SearchTables& s) {
   for (int64_t k = 0; k < count; ++k)
     if (std::isnan(mid[k]) || (k > 0 && mid[k] < mid[k - 1])) return false;
   const float inf = std::numeric_limits<float>::infinity();
@@ -1605,7 +1707,7 @@ void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, ui
     std::fill(counts, counts + levels, 0);
   }
   const MidGrid grid = make_grid(mid, levels - 1);
-  SearchTables tables;
+  [[maybe_unused]] SearchTables tables;
 #ifdef TL_SEARCH_CODES
   const SearchTables* search = use_avx512() && make_search_tables(mid, levels - 1, tables) ? &tables : nullptr;
 #else
@@ -1663,7 +1765,7 @@ void codebook_lookup_cpu(const uint8_t* codes, int64_t n, const float* book, int
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
   static const bool avx2 = __builtin_cpu_supports("avx2");
 #else
-  constexpr bool avx2 = false;
+  [[maybe_unused]] constexpr bool avx2 = false;
 #endif
 #ifdef TL_SEARCH_CODES
   const bool avx512 = use_avx512();

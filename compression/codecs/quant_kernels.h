@@ -55,6 +55,13 @@ bool set_quant_avx512(bool on);
 /// mn then mx. False when a wire scale is not finite.
 bool quant_scales_cpu(const float* mn, const float* mx, const gpu::ScaleParams& p, uint8_t* wire, float* a, float* b,
                       float* step, float* lo);
+/// Scales and codes at once where every run of g is a scale group of its own (blocks; channels of
+/// dim 0), by tiles of whole blocks (Note [block scales in one pass] in quant_kernels.cpp): the
+/// bytes of group_minmax_cpu, quant_scales_cpu (into wire, a, b, step, lo; for max-abs b may alias
+/// a and lo step, as there) and quantise_pack_cpu (codes into out; q.a and q.b null: the scales
+/// are made here). False when a wire scale is not finite.
+bool block_quantise_cpu(const float* x, const QuantGeometry& g, const gpu::ScaleParams& sp, const QuantParams& q,
+                        uint8_t* wire, float* a, float* b, float* step, float* lo, uint8_t* out);
 /// step and lo (min-max only) of every group from the wire scales, as quant_logic.h's derive_group.
 void quant_derive_cpu(const uint8_t* wire, const gpu::ScaleParams& p, float* step, float* lo);
 

@@ -85,7 +85,7 @@ bool write_values_cpu(const float* v, int64_t n, at::ScalarType wire, uint8_t* o
     if (n > 0) std::memcpy(out, v, n * sizeof(float));
     return true;
   }
-  const bool f16c = codec::cpu_has_avx2_f16c();
+  [[maybe_unused]] const bool f16c = codec::cpu_has_avx2_f16c();  // GCC builds only
   std::atomic<bool> finite_or_inf{true};
   // 4 bytes read and 2 written an element.
   codec::parallel_for(0, n, 6, [&](int64_t i0, int64_t i1) {

@@ -24,8 +24,9 @@
 namespace tl::codec {
 namespace {
 
-// Whether the AVX2 loops of Note [compaction by permutation] may run (checked once).
-bool compact_with_avx2();
+// Whether the AVX2 loops of Note [compaction by permutation] may run (checked once; clang builds
+// lack those loops and leave it unused).
+[[maybe_unused]] bool compact_with_avx2();
 #ifdef TL_COMPACT_AVX2
 bool compact_with_avx512();
 void key_range_avx512(const void* words, int64_t count, int32_t& lo, int32_t& hi);

@@ -6,9 +6,11 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "compression/codecs/hadamard.h"
 #include "compression/codecs/inline_parallel.h"
@@ -107,6 +109,91 @@ TEST(Quant, LargeTensorsMatchThePortablePath) {
       expect_paths_agree("quant(2, scale=block, block=7)", at::randn({n}), std::to_string(n) + " elements");
   }
   at::set_num_threads(threads);
+}
+
+// Note [block scales in one pass]: scales and codes by tiles of whole blocks equal the three
+// passes (group_minmax_cpu, quant_scales_cpu, quantise_pack_cpu) byte for byte: blocks whose
+// elements are not a multiple of 8 or of a tile (7, 100, 3000, 10000, 20000), both modes,
+// stochastic rounding, the three wire types, NaN (skipped by its block's scale), zeros of either
+// sign, on one thread and in tasks of a few KiB.
+TEST(Quant, BlockScalesInOnePassEqualThreePasses) {
+  at::manual_seed(39);
+  const int64_t n = 30035;
+  at::Tensor x = at::randn({n});  // (n)
+  x.narrow(0, 200, 100).zero_();
+  x.narrow(0, 250, 20).fill_(-0.0f);
+  x[17] = std::numeric_limits<float>::quiet_NaN();
+  x[5003] = std::numeric_limits<float>::quiet_NaN();
+  const float* xp = x.data_ptr<float>();
+  const int threads = at::get_num_threads();
+  for (int t : {1, 2}) {
+    at::set_num_threads(t);
+    TaskBytes small(t == 2 ? 4096 : codec::task_bytes());
+    for (int64_t run : {int64_t(7), int64_t(100), int64_t(128), int64_t(3000), int64_t(10000), int64_t(20000)})
+      for (int bits : {1, 3, 4, 8})
+        for (bool minmax : {false, true})
+          for (bool stochastic : {false, true})
+            for (auto wire : {codec::gpu::WireType::kF16, codec::gpu::WireType::kBF16, codec::gpu::WireType::kF32}) {
+              const std::string where = "run " + std::to_string(run) + ", " + std::to_string(bits) + " bits, " +
+                                        (minmax ? "min-max" : "max-abs") + (stochastic ? ", stochastic" : "") +
+                                        ", wire " + std::to_string(static_cast<int>(wire)) + ", " + std::to_string(t) +
+                                        " thread(s)";
+              const int64_t groups = (n + run - 1) / run;
+              const codec::QuantGeometry g{n, run, groups};
+              const codec::gpu::ScaleParams sp{bits, minmax, wire, groups};
+              const int64_t wire_bytes = (minmax ? 2 : 1) * groups * codec::gpu::wire_size(wire);
+              const int64_t code_bytes = (n * bits + 7) / 8;
+              // the three passes
+              std::vector<float> mn(groups), mx(groups), a1(groups), b1(groups), step1(groups), lo1(groups);
+              std::vector<uint8_t> wire1(wire_bytes), codes1(code_bytes);
+              codec::group_minmax_cpu(xp, g, mn.data(), mx.data());
+              const bool finite1 = codec::quant_scales_cpu(mn.data(), mx.data(), sp, wire1.data(), a1.data(),
+                                                           minmax ? b1.data() : a1.data(), step1.data(),
+                                                           minmax ? lo1.data() : step1.data());
+              const codec::QuantParams q1{bits, minmax, stochastic, 77, a1.data(), minmax ? b1.data() : a1.data()};
+              codec::quantise_pack_cpu(xp, g, q1, codes1.data());
+              // one pass
+              std::vector<float> a2(groups), b2(groups), step2(groups), lo2(groups);
+              std::vector<uint8_t> wire2(wire_bytes), codes2(code_bytes);
+              const codec::QuantParams q2{bits, minmax, stochastic, 77, nullptr, nullptr};
+              const bool finite2 = codec::block_quantise_cpu(xp, g, sp, q2, wire2.data(), a2.data(),
+                                                             minmax ? b2.data() : a2.data(), step2.data(),
+                                                             minmax ? lo2.data() : step2.data(), codes2.data());
+              EXPECT_EQ(finite1, finite2) << where;
+              EXPECT_EQ(wire1, wire2) << where;
+              EXPECT_EQ(codes1, codes2) << where;
+              EXPECT_EQ(std::memcmp(step1.data(), step2.data(), groups * sizeof(float)), 0) << where;
+              if (minmax) EXPECT_EQ(std::memcmp(lo1.data(), lo2.data(), groups * sizeof(float)), 0) << where;
+            }
+  }
+  at::set_num_threads(threads);
+  // Through the codec: blocks and channels of dim 0 against the portable path.
+  at::Tensor y = at::randn({5, 6007});  // (5, 6007)
+  for (const char* spec : {"quant(4, scale=block, block=7)", "quant(8, scale=block, block=100)",
+                           "quant(3, mode=minmax, scale=block, block=3000, scales=bf16)",
+                           "quant(2, scale=block, block=10000, scales=fp32)", "quant(4, scale=channel, dim=0)",
+                           "quant(1, mode=minmax, scale=channel, dim=0)"})
+    expect_paths_agree(spec, y, "(5, 6007)");
+}
+
+// Note [channel min/max by columns]: per-column minima and maxima of rows, four rows a pass, in
+// blocks of 2048 columns with a partial last one, NaN skipped, rows not a multiple of four.
+TEST(Quant, ChannelMinMaxByColumnsSkipsNaN) {
+  at::manual_seed(40);
+  for (int64_t rows : {int64_t(1), int64_t(4), int64_t(7)}) {
+    at::Tensor x = at::randn({rows, 2 * 2048 + 37});  // (rows, C)
+    const int64_t C = x.size(1);
+    x[rows - 1][5] = std::numeric_limits<float>::quiet_NaN();
+    x[0][2048] = std::numeric_limits<float>::quiet_NaN();
+    const float inf = std::numeric_limits<float>::infinity();
+    const at::Tensor want_mn = at::where(x.isnan(), at::full({}, inf), x).amin(0);    // (C)
+    const at::Tensor want_mx = at::where(x.isnan(), at::full({}, -inf), x).amax(0);   // (C)
+    at::Tensor mn = at::empty({C}), mx = at::empty({C});
+    codec::group_minmax_cpu(x.data_ptr<float>(), codec::QuantGeometry{rows * C, 1, C}, mn.data_ptr<float>(),
+                            mx.data_ptr<float>());
+    EXPECT_TRUE(at::equal(mn, want_mn)) << rows << " rows";
+    EXPECT_TRUE(at::equal(mx, want_mx)) << rows << " rows";
+  }
 }
 
 TEST(TopK, LargeTensorsMatchThePortablePath) {

@@ -18,8 +18,9 @@ TEST(Checksum, Crc32cMatchesTheStandardCheckValue) {
 }
 
 // The fast paths (folding 256-byte blocks from 512 bytes on; three interleaved streams of 8 KiB,
-// combined) against the table, at lengths around the block and stream boundaries, and continued
-// from a partial CRC.
+// combined; the crc32-instruction path alone, as CPUs without AVX-512 take it) against the
+// table, at lengths around the block and stream boundaries, continued from a partial CRC and from
+// an odd start.
 TEST(Checksum, FastPathEqualsTheTableAtEveryLength) {
   std::mt19937 gen(5);
   for (size_t n : {1, 7, 8, 9, 63, 255, 256, 511, 512, 513, 767, 768, 769, 1024 + 255, 4096, 24575, 24576, 24577,
@@ -29,6 +30,8 @@ TEST(Checksum, FastPathEqualsTheTableAtEveryLength) {
     const uint32_t want = crc32c_portable(v.data(), n);
     EXPECT_EQ(crc32c(v.data(), n), want) << n;
     EXPECT_EQ(crc32c(v.data() + n / 3, n - n / 3, crc32c(v.data(), n / 3)), want) << n;
+    EXPECT_EQ(tl::ranks::crc32c_sse42_only(v.data(), n), want) << n;  // CPUs without AVX-512 and VPCLMULQDQ
+    EXPECT_EQ(crc32c(v.data() + 1, n - 1, crc32c(v.data(), 1)), want) << n;  // unaligned blocks
     std::vector<uint8_t> copy(n);
     EXPECT_EQ(tl::ranks::crc32c_copy(copy.data(), v.data(), n), want) << n;
     EXPECT_EQ(copy, v) << n;
