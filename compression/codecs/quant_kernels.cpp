@@ -1148,6 +1148,24 @@ bool use_f16c() {
 }
 #endif
 
+// The min and max of one group's span x[0, len), folded into mn and mx: by the AVX-512 loop where
+// the machine has it and the span is 64 elements or more (Note [quant by AVX-512]).
+TL_INLINE void minmax_group_span(const float* x, int64_t len, bool nan, float& mn, float& mx) {
+#ifdef TL_QUANT_AVX512
+  if (len >= 64 && quant_avx512()) return minmax_span_avx512(x, len, nan, mn, mx);
+#endif
+  minmax_span(x, len, nan, mn, mx);
+}
+
+// Codes of x[t0, t1) (at most kTile elements, t0 a multiple of 8), packed into their bytes of out.
+TL_INLINE void quantise_tile_any(const float* x, int64_t t0, int64_t t1, const QuantGeometry& g, const QuantParams& q,
+                                 const float* recip, uint8_t* out) {
+#ifdef TL_QUANT_AVX512
+  if (quant_avx512()) return quantise_tile_avx512(x, t0, t1, g, q, recip, out);
+#endif
+  quantise_tile(x, t0, t1, g, q, recip, out);
+}
+
 }  // namespace
 
 void group_minmax_cpu(const float* x, const QuantGeometry& g, float* mn, float* mx) {
@@ -1187,14 +1205,10 @@ void group_minmax_cpu(const float* x, const QuantGeometry& g, float* mn, float* 
       std::fill(lmx, lmx + g.groups, -inf);
       const int64_t b0 = t * tiles / tasks, b1 = (t + 1) * tiles / tasks;
       for_spans(g, b0 * kTile, std::min(g.n, b1 * kTile), [&](int64_t i, int64_t len, int64_t s, bool row) {
-        if (row)
+        if (row)  // a channel scale of a tensor that is not whole rows of channels
           minmax_row(x + i, len, lmn + s, lmx + s);
-#ifdef TL_QUANT_AVX512
-        else if (avx512 && len >= 64)  // blocks of 64 and more too (Note [quant by AVX-512])
-          minmax_span_avx512(x + i, len, g.groups == 1, lmn[s], lmx[s]);
-#endif
         else
-          minmax_span(x + i, len, g.groups == 1, lmn[s], lmx[s]);
+          minmax_group_span(x + i, len, g.groups == 1, lmn[s], lmx[s]);
       });
     }
   });
@@ -1214,21 +1228,9 @@ void quantise_pack_cpu(const float* x, const QuantGeometry& g, const QuantParams
   std::vector<float> recip(!q.minmax && !q.stochastic ? g.groups : 0);
   const float p = static_cast<float>(1 << (q.bits - 1));
   for (size_t s = 0; s < recip.size(); ++s) recip[s] = p / q.a[s];
-#ifdef TL_QUANT_AVX512
-  const bool avx512 = quant_avx512();
-#endif
   // A tile reads kTile floats and writes kTile * bits / 8 bytes.
   parallel_for(0, tiles, kTile * int64_t(sizeof(float)) + kTile * q.bits / 8, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t t0 = b * kTile, t1 = std::min(g.n, (b + 1) * kTile);
-#ifdef TL_QUANT_AVX512
-      if (avx512) {
-        quantise_tile_avx512(x, t0, t1, g, q, recip.data(), out);
-        continue;
-      }
-#endif
-      quantise_tile(x, t0, t1, g, q, recip.data(), out);
-    }
+    for (int64_t b = b0; b < b1; ++b) quantise_tile_any(x, b * kTile, std::min(g.n, (b + 1) * kTile), g, q, recip.data(), out);
   });
 }
 
@@ -1339,9 +1341,6 @@ bool block_quantise_cpu(const float* x, const QuantGeometry& g, const gpu::Scale
   qq.a = a;
   qq.b = q.minmax ? b : a;
   const float pw = static_cast<float>(1 << (q.bits - 1));
-#ifdef TL_QUANT_AVX512
-  const bool avx512 = quant_avx512();
-#endif
   std::atomic<bool> finite{true};
   parallel_for(0, tiles, tile * int64_t(sizeof(float)) + tile * q.bits / 8, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
@@ -1351,26 +1350,12 @@ bool block_quantise_cpu(const float* x, const QuantGeometry& g, const gpu::Scale
         const int64_t e0 = s * g.run, len = std::min(g.n, e0 + g.run) - e0;
         mn[s] = inf;
         mx[s] = -inf;
-#ifdef TL_QUANT_AVX512
-        if (avx512 && len >= 64) {
-          minmax_span_avx512(x + e0, len, g.groups == 1, mn[s], mx[s]);
-          continue;
-        }
-#endif
-        minmax_span(x + e0, len, g.groups == 1, mn[s], mx[s]);
+        minmax_group_span(x + e0, len, g.groups == 1, mn[s], mx[s]);
       }
       if (!scales_of_groups(s0, s1, mn.data(), mx.data(), sp, v.data(), wire, a, b, step, lo)) finite = false;
       for (int64_t s = s0; s < s1 && by_recip; ++s) recip[s] = pw / a[s];
-      for (int64_t j = i0; j < i1; j += kTile) {  // the tile loops' buffers hold kTile codes
-        const int64_t j1 = std::min(i1, j + kTile);
-#ifdef TL_QUANT_AVX512
-        if (avx512) {
-          quantise_tile_avx512(x, j, j1, g, qq, recip.data(), out);
-          continue;
-        }
-#endif
-        quantise_tile(x, j, j1, g, qq, recip.data(), out);
-      }
+      for (int64_t j = i0; j < i1; j += kTile)  // the tile loops' buffers hold kTile codes
+        quantise_tile_any(x, j, std::min(i1, j + kTile), g, qq, recip.data(), out);
     }
   });
   return finite;

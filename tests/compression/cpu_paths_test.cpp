@@ -163,7 +163,9 @@ TEST(Quant, BlockScalesInOnePassEqualThreePasses) {
               EXPECT_EQ(wire1, wire2) << where;
               EXPECT_EQ(codes1, codes2) << where;
               EXPECT_EQ(std::memcmp(step1.data(), step2.data(), groups * sizeof(float)), 0) << where;
-              if (minmax) EXPECT_EQ(std::memcmp(lo1.data(), lo2.data(), groups * sizeof(float)), 0) << where;
+              if (minmax) {
+                EXPECT_EQ(std::memcmp(lo1.data(), lo2.data(), groups * sizeof(float)), 0) << where;
+              }
             }
   }
   at::set_num_threads(threads);
