@@ -119,6 +119,8 @@ class FakeClock final : public Clock {
 int64_t steady_now_ns();
 /// The same instant in seconds, as SteadyClock::now_s reports it.
 inline double steady_ns_to_s(int64_t ns) { return static_cast<double>(ns) * 1e-9; }
+/// The steady clock in seconds (differences only: its zero is arbitrary).
+inline double steady_now_s() { return steady_ns_to_s(steady_now_ns()); }
 
 /// Hands a message sent at `sent_s` (on `clock`'s timeline) to `link` and sleeps on `clock` until
 /// its delivery. Returns the seconds slept: 0 when the message is already due (e.g. the real

@@ -82,10 +82,9 @@ bool fused_attention_available() { return TORCH_VERSION_MAJOR >= 2; }
 int64_t fused_attention_calls() { return fused_calls.load(); }
 
 namespace {
+using ops::mT;
 using ops::sum_to_shape;
 using tensor_list = std::vector<at::Tensor>;
-
-at::Tensor mT(const at::Tensor& a) { return a.transpose(-2, -1); }
 
 // Note [attention as bmm]
 // When q, k and v share their leading (batch, head) dims, every product is one bmm over (N, T, D)

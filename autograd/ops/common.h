@@ -11,6 +11,9 @@
 namespace tl::ops {
 
 /// Sum a broadcast gradient back to `shape` (the inverse of broadcasting).
+/// The transpose of the last two dims (a view).
+inline at::Tensor mT(const at::Tensor& a) { return a.transpose(-2, -1); }
+
 inline at::Tensor sum_to_shape(const at::Tensor& grad, at::IntArrayRef shape) {
   if (grad.sizes().equals(shape)) return grad;
   const int64_t lead = grad.dim() - static_cast<int64_t>(shape.size());

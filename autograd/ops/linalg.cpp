@@ -11,11 +11,11 @@
 
 namespace tl {
 namespace {
+using ops::mT;
 using ops::sum_to_shape;
 using tensor_list = std::vector<at::Tensor>;
 
 // a^T over the last two dims.
-at::Tensor mT(const at::Tensor& a) { return a.transpose(-2, -1); }
 
 struct MatmulFn : Function<MatmulFn> {
   static constexpr const char* name = "matmul";

@@ -11,8 +11,9 @@
 namespace tl {
 namespace {
 
-constexpr const char* kName = "colsparse";
-constexpr int64_t kPlain = 0, kShared = 1;
+constexpr const char* kColsparseName = "colsparse";
+using codec::kPlain;
+using codec::kShared;
 
 // (tokens, hidden) view of a shape: the last dim is hidden; 0-D and 1-D tensors are one token.
 void token_view(const std::vector<int64_t>& shape, int64_t& tokens, int64_t& hidden) {
@@ -61,9 +62,10 @@ at::Tensor flat_channels(const at::Tensor& channels, int64_t hidden) {
 }  // namespace
 
 ColumnSparse::ColumnSparse(ColumnSparseOptions o) : SectionedCodec("ColumnSparse"), o_(std::move(o)) {
-  TORCH_CHECK(o_.block >= 1, kName, ": block=", o_.block, " is not accepted; accepted: an integer >= 1 (tokens)");
-  TORCH_CHECK(o_.fraction > 0 ? o_.fraction <= 1 : o_.count >= 1, kName, ": k must be a fraction in (0, 1] or a ",
-              "count >= 1");
+  TORCH_CHECK(o_.block >= 1, kColsparseName, ": block=", o_.block,
+              " is not accepted; accepted: an integer >= 1 (tokens)");
+  TORCH_CHECK(o_.fraction > 0 ? o_.fraction <= 1 : o_.count >= 1, kColsparseName,
+              ": k must be a fraction in (0, 1] or a ", "count >= 1");
 }
 
 CompressorPtr ColumnSparse::from_spec(SpecArgs& args) {
@@ -89,7 +91,7 @@ CompressorPtr ColumnSparse::from_spec(SpecArgs& args) {
 }
 
 std::string ColumnSparse::spec() const {
-  return std::string(kName) + "(" +
+  return std::string(kColsparseName) + "(" +
          (o_.fraction > 0 ? codec::format_number(o_.fraction, true) : std::to_string(o_.count)) +
          ", block=" + std::to_string(o_.block) + ", values=" + codec::wire_type_word(o_.values) +
          ", index=" + codec::index_format_word(o_.index) + ")";
@@ -101,32 +103,33 @@ int64_t ColumnSparse::k_for(int64_t H) const {
     const double k = std::ceil(o_.fraction * static_cast<double>(H) - 1e-9);
     return std::min<int64_t>(H, std::max<int64_t>(1, static_cast<int64_t>(k)));
   }
-  TORCH_CHECK(o_.count <= H, kName, ": k=", o_.count, " exceeds the ", H, " hidden channels (the last dim)");
+  TORCH_CHECK(o_.count <= H, kColsparseName, ": k=", o_.count, " exceeds the ", H, " hidden channels (the last dim)");
   return o_.count;
 }
 
 ColumnSparse::Layout ColumnSparse::layout(const Payload& rest) const {
-  TORCH_CHECK(rest.codec != codec_id(kName) || rest.params.empty() || rest.params[0] != kShared, kName,
+  TORCH_CHECK(rest.codec != codec_id(kColsparseName) || rest.params.empty() || rest.params[0] != kShared,
+              kColsparseName,
               ": this is a shared-mode (backward) payload; decode it with decode_shared and its forward payload");
-  codec::check_payload(rest, kName, 6);
-  TORCH_CHECK(rest.params[0] == kPlain, kName, ": corrupt payload: kind ", rest.params[0]);
+  codec::check_payload(rest, kColsparseName, 6);
+  TORCH_CHECK(rest.params[0] == kPlain, kColsparseName, ": corrupt payload: kind ", rest.params[0]);
   Layout l;
   token_view(rest.shape, l.tokens, l.hidden);
   l.block = rest.params[1];
   l.k = rest.params[2];
-  TORCH_CHECK(l.block >= 1, kName, ": corrupt payload: block=", l.block);
-  TORCH_CHECK(l.k >= 0 && l.k <= l.hidden && (l.k > 0 || l.hidden == 0 || l.tokens == 0), kName,
+  TORCH_CHECK(l.block >= 1, kColsparseName, ": corrupt payload: block=", l.block);
+  TORCH_CHECK(l.k >= 0 && l.k <= l.hidden && (l.k > 0 || l.hidden == 0 || l.tokens == 0), kColsparseName,
               ": corrupt payload: k=", l.k, " for ", l.hidden, " hidden channels");
   l.blocks = l.tokens == 0 ? 0 : (l.tokens - 1) / l.block + 1;
-  l.wire = codec::wire_type_from_param(rest.params[3], kName);
-  l.format = codec::index_format_from_param(rest.params[4], kName);
+  l.wire = codec::wire_type_from_param(rest.params[3], kColsparseName);
+  l.format = codec::index_format_from_param(rest.params[4], kColsparseName);
   l.index_bytes = rest.params[5];
-  codec::check_index_bytes(l.format, l.index_bytes, l.blocks * l.k, l.blocks * l.hidden, kName);
+  codec::check_index_bytes(l.format, l.index_bytes, l.blocks * l.k, l.blocks * l.hidden, kColsparseName);
   return l;
 }
 
 Payload ColumnSparse::encode_parts(const at::Tensor& x, const CodecContext& ctx, std::vector<at::Tensor>& values) {
-  codec::check_input(x, kName);
+  codec::check_input(x, kColsparseName);
   int64_t tokens, hidden;
   token_view(x.sizes().vec(), tokens, hidden);
   const int64_t k = k_for(hidden);
@@ -194,7 +197,7 @@ at::Tensor ColumnSparse::block_norms(const at::Tensor& xt) const {
 
 Payload ColumnSparse::header(const at::Tensor& x, int64_t k, const codec::EncodedIndex& enc) const {
   Payload p;
-  p.codec = codec_id(kName);
+  p.codec = codec_id(kColsparseName);
   p.dtype = x.scalar_type();
   p.shape = x.sizes().vec();
   p.params = {kPlain,           o_.block, k, codec::wire_type_param(o_.values), static_cast<int64_t>(enc.format),
@@ -209,8 +212,9 @@ std::vector<SectionedCodec::Section> ColumnSparse::sections(const Payload& rest)
 }
 
 at::Tensor ColumnSparse::block_channels(const Payload& rest, const Layout& l) const {
-  at::Tensor idx = codec::decode_index(l.format, body_or_empty(rest), l.blocks * l.k, l.blocks * l.hidden, kName,
-                                       codec::IndexSource{rest.host_body, rest.from_wire});  // (blocks * k)
+  at::Tensor idx =
+      codec::decode_index(l.format, body_or_empty(rest), l.blocks * l.k, l.blocks * l.hidden, kColsparseName,
+                          codec::IndexSource{rest.host_body, rest.from_wire});  // (blocks * k)
   if (codec::use_cpu_kernel(idx) && idx.numel() > 0) {
     // Note [colsparse index set], checked by one loop, which also makes the channels.
     at::Tensor channels = at::empty({l.blocks, l.k}, idx.options());  // (blocks, k)
@@ -223,7 +227,7 @@ at::Tensor ColumnSparse::block_channels(const Payload& rest, const Layout& l) co
       ok &= ip[i] >= base && ip[i] < base + l.hidden && (i % l.k == 0 || ip[i] > ip[i - 1]);
       cp[i] = ip[i] - base;
     }
-    TORCH_CHECK(ok, kName, ": corrupt payload: the index set does not hold exactly ", l.k,
+    TORCH_CHECK(ok, kColsparseName, ": corrupt payload: the index set does not hold exactly ", l.k,
                 " distinct channels in each block");
     return channels;
   }
@@ -234,7 +238,8 @@ at::Tensor ColumnSparse::block_channels(const Payload& rest, const Layout& l) co
     at::Tensor expected = at::div(at::arange(idx.numel(), idx.options()), l.k, "floor");
     TORCH_CHECK(
         block_of.equal(expected) && (idx.numel() < 2 || (idx.slice(0, 1) > idx.slice(0, 0, -1)).all().item<bool>()),
-        kName, ": corrupt payload: the index set does not hold exactly ", l.k, " distinct channels in each block");
+        kColsparseName, ": corrupt payload: the index set does not hold exactly ", l.k,
+        " distinct channels in each block");
   }
   return idx.remainder(l.hidden).view({l.blocks, l.k});
 }
@@ -246,9 +251,9 @@ at::Tensor ColumnSparse::token_channels(const Payload& rest, const Layout& l) co
 at::Tensor ColumnSparse::decode_parts(const Payload& rest, const std::vector<at::Tensor>& values,
                                       const CodecContext& ctx) {
   const Layout l = layout(rest);
-  TORCH_CHECK(static_cast<int64_t>(rest.body_bytes()) == l.index_bytes, kName, ": corrupt payload: the index takes ",
-              rest.body_bytes(), " bytes, the header announces ", l.index_bytes);
-  TORCH_CHECK(values.size() == 1, kName, ": expected one value section, got ", values.size());
+  TORCH_CHECK(static_cast<int64_t>(rest.body_bytes()) == l.index_bytes, kColsparseName,
+              ": corrupt payload: the index takes ", rest.body_bytes(), " bytes, the header announces ", l.index_bytes);
+  TORCH_CHECK(values.size() == 1, kColsparseName, ": expected one value section, got ", values.size());
   return scatter_channels(rest, l.tokens, l.hidden, l.block, block_channels(rest, l), values[0]);
 }
 
@@ -256,12 +261,12 @@ Payload ColumnSparse::encode_shared_parts(const at::Tensor& g, const Payload& fw
                                           const std::vector<at::Tensor>& fwd_values, const CodecContext& ctx,
                                           std::vector<at::Tensor>& values) {
   const Layout l = layout(fwd_rest);
-  TORCH_CHECK(g.sizes().equals(fwd_rest.shape), kName, ": shared mode: gradient of shape ", g.sizes(),
+  TORCH_CHECK(g.sizes().equals(fwd_rest.shape), kColsparseName, ": shared mode: gradient of shape ", g.sizes(),
               " for a forward payload of shape ", c10::IntArrayRef(fwd_rest.shape));
   at::Tensor channels = token_channels(fwd_rest, l).to(g.device());
   values = {g.reshape({l.tokens, l.hidden}).gather(1, channels)};  // (T, k)
   Payload p;
-  p.codec = codec_id(kName);
+  p.codec = codec_id(kColsparseName);
   p.dtype = g.scalar_type();
   p.shape = g.sizes().vec();
   p.params = {kShared, codec::wire_type_param(o_.values)};
@@ -269,21 +274,21 @@ Payload ColumnSparse::encode_shared_parts(const at::Tensor& g, const Payload& fw
 }
 
 std::vector<SectionedCodec::Section> ColumnSparse::shared_sections(const Payload& rest, const Payload& fwd_rest) const {
-  codec::check_payload(rest, kName, 2);
-  TORCH_CHECK(rest.params[0] == kShared, kName, ": not a shared-mode payload (kind ", rest.params[0], ")");
-  const at::ScalarType wire = codec::wire_type_from_param(rest.params[1], kName);
+  codec::check_payload(rest, kColsparseName, 2);
+  TORCH_CHECK(rest.params[0] == kShared, kColsparseName, ": not a shared-mode payload (kind ", rest.params[0], ")");
+  const at::ScalarType wire = codec::wire_type_from_param(rest.params[1], kColsparseName);
   const Layout l = layout(fwd_rest);
-  TORCH_CHECK(rest.shape == fwd_rest.shape, kName, ": shared-mode payload of shape ", c10::IntArrayRef(rest.shape),
-              " for a forward payload of shape ", c10::IntArrayRef(fwd_rest.shape));
+  TORCH_CHECK(rest.shape == fwd_rest.shape, kColsparseName, ": shared-mode payload of shape ",
+              c10::IntArrayRef(rest.shape), " for a forward payload of shape ", c10::IntArrayRef(fwd_rest.shape));
   return {Section{{l.tokens, l.k}, wire}};
 }
 
 at::Tensor ColumnSparse::decode_shared_parts(const Payload& rest, const Payload& fwd_rest,
                                              const std::vector<at::Tensor>& fwd_values,
                                              const std::vector<at::Tensor>& values, const CodecContext& ctx) {
-  TORCH_CHECK(rest.body_bytes() == 0, kName, ": corrupt shared-mode payload: ", rest.body_bytes(),
+  TORCH_CHECK(rest.body_bytes() == 0, kColsparseName, ": corrupt shared-mode payload: ", rest.body_bytes(),
               " bytes besides the values");
-  TORCH_CHECK(values.size() == 1, kName, ": expected one value section, got ", values.size());
+  TORCH_CHECK(values.size() == 1, kColsparseName, ": expected one value section, got ", values.size());
   const Layout l = layout(fwd_rest);
   return scatter_channels(rest, l.tokens, l.hidden, l.block, block_channels(fwd_rest, l), values[0]);
 }

@@ -19,6 +19,10 @@
 
 namespace tl::codec {
 
+/// The first parameter of a payload of the codecs with a shared backward mode (sparse, colsparse,
+/// powersgd, compose): a plain payload, or a shared-mode one (decode_shared).
+constexpr int64_t kPlain = 0, kShared = 1;
+
 /// Whether CPU tensors take the tight-loop fast paths (true unless a PortableKernelsGuard is alive
 /// on this thread).
 bool cpu_kernels_enabled();

@@ -7,8 +7,9 @@
 
 namespace tl {
 namespace {
-constexpr const char* kName = "compose";
-constexpr int64_t kPlain = 0, kShared = 1;
+constexpr const char* kComposeName = "compose";
+using codec::kPlain;
+using codec::kShared;
 }  // namespace
 
 Composition::Composition(std::shared_ptr<SectionedCodec> outer, CompressorPtr inner)
@@ -31,7 +32,7 @@ Payload Composition::pack(int64_t kind, const at::Tensor& like, Payload rest, co
   w.put_payload(rest);
   for (const auto& v : values) w.put_payload(inner_->encode(v, ctx));
   Payload p;
-  p.codec = codec_id(kName);
+  p.codec = codec_id(kComposeName);
   p.dtype = like.scalar_type();
   p.shape = like.sizes().vec();
   p.params = {kind, static_cast<int64_t>(codec_id(outer_->codec())), static_cast<int64_t>(values.size())};
@@ -42,29 +43,30 @@ Payload Composition::pack(int64_t kind, const at::Tensor& like, Payload rest, co
 
 template <class SecsFn>
 Composition::Unpacked Composition::unpack(const Payload& p, int64_t kind, const CodecContext& ctx, SecsFn secs_of) {
-  codec::check_payload(p, kName, 3);
-  TORCH_CHECK(p.params[0] == kind, kName, ": expected a ", kind == kPlain ? "plain" : "shared-mode", " payload, got a ",
+  codec::check_payload(p, kComposeName, 3);
+  TORCH_CHECK(p.params[0] == kind, kComposeName, ": expected a ", kind == kPlain ? "plain" : "shared-mode",
+              " payload, got a ",
               p.params[0] == kPlain    ? "plain"
               : p.params[0] == kShared ? "shared-mode"
                                        : "corrupt",
               " one (kind ", p.params[0], ")", kind == kPlain ? "; shared-mode payloads go to decode_shared" : "");
   const uint16_t outer_id = codec_id(outer_->codec());
-  TORCH_CHECK(p.params[1] == outer_id, kName, ": payload composes codec id ", p.params[1], ", this composition is '",
-              spec(), "' (outer codec id ", outer_id, ")");
-  BodyReader r(p, kName);
+  TORCH_CHECK(p.params[1] == outer_id, kComposeName, ": payload composes codec id ", p.params[1],
+              ", this composition is '", spec(), "' (outer codec id ", outer_id, ")");
+  BodyReader r(p, kComposeName);
   Unpacked u;
   u.rest = r.take_payload();
-  TORCH_CHECK(u.rest.codec == outer_id, kName, ": nested rest payload was packed by '", codec_name(u.rest.codec),
+  TORCH_CHECK(u.rest.codec == outer_id, kComposeName, ": nested rest payload was packed by '", codec_name(u.rest.codec),
               "', expected '", outer_->codec(), "'");
-  TORCH_CHECK(u.rest.shape == p.shape && u.rest.dtype == p.dtype, kName,
+  TORCH_CHECK(u.rest.shape == p.shape && u.rest.dtype == p.dtype, kComposeName,
               ": nested rest payload's shape or dtype differs from the composition's");
   const std::vector<SectionedCodec::Section> secs = secs_of(u.rest);
-  TORCH_CHECK(static_cast<int64_t>(secs.size()) == p.params[2], kName, ": payload announces ", p.params[2],
+  TORCH_CHECK(static_cast<int64_t>(secs.size()) == p.params[2], kComposeName, ": payload announces ", p.params[2],
               " sections, '", outer_->codec(), "' expects ", secs.size());
   for (const auto& s : secs) {
     at::Tensor v = inner_->decode(r.take_payload(), ctx);
-    TORCH_CHECK(v.sizes().equals(s.shape), kName, ": inner stage '", inner_->spec(), "' decoded a section of shape ",
-                v.sizes(), ", expected ", c10::IntArrayRef(s.shape));
+    TORCH_CHECK(v.sizes().equals(s.shape), kComposeName, ": inner stage '", inner_->spec(),
+                "' decoded a section of shape ", v.sizes(), ", expected ", c10::IntArrayRef(s.shape));
     u.values.push_back(v);
   }
   r.finish();
@@ -72,7 +74,7 @@ Composition::Unpacked Composition::unpack(const Payload& p, int64_t kind, const 
 }
 
 Payload Composition::encode(const at::Tensor& x, const CodecContext& ctx) {
-  codec::check_input(x, kName);
+  codec::check_input(x, kComposeName);
   std::vector<at::Tensor> values;
   Payload rest = outer_->encode_parts(x, ctx, values);
   return pack(kPlain, x, std::move(rest), values, ctx);
@@ -85,7 +87,7 @@ at::Tensor Composition::decode(const Payload& p, const CodecContext& ctx) {
 
 Payload Composition::encode_shared(const at::Tensor& g, const Payload& fwd, const CodecContext& ctx) {
   if (!supports_shared()) return Compressor::encode_shared(g, fwd, ctx);
-  codec::check_input(g, kName);
+  codec::check_input(g, kComposeName);
   Unpacked f = unpack_forward(fwd, ctx);
   std::vector<at::Tensor> values;
   Payload rest = outer_->encode_shared_parts(g, f.rest, f.values, ctx, values);
@@ -103,12 +105,13 @@ Composition::Unpacked Composition::unpack_forward(const Payload& fwd, const Code
   if (outer_->shared_uses_forward_values())
     return unpack(fwd, kPlain, ctx, [&](const Payload& rest) { return outer_->sections(rest); });
   // Only the forward rest (the support) is needed: skip decoding the forward values.
-  codec::check_payload(fwd, kName, 3);
-  TORCH_CHECK(fwd.params[0] == kPlain, kName, ": the forward payload of backward mode 'shared' must be a plain one");
-  BodyReader r(fwd, kName);
+  codec::check_payload(fwd, kComposeName, 3);
+  TORCH_CHECK(fwd.params[0] == kPlain, kComposeName,
+              ": the forward payload of backward mode 'shared' must be a plain one");
+  BodyReader r(fwd, kComposeName);
   Unpacked u;
   u.rest = r.take_payload();
-  TORCH_CHECK(u.rest.codec == codec_id(outer_->codec()), kName, ": forward payload's rest was packed by '",
+  TORCH_CHECK(u.rest.codec == codec_id(outer_->codec()), kComposeName, ": forward payload's rest was packed by '",
               codec_name(u.rest.codec), "', expected '", outer_->codec(), "'");
   return u;
 }

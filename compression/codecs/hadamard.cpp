@@ -15,7 +15,7 @@
 namespace tl {
 namespace {
 
-constexpr const char* kName = "hadquant";
+constexpr const char* kHadquantName = "hadquant";
 constexpr int64_t kMaxTile = int64_t(1) << 16;
 
 bool power_of_two(int64_t v) { return v >= 1 && (v & (v - 1)) == 0; }
@@ -497,8 +497,8 @@ at::Tensor hadamard_unrotate(const at::Tensor& y, const at::Tensor& signs) {
 }  // namespace codec
 
 HadamardQuant::HadamardQuant(HadamardQuantOptions o) : Compressor("HadamardQuant"), o_(std::move(o)) {
-  TORCH_CHECK(o_.bits >= 1 && o_.bits <= 8, kName, ": bits=", o_.bits, " is not accepted; accepted: 1..8");
-  TORCH_CHECK(power_of_two(o_.tile) && o_.tile >= 2 && o_.tile <= kMaxTile, kName, ": tile=", o_.tile,
+  TORCH_CHECK(o_.bits >= 1 && o_.bits <= 8, kHadquantName, ": bits=", o_.bits, " is not accepted; accepted: 1..8");
+  TORCH_CHECK(power_of_two(o_.tile) && o_.tile >= 2 && o_.tile <= kMaxTile, kHadquantName, ": tile=", o_.tile,
               " is not accepted; accepted: a power of two in 2..", kMaxTile);
   quant_ = tile_quantiser(o_.bits, o_.tile, o_.scale_type);
 }
@@ -519,12 +519,12 @@ CompressorPtr HadamardQuant::from_spec(SpecArgs& args) {
 }
 
 std::string HadamardQuant::spec() const {
-  return std::string(kName) + "(" + std::to_string(o_.bits) + ", tile=" + std::to_string(o_.tile) +
+  return std::string(kHadquantName) + "(" + std::to_string(o_.bits) + ", tile=" + std::to_string(o_.tile) +
          ", seed=" + std::to_string(o_.seed) + ", scales=" + codec::wire_type_word(o_.scale_type) + ")";
 }
 
 Payload HadamardQuant::encode(const at::Tensor& x, const CodecContext& ctx) {
-  codec::check_input(x, kName);
+  codec::check_input(x, kHadquantName);
   const std::vector<int64_t> shape = x.sizes().vec();
   const Tiling g = tiling(shape, o_.tile);
   at::Tensor rows = x.to(at::kFloat).reshape({g.rows, g.D});  // (rows, D)
@@ -550,7 +550,7 @@ Payload HadamardQuant::encode(const at::Tensor& x, const CodecContext& ctx) {
   }
 
   Payload p;
-  p.codec = codec_id(kName);
+  p.codec = codec_id(kHadquantName);
   p.dtype = x.scalar_type();
   p.shape = shape;
   p.params = {o_.bits, o_.tile, static_cast<int64_t>(o_.seed), codec::wire_type_param(o_.scale_type)};
@@ -559,12 +559,12 @@ Payload HadamardQuant::encode(const at::Tensor& x, const CodecContext& ctx) {
 }
 
 at::Tensor HadamardQuant::decode(const Payload& p, const CodecContext& ctx) {
-  codec::check_payload(p, kName, 4);
+  codec::check_payload(p, kHadquantName, 4);
   const int64_t bits = p.params[0], tile = p.params[1], seed = p.params[2];
-  TORCH_CHECK(bits >= 1 && bits <= 8, kName, ": corrupt payload: bits=", bits);
-  TORCH_CHECK(power_of_two(tile) && tile >= 2 && tile <= kMaxTile, kName, ": corrupt payload: tile=", tile);
-  TORCH_CHECK(seed >= 0, kName, ": corrupt payload: seed=", seed);
-  const at::ScalarType scale_type = codec::wire_type_from_param(p.params[3], kName);
+  TORCH_CHECK(bits >= 1 && bits <= 8, kHadquantName, ": corrupt payload: bits=", bits);
+  TORCH_CHECK(power_of_two(tile) && tile >= 2 && tile <= kMaxTile, kHadquantName, ": corrupt payload: tile=", tile);
+  TORCH_CHECK(seed >= 0, kHadquantName, ": corrupt payload: seed=", seed);
+  const at::ScalarType scale_type = codec::wire_type_from_param(p.params[3], kHadquantName);
   const Tiling g = tiling(p.shape, tile);
 
   // The body is quant's block payload of the rotated tiles, flattened.

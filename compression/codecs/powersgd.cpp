@@ -8,8 +8,9 @@
 
 namespace tl {
 namespace {
-constexpr const char* kName = "powersgd";
-constexpr int64_t kPlain = 0, kShared = 1;
+constexpr const char* kPowersgdName = "powersgd";
+using codec::kPlain;
+using codec::kShared;
 
 at::ScalarType compute_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
@@ -62,7 +63,7 @@ at::Tensor product_pqt(const at::Tensor& p, const at::Tensor& q) {  // (rows, co
 }  // namespace
 
 PowerSgd::PowerSgd(PowerSgdOptions o) : SectionedCodec("PowerSgd"), o_(o) {
-  TORCH_CHECK(o_.rank >= 1, kName, ": rank=", o_.rank, " is not accepted; accepted: an integer >= 1");
+  TORCH_CHECK(o_.rank >= 1, kPowersgdName, ": rank=", o_.rank, " is not accepted; accepted: an integer >= 1");
   q_ = register_buffer("q", at::empty({0}));
   mark_resizable("q");
 }
@@ -87,8 +88,8 @@ std::string PowerSgd::spec() const {
 
 Payload PowerSgd::encode_parts(const at::Tensor& x, const CodecContext& ctx, std::vector<at::Tensor>& values) {
   const int64_t ndim = std::max<int64_t>(x.dim(), 1);
-  TORCH_CHECK(o_.dim >= -ndim && o_.dim < ndim, kName, ": dim=", o_.dim, " is out of range for a tensor of ", x.dim(),
-              " dims");
+  TORCH_CHECK(o_.dim >= -ndim && o_.dim < ndim, kPowersgdName, ": dim=", o_.dim, " is out of range for a tensor of ",
+              x.dim(), " dims");
   const int64_t dim = x.dim() == 0 ? 0 : (o_.dim < 0 ? o_.dim + ndim : o_.dim);
   const auto [rows, cols] = matrix_dims(x.sizes().vec(), dim);
   const int64_t r = std::max<int64_t>(0, std::min({o_.rank, rows, cols}));
@@ -116,7 +117,7 @@ Payload PowerSgd::encode_parts(const at::Tensor& x, const CodecContext& ctx, std
   values = {p, q_new};
 
   Payload out;
-  out.codec = codec_id(kName);
+  out.codec = codec_id(kPowersgdName);
   out.dtype = x.scalar_type();
   out.shape = x.sizes().vec();
   out.params = {kPlain, r, rows, cols, dim, codec::wire_type_param(o_.values)};
@@ -124,18 +125,18 @@ Payload PowerSgd::encode_parts(const at::Tensor& x, const CodecContext& ctx, std
 }
 
 PowerSgd::Layout PowerSgd::layout(const Payload& rest) const {
-  TORCH_CHECK(rest.codec != codec_id(codec()) || rest.params.empty() || rest.params[0] != kShared, kName,
+  TORCH_CHECK(rest.codec != codec_id(codec()) || rest.params.empty() || rest.params[0] != kShared, kPowersgdName,
               ": this is a shared-mode (backward) payload; decode it with decode_shared and its forward payload");
-  codec::check_payload(rest, kName, 6);
-  TORCH_CHECK(rest.params[0] == kPlain, kName, ": corrupt payload: kind ", rest.params[0]);
+  codec::check_payload(rest, kPowersgdName, 6);
+  TORCH_CHECK(rest.params[0] == kPlain, kPowersgdName, ": corrupt payload: kind ", rest.params[0]);
   Layout l{rest.params[1], rest.params[2], rest.params[3], rest.params[4], at::kFloat};
-  TORCH_CHECK(l.dim >= 0 && l.dim <= std::max<int64_t>(static_cast<int64_t>(rest.shape.size()) - 1, 0), kName,
+  TORCH_CHECK(l.dim >= 0 && l.dim <= std::max<int64_t>(static_cast<int64_t>(rest.shape.size()) - 1, 0), kPowersgdName,
               ": corrupt payload: dim ", l.dim, " for ", rest.shape.size(), " dims");
   const auto [rows, cols] = matrix_dims(rest.shape, l.dim);
-  TORCH_CHECK(l.rows == rows && l.cols == cols && l.r >= 0 && l.r <= std::min(rows, cols), kName,
+  TORCH_CHECK(l.rows == rows && l.cols == cols && l.r >= 0 && l.r <= std::min(rows, cols), kPowersgdName,
               ": corrupt payload: rank ", l.r, " and a ", l.rows, " x ", l.cols, " matrix for shape ",
               c10::IntArrayRef(rest.shape));
-  l.wire = codec::wire_type_from_param(rest.params[5], kName);
+  l.wire = codec::wire_type_from_param(rest.params[5], kPowersgdName);
   return l;
 }
 
@@ -146,8 +147,9 @@ std::vector<SectionedCodec::Section> PowerSgd::sections(const Payload& rest) con
 
 at::Tensor PowerSgd::decode_parts(const Payload& rest, const std::vector<at::Tensor>& values, const CodecContext& ctx) {
   layout(rest);  // validates the header
-  TORCH_CHECK(rest.body_bytes() == 0, kName, ": corrupt payload: ", rest.body_bytes(), " bytes besides P and Q");
-  TORCH_CHECK(values.size() == 2, kName, ": expected sections P and Q, got ", values.size());
+  TORCH_CHECK(rest.body_bytes() == 0, kPowersgdName, ": corrupt payload: ", rest.body_bytes(),
+              " bytes besides P and Q");
+  TORCH_CHECK(values.size() == 2, kPowersgdName, ": expected sections P and Q, got ", values.size());
   const at::ScalarType ct = compute_type(rest.dtype);
   at::Tensor m = product_pqt(values[0].to(ct), values[1].to(ct));  // (rows, cols)
   return m.to(rest.dtype).view(rest.shape);
@@ -157,14 +159,14 @@ Payload PowerSgd::encode_shared_parts(const at::Tensor& g, const Payload& fwd_re
                                       const std::vector<at::Tensor>& fwd_values, const CodecContext& ctx,
                                       std::vector<at::Tensor>& values) {
   Layout l = layout(fwd_rest);
-  TORCH_CHECK(g.sizes().equals(fwd_rest.shape), kName, ": shared mode: gradient of shape ", g.sizes(),
+  TORCH_CHECK(g.sizes().equals(fwd_rest.shape), kPowersgdName, ": shared mode: gradient of shape ", g.sizes(),
               " for a forward payload of shape ", c10::IntArrayRef(fwd_rest.shape));
-  TORCH_CHECK(fwd_values.size() == 2, kName, ": shared mode needs the forward P and Q");
+  TORCH_CHECK(fwd_values.size() == 2, kPowersgdName, ": shared mode needs the forward P and Q");
   const at::ScalarType ct = compute_type(g.scalar_type());
   at::Tensor p = fwd_values[0].to(g.device(), ct);                // (rows, r)
   values = {product_mtp(g.reshape({l.rows, l.cols}).to(ct), p)};  // (cols, r) = G^T P
   Payload out;
-  out.codec = codec_id(kName);
+  out.codec = codec_id(kPowersgdName);
   out.dtype = g.scalar_type();
   out.shape = g.sizes().vec();
   out.params = {kShared, codec::wire_type_param(o_.values)};
@@ -172,21 +174,21 @@ Payload PowerSgd::encode_shared_parts(const at::Tensor& g, const Payload& fwd_re
 }
 
 std::vector<SectionedCodec::Section> PowerSgd::shared_sections(const Payload& rest, const Payload& fwd_rest) const {
-  codec::check_payload(rest, kName, 2);
-  TORCH_CHECK(rest.params[0] == kShared, kName, ": not a shared-mode payload (kind ", rest.params[0], ")");
-  const at::ScalarType wire = codec::wire_type_from_param(rest.params[1], kName);
+  codec::check_payload(rest, kPowersgdName, 2);
+  TORCH_CHECK(rest.params[0] == kShared, kPowersgdName, ": not a shared-mode payload (kind ", rest.params[0], ")");
+  const at::ScalarType wire = codec::wire_type_from_param(rest.params[1], kPowersgdName);
   Layout l = layout(fwd_rest);
-  TORCH_CHECK(rest.shape == fwd_rest.shape, kName, ": shared-mode payload of shape ", c10::IntArrayRef(rest.shape),
-              " for a forward payload of shape ", c10::IntArrayRef(fwd_rest.shape));
+  TORCH_CHECK(rest.shape == fwd_rest.shape, kPowersgdName, ": shared-mode payload of shape ",
+              c10::IntArrayRef(rest.shape), " for a forward payload of shape ", c10::IntArrayRef(fwd_rest.shape));
   return {Section{{l.cols, l.r}, wire}};
 }
 
 at::Tensor PowerSgd::decode_shared_parts(const Payload& rest, const Payload& fwd_rest,
                                          const std::vector<at::Tensor>& fwd_values,
                                          const std::vector<at::Tensor>& values, const CodecContext& ctx) {
-  TORCH_CHECK(rest.body_bytes() == 0, kName, ": corrupt shared-mode payload: ", rest.body_bytes(),
+  TORCH_CHECK(rest.body_bytes() == 0, kPowersgdName, ": corrupt shared-mode payload: ", rest.body_bytes(),
               " bytes besides Q_g");
-  TORCH_CHECK(fwd_values.size() == 2 && values.size() == 1, kName, ": shared mode needs the forward P and Q_g");
+  TORCH_CHECK(fwd_values.size() == 2 && values.size() == 1, kPowersgdName, ": shared mode needs the forward P and Q_g");
   const at::ScalarType ct = compute_type(rest.dtype);
   at::Tensor m = product_pqt(fwd_values[0].to(ct), values[0].to(fwd_values[0].device(), ct));
   return m.to(rest.dtype).view(rest.shape);
@@ -196,7 +198,7 @@ at::Tensor PowerSgd::decode_shared_parts(const Payload& rest, const Payload& fwd
 
 SectionedCodec::SizedParts PowerSgd::size_parts(const std::vector<int64_t>& shape, at::ScalarType dtype) const {
   const int64_t ndim = std::max<int64_t>(static_cast<int64_t>(shape.size()), 1);
-  TORCH_CHECK(o_.dim >= -ndim && o_.dim < ndim, kName, ": dim=", o_.dim, " is out of range for a tensor of ",
+  TORCH_CHECK(o_.dim >= -ndim && o_.dim < ndim, kPowersgdName, ": dim=", o_.dim, " is out of range for a tensor of ",
               shape.size(), " dims");
   const int64_t dim = shape.empty() ? 0 : (o_.dim < 0 ? o_.dim + ndim : o_.dim);
   const auto [rows, cols] = matrix_dims(shape, dim);

@@ -13,7 +13,7 @@
 namespace tl {
 namespace {
 
-constexpr const char* kName = "quant";
+constexpr const char* kQuantName = "quant";
 using Scale = QuantOptions::Scale;
 using Mode = QuantOptions::Mode;
 
@@ -94,8 +94,8 @@ Derived derive(const at::Tensor& scales, Mode mode, int64_t bits, int64_t groups
 }  // namespace
 
 Quantize::Quantize(QuantOptions o) : Compressor("Quantize"), o_(std::move(o)) {
-  TORCH_CHECK(o_.bits >= 1 && o_.bits <= 8, kName, ": bits=", o_.bits, " is not accepted; accepted: 1..8");
-  TORCH_CHECK(o_.block >= 1, kName, ": block=", o_.block, " is not accepted; accepted: an integer >= 1");
+  TORCH_CHECK(o_.bits >= 1 && o_.bits <= 8, kQuantName, ": bits=", o_.bits, " is not accepted; accepted: 1..8");
+  TORCH_CHECK(o_.block >= 1, kQuantName, ": block=", o_.block, " is not accepted; accepted: an integer >= 1");
   if (o_.stochastic) generator_ = BufferedGenerator(at::detail::createCPUGenerator(o_.seed), *this, "generator");
 }
 
@@ -115,7 +115,7 @@ CompressorPtr Quantize::from_spec(SpecArgs& args) {
   o.block = args.integer(kNamed, "block", 256);
   if (o.block < 1) args.fail(kNamed, "block", "an integer >= 1");
   if ((dim && o.scale != Scale::kChannel) || (args.has(kNamed, "block") && o.scale != Scale::kBlock))
-    TORCH_CHECK(false, kName, ": dim= goes with scale=channel and block= with scale=block, in '", args.call().text,
+    TORCH_CHECK(false, kQuantName, ": dim= goes with scale=channel and block= with scale=block, in '", args.call().text,
                 "'");
   o.mode = args.word(kNamed, "mode", {"maxabs", "minmax"}, std::string("maxabs")) == "minmax" ? Mode::kMinMax
                                                                                               : Mode::kMaxAbs;
@@ -147,10 +147,10 @@ std::string Quantize::spec() const {
 }
 
 int64_t Quantize::channel_dim(int64_t ndim) const {
-  TORCH_CHECK(ndim >= 2, kName, ": scale=channel needs a tensor of at least 2 dims, got ", ndim,
+  TORCH_CHECK(ndim >= 2, kQuantName, ": scale=channel needs a tensor of at least 2 dims, got ", ndim,
               "; use scale=tensor or scale=block");
   int64_t d = o_.dim ? *o_.dim : (ndim >= 4 ? 1 : ndim - 1);
-  TORCH_CHECK(d >= -ndim && d < ndim, kName, ": dim=", d, " is out of range for a tensor of ", ndim, " dims");
+  TORCH_CHECK(d >= -ndim && d < ndim, kQuantName, ": dim=", d, " is out of range for a tensor of ", ndim, " dims");
   return d < 0 ? d + ndim : d;
 }
 
@@ -167,13 +167,13 @@ Payload Quantize::encode_with_minmax(const at::Tensor& x, const float* mn, const
 Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::Tensor* residual, const float* given_mn,
                               const float* given_mx) {
   if (residual) *residual = at::Tensor();
-  codec::check_input(x, kName);
+  codec::check_input(x, kQuantName);
   const std::vector<int64_t> shape = x.sizes().vec();
   const int64_t dim = o_.scale == Scale::kChannel ? channel_dim(x.dim()) : -1;
   const Geometry geo = geometry(shape, o_.scale, dim, o_.block);
   const int64_t n = geo.g.n, groups = geo.g.groups;
   const bool cpu = codec::use_cpu_kernel(x);
-  TORCH_CHECK(!given_mn || (cpu && groups > 1 && x.scalar_type() == at::kFloat), kName,
+  TORCH_CHECK(!given_mn || (cpu && groups > 1 && x.scalar_type() == at::kFloat), kQuantName,
               ": encode_with_minmax takes float32 CPU tensors of several scale groups on the fast path");
   // Note [CUDA kernels or ATen ops] (compression/cuda/quant_cuda.h).
   const bool cuda = codec::use_cuda_kernel(x);
@@ -181,7 +181,7 @@ Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::
   at::Tensor xf = x.to(at::kFloat).contiguous().reshape({-1});
   auto payload = [&](at::Tensor body) {
     Payload p;
-    p.codec = codec_id(kName);
+    p.codec = codec_id(kQuantName);
     p.dtype = x.scalar_type();
     p.shape = shape;
     p.params = {o_.bits,
@@ -222,7 +222,7 @@ Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::
     } else {
       codec::gpu::quant_tensor_host(xf.data_ptr<float>(), geo.g, q, sp, body.data_ptr<uint8_t>(), rp);
       const at::Tensor scale = body.narrow(0, 0, scale_bytes).view(o_.scale_type).to(at::kFloat);
-      TORCH_CHECK(at::isfinite(scale).all().item<bool>(), kName, ": a scale is not finite in ",
+      TORCH_CHECK(at::isfinite(scale).all().item<bool>(), kQuantName, ": a scale is not finite in ",
                   codec::wire_type_word(o_.scale_type), " (the tensor holds inf/NaN, or values beyond the ",
                   "type's range: use scales=fp32)");
     }
@@ -241,7 +241,7 @@ Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::
     const bool finite = codec::block_quantise_cpu(xf.data_ptr<float>(), geo.g, sp, q, out, a.data(),
                                                   minmax ? b.data() : a.data(), step.data(),
                                                   minmax ? lo.data() : step.data(), out + scale_bytes);
-    TORCH_CHECK(finite, kName, ": a scale is not finite in ", codec::wire_type_word(o_.scale_type),
+    TORCH_CHECK(finite, kQuantName, ": a scale is not finite in ", codec::wire_type_word(o_.scale_type),
                 " (the tensor holds inf/NaN, or values beyond the type's range: use scales=fp32)");
     return payload(body);
   }
@@ -311,7 +311,7 @@ Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::
       const at::Tensor lo_c = mn.contiguous(), hi_c = mx.contiguous();  // (G)
       const bool finite =
           codec::quant_scales_cpu(lo_c.data_ptr<float>(), hi_c.data_ptr<float>(), sp, out, a, b, step, lo);
-      TORCH_CHECK(finite, kName, ": a scale is not finite in ", codec::wire_type_word(o_.scale_type),
+      TORCH_CHECK(finite, kQuantName, ": a scale is not finite in ", codec::wire_type_word(o_.scale_type),
                   " (the tensor holds inf/NaN, or values beyond the type's range: use scales=fp32)");
     } else {
       const at::Tensor v = (minmax ? mn : at::maximum(-mn, mx)).contiguous(), hi = mx.contiguous();  // (G)
@@ -334,7 +334,7 @@ Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::
   // Checked on the host only: on a device the test would synchronise every message, so there a
   // non-finite scale makes its group decode to inf/NaN instead (Note [host synchronisation]).
   if (scales.defined() && !codec::on_device(x)) {  // the CPU fast path: checked by quant_scales_cpu
-    TORCH_CHECK(at::isfinite(scales).all().item<bool>(), kName, ": a scale is not finite in ",
+    TORCH_CHECK(at::isfinite(scales).all().item<bool>(), kQuantName, ": a scale is not finite in ",
                 codec::wire_type_word(o_.scale_type), " (the tensor holds inf/NaN, or values beyond the ",
                 "type's range: use scales=fp32)");
   }
@@ -412,27 +412,28 @@ Payload Quantize::encode_impl(const at::Tensor& x, const CodecContext& ctx, at::
 }
 
 at::Tensor Quantize::decode(const Payload& p, const CodecContext& ctx) {
-  codec::check_payload(p, kName, 7);
+  codec::check_payload(p, kQuantName, 7);
   const int64_t bits = p.params[0];
-  TORCH_CHECK(bits >= 1 && bits <= 8, kName, ": corrupt payload: bits=", bits);
+  TORCH_CHECK(bits >= 1 && bits <= 8, kQuantName, ": corrupt payload: bits=", bits);
   TORCH_CHECK(p.params[1] >= 0 && p.params[1] <= 2 && p.params[2] >= 0 && p.params[2] <= 1 && p.params[3] >= 0 &&
                   p.params[3] <= 1,
-              kName, ": corrupt payload: scale kind ", p.params[1], ", mode ", p.params[2], ", round ", p.params[3]);
+              kQuantName, ": corrupt payload: scale kind ", p.params[1], ", mode ", p.params[2], ", round ",
+              p.params[3]);
   const Scale scale = static_cast<Scale>(p.params[1]);
   const Mode mode = static_cast<Mode>(p.params[2]);
   const int64_t dim = p.params[4], block = p.params[5];
   if (scale == Scale::kChannel) {
-    TORCH_CHECK(dim >= 0 && dim < static_cast<int64_t>(p.shape.size()), kName, ": corrupt payload: channel dim ", dim,
-                " for ", p.shape.size(), " dims");
+    TORCH_CHECK(dim >= 0 && dim < static_cast<int64_t>(p.shape.size()), kQuantName, ": corrupt payload: channel dim ",
+                dim, " for ", p.shape.size(), " dims");
   } else {
-    TORCH_CHECK(dim == -1, kName, ": corrupt payload: channel dim ", dim, " without scale=channel");
+    TORCH_CHECK(dim == -1, kQuantName, ": corrupt payload: channel dim ", dim, " without scale=channel");
   }
-  TORCH_CHECK(scale == Scale::kBlock ? block >= 1 : block == 0, kName, ": corrupt payload: block=", block);
-  const at::ScalarType scale_type = codec::wire_type_from_param(p.params[6], kName);
+  TORCH_CHECK(scale == Scale::kBlock ? block >= 1 : block == 0, kQuantName, ": corrupt payload: block=", block);
+  const at::ScalarType scale_type = codec::wire_type_from_param(p.params[6], kQuantName);
   const Geometry geo = geometry(p.shape, scale, dim, block);
   const int64_t n = geo.g.n, groups = geo.g.groups;
 
-  BodyReader r(p, kName);
+  BodyReader r(p, kQuantName);
   const at::Tensor wire = r.take(scale_type, mode == Mode::kMaxAbs ? groups : 2 * groups);
   at::Tensor packed = r.take(at::kByte, (n * bits + 7) / 8);
   r.finish();

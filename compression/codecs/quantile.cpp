@@ -12,7 +12,7 @@
 
 namespace tl {
 namespace {
-constexpr const char* kName = "quantile";
+constexpr const char* kQuantileName = "quantile";
 constexpr int64_t kMaxSample = int64_t(1) << 24;  // at::quantile's input limit
 
 // Note [quantile codewords on the CPU]. at::quantile(sample, probs) sorts the sample (m elements),
@@ -60,8 +60,8 @@ bool quantile_words_cpu(const float* x, int64_t count, int64_t stride, int64_t l
 }  // namespace
 
 QuantileCodec::QuantileCodec(QuantileOptions o) : Compressor("QuantileCodec"), o_(o) {
-  TORCH_CHECK(o_.bits >= 1 && o_.bits <= 8, kName, ": bits=", o_.bits, " is not accepted; accepted: 1..8");
-  TORCH_CHECK(o_.sample >= 1 && o_.sample <= kMaxSample, kName, ": sample=", o_.sample,
+  TORCH_CHECK(o_.bits >= 1 && o_.bits <= 8, kQuantileName, ": bits=", o_.bits, " is not accepted; accepted: 1..8");
+  TORCH_CHECK(o_.sample >= 1 && o_.sample <= kMaxSample, kQuantileName, ": sample=", o_.sample,
               " is not accepted; accepted: 1..", kMaxSample);
 }
 
@@ -84,10 +84,10 @@ std::string QuantileCodec::spec() const {
 }
 
 Payload QuantileCodec::encode(const at::Tensor& x, const CodecContext& ctx) {
-  codec::check_input(x, kName);
+  codec::check_input(x, kQuantileName);
   at::Tensor xf = x.to(at::kFloat).contiguous().reshape({-1});
   Payload p;
-  p.codec = codec_id(kName);
+  p.codec = codec_id(kQuantileName);
   p.dtype = x.scalar_type();
   p.shape = x.sizes().vec();
   p.params = {o_.bits, o_.sample, o_.mean_centers ? 1 : 0, codec::wire_type_param(o_.codebook)};
@@ -165,14 +165,14 @@ at::Tensor QuantileCodec::encode_cpu(const at::Tensor& xf) const {
 }
 
 at::Tensor QuantileCodec::decode(const Payload& p, const CodecContext& ctx) {
-  codec::check_payload(p, kName, 4);
+  codec::check_payload(p, kQuantileName, 4);
   const int64_t bits = p.params[0];
-  TORCH_CHECK(bits >= 1 && bits <= 8, kName, ": corrupt payload: bits=", bits);
-  TORCH_CHECK(p.params[1] >= 1 && (p.params[2] == 0 || p.params[2] == 1), kName, ": corrupt payload: sample ",
+  TORCH_CHECK(bits >= 1 && bits <= 8, kQuantileName, ": corrupt payload: bits=", bits);
+  TORCH_CHECK(p.params[1] >= 1 && (p.params[2] == 0 || p.params[2] == 1), kQuantileName, ": corrupt payload: sample ",
               p.params[1], ", centers ", p.params[2]);
-  const at::ScalarType book_type = codec::wire_type_from_param(p.params[3], kName);
+  const at::ScalarType book_type = codec::wire_type_from_param(p.params[3], kQuantileName);
   const int64_t n = p.numel(), levels = int64_t(1) << bits;
-  BodyReader r(p, kName);
+  BodyReader r(p, kQuantileName);
   at::Tensor book = r.take(book_type, levels).to(at::kFloat).contiguous();
   const at::Tensor packed = r.take(at::kByte, (n * bits + 7) / 8);
   r.finish();

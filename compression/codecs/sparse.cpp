@@ -12,7 +12,8 @@
 
 namespace tl {
 namespace {
-constexpr int64_t kPlain = 0, kShared = 1;
+using codec::kPlain;
+using codec::kShared;
 }
 
 SparseCodec::SparseCodec(SparseOptions o) : SectionedCodec("SparseCodec"), o_(std::move(o)) {

@@ -5,7 +5,7 @@
 
 namespace tl::codec::gpu {
 namespace {
-thread_local int64_t t_host_runs = 0;
+thread_local int64_t t_aqsgd_host_runs = 0;
 }  // namespace
 
 // The launchers live in the plugin (Note [CUDA as a plugin], autograd/cuda_plugin.h).
@@ -17,15 +17,15 @@ void aqsgd_update_cuda(int device, const float* c, const CacheRows& m, float* ou
 }
 
 void aqsgd_delta_host(const float* x, const CacheRows& m, float* delta) {
-  ++t_host_runs;
+  ++t_aqsgd_host_runs;
   for (int64_t i = 0, e = cache_items(m); i < e; ++i) aqsgd_delta_item(x, m, i, delta);
 }
 
 void aqsgd_update_host(const float* c, const CacheRows& m, float* out) {
-  ++t_host_runs;
+  ++t_aqsgd_host_runs;
   for (int64_t i = 0, e = cache_items(m); i < e; ++i) aqsgd_update_item(c, m, i, out);
 }
 
-int64_t aqsgd_host_runs() { return t_host_runs; }
+int64_t aqsgd_host_runs() { return t_aqsgd_host_runs; }
 
 }  // namespace tl::codec::gpu

@@ -7,7 +7,7 @@
 
 namespace tl::codec::gpu {
 namespace {
-thread_local int64_t t_host_runs = 0;
+thread_local int64_t t_sparse_host_runs = 0;
 }  // namespace
 
 // The launchers live in the plugin (Note [CUDA as a plugin], autograd/cuda_plugin.h).
@@ -22,7 +22,7 @@ void sparse_unpack_cuda(int device, const uint8_t* body, const int64_t* ranks, c
 }
 
 void sparse_pack_host(const float* x, const int64_t* idx, const SparseLayout& s, uint8_t* body) {
-  ++t_host_runs;
+  ++t_sparse_host_runs;
   if (s.bitmap) std::memset(body, 0, s.index_bytes);
   for (int64_t t = 0, e = pack_items(s); t < e; ++t) pack_item(x, idx, t, s, body);
 }
@@ -32,7 +32,7 @@ void bitmap_counts_host(const uint8_t* bitmap, int64_t bytes, int64_t* counts) {
 }
 
 void sparse_unpack_host(const uint8_t* body, const int64_t* ranks, const SparseLayout& s, float* out) {
-  ++t_host_runs;
+  ++t_sparse_host_runs;
   if (!s.bitmap) {
     for (int64_t i = 0; i < s.n; ++i) unpack_entry(body, i, s, out);
     return;
@@ -47,6 +47,6 @@ void sparse_unpack_host(const uint8_t* body, const int64_t* ranks, const SparseL
   }
 }
 
-int64_t sparse_host_runs() { return t_host_runs; }
+int64_t sparse_host_runs() { return t_sparse_host_runs; }
 
 }  // namespace tl::codec::gpu

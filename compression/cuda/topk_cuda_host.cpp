@@ -5,7 +5,7 @@
 
 namespace tl::codec::gpu {
 namespace {
-thread_local int64_t t_host_runs = 0;
+thread_local int64_t t_topk_host_runs = 0;
 }  // namespace
 
 // The launcher lives in the plugin (Note [CUDA as a plugin], autograd/cuda_plugin.h).
@@ -14,7 +14,7 @@ void topk_select_cuda(int device, const float* x, const TopkShape& s, uint8_t* z
 }
 
 void topk_select_host(const float* x, const TopkShape& s, uint8_t* zeroed, uint8_t* rest, int64_t* idx) {
-  ++t_host_runs;
+  ++t_topk_host_runs;
   const TopkBuffers b = topk_buffers(s, zeroed, rest);
   const int64_t tiles = topk_tiles(s), tpr = tiles_per_row(s);
   auto hist = [&](int pass, int64_t r) { return b.hist + (pass * s.rows + r) * kRadixBins; };
@@ -64,6 +64,6 @@ void topk_select_host(const float* x, const TopkShape& s, uint8_t* zeroed, uint8
   }
 }
 
-int64_t topk_host_runs() { return t_host_runs; }
+int64_t topk_host_runs() { return t_topk_host_runs; }
 
 }  // namespace tl::codec::gpu

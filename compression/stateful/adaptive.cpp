@@ -30,14 +30,13 @@ namespace tl {
 
 namespace {
 
-constexpr size_t kNamed = SpecArgs::kNamedOnly;
 constexpr size_t kMaxLevels = 64;
 
 /// The error target of adaptive/budget: a number in (0, 1).
 double error_target(SpecArgs& a) {
-  const double e = a.number(kNamed, "error");
+  const double e = a.number(SpecArgs::kNamedOnly, "error");
   if (!(e > 0 && e < 1))
-    a.fail(kNamed, "error", "a relative error target ||x - x^|| / ||x|| in (0, 1), e.g. error=0.1");
+    a.fail(SpecArgs::kNamedOnly, "error", "a relative error target ||x - x^|| / ||x|| in (0, 1), e.g. error=0.1");
   return e;
 }
 
@@ -283,32 +282,34 @@ Adaptive::Adaptive(std::string base_spec, Ladder ladder, std::vector<CompressorP
 CompressorPtr Adaptive::from_spec(SpecArgs& a) {
   const auto base = a.spec(0, "codec");
   const AdaptiveKnob* known = knob_of(base->name);
-  const bool has_arg = a.has(kNamed, "arg");
+  const bool has_arg = a.has(SpecArgs::kNamedOnly, "arg");
   if (!known_compressors().count(base->name)) build_compressor(*base);  // the error naming the known codecs
   if (!known && !has_arg)
     TORCH_CHECK(false, "adaptive: '", base->text, "' has no level adaptive knows how to adjust; it adapts ",
                 knob_list(), ", or any numeric argument named with arg=NAME, from=A, to=B (most compressed first)");
   Ladder ladder;
-  ladder.arg = a.word(kNamed, "arg", {}, known ? known->arg : std::string());
+  ladder.arg = a.word(SpecArgs::kNamedOnly, "arg", {}, known ? known->arg : std::string());
   // The codec's own knob: its kind (fraction or integer) and, unless given, its ends.
   const bool by_knob = known && ladder.arg == known->arg;
-  const double from = a.number(kNamed, "from", by_knob ? std::optional<double>(known->from) : std::nullopt);
-  const double to = a.number(kNamed, "to", by_knob ? std::optional<double>(known->to) : std::nullopt);
+  const double from =
+      a.number(SpecArgs::kNamedOnly, "from", by_knob ? std::optional<double>(known->from) : std::nullopt);
+  const double to = a.number(SpecArgs::kNamedOnly, "to", by_knob ? std::optional<double>(known->to) : std::nullopt);
   if (by_knob) {
     ladder.fraction = known->fraction;
   } else {  // a fraction when either end is written with a '.' or is not whole
     for (const char* key : {"from", "to"}) {
-      const SpecValue* v = a.peek(kNamed, key);
+      const SpecValue* v = a.peek(SpecArgs::kNamedOnly, key);
       const double x = std::get<double>(v->v);
       ladder.fraction = ladder.fraction || v->text.find('.') != std::string::npos || std::floor(x) != x;
     }
   }
-  if (from == to) a.fail(kNamed, "to", "a value other than from=" + codec::format_number(from));
+  if (from == to) a.fail(SpecArgs::kNamedOnly, "to", "a value other than from=" + codec::format_number(from));
   if (ladder.fraction && !(from > 0 && to > 0))
-    a.fail(kNamed, from > 0 ? "to" : "from", "a positive number (fraction ladders are geometric: 1-2-5 series)");
+    a.fail(SpecArgs::kNamedOnly, from > 0 ? "to" : "from",
+           "a positive number (fraction ladders are geometric: 1-2-5 series)");
   ladder.values = ladder_values(from, to, ladder.fraction);
   if (ladder.values.size() > kMaxLevels)
-    a.fail(kNamed, "to",
+    a.fail(SpecArgs::kNamedOnly, "to",
            "at most " + std::to_string(kMaxLevels) + " integer levels from from=" + codec::format_number(from) +
                " (write the ends with a '.' for a 1-2-5 series)");
   const double error = error_target(a);
@@ -317,10 +318,10 @@ CompressorPtr Adaptive::from_spec(SpecArgs& a) {
   for (const auto& [k, v] : base->named)
     TORCH_CHECK(k != ladder.arg, "adaptive: '", base->text, "' sets ", ladder.arg, "=", v.text,
                 ", the argument adaptive picks; leave it out, e.g. adaptive(", base->name,
-                ", error=", a.peek(kNamed, "error")->text, ")");
+                ", error=", a.peek(SpecArgs::kNamedOnly, "error")->text, ")");
   TORCH_CHECK(!by_knob || base->positional.empty(), "adaptive: '", base->text, "' gives ", ladder.arg,
               " (argument 1), the argument adaptive picks; leave it out, e.g. adaptive(", base->name,
-              ", error=", a.peek(kNamed, "error")->text, ")");
+              ", error=", a.peek(SpecArgs::kNamedOnly, "error")->text, ")");
   std::vector<CompressorPtr> candidates;
   for (double x : ladder.values) {
     SpecCall c = *base;

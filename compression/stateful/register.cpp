@@ -11,10 +11,8 @@ namespace tl {
 
 namespace {
 
-constexpr size_t kNamed = SpecArgs::kNamedOnly;
-
 at::ScalarType cache_dtype(SpecArgs& a) {
-  const std::string w = a.word(kNamed, "cache", {"fp32", "fp16", "bf16"}, std::string("fp32"));
+  const std::string w = a.word(SpecArgs::kNamedOnly, "cache", {"fp32", "fp16", "bf16"}, std::string("fp32"));
   return w == "fp16" ? at::kHalf : w == "bf16" ? at::kBFloat16 : at::kFloat;
 }
 
@@ -25,19 +23,21 @@ int64_t non_negative(SpecArgs& a, size_t pos, const std::string& key, int64_t fa
 }
 
 CompressorPtr optional_wire(SpecArgs& a) {
-  auto call = a.spec(kNamed, "wire", /*required=*/false);
+  auto call = a.spec(SpecArgs::kNamedOnly, "wire", /*required=*/false);
   return call ? build_compressor(*call) : nullptr;
 }
 
 CompressorPtr make_ef(SpecArgs& a) {
   CompressorPtr inner = stateful::build_inner(a, 0, "inner", "ef");
   ErrorFeedback::Options o;
-  o.per = a.word(kNamed, "per", {"boundary", "sample"}, std::string("boundary")) == "sample"
+  o.per = a.word(SpecArgs::kNamedOnly, "per", {"boundary", "sample"}, std::string("boundary")) == "sample"
               ? ErrorFeedback::Per::Sample
               : ErrorFeedback::Per::Boundary;
-  o.cache.capacity = non_negative(a, kNamed, "capacity", 0, "an integer >= 0 (0: grow as sample ids appear)");
+  o.cache.capacity =
+      non_negative(a, SpecArgs::kNamedOnly, "capacity", 0, "an integer >= 0 (0: grow as sample ids appear)");
   if (o.per == ErrorFeedback::Per::Boundary && o.cache.capacity > 0)
-    a.fail(kNamed, "capacity", "capacity only with per=sample (the per-boundary buffer has the message's shape)");
+    a.fail(SpecArgs::kNamedOnly, "capacity",
+           "capacity only with per=sample (the per-boundary buffer has the message's shape)");
   a.done();
   return std::make_shared<ErrorFeedback>(inner, o);
 }
@@ -46,7 +46,7 @@ CompressorPtr make_lazy(SpecArgs& a) {
   CompressorPtr inner = stateful::build_inner(a, 0, "inner", "lazy");
   ErrorFeedback::Options o;
   o.lazy = true;
-  o.carry = a.word(kNamed, "carry", {"steps", "microbatches"}, std::string("steps")) == "microbatches"
+  o.carry = a.word(SpecArgs::kNamedOnly, "carry", {"steps", "microbatches"}, std::string("steps")) == "microbatches"
                 ? ErrorFeedback::Carry::MicroBatches
                 : ErrorFeedback::Carry::Steps;
   a.done();
@@ -62,12 +62,13 @@ CompressorPtr make_ef21(SpecArgs& a) {
 CompressorPtr make_aqsgd(SpecArgs& a) {
   CompressorPtr inner = stateful::build_inner(a, 0, "inner", "aqsgd");
   AqSgd::Options o;
-  o.warmup_epochs = non_negative(a, kNamed, "warmup", 1, "an integer >= 0 (epochs sent uncompressed)");
-  o.cache.capacity = non_negative(a, kNamed, "capacity", 0, "an integer >= 0 (0: grow as sample ids appear)");
+  o.warmup_epochs = non_negative(a, SpecArgs::kNamedOnly, "warmup", 1, "an integer >= 0 (epochs sent uncompressed)");
+  o.cache.capacity =
+      non_negative(a, SpecArgs::kNamedOnly, "capacity", 0, "an integer >= 0 (0: grow as sample ids appear)");
   o.cache.dtype = cache_dtype(a);
   // A file name is a bare word (letters, digits, '_', '-', '.'; relative to the working directory);
   // other paths are given through AqSgd::Options.
-  o.cache.file = a.word(kNamed, "file", {}, std::string());
+  o.cache.file = a.word(SpecArgs::kNamedOnly, "file", {}, std::string());
   a.done();
   return std::make_shared<AqSgd>(inner, o);
 }
@@ -76,12 +77,12 @@ CompressorPtr make_ae(SpecArgs& a) {
   Autoencoder::Options o;
   o.d_code = a.integer(0, "d_code");
   if (o.d_code < 1) a.fail(0, "d_code", "an integer >= 1 (the code width)");
-  o.d = non_negative(a, kNamed, "d", 0, "an integer >= 0 (input width; 0: from the first input)");
-  const std::string layout = a.word(kNamed, "layout", {"auto", "last", "channel"}, std::string("auto"));
+  o.d = non_negative(a, SpecArgs::kNamedOnly, "d", 0, "an integer >= 0 (input width; 0: from the first input)");
+  const std::string layout = a.word(SpecArgs::kNamedOnly, "layout", {"auto", "last", "channel"}, std::string("auto"));
   o.layout = layout == "last"      ? Autoencoder::Layout::Last
              : layout == "channel" ? Autoencoder::Layout::Channel
                                    : Autoencoder::Layout::Auto;
-  o.seed = static_cast<uint64_t>(non_negative(a, kNamed, "seed", 0, "an integer >= 0"));
+  o.seed = static_cast<uint64_t>(non_negative(a, SpecArgs::kNamedOnly, "seed", 0, "an integer >= 0"));
   o.wire = optional_wire(a);
   a.done();
   return std::make_shared<Autoencoder>(o);
@@ -91,11 +92,12 @@ CompressorPtr make_subspace(SpecArgs& a) {
   Subspace::Options o;
   o.k = a.integer(0, "k");
   if (o.k < 1) a.fail(0, "k", "an integer >= 1 (the subspace dimension)");
-  o.d = non_negative(a, kNamed, "d", 0, "an integer >= 0 (hidden width; 0: from the first input)");
-  o.vocab = non_negative(a, kNamed, "vocab", 0, "an integer >= 0 (vocabulary size; 0: no token embedding)");
-  o.seed = static_cast<uint64_t>(non_negative(a, kNamed, "seed", 0, "an integer >= 0"));
-  o.token_std = a.number(kNamed, "token_std", 0.02);
-  if (!(o.token_std > 0)) a.fail(kNamed, "token_std", "a number > 0");
+  o.d = non_negative(a, SpecArgs::kNamedOnly, "d", 0, "an integer >= 0 (hidden width; 0: from the first input)");
+  o.vocab =
+      non_negative(a, SpecArgs::kNamedOnly, "vocab", 0, "an integer >= 0 (vocabulary size; 0: no token embedding)");
+  o.seed = static_cast<uint64_t>(non_negative(a, SpecArgs::kNamedOnly, "seed", 0, "an integer >= 0"));
+  o.token_std = a.number(SpecArgs::kNamedOnly, "token_std", 0.02);
+  if (!(o.token_std > 0)) a.fail(SpecArgs::kNamedOnly, "token_std", "a number > 0");
   o.wire = optional_wire(a);
   a.done();
   return std::make_shared<Subspace>(o);

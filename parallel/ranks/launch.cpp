@@ -18,6 +18,7 @@
 #include <set>
 #include <sstream>
 
+#include "parallel/link.h"
 #include "parallel/ranks/c10d_compat.h"
 #include "parallel/ranks/rendezvous.h"
 
@@ -64,8 +65,6 @@ std::string describe_status(int rank, int status) {
     os << "rank " << rank << " exited with status " << WEXITSTATUS(status);
   return os.str();
 }
-
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 struct Child {
   int rank = 0;
@@ -289,7 +288,7 @@ LaunchResult launch_local(const LaunchOptions& o) {
           result.exit_code = WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
           result.message = describe_status(c.rank, st);
           stopping = true;
-          kill_at = now_s() + o.grace_s;
+          kill_at = steady_now_s() + o.grace_s;
           for (auto& d : kids)
             if (d.running && d.pid != c.pid) ::kill(d.pid, SIGTERM);
         }
@@ -297,7 +296,7 @@ LaunchResult launch_local(const LaunchOptions& o) {
         any_running = true;
       }
     }
-    if (stopping && !killed && any_running && now_s() >= kill_at) {
+    if (stopping && !killed && any_running && steady_now_s() >= kill_at) {
       for (auto& d : kids)
         if (d.running) ::kill(d.pid, SIGKILL);
       killed = true;
@@ -305,10 +304,10 @@ LaunchResult launch_local(const LaunchOptions& o) {
     // 3. Done when every child is reaped and its pipes are closed (or, should a grandchild hold a
     // pipe open, a second after the last exit).
     if (!any_running) {
-      if (all_exited_at < 0) all_exited_at = now_s();
+      if (all_exited_at < 0) all_exited_at = steady_now_s();
       bool open = false;
       for (auto& c : kids) open |= c.fd[0] >= 0 || c.fd[1] >= 0;
-      if (!open || now_s() - all_exited_at > 1.0) break;
+      if (!open || steady_now_s() - all_exited_at > 1.0) break;
     }
   }
   for (auto& c : kids)

@@ -34,8 +34,6 @@ constexpr int kTrailerTag = 0x7A04;
 // Internal message tags (callers' tags are >= 0).
 constexpr int64_t kGatherTag = -2;
 
-double now_s() { return steady_ns_to_s(steady_now_ns()); }
-
 }  // namespace
 
 FrameHeader wire::parse_frame_header(const uint8_t* data, size_t size, int64_t expected_seq,
@@ -381,7 +379,7 @@ struct Transport::Impl {
     const PeerInfo& p = peers[peer];
     if (p.pid <= 0 || p.boot_id.empty() || p.boot_id != boot_id) return "";
     bool alive = process_alive(p.pid);
-    for (const double end = now_s() + wait_s; alive && now_s() < end;) {
+    for (const double end = steady_now_s() + wait_s; alive && steady_now_s() < end;) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       alive = process_alive(p.pid);
     }
@@ -487,7 +485,7 @@ struct Transport::Impl {
     const bool separate = !pieces && capacity.separate(n);
     if (!pieces) capacity.after(n);
     InFlight f;
-    f.posted_s = now_s();
+    f.posted_s = steady_now_s();
     if (p.corrupt == Corruption::None && opts.corrupt_rate > 0 &&
         std::uniform_real_distribution<double>(0.0, 1.0)(corrupt_rng) < opts.corrupt_rate)
       p.corrupt = Corruption::BitFlip;  // dist.corrupt_rate (the soak)
@@ -640,7 +638,7 @@ struct Transport::Impl {
     }
     if (f.block) f.block->sending = false;  // (a failed send keeps it: Gloo may still read it)
     std::lock_guard<std::mutex> lock(mutex);
-    stats.send_s += now_s() - since;
+    stats.send_s += steady_now_s() - since;
     stats.bytes_sent += f.p.body.numel();
     stats.messages_sent += 1;
     stats.sent_in_pieces += f.piece_work.empty() ? 0 : 1;
@@ -714,7 +712,7 @@ struct Transport::Impl {
           inflight.push_back(post_send(std::move(p)));
           continue;
         }
-        finish_send(inflight.front(), now_s());  // send_s: the time this thread is blocked
+        finish_send(inflight.front(), steady_now_s());  // send_s: the time this thread is blocked
         inflight.pop_front();
       } catch (...) {
         err = std::current_exception();
@@ -746,7 +744,7 @@ struct Transport::Impl {
     check_peer(src, "receive from");
     Message m;
     m.src = src;
-    const double t0 = now_s();
+    const double t0 = steady_now_s();
     const std::string what =
         "receive of message #" + std::to_string(recv_seq[src]) + " from rank " + std::to_string(src);
     auto fail = [&](const std::string& why) {
@@ -763,7 +761,7 @@ struct Transport::Impl {
       capacity = pf->capacity;
       compat::wait(pf->work, timeout);
       frame = pf->tensors[0].cpu();
-      t_header = now_s();
+      t_header = steady_now_s();
     } catch (const std::exception& e) {
       TransportError err = failure(what, src, context, cause_of(e));
       record(std::make_exception_ptr(err));
@@ -865,7 +863,7 @@ struct Transport::Impl {
         fail(os.str());
       }
     }
-    const double t_body = now_s();
+    const double t_body = steady_now_s();
     ++recv_seq[src];
     m.transfer_s = separate || pieces ? t_body - t_header : 0.0;
     if (links[src] && m.tag >= 0 && !(m.tag & kTagNoLink)) {  // pipeline messages only, not gather_bytes
@@ -873,7 +871,7 @@ struct Transport::Impl {
       const bool same_clock = !peers[src].boot_id.empty() && peers[src].boot_id == boot_id;
       m.link_s = wait_for_delivery(*links[src], clock, same_clock ? m.sent_s : t_header, n);
     }
-    m.wait_s = now_s() - t0;
+    m.wait_s = steady_now_s() - t0;
     std::lock_guard<std::mutex> lock(mutex);
     stats.messages_received += 1;
     stats.bytes_received += n;

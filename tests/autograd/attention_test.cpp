@@ -15,8 +15,8 @@ using testing::gradcheck;
 using testing::matches_torch;
 using Shape = std::vector<int64_t>;
 
-at::Tensor rnd(at::IntArrayRef s, at::ScalarType t = at::kDouble) { return at::randn(s, at::TensorOptions(t)); }
-std::string str(at::IntArrayRef s) { return c10::str(s); }
+using testing::rnd;
+using testing::str;
 
 enum class Mask { None, Bool, Float };
 

@@ -8,7 +8,7 @@ using testing::gradcheck;
 using testing::matches_torch;
 using Shape = std::vector<int64_t>;
 
-at::Tensor rnd(at::IntArrayRef s, at::ScalarType t = at::kDouble) { return at::randn(s, at::TensorOptions(t)); }
+using testing::rnd;
 
 // Distinct values at least 0.05 apart (a shuffled ramp), so max-pool has no ties and finite
 // differences with eps 1e-6 never move the arg max: max is smooth at such points.
@@ -18,7 +18,7 @@ at::Tensor distinct(at::IntArrayRef s, at::ScalarType t = at::kDouble) {
   return (at::randperm(n, at::TensorOptions(at::kLong)).to(t) * 0.05 - 0.025 * n).reshape(s);
 }
 
-std::string str(at::IntArrayRef s) { return c10::str(s); }
+using testing::str;
 
 TEST(ConvPool, Conv2dGradcheckAndOracle) {
   at::manual_seed(0);

@@ -7,8 +7,8 @@ namespace {
 using testing::gradcheck;
 using testing::matches_torch;
 
-at::Tensor rnd(at::IntArrayRef s, at::ScalarType t = at::kDouble) { return at::randn(s, at::TensorOptions(t)); }
-at::Tensor pos(at::IntArrayRef s, at::ScalarType t = at::kDouble) { return at::rand(s, at::TensorOptions(t)) + 0.5; }
+using testing::pos;
+using testing::rnd;
 
 struct Binary {
   const char* name;

@@ -8,7 +8,7 @@ using testing::gradcheck;
 using testing::matches_torch;
 using Shape = std::vector<int64_t>;
 
-at::Tensor rnd(at::IntArrayRef s, at::ScalarType t = at::kDouble) { return at::randn(s, at::TensorOptions(t)); }
+using testing::rnd;
 
 std::string str(const Shape& s) { return c10::str(at::IntArrayRef(s)); }
 

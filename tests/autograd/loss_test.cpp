@@ -8,8 +8,8 @@ using testing::gradcheck;
 using testing::matches_torch;
 using Shape = std::vector<int64_t>;
 
-at::Tensor rnd(at::IntArrayRef s, at::ScalarType t = at::kDouble) { return at::randn(s, at::TensorOptions(t)); }
-std::string str(at::IntArrayRef s) { return c10::str(s); }
+using testing::rnd;
+using testing::str;
 
 const char* red_name(Reduction r) { return r == Reduction::Mean ? "mean" : r == Reduction::Sum ? "sum" : "none"; }
 int64_t red_at(Reduction r) {

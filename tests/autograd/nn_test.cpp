@@ -11,9 +11,9 @@ using testing::gradcheck;
 using testing::matches_torch;
 using Shape = std::vector<int64_t>;
 
-at::Tensor rnd(at::IntArrayRef s, at::ScalarType t = at::kDouble) { return at::randn(s, at::TensorOptions(t)); }
-at::Tensor pos(at::IntArrayRef s, at::ScalarType t = at::kDouble) { return at::rand(s, at::TensorOptions(t)) + 0.5; }
-std::string str(at::IntArrayRef s) { return c10::str(s); }
+using testing::pos;
+using testing::rnd;
+using testing::str;
 
 TEST(Nn, BatchNormTrainEvalAndRunningStats) {
   at::manual_seed(0);

@@ -14,7 +14,7 @@ using tensor_list = std::vector<at::Tensor>;
 
 /// One case: the op under test on Variables, the same ATen computation, and the shapes of the
 /// differentiable inputs. Index/mask tensors are built once per case and captured.
-struct Case {
+struct ShapeCase {
   std::string label;
   testing::TlFn tl_fn;
   testing::RefFn ref;
@@ -24,7 +24,7 @@ struct Case {
   bool finite_differences = true;
 };
 
-void run_cases(const std::vector<Case>& cases, const at::TensorOptions& opts, bool with_gradcheck) {
+void run_cases(const std::vector<ShapeCase>& cases, const at::TensorOptions& opts, bool with_gradcheck) {
   for (const auto& c : cases) {
     tensor_list f64, oracle;
     for (const auto& s : c.shapes) {
@@ -44,7 +44,7 @@ at::Tensor idx(std::vector<int64_t> v, const at::TensorOptions& opts) {
 
 // The case tables stay one case per line or two (clang-format would spread each lambda out).
 // clang-format off
-std::vector<Case> view_cases() {
+std::vector<ShapeCase> view_cases() {
   using V = const variable_list&;
   using T = const tensor_list&;
   return {
@@ -76,7 +76,7 @@ std::vector<Case> view_cases() {
   };
 }
 
-std::vector<Case> slice_cat_cases() {
+std::vector<ShapeCase> slice_cat_cases() {
   using V = const variable_list&;
   using T = const tensor_list&;
   const int64_t end_max = std::numeric_limits<int64_t>::max();
@@ -100,7 +100,7 @@ std::vector<Case> slice_cat_cases() {
   };
 }
 
-std::vector<Case> split_chunk_cases() {
+std::vector<ShapeCase> split_chunk_cases() {
   using V = const variable_list&;
   using T = const tensor_list&;
   return {
@@ -143,7 +143,7 @@ std::vector<Case> split_chunk_cases() {
   };
 }
 
-std::vector<Case> index_cases(const at::TensorOptions& opts) {
+std::vector<ShapeCase> index_cases(const at::TensorOptions& opts) {
   using V = const variable_list&;
   using T = const tensor_list&;
   const at::Tensor rows = idx({2, 0, 2, 1}, opts);  // repeated: gradients must add up

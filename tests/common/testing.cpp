@@ -15,6 +15,15 @@ std::string error_of(const std::function<void()>& fn) {
   return "";
 }
 
+std::string what_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "<no error>";
+}
+
 double max_diff(const at::Tensor& a, const at::Tensor& b) {
   if (!a.sizes().equals(b.sizes())) return std::numeric_limits<double>::infinity();
   if (a.numel() == 0) return 0.0;

@@ -21,6 +21,17 @@ using RefFn = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
 
 /// The message of the c10::Error that fn throws ("" if it throws none).
 std::string error_of(const std::function<void()>& fn);
+/// The same without the backtrace, and "<no error>" if fn throws none.
+std::string what_of(const std::function<void()>& fn);
+
+/// Standard-normal values of shape s (double unless t says otherwise), from ATen's generator.
+inline at::Tensor rnd(at::IntArrayRef s, at::ScalarType t = at::kDouble) { return at::randn(s, at::TensorOptions(t)); }
+/// Uniform values in [0.5, 1.5) (inputs of log, sqrt, division).
+inline at::Tensor pos(at::IntArrayRef s, at::ScalarType t = at::kDouble) {
+  return at::rand(s, at::TensorOptions(t)) + 0.5;
+}
+/// A shape as text: "[2, 3]".
+inline std::string str(at::IntArrayRef s) { return c10::str(s); }
 
 /// The repository's root (CMake's source directory), for tests that read configs/ or scripts/.
 /// Compiled into testing.cpp alone, so every other test object is the same in any checkout.

@@ -2,6 +2,7 @@
 #include "compression/spec.h"
 #include "compression/stateful/error_feedback.h"
 #include "tests/common/testing.h"
+#include "tests/compression/codec_testing.h"
 
 namespace tl {
 namespace {
@@ -14,10 +15,7 @@ std::shared_ptr<EF21> make_ef21(const std::string& spec) {
   return c;
 }
 
-at::Tensor round_trip(const CompressorPtr& c, const at::Tensor& x) {
-  CodecContext ctx;
-  return c->decode(c->encode(x, ctx), ctx);
-}
+using testing::round_trip;
 
 TEST(EF21, StateIdenticalAtBothEndsAndFollowsFormula) {
   auto ef21 = make_ef21("ef21(topk(0.2))");

@@ -3,6 +3,7 @@
 #include "compression/spec.h"
 #include "compression/stateful/error_feedback.h"
 #include "tests/common/testing.h"
+#include "tests/compression/codec_testing.h"
 
 namespace tl {
 namespace {
@@ -15,10 +16,7 @@ std::shared_ptr<ErrorFeedback> make_ef(const std::string& spec) {
   return c;
 }
 
-at::Tensor round_trip(const CompressorPtr& c, const at::Tensor& x) {
-  CodecContext ctx;
-  return c->decode(c->encode(x, ctx), ctx);
-}
+using testing::round_trip;
 
 TEST(ErrorFeedback, InvariantPerBoundary) {
   // Any inner codec: sparse, quantising (issue 18's hadquant) and structured (colsparse).

@@ -18,15 +18,6 @@ namespace tl {
 namespace {
 using testing::all_close;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "<no error>";
-}
-
 // fc (Linear-like), norm (LayerNorm-like) and a buffer standing in for compression state.
 std::shared_ptr<Module> make_net(int64_t width = 4) {
   auto net = std::make_shared<Module>("Net");
@@ -154,19 +145,20 @@ TEST_F(Checkpoint, ModelOnlyAndOptionalParts) {
   expect_same_state(net->state_dict(), a.net->state_dict(), "weights only");
 
   Trainer b;
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(testing::what_of([&] {
               load_checkpoint(path("weights"), *b.net, b.opt.get(), nullptr, no_rng);
             }).find("holds no optimizer state, but an optimizer (AdamW) was given"),
             std::string::npos);
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(testing::what_of([&] {
               load_checkpoint(path("weights"), *b.net, nullptr, b.sched.get(), no_rng);
             }).find("holds no scheduler state"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { load_checkpoint(path("weights"), *b.net, nullptr, nullptr); }).find("holds no RNG state"),
-            std::string::npos);
+  EXPECT_NE(
+      testing::what_of([&] { load_checkpoint(path("weights"), *b.net, nullptr, nullptr); }).find("holds no RNG state"),
+      std::string::npos);
   // A plain safetensors file is not a checkpoint.
   save_safetensors(path("plain"), {{"w", at::zeros({1})}});
-  EXPECT_NE(error_of([&] { read_checkpoint_info(path("plain")); }).find("not a tapeline checkpoint"),
+  EXPECT_NE(testing::what_of([&] { read_checkpoint_info(path("plain")); }).find("not a tapeline checkpoint"),
             std::string::npos);
 }
 
@@ -204,19 +196,19 @@ TEST_F(Checkpoint, LoadThatDoesNotFitChangesNothing) {
   train_step(*t.net, *t.opt, *t.sched);
   const Snapshot before(t);  // nothing below draws random numbers
   // fc.weight is (3, 6) in the file: the optimizer state check fails first, then the model's.
-  std::string msg = error_of([&] { load_checkpoint(path("wide"), *t.net, t.opt.get(), t.sched.get()); });
+  std::string msg = testing::what_of([&] { load_checkpoint(path("wide"), *t.net, t.opt.get(), t.sched.get()); });
   EXPECT_NE(msg.find("state.fc.weight.exp_avg: shape [3, 6] but parameter 'fc.weight' has shape [3, 4]"),
             std::string::npos)
       << msg;
   expect_unchanged(t, before, "after optimizer mismatch");
   CheckpointLoadOptions no_rng;
   no_rng.restore_rng = false;
-  msg = error_of([&] { load_checkpoint(path("wide"), *t.net, nullptr, nullptr, no_rng); });
+  msg = testing::what_of([&] { load_checkpoint(path("wide"), *t.net, nullptr, nullptr, no_rng); });
   EXPECT_NE(msg.find("fc.weight (checkpoint [3, 6], model [3, 4])"), std::string::npos) << msg;
   expect_unchanged(t, before, "after model mismatch");
 
   // An SGD checkpoint into an AdamW optimizer.
-  msg = error_of([&] { load_checkpoint(path("sgd"), *t.net, t.opt.get(), t.sched.get()); });
+  msg = testing::what_of([&] { load_checkpoint(path("sgd"), *t.net, t.opt.get(), t.sched.get()); });
   EXPECT_NE(msg.find("holds SGD state but the optimizer given is AdamW"), std::string::npos) << msg;
   expect_unchanged(t, before, "after optimizer type mismatch");
 
@@ -228,7 +220,7 @@ TEST_F(Checkpoint, LoadThatDoesNotFitChangesNothing) {
   for (auto& [k, v] : t.net->state_dict()) raw["model." + k] = v;
   raw.erase("optim.state.fc.weight.exp_avg");  // keep the file fitting the model but not the rest
   save_safetensors(path("badrng"), raw, meta);
-  msg = error_of([&] { load_checkpoint(path("badrng"), *t.net, nullptr, nullptr); });
+  msg = testing::what_of([&] { load_checkpoint(path("badrng"), *t.net, nullptr, nullptr); });
   EXPECT_NE(msg.find("rng state 'cpu' has 10 bytes"), std::string::npos) << msg;
   expect_unchanged(t, before, "after rng mismatch");
 }
@@ -243,7 +235,7 @@ TEST_F(Checkpoint, FailedSaveLeavesThePreviousFileIntact) {
 
   // 1. A tensor the format cannot hold: rejected before anything is written.
   t.net->submodule("boundary")->register_buffer("phase", at::randn({2}, at::kComplexFloat));
-  std::string msg = error_of([&] { save_checkpoint(path("ck"), *t.net, t.opt.get(), t.sched.get(), {}); });
+  std::string msg = testing::what_of([&] { save_checkpoint(path("ck"), *t.net, t.opt.get(), t.sched.get(), {}); });
   EXPECT_NE(msg.find("tensor 'model.boundary.phase'"), std::string::npos) << msg;
   expect_same_state(load_safetensors(path("ck")), saved, "after rejected save");
   EXPECT_EQ(num_files(), 1u);
@@ -256,7 +248,8 @@ TEST_F(Checkpoint, FailedSaveLeavesThePreviousFileIntact) {
   small.rlim_cur = 4096;
   if (::setrlimit(RLIMIT_FSIZE, &small) != 0) GTEST_SKIP() << "cannot lower RLIMIT_FSIZE here";
   auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
-  msg = error_of([&] { save_checkpoint(path("ck"), *net, nullptr, nullptr, {}); });  // > 4 KiB with the RNG state
+  msg =
+      testing::what_of([&] { save_checkpoint(path("ck"), *net, nullptr, nullptr, {}); });  // > 4 KiB with the RNG state
   ::setrlimit(RLIMIT_FSIZE, &old);
   ::signal(SIGXFSZ, old_handler);
   EXPECT_NE(msg.find("failed: File too large"), std::string::npos) << msg;

@@ -40,7 +40,7 @@ void expect_same_state(const Module& a, const Module& b, const std::string& labe
 }
 
 // ---- GPT-2 --------------------------------------------------------------------------------------
-GPT2Config tiny_gpt2() {
+GPT2Config hf_gpt2_config() {
   GPT2Config c;
   c.vocab_size = 29;
   c.n_positions = 8;
@@ -83,14 +83,14 @@ TensorMap as_hf_gpt2(GPT2& m, const std::string& prefix) {
 
 TEST(HfGpt2, LoadsTransposedConv1DWithOrWithoutPrefix) {
   at::manual_seed(0);
-  GPT2 src(tiny_gpt2());
+  GPT2 src(hf_gpt2_config());
   {  // non-trivial LayerNorms and biases, so a wrong mapping cannot hide
     NoGradGuard g;
     for (auto& [n, p] : src.named_parameters())
       if (n.find("ln") != std::string::npos || n.find("bias") != std::string::npos) p.mutable_data().normal_();
   }
   for (const std::string prefix : {"transformer.", ""}) {
-    GPT2 dst(tiny_gpt2());
+    GPT2 dst(hf_gpt2_config());
     load_hf_gpt2(dst, as_hf_gpt2(src, prefix));
     expect_same_state(dst, src, "prefix '" + prefix + "'");
   }
@@ -100,7 +100,7 @@ TEST(HfGpt2, LoadsTransposedConv1DWithOrWithoutPrefix) {
 }
 
 TEST(HfGpt2, ErrorsListUnmappedMissingAndMisshaped) {
-  GPT2 m(tiny_gpt2());
+  GPT2 m(hf_gpt2_config());
   TensorMap hf = as_hf_gpt2(m, "transformer.");
   hf.erase("transformer.h.1.mlp.c_fc.bias");
   hf["transformer.h.0.attn.rotary"] = at::zeros({2});
@@ -161,7 +161,7 @@ TEST(HfGpt2, LoadsFromSafetensorsAndConfigJson) {
 }
 
 // ---- BERT ---------------------------------------------------------------------------------------
-BertConfig tiny_bert(bool pooler = true, int64_t labels = 0) {
+BertConfig hf_bert_config(bool pooler = true, int64_t labels = 0) {
   BertConfig c;
   c.vocab_size = 31;
   c.hidden_size = 8;
@@ -215,7 +215,7 @@ TensorMap as_hf_bert(Bert& m, const std::string& prefix, bool gamma_beta) {
 
 TEST(HfBert, LoadsWithPrefixAndGammaBetaAliases) {
   at::manual_seed(2);
-  Bert src(tiny_bert(true, 3));
+  Bert src(hf_bert_config(true, 3));
   {
     NoGradGuard g;
     for (auto& [n, p] : src.named_parameters())
@@ -225,7 +225,7 @@ TEST(HfBert, LoadsWithPrefixAndGammaBetaAliases) {
   }
   for (bool gamma_beta : {false, true}) {
     for (const std::string prefix : {"bert.", ""}) {
-      Bert dst(tiny_bert(true, 3));
+      Bert dst(hf_bert_config(true, 3));
       load_hf_bert(dst, as_hf_bert(src, prefix, gamma_beta));
       expect_same_state(dst, src, "prefix '" + prefix + "' gamma/beta " + std::to_string(gamma_beta));
     }
@@ -237,11 +237,11 @@ TEST(HfBert, LoadsWithPrefixAndGammaBetaAliases) {
 
 TEST(HfBert, PoolerAndClassifierFlags) {
   at::manual_seed(3);
-  Bert with_pooler(tiny_bert(true, 0));
+  Bert with_pooler(hf_bert_config(true, 0));
   TensorMap hf = as_hf_bert(with_pooler, "bert.", false);
 
   // A model without a pooler meets a checkpoint with one.
-  Bert no_pooler(tiny_bert(false, 0));
+  Bert no_pooler(hf_bert_config(false, 0));
   std::string msg = error_of([&] { load_hf_bert(no_pooler, hf); });
   EXPECT_NE(msg.find("bert.pooler.dense.weight -> pooler.weight"), std::string::npos) << msg;
   HfBertOptions lenient;
@@ -253,14 +253,14 @@ TEST(HfBert, PoolerAndClassifierFlags) {
   TensorMap no_pool = hf;
   no_pool.erase("bert.pooler.dense.weight");
   no_pool.erase("bert.pooler.dense.bias");
-  Bert dst(tiny_bert(true, 0));
+  Bert dst(hf_bert_config(true, 0));
   msg = error_of([&] { load_hf_bert(dst, no_pool); });
   EXPECT_NE(msg.find("missing from the checkpoint"), std::string::npos) << msg;
   EXPECT_NE(msg.find("pooler.weight"), std::string::npos) << msg;
   load_hf_bert(dst, no_pool, lenient);
 
   // A classification model from a base checkpoint.
-  Bert cls(tiny_bert(true, 4));
+  Bert cls(hf_bert_config(true, 4));
   EXPECT_NE(error_of([&] { load_hf_bert(cls, hf); }).find("classifier.weight"), std::string::npos);
   HfBertOptions fine_tune;
   fine_tune.allow_missing_classifier = true;

@@ -197,15 +197,6 @@ TEST(Optim, StateDictKeysAreParameterNames) {
   EXPECT_EQ(sd.size(), 9u);
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "<no error>";
-}
-
 TEST(Optim, LoadStateDictRejectsMismatchAndChangesNothing) {
   ParamGroup g;
   g.params = {Variable(at::randn({3, 2}), true)};
@@ -225,7 +216,7 @@ TEST(Optim, LoadStateDictRejectsMismatchAndChangesNothing) {
     return m;
   };
   auto expect_error = [&](const TensorMap& m, const std::string& needle) {
-    const std::string msg = error_of([&] { opt.load_state_dict(m); });
+    const std::string msg = testing::what_of([&] { opt.load_state_dict(m); });
     EXPECT_NE(msg.find(needle), std::string::npos) << "expected '" << needle << "' in: " << msg;
   };
   expect_error(with("state.w.momentum_buffer", at::zeros({2, 3})), "state.w.momentum_buffer: shape [2, 3]");
@@ -246,7 +237,7 @@ TEST(Optim, LoadStateDictRejectsMismatchAndChangesNothing) {
   expect_error(adam_sd, "unexpected state.w.exp_avg");
   // Incomplete Adam state.
   adam_sd.erase("state.w.exp_avg_sq");
-  const std::string msg = error_of([&] { adam.load_state_dict(adam_sd); });
+  const std::string msg = testing::what_of([&] { adam.load_state_dict(adam_sd); });
   EXPECT_NE(msg.find("incomplete state for parameter 'w'"), std::string::npos) << msg;
 
   // Nothing changed by the failed loads.
@@ -256,22 +247,26 @@ TEST(Optim, LoadStateDictRejectsMismatchAndChangesNothing) {
 
 TEST(Optim, InvalidOptionsAndGroupsRejected) {
   Variable w(at::randn({2}), true);
-  EXPECT_NE(error_of([&] { SGD({w}, GroupOptions().set_lr(0.1).set_nesterov(true)); }).find("requires momentum > 0"),
+  EXPECT_NE(
+      testing::what_of([&] { SGD({w}, GroupOptions().set_lr(0.1).set_nesterov(true)); }).find("requires momentum > 0"),
+      std::string::npos);
+  EXPECT_NE(testing::what_of([&] { Adam({w}, GroupOptions().set_betas(1.0, 0.9)); }).find("beta1 must be in [0, 1)"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { Adam({w}, GroupOptions().set_betas(1.0, 0.9)); }).find("beta1 must be in [0, 1)"),
-            std::string::npos);
-  EXPECT_NE(error_of([&] { AdamW({w}, GroupOptions().set_lr(-1)); }).find("lr must be finite and >= 0"),
+  EXPECT_NE(testing::what_of([&] { AdamW({w}, GroupOptions().set_lr(-1)); }).find("lr must be finite and >= 0"),
             std::string::npos);
   ParamGroup a, b;
   a.params = {w};
   b.params = {w};
-  EXPECT_NE(error_of([&] { SGD({a, b}, GroupOptions()); }).find("already in this optimizer"), std::string::npos);
+  EXPECT_NE(testing::what_of([&] {
+              SGD({a, b}, GroupOptions());
+            }).find("already in this optimizer"),
+            std::string::npos);
   ParamGroup c;
   c.params = {Variable(at::randn({2}), true), Variable(at::randn({2}), true)};
   c.names = {"x", "x"};
-  EXPECT_NE(error_of([&] { SGD({c}, GroupOptions()); }).find("'x' appears twice"), std::string::npos);
+  EXPECT_NE(testing::what_of([&] { SGD({c}, GroupOptions()); }).find("'x' appears twice"), std::string::npos);
   c.names = {"x"};
-  EXPECT_NE(error_of([&] { SGD({c}, GroupOptions()); }).find("2 parameters but 1 names"), std::string::npos);
+  EXPECT_NE(testing::what_of([&] { SGD({c}, GroupOptions()); }).find("2 parameters but 1 names"), std::string::npos);
 }
 
 std::shared_ptr<Module> named_net() {
@@ -361,7 +356,7 @@ TEST(Optim, ClipGradNormMatchesTorch) {
 TEST(Optim, ClipGradNormNonFinite) {
   Variable w(at::zeros({3}), true);
   w.set_grad(at::tensor({1.0f, INFINITY, 2.0f}));
-  const std::string msg = error_of([&] { clip_grad_norm({w}, 1.0, 2.0, /*error_if_nonfinite=*/true); });
+  const std::string msg = testing::what_of([&] { clip_grad_norm({w}, 1.0, 2.0, /*error_if_nonfinite=*/true); });
   EXPECT_NE(msg.find("is inf"), std::string::npos) << msg;
   EXPECT_EQ(w.grad()[0].item<float>(), 1.0f) << "nothing scaled before the error";
   EXPECT_EQ(clip_grad_norm({Variable(at::zeros({2}), true)}, 1.0), 0.0) << "no gradients: norm 0";
@@ -411,9 +406,10 @@ TEST(Optim, GradAccumulationEqualsFullBatch) {
   EXPECT_TRUE(all_close(w.grad(), sum_w / 3, "averaged grad w", 1e-12, 1e-10));
   EXPECT_GT(testing::max_diff(w.grad(), gw), 1e-6) << "unweighted averaging differs from the full batch here";
 
-  EXPECT_NE(error_of([&] { acc.finish(); }).find("no micro-batch"), std::string::npos);
-  EXPECT_NE(error_of([&] { acc.backward(batch_loss(w, b, x, y, 0, 2), 0.0); }).find("weight must be finite and > 0"),
-            std::string::npos);
+  EXPECT_NE(testing::what_of([&] { acc.finish(); }).find("no micro-batch"), std::string::npos);
+  EXPECT_NE(
+      testing::what_of([&] { acc.backward(batch_loss(w, b, x, y, 0, 2), 0.0); }).find("weight must be finite and > 0"),
+      std::string::npos);
 }
 
 // Note [scaling without a kernel]: the loop gives mul_(double)'s bits, specials included, for

@@ -38,15 +38,6 @@ class Safetensors : public ::testing::Test {
   std::string dir_;
 };
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "<no error>";
-}
-
 // A raw file: 8-byte length (the header's own unless overridden), header text, data bytes.
 void write_raw(const std::string& path, const std::string& header, size_t data_bytes, int64_t length = -1) {
   std::ofstream f(path, std::ios::binary);
@@ -180,15 +171,17 @@ TEST_F(Safetensors, MalformedFilesRejectedWithTheirOwnMessage) {
   for (const auto& c : cases) {
     const std::string p = path(std::string("bad.safetensors"));
     write_raw(p, c.header, c.data_bytes, c.length);
-    const std::string msg = error_of([&] { load_safetensors(p); });
+    const std::string msg = testing::what_of([&] { load_safetensors(p); });
     EXPECT_NE(msg.find(c.error), std::string::npos) << c.label << ": expected '" << c.error << "' in: " << msg;
     EXPECT_NE(msg.find(p), std::string::npos) << c.label << ": the message names the file: " << msg;
     // The header-only readers validate the same way.
-    EXPECT_NE(error_of([&] { safetensors_metadata(p); }).find(c.error), std::string::npos) << c.label;
+    EXPECT_NE(testing::what_of([&] { safetensors_metadata(p); }).find(c.error), std::string::npos) << c.label;
   }
   write_bytes(path("tiny"), "abc");
-  EXPECT_NE(error_of([&] { load_safetensors(path("tiny")); }).find("file is 3 bytes, too small"), std::string::npos);
-  EXPECT_NE(error_of([&] { load_safetensors(path("absent")); }).find("cannot open for reading"), std::string::npos);
+  EXPECT_NE(testing::what_of([&] { load_safetensors(path("tiny")); }).find("file is 3 bytes, too small"),
+            std::string::npos);
+  EXPECT_NE(testing::what_of([&] { load_safetensors(path("absent")); }).find("cannot open for reading"),
+            std::string::npos);
 }
 
 TEST_F(Safetensors, TruncationAtEveryLengthIsAnError) {
@@ -200,7 +193,8 @@ TEST_F(Safetensors, TruncationAtEveryLengthIsAnError) {
   // a backtrace capture).
   for (size_t n = 0; n < bytes.size(); n += n < data_start + 16 ? 1 : 8) {
     write_bytes(path("cut"), bytes.substr(0, n));
-    EXPECT_NE(error_of([&] { load_safetensors(path("cut")); }), "<no error>") << "truncated to " << n << " bytes";
+    EXPECT_NE(testing::what_of([&] { load_safetensors(path("cut")); }), "<no error>")
+        << "truncated to " << n << " bytes";
   }
 }
 
@@ -231,23 +225,23 @@ TEST_F(Safetensors, CorruptedHeadersNeverCrash) {
 }
 
 TEST_F(Safetensors, SaveRejectsWhatItCannotStore) {
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(testing::what_of([&] {
               save_safetensors(path("x"), {{"c", at::randn({2}, at::kComplexFloat)}});
             }).find("tensor 'c': safetensors: dtype ComplexFloat cannot be stored"),
             std::string::npos);
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(testing::what_of([&] {
               save_safetensors(path("x"), {{"__metadata__", at::zeros({1})}});
             }).find("is reserved"),
             std::string::npos);
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(testing::what_of([&] {
               save_safetensors(path("x"), {{"", at::zeros({1})}});
             }).find("empty name"),
             std::string::npos);
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(testing::what_of([&] {
               save_safetensors(path("x"), {{"u", at::Tensor()}});
             }).find("tensor 'u' is undefined"),
             std::string::npos);
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(testing::what_of([&] {
               save_safetensors(dir_ + "/no/such/dir/x", {{"a", at::zeros({1})}});
             }).find("cannot create the temporary file"),
             std::string::npos);
@@ -261,7 +255,7 @@ TEST_F(Safetensors, OverwriteIsAtomic) {
   // A failing save (here: the target is a directory, so the final rename fails) removes its
   // temporary and leaves the target alone.
   ASSERT_EQ(::mkdir(path("d").c_str(), 0755), 0);
-  const std::string msg = error_of([&] { save_safetensors(path("d"), {{"a", at::ones({3})}}); });
+  const std::string msg = testing::what_of([&] { save_safetensors(path("d"), {{"a", at::ones({3})}}); });
   EXPECT_NE(msg.find("renaming"), std::string::npos) << msg;
   EXPECT_EQ(files().size(), 2u) << "only m and d remain";
 }

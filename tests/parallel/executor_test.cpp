@@ -4,27 +4,19 @@
 // critical-path backward sends; a stage's micro-batch tapes are freed after their backward; a
 // device model (Note [device model] in parallel/device_model.h) gives step times that do not
 // depend on this machine and add up exactly to the modelled compute and the link model.
-#include "parallel/local_executor.h"
-
 #include "layers/models/resnet.h"
 #include "layers/optim/sgd.h"
 #include "parallel/device_model.h"
+#include "parallel/local_executor.h"
 #include "tests/common/testing.h"
+#include "tests/parallel/small_resnet.h"
 
 namespace tl {
 namespace {
 
-std::shared_ptr<ResNet> small_resnet(uint64_t seed) {
-  at::Generator gen = at::detail::createCPUGenerator(seed);
-  return make_resnet("resnet8", 1, 10, 0.5, gen);
-}
+using testing::small_resnet;
 
-MicroBatchLoss ce(const Variable& logits, const Batch& mb) {
-  Variable loss = cross_entropy(logits, mb.target);
-  const double n = static_cast<double>(mb.rows());
-  at::Tensor correct = logits.data().argmax(1).eq(mb.target).sum().to(at::kDouble);
-  return {loss, at::stack({loss.data().to(at::kDouble) * n, at::full({}, n, at::kDouble), correct})};
-}
+using testing::ce;
 
 Batch batch_of(int64_t rows, uint64_t seed) {
   at::Generator gen = at::detail::createCPUGenerator(seed);

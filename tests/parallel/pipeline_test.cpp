@@ -8,23 +8,15 @@
 #include "layers/optim/grad_utils.h"
 #include "parallel/local_executor.h"
 #include "tests/common/testing.h"
+#include "tests/parallel/small_resnet.h"
 
 namespace tl {
 namespace {
 using testing::all_close;
 
-std::shared_ptr<ResNet> small_resnet(uint64_t seed) {
-  at::Generator gen = at::detail::createCPUGenerator(seed);
-  return make_resnet("resnet8", 1, 10, 0.5, gen);
-}
+using testing::small_resnet;
 
-// Classification as the vision task defines it: mean cross-entropy, tally [loss sum, n, correct].
-MicroBatchLoss ce(const Variable& logits, const Batch& mb) {
-  Variable loss = cross_entropy(logits, mb.target);
-  const double n = static_cast<double>(mb.rows());
-  at::Tensor correct = logits.data().argmax(1).eq(mb.target).sum().to(at::kDouble);
-  return {loss, at::stack({loss.data().to(at::kDouble) * n, at::full({}, n, at::kDouble), correct})};
-}
+using testing::ce;
 
 Batch batch_of(const at::Tensor& x, const at::Tensor& y, const at::Tensor& ids = {}) {
   Batch b;

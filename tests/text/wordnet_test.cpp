@@ -157,10 +157,11 @@ TEST(WordNetReader, SplitRuleIsFixedAndNested) {
 }
 
 // ---- the real database ---------------------------------------------------------------------------
-bool have_wordnet() { return fs::exists(default_wordnet_root() + "/data.noun"); }
+bool wordnet_installed() { return fs::exists(default_wordnet_root() + "/data.noun"); }
 
 TEST(WordNetReal, ReadsAllSynsetsOfWordNet30) {
-  if (!have_wordnet()) GTEST_SKIP() << default_wordnet_root() << "/data.noun absent (apt-get install wordnet-base)";
+  if (!wordnet_installed())
+    GTEST_SKIP() << default_wordnet_root() << "/data.noun absent (apt-get install wordnet-base)";
   const auto all = read_wordnet("");
   std::map<char, int64_t> per_pos;
   for (const auto& s : all) ++per_pos[s.pos];
@@ -177,7 +178,8 @@ TEST(WordNetReal, ReadsAllSynsetsOfWordNet30) {
 }
 
 TEST(WordNetReal, SupersenseSplitsAreDeterministicDisjointAndBalancedEnough) {
-  if (!have_wordnet()) GTEST_SKIP() << default_wordnet_root() << "/data.noun absent (apt-get install wordnet-base)";
+  if (!wordnet_installed())
+    GTEST_SKIP() << default_wordnet_root() << "/data.noun absent (apt-get install wordnet-base)";
   const TextSplits a = wordnet_supersenses("", 0.1);
   const TextSplits b = wordnet_supersenses("", 0.1);
   EXPECT_EQ(a.train.texts, b.train.texts);
@@ -232,7 +234,8 @@ TEST(WordNetReal, SupersenseSplitsAreDeterministicDisjointAndBalancedEnough) {
 }
 
 TEST(WordNetReal, GlossCorpusFollowsTheSameSplit) {
-  if (!have_wordnet()) GTEST_SKIP() << default_wordnet_root() << "/data.noun absent (apt-get install wordnet-base)";
+  if (!wordnet_installed())
+    GTEST_SKIP() << default_wordnet_root() << "/data.noun absent (apt-get install wordnet-base)";
   const TextSplits s = wordnet_supersenses("", 0.1);
   const TextCorpus c = wordnet_gloss_corpus("", 0.1);
   std::string train;
