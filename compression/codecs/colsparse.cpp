@@ -47,7 +47,7 @@ at::Tensor scatter_channels(const Payload& like, int64_t tokens, int64_t hidden,
   return out.view(like.shape);
 }
 
-at::Tensor body_or_empty(const Payload& p) { return p.body.defined() ? p.body : at::empty({0}, at::kByte); }
+using codec::body_or_empty;
 
 // (blocks, k): the k channels of largest norm in each block, ascending; norms (blocks, H).
 at::Tensor top_channels(const at::Tensor& norms, int64_t k) {

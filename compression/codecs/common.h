@@ -23,6 +23,9 @@ namespace tl::codec {
 /// powersgd, compose): a plain payload, or a shared-mode one (decode_shared).
 constexpr int64_t kPlain = 0, kShared = 1;
 
+/// A payload's body, or an empty byte tensor where it has none (an index of no entries).
+inline at::Tensor body_or_empty(const Payload& p) { return p.body.defined() ? p.body : at::empty({0}, at::kByte); }
+
 /// Whether CPU tensors take the tight-loop fast paths (true unless a PortableKernelsGuard is alive
 /// on this thread).
 bool cpu_kernels_enabled();

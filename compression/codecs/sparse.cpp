@@ -350,7 +350,7 @@ at::Tensor scatter(const Payload& shape_of, int64_t numel, const at::Tensor& idx
   if (idx.numel() > 0) out.index_put_({idx.to(values.device())}, values.reshape({-1}).to(shape_of.dtype));
   return out.view(shape_of.shape);
 }
-at::Tensor body_or_empty(const Payload& p) { return p.body.defined() ? p.body : at::empty({0}, at::kByte); }
+using codec::body_or_empty;
 codec::IndexSource source_of(const Payload& p) { return codec::IndexSource{p.host_body, p.from_wire}; }
 }  // namespace
 

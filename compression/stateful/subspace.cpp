@@ -26,7 +26,7 @@ Subspace::Subspace(Options opt) : Compressor("Subspace"), opt_(std::move(opt)) {
   tokens_ = register_buffer("token_embedding", at::zeros({opt_.vocab, 0}));
   mark_resizable("basis");
   mark_resizable("token_embedding");
-  if (opt_.d > 0) materialize(opt_.d);
+  if (opt_.d > 0) check_width(opt_.d);  // generated on first use: see Note [subspace tables are lazy]
 }
 
 std::string Subspace::spec() const {
@@ -39,15 +39,27 @@ std::string Subspace::spec() const {
   return s + ")";
 }
 
+// Note [subspace tables are lazy]
+// U (d x k) and T (V x d) are generated when first needed (a forward, add_token_embedding, the
+// model's input_token_embedding, project_weight, the accessors), not when the spec is parsed: a
+// spec costs nothing until a model uses it (T can be 2^26 floats; the spec fuzzer parses
+// thousands a second), and a checkpoint loaded before first use replaces them without generating.
+// The sizes are checked at parse time all the same, so a bad spec fails where it is written.
+void Subspace::check_width(int64_t d) const {
+  TORCH_CHECK(opt_.d == 0 || opt_.d == d, "subspace: declared d=", opt_.d, " but the input has width ", d);
+  TORCH_CHECK(opt_.k <= d, "subspace: k=", opt_.k, " exceeds the width d=", d);
+  TORCH_CHECK(d <= stateful::kMaxWidth && opt_.vocab * d <= stateful::kMaxTableElements &&
+                  opt_.k * d <= stateful::kMaxTableElements,
+              "subspace: width d=", d, " with k=", opt_.k, " and vocab=", opt_.vocab,
+              " is too large; accepted: d up to ", stateful::kMaxWidth, ", a basis of d x k and a token embedding",
+              " of vocab x d up to ", stateful::kMaxTableElements, " elements each");
+}
+
 void Subspace::materialize(int64_t d) {
   if (basis_.data().size(0) == d) return;
   TORCH_CHECK(basis_.data().size(0) == 0, "subspace: the basis was made for width ", basis_.data().size(0),
               " but the input now has width ", d);
-  TORCH_CHECK(opt_.d == 0 || opt_.d == d, "subspace: declared d=", opt_.d, " but the input has width ", d);
-  TORCH_CHECK(opt_.k <= d, "subspace: k=", opt_.k, " exceeds the width d=", d);
-  TORCH_CHECK(d <= stateful::kMaxWidth && opt_.vocab * d <= stateful::kMaxTableElements, "subspace: width d=", d,
-              " with vocab=", opt_.vocab, " is too large; accepted: d up to ", stateful::kMaxWidth,
-              " and a token embedding of vocab x d up to ", stateful::kMaxTableElements, " elements");
+  check_width(d);
   // Generated on the CPU in float64 for a well-conditioned QR, then stored as float32.
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opt_.seed);
   at::Tensor g = at::randn({d, opt_.k}, gen, at::TensorOptions().dtype(at::kDouble));
@@ -60,7 +72,8 @@ void Subspace::materialize(int64_t d) {
   }
 }
 
-void Subspace::require_materialized(const char* where) const {
+void Subspace::require_materialized(const char* where) {
+  if (opt_.d > 0) materialize(opt_.d);
   TORCH_CHECK(basis_.data().size(0) > 0, "subspace: ", where,
               " needs the basis, whose width d is not known yet: give d=... in the spec or run a forward first");
 }

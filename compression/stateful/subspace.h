@@ -49,9 +49,16 @@ class Subspace : public Compressor {
   at::Tensor input_token_embedding(int64_t d) override;
   void constrain_residual_writers(const std::vector<std::pair<Variable, int64_t>>& weights) override;
 
-  /// U (d, k) and T (V, d); empty until materialised.
-  const at::Tensor& basis() const { return basis_.data(); }
-  const at::Tensor& token_embedding() const { return tokens_.data(); }
+  /// U (d, k) and T (V, d); generated here when d is declared and they are not yet (Note [subspace
+  /// tables are lazy]); empty while d is unknown (no d= in the spec and no forward yet).
+  const at::Tensor& basis() {
+    if (opt_.d > 0) materialize(opt_.d);
+    return basis_.data();
+  }
+  const at::Tensor& token_embedding() {
+    if (opt_.d > 0) materialize(opt_.d);
+    return tokens_.data();
+  }
   /// Generates U and T for width d (no-op when they exist for d).
   void materialize(int64_t d);
 
@@ -66,7 +73,9 @@ class Subspace : public Compressor {
 
  private:
   at::Tensor token_rows(const at::Tensor& token_ids, const Variable& like, const char* where);
-  void require_materialized(const char* where) const;
+  void check_width(int64_t d) const;
+  /// Materialises when d is declared; otherwise fails naming `where` unless a forward did.
+  void require_materialized(const char* where);
   Options opt_;
   CompressorPtr wire_;
   Variable basis_, tokens_;

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -36,6 +37,8 @@ inline std::string str(at::IntArrayRef s) { return c10::str(s); }
 /// The repository's root (CMake's source directory), for tests that read configs/ or scripts/.
 /// Compiled into testing.cpp alone, so every other test object is the same in any checkout.
 const std::string& source_dir();
+/// The repository's configs/ folder.
+inline std::filesystem::path configs_dir() { return std::filesystem::path(source_dir()) / "configs"; }
 
 /// Max |a - b| (inf if shapes differ or a value is NaN on one side only).
 double max_diff(const at::Tensor& a, const at::Tensor& b);

@@ -28,7 +28,7 @@ at::Tensor activations(int64_t seed, int64_t b = 4, int64_t t = 32, int64_t c = 
   return at::randn({b, t, c}) * scale;      // (B, T, C)
 }
 
-double rel_error(const at::Tensor& x, const at::Tensor& xhat) { return ((x - xhat).norm() / x.norm()).item<double>(); }
+using testing::rel_error;
 
 CodecContext training_at(double progress) {
   CodecContext ctx;

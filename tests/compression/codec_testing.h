@@ -11,6 +11,11 @@
 
 namespace tl::testing {
 
+/// |x - y| / |x| (Frobenius norms), computed in double.
+inline double rel_error(const at::Tensor& x, const at::Tensor& y) {
+  return ((x.to(at::kDouble) - y.to(at::kDouble)).norm() / x.to(at::kDouble).norm()).item<double>();
+}
+
 inline at::Tensor round_trip(const CompressorPtr& c, const at::Tensor& x) {
   CodecContext ctx;
   return c->decode(c->encode(x, ctx), ctx);

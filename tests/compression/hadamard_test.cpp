@@ -18,9 +18,7 @@ using testing::header_formula;
 using testing::round_trip;
 using testing::same_payload;
 
-double rel_error(const at::Tensor& x, const at::Tensor& y) {
-  return ((x.to(at::kDouble) - y.to(at::kDouble)).norm() / x.to(at::kDouble).norm()).item<double>();
-}
+using testing::rel_error;
 
 // The Sylvester Hadamard matrix of order t (a power of two), built by H_2n = [[H, H], [H, -H]].
 at::Tensor sylvester(int64_t t) {

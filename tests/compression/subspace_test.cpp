@@ -122,6 +122,10 @@ TEST(Subspace, ErrorsAndSpec) {
   // Sizes are bounded (the spec fuzzer asked for vocab=9999999256: a 2.5 TB embedding).
   EXPECT_ERROR_CONTAINS(parse_compressor("subspace(8, d=64, vocab=9999999256)"), "vocab up to 4194304");
   EXPECT_ERROR_CONTAINS(parse_compressor("subspace(8, d=64000, vocab=4000000)"), "vocab x d up to 67108864");
+  EXPECT_ERROR_CONTAINS(parse_compressor("subspace(60000, d=60000)"), "a basis of d x k");
+  // Parsing builds no table (Note [subspace tables are lazy]): 999,999 x 64 floats wait for a model.
+  auto big = parse_compressor("subspace(8, d=64, vocab=999999)");
+  for (auto& [n, v] : big->named_buffers()) EXPECT_EQ(v.data().numel(), 0) << n << " was generated at parse time";
   auto c = parse_compressor("subspace(k=8, d=64, vocab=100, seed=2, wire=fp16)");
   EXPECT_EQ(parse_compressor(c->spec())->spec(), c->spec());
   // Without a vocabulary it is a plain projection: lossless on span(U).

@@ -36,7 +36,7 @@ Result run(const std::string& args, const fs::path& exe = tapeline_path()) {
   return r;
 }
 
-const fs::path kConfigs = fs::path(tl::testing::source_dir()) / "configs";
+using testing::configs_dir;
 
 #define REQUIRE_TAPELINE() \
   if (!fs::exists(tapeline_path())) GTEST_SKIP() << tapeline_path() << " not built (make tapeline)"
@@ -71,7 +71,7 @@ TEST(Cli, ConfigurationErrorsExitWithStatus2BeforeRunning) {
   REQUIRE_TAPELINE();
   testing::TempDir dir;
   const std::string out = (dir.path() / "run").string();
-  const std::string cfg = (kConfigs / "default.ini").string();
+  const std::string cfg = (configs_dir() / "default.ini").string();
   Result r = run("train --config " + cfg + " --out " + out + " --train.epoch=3");
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.output.find("unknown key 'train.epoch' (did you mean 'train.epochs'?)"), std::string::npos) << r.output;
@@ -95,7 +95,7 @@ TEST(Cli, SweepAndPlanErrorsExitWithStatus2) {
   REQUIRE_TAPELINE();
   testing::TempDir dir;
   const std::string out = (dir.path() / "sweep").string();
-  const std::string cfg = (kConfigs / "baseline.ini").string();
+  const std::string cfg = (configs_dir() / "baseline.ini").string();
   Result r = run("sweep --configs " + cfg + " --seeds 1,x --out " + out);
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.output.find("--seeds '1,x': 'x' is not an integer >= 0"), std::string::npos) << r.output;
@@ -136,7 +136,7 @@ TEST(Cli, ATrainRunEndsWithItsCurvesOrANote) {
   if (!fs::exists(fs::path(default_dataset_root("fashion-mnist")) / "train-images-idx3-ubyte.gz"))
     GTEST_SKIP() << "Fashion-MNIST not installed (Debian package dataset-fashion-mnist)";
   testing::TempDir dir;
-  const std::string cfg = (kConfigs / "default.ini").string();
+  const std::string cfg = (configs_dir() / "default.ini").string();
   const std::string tiny =
       " --data.train_limit=128 --data.test_limit=64 --train.epochs=1 --train.batch_size=64 --quiet";
   // The CLI tries python3 on the PATH, then /usr/bin/python3 (tasks/runner/compare.cpp), unless TAPELINE_PYTHON.
@@ -177,7 +177,7 @@ TEST(Cli, AnExecutableOutsideTheSourceTreeFindsThePlotModule) {
   fs::create_directories(exe.parent_path());
   fs::copy_file(tapeline_path(), exe);
   const fs::path out = dir.path() / "run";
-  Result r = run("train --config " + (kConfigs / "default.ini").string() + " --out " + out.string() +
+  Result r = run("train --config " + (configs_dir() / "default.ini").string() + " --out " + out.string() +
                      " --data.train_limit=64 --data.test_limit=64 --train.epochs=1 --train.batch_size=64 --quiet",
                  exe);
   ASSERT_EQ(r.status, 0) << r.output;

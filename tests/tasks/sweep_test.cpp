@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 using testing::expect_error;
 using testing::TempDir;
 
-const fs::path kConfigs = fs::path(tl::testing::source_dir()) / "configs";
+using testing::configs_dir;
 
 TEST(Sweep, ParsesSeedsListsAndRanges) {
   EXPECT_EQ(parse_seeds("1,2,3"), (std::vector<int64_t>{1, 2, 3}));
@@ -38,7 +38,8 @@ TEST(Sweep, ParsesSeedsListsAndRanges) {
 
 TEST(Sweep, RefusesBadInputBeforeAnythingRuns) {
   TempDir dir;
-  const std::string a = (kConfigs / "baseline.ini").string(), b = (kConfigs / "text" / "finetune.ini").string();
+  const std::string a = (configs_dir() / "baseline.ini").string(),
+                    b = (configs_dir() / "text" / "finetune.ini").string();
   const auto runs = plan_sweep({a, b}, {1, 2}, dir.path().string(), {});
   ASSERT_EQ(runs.size(), 4u);
   EXPECT_EQ(runs[0].name, "baseline.seed1");
@@ -48,7 +49,7 @@ TEST(Sweep, RefusesBadInputBeforeAnythingRuns) {
   expect_error([&] { plan_sweep({}, {1}, dir.path().string(), {}); }, {"no config given"});
   expect_error([&] { plan_sweep({a}, {}, dir.path().string(), {}); }, {"no seed given"});
   expect_error([&] { plan_sweep({"nope.ini"}, {1}, dir.path().string(), {}); }, {"nope.ini is not a file"});
-  const std::string other = (kConfigs / "lm" / "baseline.ini").string();
+  const std::string other = (configs_dir() / "lm" / "baseline.ini").string();
   expect_error(
       [&] {
         plan_sweep({a, other}, {1}, dir.path().string(), {});
@@ -81,7 +82,7 @@ TEST(Sweep, StudyConfigsDifferOnlyInTheirCodecs) {
   // finetune: dense bf16, quant 8, 4 and 2, hadquant 4, 3 and 2 (and 3-bit forward, 2-bit backward),
   // AQ-SGD, TopK 10% and EF TopK 5%, AE (float32 and bf16 wire), adaptive; lm: dense bf16, quant 8 and 4, hadquant, AQ-SGD, TopK, AE, adaptive.
   for (const auto& [folder, expected] : std::vector<std::pair<std::string, int>>{{"finetune", 14}, {"lm", 8}}) {
-    const fs::path dir = kConfigs / "studies" / folder;
+    const fs::path dir = configs_dir() / "studies" / folder;
     const Config dense = Config::load((dir / "dense_bf16.ini").string());
     EXPECT_EQ(dense.timeline.device, "h100") << folder;
     int count = 0;
@@ -108,7 +109,7 @@ TEST(Sweep, StopsResumesSkipsAndRefusesOtherSettings) {
     GTEST_SKIP() << "Fashion-MNIST not installed (Debian package dataset-fashion-mnist)";
   TempDir dir;
   SweepOptions o;
-  o.configs = {(kConfigs / "baseline.ini").string()};
+  o.configs = {(configs_dir() / "baseline.ini").string()};
   o.seeds = {1, 2};
   o.out_dir = (dir.path() / "runs").string();
   o.overrides = {{"data.train_limit", "128"},
