@@ -1718,6 +1718,41 @@ __attribute__((target("avx2"))) void lookup_avx2(const uint8_t* codes, int64_t n
   }
   for (; i < n; ++i) out[i] = book[codes[i]];
 }
+
+// Note [small books in registers]. A book of up to 16 entries (codes of up to 4 bits) fits two
+// AVX2 registers: each code's entry is a permute of each half by the code's low 3 bits, blended by
+// its bit 3; no gather (on this machine's Zen 3 a gather of 8 is ~8 cycles, the two permutes and
+// the blend ~1.5). 4-bit codes are unpacked on the way (two codes a byte, the low nibble first:
+// pack_group's layout), so the decode reads the packed bytes once and writes no code bytes.
+__attribute__((target("avx2"))) TL_INLINE __m256 lookup8_avx2(__m256i idx, __m256 lo, __m256 hi) {
+  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, idx), _mm256_permutevar8x32_ps(hi, idx),
+                          _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));  // bit 3 -> the sign bit
+}
+
+__attribute__((target("avx2"))) void lookup16_avx2(const uint8_t* codes, int64_t n, const float* book16, float* out) {
+  const __m256 lo = _mm256_loadu_ps(book16), hi = _mm256_loadu_ps(book16 + 8);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i)));
+    _mm256_storeu_ps(out + i, lookup8_avx2(idx, lo, hi));
+  }
+  for (; i < n; ++i) out[i] = book16[codes[i]];
+}
+
+// Codes [i0, i1) of packed 4-bit codes (i0 even) looked up in a 16-entry book.
+__attribute__((target("avx2"))) void lookup_packed4_avx2(const uint8_t* packed, int64_t i0, int64_t i1,
+                                                         const float* book16, float* out) {
+  const __m256 lo = _mm256_loadu_ps(book16), hi = _mm256_loadu_ps(book16 + 8);
+  const __m128i nibble = _mm_set1_epi8(0x0f);
+  int64_t i = i0;
+  for (; i + 16 <= i1; i += 16) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(packed + i / 2));  // 16 codes
+    const __m128i c = _mm_unpacklo_epi8(_mm_and_si128(b, nibble), _mm_and_si128(_mm_srli_epi16(b, 4), nibble));
+    _mm256_storeu_ps(out + i, lookup8_avx2(_mm256_cvtepu8_epi32(c), lo, hi));
+    _mm256_storeu_ps(out + i + 8, lookup8_avx2(_mm256_cvtepu8_epi32(_mm_srli_si128(c, 8)), lo, hi));
+  }
+  for (; i < i1; ++i) out[i] = book16[(packed[i / 2] >> (4 * (i % 2))) & 15];
+}
 #endif
 
 #ifdef TL_SEARCH_CODES
@@ -1761,15 +1796,34 @@ void codebook_lookup_cpu(const uint8_t* codes, int64_t n, const float* book, int
     std::fill(book256 + std::min<int64_t>(size, 256), book256 + 256, 0.0f);
   }
 #endif
+  // The book as 16 entries where it has at most 16 (zeros past its size; no code reaches them).
+  float book16[16] = {};
+  const bool small = size <= 16;
+  if (small) std::memcpy(book16, book, size * sizeof(float));
   parallel_for(0, n, 1 + sizeof(float), [&](int64_t i0, int64_t i1) {  // a code read, a float written
 #ifdef TL_SEARCH_CODES
     if (avx512) return lookup_avx512(codes + i0, i1 - i0, book256, out + i0);
 #endif
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+    if (avx2 && small) return lookup16_avx2(codes + i0, i1 - i0, book16, out + i0);
     if (avx2) return lookup_avx2(codes + i0, i1 - i0, book, out + i0);
 #endif
     for (int64_t i = i0; i < i1; ++i) out[i] = book[codes[i]];
   });
+}
+
+bool packed4_lookup_cpu(const uint8_t* packed, int64_t n, const float* book16, float* out) {
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (!avx2) return false;
+  // Pieces of an even number of codes, so that each starts at a byte.
+  parallel_for(0, (n + 1) / 2, 1 + 2 * sizeof(float), [&](int64_t b0, int64_t b1) {  // a byte read, 2 floats written
+    lookup_packed4_avx2(packed, 2 * b0, std::min(n, 2 * b1), book16, out);
+  });
+  return true;
+#else
+  return false;
+#endif
 }
 
 namespace {

@@ -82,6 +82,10 @@ bool set_quantile_avx512(bool on);
 
 /// out[i] = book[codes[i]] for i < n (book: `size` entries, more than the largest code).
 void codebook_lookup_cpu(const uint8_t* codes, int64_t n, const float* book, int64_t size, float* out);
+/// The same for n 4-bit codes packed two a byte (pack_bits' layout) and a 16-entry book, without
+/// unpacking them first (Note [small books in registers]). False, doing nothing, where the CPU has
+/// no AVX2 (then unpack and call codebook_lookup_cpu).
+bool packed4_lookup_cpu(const uint8_t* packed, int64_t n, const float* book16, float* out);
 
 /// The values at ascending sort positions `ranks[0, nranks)` (each < count) of the `count` elements
 /// x[0], x[stride], x[2 * stride], ... (count >= 1; the buckets that hold them sorted, Note [ranks

@@ -176,6 +176,13 @@ at::Tensor QuantileCodec::decode(const Payload& p, const CodecContext& ctx) {
   at::Tensor book = r.take(book_type, levels).to(at::kFloat).contiguous();
   const at::Tensor packed = r.take(at::kByte, (n * bits + 7) / 8);
   r.finish();
+  // 4-bit codes are looked up where they lie, two a byte (Note [small books in registers]).
+  if (bits == 4 && codec::use_cpu_kernel(packed)) {
+    const at::Tensor bytes = packed.contiguous();
+    at::Tensor out = at::empty({n}, book.options());
+    if (codec::packed4_lookup_cpu(bytes.data_ptr<uint8_t>(), n, book.data_ptr<float>(), out.data_ptr<float>()))
+      return out.to(p.dtype).view(p.shape);
+  }
   // 8-bit codes are read where they lie on the CPU (unpack_bits would copy them).
   at::Tensor codes = bits == 8 && codec::use_cpu_kernel(packed) ? packed.contiguous() : unpack_bits(packed, bits, n);
   at::Tensor out;

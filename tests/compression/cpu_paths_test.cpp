@@ -366,6 +366,37 @@ TEST(Quantile, CodesOnTheMidpointsMatchBucketize) {
   at::set_num_threads(threads);
 }
 
+// Books of up to 16 entries are looked up in registers (Note [small books in registers]); 4-bit
+// codes straight from their packed bytes. Against book[code], for every size of book, odd counts
+// (a half byte at the end), and tasks of a few bytes (pieces that start mid-stream).
+TEST(Quantile, SmallBooksInRegistersMatchTheTable) {
+  at::manual_seed(44);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t size : {2, 5, 8, 9, 16}) {
+    at::Tensor book = at::randn({size});
+    book[0] = -inf;
+    book[size - 1] = std::numeric_limits<float>::quiet_NaN();
+    for (int64_t n : {1, 7, 8, 15, 16, 17, 31, 1000, 4097}) {
+      const at::Tensor codes = at::randint(0, size, {n}, at::kByte);
+      const at::Tensor expect = book.index_select(0, codes.to(at::kLong));
+      for (int64_t task : {int64_t(4) << 20, int64_t(24)}) {
+        TaskBytes tb(task);
+        Threads th(2);
+        at::Tensor y = at::empty({n});
+        codec::codebook_lookup_cpu(codes.data_ptr<uint8_t>(), n, book.data_ptr<float>(), size, y.data_ptr<float>());
+        EXPECT_TRUE(at::equal(y.view(at::kInt), expect.view(at::kInt))) << size << " entries, " << n << " codes";
+        if (size != 16) continue;
+        const at::Tensor packed = pack_bits(codes, 4);
+        at::Tensor z = at::full({n}, 7.0f);
+        if (codec::packed4_lookup_cpu(packed.data_ptr<uint8_t>(), n, book.data_ptr<float>(), z.data_ptr<float>())) {
+          EXPECT_TRUE(at::equal(z.view(at::kInt), expect.view(at::kInt)))
+              << "packed, " << n << " codes, tasks of " << task;
+        }
+      }
+    }
+  }
+}
+
 // Value sections are written into the body by one loop (Note [values into the body on the CPU]):
 // saturated and rounded as the ATen cast, and a section holding a NaN is made by ATen.
 TEST(Sparse, ValueSectionsMatchTheAtenCast) {
