@@ -73,7 +73,7 @@ void Subspace::materialize(int64_t d) {
 }
 
 void Subspace::require_materialized(const char* where) {
-  if (opt_.d > 0) materialize(opt_.d);
+  materialize_declared();
   TORCH_CHECK(basis_.data().size(0) > 0, "subspace: ", where,
               " needs the basis, whose width d is not known yet: give d=... in the spec or run a forward first");
 }

@@ -52,11 +52,11 @@ class Subspace : public Compressor {
   /// U (d, k) and T (V, d); generated here when d is declared and they are not yet (Note [subspace
   /// tables are lazy]); empty while d is unknown (no d= in the spec and no forward yet).
   const at::Tensor& basis() {
-    if (opt_.d > 0) materialize(opt_.d);
+    materialize_declared();
     return basis_.data();
   }
   const at::Tensor& token_embedding() {
-    if (opt_.d > 0) materialize(opt_.d);
+    materialize_declared();
     return tokens_.data();
   }
   /// Generates U and T for width d (no-op when they exist for d).
@@ -74,6 +74,10 @@ class Subspace : public Compressor {
  private:
   at::Tensor token_rows(const at::Tensor& token_ids, const Variable& like, const char* where);
   void check_width(int64_t d) const;
+  /// Generates U and T where d is declared in the spec (no-op otherwise, or when they exist).
+  void materialize_declared() {
+    if (opt_.d > 0) materialize(opt_.d);
+  }
   /// Materialises when d is declared; otherwise fails naming `where` unless a forward did.
   void require_materialized(const char* where);
   Options opt_;
