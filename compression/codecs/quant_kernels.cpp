@@ -1064,6 +1064,10 @@ TL_AVX512 bool scales_f16_avx512(int64_t s0, int64_t s1, const float* mn, const 
   return ok;
 }
 #pragma GCC diagnostic pop
+#undef TL_AVX512_INLINE_LAMBDA
+#undef TL_AVX512_LAMBDA
+#undef TL_AVX512
+#undef TL_AVX512_ISA
 #endif
 
 // Note [fp16 scales by F16C]. The same as Note [fp16 scales by AVX-512] for 8 groups at once with
