@@ -335,9 +335,13 @@ CompressorPtr build_compressor(const SpecCall& call) {
   ensure_builtin_codecs();
   if (call.next) {
     // a | b | c is a | (b | c): each stage's value sections go through the rest of the pipeline.
+    // The stages are built in order, and a stage that cannot pass sections on fails before the
+    // rest is built (an `ae(..., d=)` there makes its weights when built).
     SpecCall head = call;
     head.next = nullptr;
-    return make_composition(build_compressor(head), build_compressor(*call.next));
+    CompressorPtr outer = build_compressor(head);
+    require_sectioned(outer, call.next->text);
+    return make_composition(std::move(outer), build_compressor(*call.next));
   }
   SpecArgs args(call);
   CompressorPtr c = record_of(call).factory(args);

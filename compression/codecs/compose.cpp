@@ -116,12 +116,18 @@ Composition::Unpacked Composition::unpack_forward(const Payload& fwd, const Code
   return u;
 }
 
-CompressorPtr make_composition(CompressorPtr outer, CompressorPtr inner) {
-  auto sectioned = std::dynamic_pointer_cast<SectionedCodec>(outer);
-  TORCH_CHECK(sectioned, "compose: '", outer ? outer->spec() : "?", "' cannot be followed by '| ",
-              inner ? inner->spec() : "?", "': it has no value sections to pass on; stages that can: ",
+void require_sectioned(const CompressorPtr& outer, const std::string& next) {
+  TORCH_CHECK(std::dynamic_pointer_cast<SectionedCodec>(outer), "compose: '", outer ? outer->spec() : "?",
+              "' cannot be followed by '| ", next, "': it has no value sections to pass on; stages that can: ",
               codec_names([](const CodecRecord& r) { return r.traits.sectioned; }));
-  return std::make_shared<Composition>(std::move(sectioned), std::move(inner));
+}
+
+CompressorPtr make_composition(CompressorPtr outer, CompressorPtr inner) {
+  require_sectioned(outer, inner ? inner->spec() : "?");
+  TORCH_CHECK(inner && !inner->has_transform(), "compose: '", outer->spec(), " | ", inner ? inner->spec() : "?",
+              "': the last stage is a learned or projecting transform (ae, subspace), which encodes a boundary's "
+              "activations, not another codec's value sections; use it alone, with its own wire= codec");
+  return std::make_shared<Composition>(std::dynamic_pointer_cast<SectionedCodec>(outer), std::move(inner));
 }
 
 // ---- sizing (Note [sizing a payload] in compressor.h) ------------------------------------------

@@ -60,7 +60,11 @@ class Composition : public Compressor {
   CompressorPtr inner_;
 };
 
-/// Builds `outer | inner`; error if outer has no value sections to pass on.
+/// Builds `outer | inner`; error if outer has no value sections to pass on, or if inner is a
+/// learned or projecting transform (ae, subspace: a boundary's forward codec on its own).
 CompressorPtr make_composition(CompressorPtr outer, CompressorPtr inner);
+/// make_composition's check of the outer stage alone, naming the rest of the pipeline (`next`):
+/// the parser calls it before building the rest.
+void require_sectioned(const CompressorPtr& outer, const std::string& next);
 
 }  // namespace tl

@@ -49,9 +49,20 @@ std::string render(const SpecCall& call) {
   return call.next ? s + " | " + render(*call.next) : s;
 }
 
-/// The nested codec at positional argument `pos` of a selector's spec, built; errors name it.
+/// Error unless `c` (candidate `index`, from 1, of selector `codec`) can be chosen between.
+void check_candidate(const std::string& codec, size_t index, const CompressorPtr& c) {
+  TORCH_CHECK(c, codec, ": candidate ", index, " is null");
+  TORCH_CHECK(!c->has_transform(), codec, ": cannot choose between codecs with a learned or ",
+              "projecting transform ('", c->spec(), "'): ae and subspace are a boundary's forward ",
+              "codec; give them wire=", codec, "(...) instead");
+}
+
+/// The nested codec at positional argument `pos` of a selector's spec, built and checked at once
+/// (a spec then makes at most one autoencoder's weights before it fails); errors name it.
 CompressorPtr candidate_at(SpecArgs& a, size_t pos) {
-  return build_compressor(*a.spec(pos, "codec" + std::to_string(pos + 1)));
+  CompressorPtr c = build_compressor(*a.spec(pos, "codec" + std::to_string(pos + 1)));
+  check_candidate(a.call().name, pos + 1, c);
+  return c;
 }
 
 }  // namespace
@@ -61,12 +72,7 @@ CompressorPtr candidate_at(SpecArgs& a, size_t pos) {
 CandidateSelector::CandidateSelector(std::string type_name, std::string codec, std::vector<CompressorPtr> candidates)
     : Compressor(std::move(type_name)), codec_(std::move(codec)), candidates_(std::move(candidates)) {
   TORCH_CHECK(candidates_.size() >= 2, codec_, ": needs at least two candidate codecs, got ", candidates_.size());
-  for (size_t i = 0; i < candidates_.size(); ++i) {
-    TORCH_CHECK(candidates_[i], codec_, ": candidate ", i + 1, " is null");
-    TORCH_CHECK(!candidates_[i]->has_transform(), codec_, ": cannot choose between codecs with a learned or ",
-                "projecting transform ('", candidates_[i]->spec(), "'): ae and subspace are a boundary's forward ",
-                "codec; give them wire=", codec_, "(...) instead");
-  }
+  for (size_t i = 0; i < candidates_.size(); ++i) check_candidate(codec_, i + 1, candidates_[i]);
   auto list = std::make_shared<Module>("Candidates");
   for (size_t i = 0; i < candidates_.size(); ++i) list->register_module(std::to_string(i), candidates_[i]);
   register_module("candidates", list);

@@ -287,6 +287,10 @@ TEST(Adaptive, BadSpecsSayWhatIsAccepted) {
                         "above the previous switch point 0.5");
   EXPECT_ERROR_CONTAINS(parse_compressor("schedule(quant(2), 0.5, 0.7)"), "a compressor spec");
   EXPECT_ERROR_CONTAINS(parse_compressor("schedule(ae(8), 0.5, quant(4))"), "learned or projecting");
+  // Each candidate is checked as soon as it is built, before the next (which has an error too).
+  EXPECT_ERROR_CONTAINS(parse_compressor("schedule(ae(8, d=16), 0.5, quant(4, bogus=1))"), "learned or projecting");
+  EXPECT_ERROR_CONTAINS(parse_compressor("budget(quant(4), ae(8, d=16), quant(4, bogus=1), error=0.1)"),
+                        "learned or projecting");
 }
 
 }  // namespace

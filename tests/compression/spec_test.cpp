@@ -113,6 +113,12 @@ TEST(SpecRegistry, PipelinesBuildCompositions) {
   ASSERT_TRUE(chain);
   EXPECT_TRUE(std::dynamic_pointer_cast<Composition>(chain->inner())) << "a | b | c is a | (b | c)";
   EXPECT_ERROR_CONTAINS(parse_compressor("quant(4) | topk(0.1)"), "has no value sections to pass on");
+  // The outer stage is checked before the rest is built: the rest's own error does not come first.
+  EXPECT_ERROR_CONTAINS(parse_compressor("quant(4) | ae(4, d=16, bogus=1)"), "has no value sections to pass on");
+  // A transform encodes activations, not another codec's sections.
+  EXPECT_ERROR_CONTAINS(parse_compressor("topk(0.1) | ae(4, d=16)"), "learned or projecting transform");
+  EXPECT_ERROR_CONTAINS(parse_compressor("powersgd(2) | topk(0.5) | subspace(4, d=16)"),
+                        "learned or projecting transform");
 }
 
 TEST(SpecRegistry, CanonicalSpecsRoundTrip) {
