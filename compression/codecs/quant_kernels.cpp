@@ -1703,13 +1703,34 @@ void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, ui
   const SearchTables* search = nullptr;
 #endif
   const int64_t tiles = (n + kTile - 1) / kTile;
-  // With sums, one task: the sums of a split would be added in another order, and the codebook's
-  // centres would depend on the threads by the last bit of a double (Note [codec threads]).
-  if (sums) return codes_of_tiles(x, n, 0, tiles, grid, search, bits, levels, codes, sums, counts);
   // A tile reads kTile floats and writes kTile codes.
-  parallel_for(0, tiles, kTile * int64_t(sizeof(float) + 1), [&](int64_t b0, int64_t b1) {
-    codes_of_tiles(x, n, b0, b1, grid, search, bits, levels, codes, nullptr, nullptr);
+  if (!sums) {
+    parallel_for(0, tiles, kTile * int64_t(sizeof(float) + 1), [&](int64_t b0, int64_t b1) {
+      codes_of_tiles(x, n, b0, b1, grid, search, bits, levels, codes, nullptr, nullptr);
+    });
+    return;
+  }
+  // Note [sums in fixed chunks]. Each code's sum must not depend on the threads (the codebook's
+  // centres would then differ by the last bit of a double: Note [codec threads]). So the sums are
+  // made per chunk of kSumChunkTiles tiles, whatever the threads, each chunk's on one thread, and
+  // added in chunk order. A message of up to one chunk (2 MiB of floats) is one chunk, summed as
+  // before chunks existed; larger ones take their codes and sums on every thread (quantile(8)
+  // was serial there: the sums were most of its encode).
+  constexpr int64_t kSumChunkTiles = 64;
+  const int64_t chunks = (tiles + kSumChunkTiles - 1) / kSumChunkTiles;
+  if (chunks <= 1) return codes_of_tiles(x, n, 0, tiles, grid, search, bits, levels, codes, sums, counts);
+  std::vector<double> chunk_sums(chunks * levels, 0.0);
+  std::vector<int64_t> chunk_counts(chunks * levels, 0);
+  parallel_for(0, chunks, kSumChunkTiles * kTile * int64_t(sizeof(float) + 1), [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c)
+      codes_of_tiles(x, n, c * kSumChunkTiles, std::min(tiles, (c + 1) * kSumChunkTiles), grid, search, bits, levels,
+                     codes, chunk_sums.data() + c * levels, chunk_counts.data() + c * levels);
   });
+  for (int64_t c = 0; c < chunks; ++c)
+    for (int64_t l = 0; l < levels; ++l) {
+      sums[l] += chunk_sums[c * levels + l];
+      counts[l] += chunk_counts[c * levels + l];
+    }
 }
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)

@@ -229,6 +229,41 @@ TEST(Quantile, GridCodesMatchBucketize) {
   }
 }
 
+// Note [sums in fixed chunks]: a message of several chunks, a task a chunk on 2 threads, gets the
+// payload of 1 thread, and the portable path's codes and (to rounding) mean codebook: every chunk's
+// codes written and its sums counted once. (That the order of the sums does not depend on the
+// threads is the chunks' construction: a last-bit difference of a double seldom reaches the
+// float codebook, so a test would rarely see it.)
+TEST(Quantile, SumsInFixedChunksMatchOneThreadAndThePortablePath) {
+  at::manual_seed(45);
+  const at::Tensor x = at::randn({3 * 64 * 8192 + 1001});  // three chunks and a tail
+  CodecContext ctx;
+  for (const char* spec : {"quantile(8)", "quantile(4)"}) {
+    Payload one, two, portable;
+    {
+      const Threads t(1);
+      one = parse_compressor(spec)->encode(x, ctx);
+    }
+    {
+      const Threads t(2);
+      const TaskBytes small(256);  // a task a chunk
+      two = parse_compressor(spec)->encode(x, ctx);
+    }
+    {
+      codec::PortableKernelsGuard g;
+      portable = parse_compressor(spec)->encode(x, ctx);
+    }
+    EXPECT_TRUE(same_payload(one, two)) << spec;
+    const int64_t book = 4 * (int64_t(1) << one.params[0]);
+    ASSERT_EQ(one.body.numel(), portable.body.numel()) << spec;
+    EXPECT_TRUE(at::equal(one.body.narrow(0, book, one.body.numel() - book),
+                          portable.body.narrow(0, book, portable.body.numel() - book)))
+        << spec << ": codes";
+    EXPECT_TRUE(testing::all_close(one.body.narrow(0, 0, book).view(at::kFloat),
+                                   portable.body.narrow(0, 0, book).view(at::kFloat), spec, 1e-6, 1e-7));
+  }
+}
+
 // Codewords by the radix sort (Note [quantile codewords on the CPU]) equal at::quantile's bit for
 // bit: 256 levels of a 65536-element sample (ranks that need more than float's 24 bits), odd sample
 // sizes, ties, zeros of one sign, infinities; and where the answer would depend on at::sort's order
