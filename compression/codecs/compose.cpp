@@ -124,7 +124,7 @@ void require_sectioned(const CompressorPtr& outer, const std::string& next) {
 
 CompressorPtr make_composition(CompressorPtr outer, CompressorPtr inner) {
   require_sectioned(outer, inner ? inner->spec() : "?");
-  TORCH_CHECK(inner && !inner->has_transform(), "compose: '", outer->spec(), " | ", inner ? inner->spec() : "?",
+  TORCH_CHECK(!inner || !inner->has_transform(), "compose: '", outer->spec(), " | ", inner->spec(),
               "': the last stage is a learned or projecting transform (ae, subspace), which encodes a boundary's "
               "activations, not another codec's value sections; use it alone, with its own wire= codec");
   return std::make_shared<Composition>(std::dynamic_pointer_cast<SectionedCodec>(outer), std::move(inner));
