@@ -116,18 +116,20 @@ Composition::Unpacked Composition::unpack_forward(const Payload& fwd, const Code
   return u;
 }
 
-void require_sectioned(const CompressorPtr& outer, const std::string& next) {
-  TORCH_CHECK(std::dynamic_pointer_cast<SectionedCodec>(outer), "compose: '", outer ? outer->spec() : "?",
-              "' cannot be followed by '| ", next, "': it has no value sections to pass on; stages that can: ",
+std::shared_ptr<SectionedCodec> require_sectioned(const CompressorPtr& outer, const std::string& next) {
+  auto sectioned = std::dynamic_pointer_cast<SectionedCodec>(outer);
+  TORCH_CHECK(sectioned, "compose: '", outer ? outer->spec() : "?", "' cannot be followed by '| ", next,
+              "': it has no value sections to pass on; stages that can: ",
               codec_names([](const CodecRecord& r) { return r.traits.sectioned; }));
+  return sectioned;
 }
 
 CompressorPtr make_composition(CompressorPtr outer, CompressorPtr inner) {
-  require_sectioned(outer, inner ? inner->spec() : "?");
+  auto sectioned = require_sectioned(outer, inner ? inner->spec() : "?");
   TORCH_CHECK(!inner || !inner->has_transform(), "compose: '", outer->spec(), " | ", inner->spec(),
               "': the last stage is a learned or projecting transform (ae, subspace), which encodes a boundary's "
               "activations, not another codec's value sections; use it alone, with its own wire= codec");
-  return std::make_shared<Composition>(std::dynamic_pointer_cast<SectionedCodec>(outer), std::move(inner));
+  return std::make_shared<Composition>(std::move(sectioned), std::move(inner));
 }
 
 // ---- sizing (Note [sizing a payload] in compressor.h) ------------------------------------------

@@ -64,7 +64,7 @@ class Composition : public Compressor {
 /// learned or projecting transform (ae, subspace: a boundary's forward codec on its own).
 CompressorPtr make_composition(CompressorPtr outer, CompressorPtr inner);
 /// make_composition's check of the outer stage alone, naming the rest of the pipeline (`next`):
-/// the parser calls it before building the rest.
-void require_sectioned(const CompressorPtr& outer, const std::string& next);
+/// the parser calls it before building the rest. Returns outer as a SectionedCodec.
+std::shared_ptr<SectionedCodec> require_sectioned(const CompressorPtr& outer, const std::string& next);
 
 }  // namespace tl
