@@ -48,6 +48,10 @@ void unpack_dequantise_cpu(const uint8_t* in, const QuantGeometry& g, const Dequ
 /// [quant by AVX-512] in quant_kernels.cpp; on by default); off, they take the AVX2 or baseline
 /// loops, as on CPUs without it (the tests check both). Returns the previous setting.
 bool set_quant_avx512(bool on);
+/// Whether they may use the AVX2 loops (Note [quant by AVX2]) where the CPU has AVX2 and FMA and
+/// the AVX-512 loops are not taken (on by default); off, the compiler's loops. Returns the previous
+/// setting.
+bool set_quant_avx2(bool on);
 
 /// The wire scales and per-group quantities from the per-group min and max (G = p.groups each),
 /// threaded over the groups: the arithmetic of quant_logic.h's scales_group, which writes the

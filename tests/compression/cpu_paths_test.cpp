@@ -994,13 +994,6 @@ TEST(Quant, EightBitCodesInPlaceMatchTheOtherPaths) {
   }
 }
 
-// The AVX-512 loops (Note [quant by AVX-512], quant_kernels.cpp) against the plain loops and the
-// portable path: bits 1 to 8 (every packing width), each scale kind and mode, sizes around the
-// 16-lane vectors, the 64-code steps and the tiles, values near half-integers (the reciprocal's
-// check), constant tensors, stochastic rounding (against the plain loops: the same hash stream), and NaN in a tensor of
-// several scale groups (the CPU loops skip it in the min/max and code it 0; the ATen path's amin would propagate it, so
-// there the two CPU loops are compared), on 1 and 2 threads. On a CPU without AVX-512 both settings run the plain
-// loops.
 TEST(Quant, Fp16ScalesInLanesAreTheScalarOnes) {
   // quant_scales_cpu and quant_derive_cpu (vector lanes where the CPU has them: Notes [fp16 scales
   // by AVX-512] and [fp16 scales by F16C]) against quant_logic.h's scalar scales_group and
@@ -1045,22 +1038,38 @@ TEST(Quant, Fp16ScalesInLanesAreTheScalarOnes) {
   }
 }
 
-TEST(Quant, Avx512LoopsMatchThePlainLoops) {
+// The AVX-512 and AVX2 loops (Notes [quant by AVX-512] and [quant by AVX2], quant_kernels.cpp)
+// against the plain loops and the portable path: bits 1 to 8 (every packing width), each scale
+// kind and mode, sizes around the 8- and 16-lane vectors, the 32- and 64-code steps and the tiles,
+// values near half-integers (the reciprocal's check), constant tensors, stochastic rounding
+// (against the plain loops: the same hash stream), and NaN in a tensor of several scale groups
+// (the CPU loops skip it in the min/max and code it 0; the ATen path's amin would propagate it, so
+// there the CPU loops are compared), on 1 and 2 threads. On a CPU without AVX-512 its setting runs
+// the AVX2 loops; without AVX2 and FMA every setting runs the plain loops.
+TEST(Quant, VectorLoopsMatchThePlainLoops) {
   at::manual_seed(50);
-  // Encode and decode with the AVX-512 loops allowed or not; the payload and the decoded bits.
-  auto run = [](const std::string& spec, const at::Tensor& x, bool avx512) {
-    const bool before = codec::set_quant_avx512(avx512);
+  // Encode and decode with the AVX-512 loops (and AVX2's where the CPU has no AVX-512), the AVX2
+  // loops alone, and neither; the payload and the decoded bits.
+  enum class Loops { kAvx512, kAvx2, kPlain };
+  auto run = [](const std::string& spec, const at::Tensor& x, Loops loops) {
+    const bool before512 = codec::set_quant_avx512(loops == Loops::kAvx512);
+    const bool before2 = codec::set_quant_avx2(loops != Loops::kPlain);
     CodecContext ctx;
     auto c = parse_compressor(spec);
     Payload p = c->encode(x, ctx);
     at::Tensor y = c->decode(p, ctx).contiguous().view(at::kInt);
-    codec::set_quant_avx512(before);
+    codec::set_quant_avx512(before512);
+    codec::set_quant_avx2(before2);
     return std::make_pair(p, y);
   };
   auto expect_loops_agree = [&](const std::string& spec, const at::Tensor& x, const std::string& where) {
-    const auto fast = run(spec, x, true), plain = run(spec, x, false);
-    EXPECT_TRUE(same_payload(fast.first, plain.first)) << spec << " on " << where;
-    EXPECT_TRUE(at::equal(fast.second, plain.second)) << spec << " decoded on " << where;
+    const auto plain = run(spec, x, Loops::kPlain);
+    for (Loops loops : {Loops::kAvx512, Loops::kAvx2}) {
+      const auto fast = run(spec, x, loops);
+      const char* name = loops == Loops::kAvx512 ? " (AVX-512 loops)" : " (AVX2 loops)";
+      EXPECT_TRUE(same_payload(fast.first, plain.first)) << spec << " on " << where << name;
+      EXPECT_TRUE(at::equal(fast.second, plain.second)) << spec << " decoded on " << where << name;
+    }
   };
   for (int t : {1, 2}) {
     Threads threads(t);
@@ -1117,11 +1126,12 @@ TEST(Quant, Avx512LoopsMatchThePlainLoops) {
           expect_loops_agree(spec, e, "scales near " + std::to_string(m));
         }
       }
-      for (bool avx512 : {true, false}) {
-        const bool before = codec::set_quant_avx512(avx512);
+      for (bool vector : {true, false}) {
+        const bool before512 = codec::set_quant_avx512(vector), before2 = codec::set_quant_avx2(vector);
         CodecContext ctx;
         EXPECT_THROW(parse_compressor(specs[4])->encode(at::full({2, 3}, 65520.0f), ctx), c10::Error);
-        codec::set_quant_avx512(before);
+        codec::set_quant_avx512(before512);
+        codec::set_quant_avx2(before2);
       }
       // NaN among finite values, several scale groups.
       at::Tensor nan = at::randn({4, 1000});
