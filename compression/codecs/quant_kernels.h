@@ -83,6 +83,10 @@ void nearest_codes_cpu(const float* x, int64_t n, const float* mid, int bits, ui
 /// [codes by a search in registers]; on by default); off, they take the AVX2 or scalar loops, as
 /// on CPUs without it (the tests check both). Returns the previous setting.
 bool set_quantile_avx512(bool on);
+/// Whether nearest_codes_cpu may search up to 4 bits' midpoints with AVX2 (Note [small codebooks
+/// by a search in registers]; on by default); off, it counts comparisons. Returns the previous
+/// setting.
+bool set_quantile_avx2(bool on);
 
 /// out[i] = book[codes[i]] for i < n (book: `size` entries, more than the largest code).
 void codebook_lookup_cpu(const uint8_t* codes, int64_t n, const float* book, int64_t size, float* out);

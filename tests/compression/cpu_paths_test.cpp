@@ -336,8 +336,9 @@ TEST(Quantile, RadixCodewordsEqualAtenQuantile) {
   at::set_num_threads(threads);
 }
 
-// Codes by the search in registers (Note [codes by a search in registers]; the grid or the counts
-// where AVX-512 is absent) against at::bucketize (the portable path): values exactly on the
+// Codes by the search in registers (Note [codes by a search in registers]; where AVX-512 is absent
+// or off, AVX2's search up to 4 bits (Note [small codebooks by a search in registers]), the grid
+// from 5; with neither, the counts) against at::bucketize (the portable path): values exactly on the
 // midpoints and one float step either side, ties, a constant tensor, infinities, and lengths that
 // end inside a vector, for 1 to 8 bits, on 1 and 2 threads; and the decoding lookup.
 TEST(Quantile, CodesOnTheMidpointsMatchBucketize) {
@@ -370,9 +371,11 @@ TEST(Quantile, CodesOnTheMidpointsMatchBucketize) {
   };
   const int threads = at::get_num_threads();
   for (int t : {1, 2})
-    for (bool avx512 : {true, false}) {  // the search in registers, then the grid and the counts
+    for (int loops : {0, 1, 2}) {  // AVX-512's search in registers; AVX2's up to 4 bits; the grid and the counts
+      const bool avx512 = loops == 0;
       at::set_num_threads(t);
       codec::set_quantile_avx512(avx512);
+      codec::set_quantile_avx2(loops < 2);
       for (int64_t bits = 1; bits <= 8; ++bits) {
         const std::string spec = "quantile(" + std::to_string(bits) + ", centers=quantile)";
         const int64_t L = int64_t(1) << bits, n = int64_t(1) << 18;
@@ -387,7 +390,10 @@ TEST(Quantile, CodesOnTheMidpointsMatchBucketize) {
         x.index_put_({pos}, on);
         x[5] = inf;
         x[6] = -inf;
-        const std::string where = std::to_string(t) + " thread(s)" + (avx512 ? "" : ", no AVX-512");
+        const std::string where = std::to_string(t) + " thread(s)" +
+                                  (loops == 0   ? ""
+                                   : loops == 1 ? ", no AVX-512"
+                                                : ", no AVX-512 or AVX2");
         codes_agree(spec, x, "midpoints, " + where);
         for (int64_t tail : {1, 5, 15, 17})  // the sample unchanged: n / 65536 is still 4
           codes_agree(spec, at::cat({x, x.narrow(0, 7, tail)}), "midpoints and a tail of " + std::to_string(tail));
@@ -398,6 +404,7 @@ TEST(Quantile, CodesOnTheMidpointsMatchBucketize) {
       }
     }
   codec::set_quantile_avx512(true);
+  codec::set_quantile_avx2(true);
   at::set_num_threads(threads);
 }
 
