@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "compression/codecs/common.h"
+#include "compression/codecs/inline_parallel.h"
 #include "compression/codecs/sparse_kernels.h"
 
 namespace tl {
@@ -189,6 +190,8 @@ Payload ColumnSparse::encode_cpu(const at::Tensor& x, std::vector<at::Tensor>& v
 at::Tensor ColumnSparse::block_norms(const at::Tensor& xt) const {
   const int64_t tokens = xt.size(0), hidden = xt.size(1);
   const int64_t blocks = (tokens - 1) / o_.block + 1, span = std::min(o_.block, tokens);
+  // ATen's ops on the calling thread below two codec tasks (Note [ATen's ops on the calling thread])
+  codec::SerialScope serial(xt.numel() * int64_t(sizeof(float)) < 2 * codec::task_bytes());
   at::Tensor sq = xt.to(at::kFloat).square();
   const int64_t pad = blocks * span - tokens;
   if (pad > 0) sq = at::constant_pad_nd(sq, {0, 0, 0, pad}, 0);

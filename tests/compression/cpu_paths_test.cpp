@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -1217,6 +1218,39 @@ TEST(RandK, MaskFromTheEngineMatchesRandom64) {
 // of tens of KiB run each loop's parallel form (where the build has OpenMP, Note [codecs with
 // OpenMP] in compression/CMakeLists.txt), gives the payload and the decoded values of one thread,
 // and of the portable path.
+// Note [ATen's ops on the calling thread]: a SerialScope gives ATen's ops one thread on the
+// calling thread only, for its lifetime; nested, the inner one changes nothing.
+TEST(Threads, SerialScopeChangesOnlyThisThreadForItsLifetime) {
+  const Threads two(2);
+  {
+    const codec::SerialScope off(false);
+    EXPECT_FALSE(off.active());
+    EXPECT_EQ(at::get_num_threads(), 2);
+  }
+  {
+    const codec::SerialScope serial(true);
+    if (!serial.active()) GTEST_SKIP() << "the codec kernels were built without OpenMP: a SerialScope does nothing";
+    EXPECT_EQ(at::get_num_threads(), 1);
+    int other = 0;
+    std::thread([&] { other = at::get_num_threads(); }).join();
+    EXPECT_EQ(other, 2) << "another thread's count changed";
+    {
+      const codec::SerialScope inner(true);
+      EXPECT_FALSE(inner.active());
+      EXPECT_EQ(at::get_num_threads(), 1);
+    }
+    EXPECT_EQ(at::get_num_threads(), 1) << "the inner scope restored the count";
+  }
+  EXPECT_EQ(at::get_num_threads(), 2);
+  // A thread whose first ATen call is inside the scope (ATen sets a thread's count on first use).
+  int fresh = 0;
+  std::thread([&] {
+    const codec::SerialScope serial(true);
+    fresh = at::get_num_threads();
+  }).join();
+  EXPECT_EQ(fresh, 1);
+}
+
 TEST(Threads, SmallTasksMatchOneThread) {
   const TaskBytes small(256);
   const std::vector<std::string> specs = {"fp16",
