@@ -1076,13 +1076,12 @@ TL_AVX512 bool scales_f16_avx512(int64_t s0, int64_t s1, const float* mn, const 
 // most x86-64 machines: AMD before Zen 4, Intel's client cores), Note [quant by AVX-512]'s loops
 // with 8 lanes, 32 elements a step: max-abs nearest codes by the fused reciprocal (t and f as
 // there, a mask bit per element whose |f| exceeds 1/2 - 2^-13 or is NaN, those coded again by the
-// division), min-max nearest codes by the plain loop's operations, decoding by the plain loop's
-// operations 8 lanes at a time. Four vectors of int32 codes become 32 bytes by two unsigned packs
-// and a dword permute (max-abs's t first masked to its low byte). Spans' last len % 32 codes (and
-// % 8 values) take the plain loops; stochastic rounding and the packing of fewer than 8 bits stay
-// with the compiler's loops. The payload and decoded bits are the plain loops' (cpu_paths_test,
-// with these loops on and off: set_quant_avx2). Measured here (Zen 3, bench_compression --threads
-// 1): docs/COMPRESSION.md, "AVX2 loops".
+// division), min-max and stochastic codes and decoding by the plain loop's operations 8 lanes at a
+// time, packing and unpacking of every width in registers. Four vectors of int32 codes become 32
+// bytes by two unsigned packs and a dword permute (max-abs's t first masked to its low byte).
+// Spans' last len % 32 codes (and % 8 values) take the plain loops. The payload and decoded bits
+// are the plain loops' (cpu_paths_test, with these loops on and off: set_quant_avx2). Measured
+// here (Zen 3): docs/COMPRESSION.md 3.11, "AVX2 loops".
 //
 // Only the reciprocal's loop is compiled with FMA (a function of its own, called once a span): GCC
 // contracts a multiply and an add into one (Note [quant by AVX-512]), so the rest, whose min-max
@@ -2018,7 +2017,8 @@ TL_INLINE void count_codes(const float* x, int64_t len, const float* mid, uint8_
 }
 
 // Codes of x[0, len): the number of the 2^bits - 1 sorted midpoints below each value (by the
-// search in registers where `search` is given; else up to 4 bits by counting, from 5 on by the grid).
+// AVX-512 search in registers where `search` is given; else from 5 bits on by the grid, up to 4 by
+// AVX2's search in registers or by counting).
 TL_TARGET_CLONES
 void codes_span(const float* x, int64_t len, const MidGrid& grid, const SearchTables* search, int bits,
                 uint8_t* codes) {
@@ -2027,26 +2027,27 @@ void codes_span(const float* x, int64_t len, const MidGrid& grid, const SearchTa
     return search->two_level ? search_codes_avx512<true>(x, len, *search, codes)
                              : search_codes_avx512<false>(x, len, *search, codes);
 #endif
-  switch (bits) {
-    case 1:
-    case 2:
-    case 3:
-    case 4:
+  if (bits > 4) {
 #ifdef TL_GATHER_CODES
-      if (__builtin_cpu_supports("avx2") && quantile_avx2_allowed.load(std::memory_order_relaxed))
-        return bits == 1   ? search_codes_avx2<1>(x, len, grid.mid, codes)  // Note [small codebooks by a search
-               : bits == 2 ? search_codes_avx2<2>(x, len, grid.mid, codes)  // in registers]
-               : bits == 3 ? search_codes_avx2<3>(x, len, grid.mid, codes)
-                           : search_codes_avx2<4>(x, len, grid.mid, codes);
+    if (__builtin_cpu_supports("avx2")) return grid_codes_avx2(x, len, grid, codes);
 #endif
-      break;
-    default:
-#ifdef TL_GATHER_CODES
-      if (__builtin_cpu_supports("avx2")) return grid_codes_avx2(x, len, grid, codes);
-#endif
-      for (int64_t i = 0; i < len; ++i) codes[i] = static_cast<uint8_t>(nearest_code(grid, x[i]));
-      return;
+    for (int64_t i = 0; i < len; ++i) codes[i] = static_cast<uint8_t>(nearest_code(grid, x[i]));
+    return;
   }
+#ifdef TL_GATHER_CODES
+  if (__builtin_cpu_supports("avx2") && quantile_avx2_allowed.load(std::memory_order_relaxed)) {
+    switch (bits) {  // Note [small codebooks by a search in registers]
+      case 1:
+        return search_codes_avx2<1>(x, len, grid.mid, codes);
+      case 2:
+        return search_codes_avx2<2>(x, len, grid.mid, codes);
+      case 3:
+        return search_codes_avx2<3>(x, len, grid.mid, codes);
+      default:
+        return search_codes_avx2<4>(x, len, grid.mid, codes);
+    }
+  }
+#endif
   switch (bits) {
     case 1:
       return count_codes<1>(x, len, grid.mid, codes);

@@ -1214,10 +1214,6 @@ TEST(RandK, MaskFromTheEngineMatchesRandom64) {
   }
 }
 
-// Note [codec threads]: every codec loop split into tasks of a few hundred bytes, so that tensors
-// of tens of KiB run each loop's parallel form (where the build has OpenMP, Note [codecs with
-// OpenMP] in compression/CMakeLists.txt), gives the payload and the decoded values of one thread,
-// and of the portable path.
 // Note [ATen's ops on the calling thread]: a SerialScope gives ATen's ops one thread on the
 // calling thread only, for its lifetime; nested, the inner one changes nothing.
 TEST(Threads, SerialScopeChangesOnlyThisThreadForItsLifetime) {
@@ -1251,6 +1247,10 @@ TEST(Threads, SerialScopeChangesOnlyThisThreadForItsLifetime) {
   EXPECT_EQ(fresh, 1);
 }
 
+// Note [codec threads]: every codec loop split into tasks of a few hundred bytes, so that tensors
+// of tens of KiB run each loop's parallel form (where the build has OpenMP, Note [codecs with
+// OpenMP] in compression/CMakeLists.txt), gives the payload and the decoded values of one thread,
+// and of the portable path.
 TEST(Threads, SmallTasksMatchOneThread) {
   const TaskBytes small(256);
   const std::vector<std::string> specs = {"fp16",
