@@ -1083,6 +1083,12 @@ TL_AVX512 bool scales_f16_avx512(int64_t s0, int64_t s1, const float* mn, const 
 // are the plain loops' (cpu_paths_test, with these loops on and off: set_quant_avx2). Measured
 // here (Zen 3): docs/COMPRESSION.md 3.11, "AVX2 loops".
 //
+// Note [runs in one call]. Scale groups that are runs of a multiple of 32 elements (block scales,
+// hadquant's tiles of 64 or 128, channels along dim 0) are coded and decoded a whole tile per call,
+// the group's scale looked up where a 32-element step starts a run, instead of a call per run: at
+// runs of 64 the calls and their set-up cost about as much as the codes (hadquant(2, tile=64) at 1
+// MiB: the span lambdas 13% of the run against the loops' 19%).
+//
 // Only the reciprocal's loop is compiled with FMA (a function of its own, called once a span): GCC
 // contracts a multiply and an add into one (Note [quant by AVX-512]), so the rest, whose min-max
 // decoding is c * step + lo rounded twice, is compiled for AVX2 alone.
@@ -1106,18 +1112,22 @@ TL_AVX2 TL_INLINE __m256i bytes_of_avx2(const __m256i* q) {
 }
 
 // Max-abs nearest codes of x[0, len) by the reciprocal (Row: r per element), 32 elements a step,
-// len rounded down to 32 (the caller codes the rest). Each step with an element that lay within
-// kHalfMargin of a half-integer or was NaN appends (step's first element << 32 | a bit per
-// element) to near; returns the number appended (at most len / 32).
-template <bool Row>
+// len rounded down to 32 (the caller codes the rest). With Runs, element j of the tile at x
+// (whose first element is t0) is in group ((t0 + j) / g.run) % g.groups, r being the groups'
+// reciprocals, and g.run and t0 multiples of 32 (a step lies in one group). Each step with an
+// element that lay within kHalfMargin of a half-integer or was NaN appends (step's first element
+// << 32 | a bit per element) to near; returns the number appended (at most len / 32).
+template <bool Row, bool Runs = false>
 TL_AVX2_FMA int64_t recip_codes_avx2(const float* x, int64_t len, const float* r, float p, float hi, uint8_t* codes,
-                                     uint64_t* near) {
+                                     uint64_t* near, const QuantGeometry* g = nullptr, int64_t t0 = 0) {
   const float magic = 12582912.0f;  // 1.5 * 2^23
-  const __m256 shift = _mm256_set1_ps(p + magic), top = _mm256_set1_ps(hi + magic), r0 = _mm256_set1_ps(r[0]),
+  const __m256 shift = _mm256_set1_ps(p + magic), top = _mm256_set1_ps(hi + magic),
                margin = _mm256_set1_ps(0.5f - kHalfMargin), abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 r0 = _mm256_set1_ps(r[Runs ? (t0 / g->run) % g->groups : 0]);
   const __m256i low = _mm256_set1_epi32(0xff);
   int64_t count = 0;
   for (int64_t j = 0; j + 32 <= len; j += 32) {
+    if (Runs && (t0 + j) % g->run == 0) r0 = _mm256_set1_ps(r[((t0 + j) / g->run) % g->groups]);
     __m256i q[4];
     uint32_t m = 0;
     for (int k = 0; k < 4; ++k) {
@@ -1326,13 +1336,9 @@ TL_AVX2 void unpack_avx2(const uint8_t* in, int64_t n, int bits, uint8_t* codes)
   if (j < n) unpack(in + j / 8 * bits, n - j, bits, codes + j);
 }
 
-// quantise_tile by the loops above; spans' ends by the plain loops.
-TL_AVX2 void quantise_tile_avx2(const float* x, int64_t t0, int64_t t1, const QuantGeometry& g, const QuantParams& q,
-                                const float* recip, uint8_t* out) {
-  alignas(32) uint8_t buf[kTile];
-  uint8_t* codes = q.bits == 8 ? out + t0 : buf;  // Note [8-bit codes in place]
-  const float p = static_cast<float>(1 << (q.bits - 1));
-  const float hi = q.minmax ? static_cast<float>((1 << q.bits) - 1) : p - 1;
+// quantise_tile_avx2's codes span by span (for_spans).
+TL_AVX2 void quantise_spans_avx2(const float* x, int64_t t0, int64_t t1, const QuantGeometry& g, const QuantParams& q,
+                                 const float* recip, float p, float hi, uint8_t* codes) {
   for_spans(g, t0, t1, [&](int64_t i, int64_t len, int64_t s, bool row) TL_AVX2 {
     uint8_t* c = codes + (i - t0);
     if (q.stochastic) {
@@ -1377,21 +1383,46 @@ TL_AVX2 void quantise_tile_avx2(const float* x, int64_t t0, int64_t t1, const Qu
     const int64_t done = len / 32 * 32;
     recode_by_division(x + i + done, len - done, q.a + s + (row ? done : 0), row, p, hi, c + done);
   });
+}
+
+// quantise_tile by the loops above; spans' ends by the plain loops.
+TL_AVX2 void quantise_tile_avx2(const float* x, int64_t t0, int64_t t1, const QuantGeometry& g, const QuantParams& q,
+                                const float* recip, uint8_t* out) {
+  alignas(32) uint8_t buf[kTile];
+  uint8_t* codes = q.bits == 8 ? out + t0 : buf;  // Note [8-bit codes in place]
+  const float p = static_cast<float>(1 << (q.bits - 1));
+  const float hi = q.minmax ? static_cast<float>((1 << q.bits) - 1) : p - 1;
+  if (!q.minmax && !q.stochastic && g.run > 1 && g.run % 32 == 0 && (t1 - t0) % 32 == 0) {
+    // Note [runs in one call]: blocks of 32 elements and more (hadquant's tiles, block scales)
+    uint64_t near[kTile / 32];
+    const int64_t steps = recip_codes_avx2<false, true>(x + t0, t1 - t0, recip, p, 2 * p - 1, codes, near, &g, t0);
+    for (int64_t k = 0; k < steps; ++k)
+      for (uint32_t bits = static_cast<uint32_t>(near[k]); bits != 0; bits &= bits - 1) {
+        const int64_t e = static_cast<int64_t>(near[k] >> 32) + __builtin_ctz(bits);
+        recode_by_division(x + t0 + e, 1, q.a + ((t0 + e) / g.run) % g.groups, false, p, hi, codes + e);
+      }
+  } else {
+    quantise_spans_avx2(x, t0, t1, g, q, recip, p, hi, codes);
+  }
   if (q.bits != 8) pack_avx2(codes, t1 - t0, q.bits, out + t0 / 8 * q.bits);
 }
 
 // Values of codes[0, len): max-abs (c - p) * step, min-max c * step + lo (Row: per element), the
 // plain loop's operations 8 lanes at a time (stream: non-temporal stores where aligned, Note
-// [streamed outputs]).
-template <bool Row, bool MinMax>
+// [streamed outputs]). With Runs, element j is in group ((t0 + j) / g.run) % g.groups, step and lo
+// being the groups', g.run and t0 multiples of 32 and len one too (Note [runs in one call]).
+template <bool Row, bool MinMax, bool Runs = false>
 TL_AVX2 TL_INLINE void dequantise_span_avx2(const uint8_t* codes, int64_t len, const float* step, const float* lo,
-                                            float p, bool stream, float* out) {
-  const __m256 vp = _mm256_set1_ps(p), s0 = _mm256_set1_ps(step[0]), l0 = _mm256_set1_ps(lo[0]);
+                                            float p, bool stream, float* out, const QuantGeometry* g = nullptr,
+                                            int64_t t0 = 0) {
+  const int64_t s = Runs ? (t0 / g->run) % g->groups : 0;
+  const __m256 vp = _mm256_set1_ps(p);
+  __m256 s0 = _mm256_set1_ps(step[s]), l0 = _mm256_set1_ps(lo[s]);
   auto put = [&](int64_t j, __m128i eight) __attribute__((always_inline, target("avx2"))) {
     const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(eight));
-    const __m256 s = Row ? _mm256_loadu_ps(step + j) : s0;
-    const __m256 v = MinMax ? _mm256_add_ps(_mm256_mul_ps(c, s), Row ? _mm256_loadu_ps(lo + j) : l0)
-                            : _mm256_mul_ps(_mm256_sub_ps(c, vp), s);
+    const __m256 sj = Row ? _mm256_loadu_ps(step + j) : s0;
+    const __m256 v = MinMax ? _mm256_add_ps(_mm256_mul_ps(c, sj), Row ? _mm256_loadu_ps(lo + j) : l0)
+                            : _mm256_mul_ps(_mm256_sub_ps(c, vp), sj);
     if (stream && (reinterpret_cast<uintptr_t>(out + j) & 31) == 0)
       _mm256_stream_ps(out + j, v);
     else
@@ -1401,6 +1432,11 @@ TL_AVX2 TL_INLINE void dequantise_span_avx2(const uint8_t* codes, int64_t len, c
   // (21.6 against 40.7 us for 1 MiB, by where the buffers landed), 32 at once 24.0 against 28.8
   int64_t j = 0;
   for (; j + 32 <= len; j += 32) {
+    if (Runs && (t0 + j) % g->run == 0) {
+      const int64_t r = ((t0 + j) / g->run) % g->groups;
+      s0 = _mm256_set1_ps(step[r]);
+      l0 = _mm256_set1_ps(lo[r]);
+    }
     const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j));
     const __m128i a = _mm256_castsi256_si128(w), b = _mm256_extracti128_si256(w, 1);
     put(j, a);
@@ -1408,6 +1444,7 @@ TL_AVX2 TL_INLINE void dequantise_span_avx2(const uint8_t* codes, int64_t len, c
     put(j + 16, b);
     put(j + 24, _mm_srli_si128(b, 8));
   }
+  if (Runs) return;  // len is a multiple of 32
   for (; j + 8 <= len; j += 8) put(j, _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + j)));
   const int64_t o = Row ? j : 0;
   dequantise_span<Row, MinMax>(codes + j, len - j, step + o, lo + o, p, out + j);
@@ -1419,6 +1456,13 @@ TL_AVX2 void dequantise_tile_avx2(const uint8_t* in, int64_t t0, int64_t t1, con
   const uint8_t* codes = q.bits == 8 ? in + t0 : buf;  // Note [8-bit codes in place]
   if (q.bits != 8) unpack_avx2(in + t0 / 8 * q.bits, t1 - t0, q.bits, buf);
   const float p = static_cast<float>(1 << (q.bits - 1));
+  if (g.run > 1 && g.run % 32 == 0 && (t1 - t0) % 32 == 0) {  // Note [runs in one call]
+    if (q.minmax)
+      dequantise_span_avx2<false, true, true>(codes, t1 - t0, q.step, q.lo, p, stream, out + t0, &g, t0);
+    else
+      dequantise_span_avx2<false, false, true>(codes, t1 - t0, q.step, q.step, p, stream, out + t0, &g, t0);
+    return;
+  }
   for_spans(g, t0, t1, [&](int64_t i, int64_t len, int64_t s, bool row) TL_AVX2 {
     const uint8_t* c = codes + (i - t0);
     const float* lo = q.minmax ? q.lo + s : q.step + s;

@@ -1083,15 +1083,14 @@ TEST(Quant, VectorLoopsMatchThePlainLoops) {
     Threads threads(t);
     for (int64_t bits : {1, 2, 3, 4, 5, 6, 7, 8}) {
       const std::string b = std::to_string(bits);
-      const std::vector<std::string> specs = {"quant(" + b + ")",
-                                              "quant(" + b + ", mode=minmax)",
-                                              "quant(" + b + ", scale=block, block=100)",
-                                              "quant(" + b + ", scale=block, block=7, mode=minmax)",
-                                              "quant(" + b + ", scale=channel)",
-                                              "quant(" + b + ", scale=channel, mode=minmax)",
-                                              "quant(" + b + ", scale=channel, dim=0)",
-                                              "quant(" + b + ", round=stochastic, seed=3)",
-                                              "quant(" + b + ", round=stochastic, mode=minmax, scale=channel, seed=4)"};
+      const std::vector<std::string> specs = {
+          "quant(" + b + ")", "quant(" + b + ", mode=minmax)", "quant(" + b + ", scale=block, block=100)",
+          "quant(" + b + ", scale=block, block=7, mode=minmax)", "quant(" + b + ", scale=channel)",
+          "quant(" + b + ", scale=channel, mode=minmax)", "quant(" + b + ", scale=channel, dim=0)",
+          "quant(" + b + ", round=stochastic, seed=3)",
+          "quant(" + b + ", round=stochastic, mode=minmax, scale=channel, seed=4)",
+          // runs of a multiple of 32: a tile per call (Note [runs in one call])
+          "quant(" + b + ", scale=block, block=64)", "quant(" + b + ", scale=block, block=96, mode=minmax)"};
       for (int64_t n : {int64_t(1), int64_t(15), int64_t(17), int64_t(63), int64_t(65), int64_t(129), int64_t(1030),
                         int64_t(8191), int64_t(8193), int64_t(3 * 8192 + 77)}) {
         const std::string where = std::to_string(n) + " elements, " + std::to_string(t) + " threads";
@@ -1103,7 +1102,7 @@ TEST(Quant, VectorLoopsMatchThePlainLoops) {
       }
       // Near half-integers: the reciprocal's spans coded again by the division.
       const at::Tensor h = near_half_integers(2 * 8192 + 333, bits);
-      for (const std::string& spec : {specs[0], specs[2]}) {
+      for (const std::string& spec : {specs[0], specs[2], specs[9]}) {
         expect_paths_agree(spec, h, "near half-integers");
         expect_loops_agree(spec, h, "near half-integers");
       }
@@ -1144,7 +1143,7 @@ TEST(Quant, VectorLoopsMatchThePlainLoops) {
       // NaN among finite values, several scale groups.
       at::Tensor nan = at::randn({4, 1000});
       nan.view({-1}).index_put_({at::tensor({0, 5, 64, 100, 1999, 3999})}, std::numeric_limits<float>::quiet_NaN());
-      for (const std::string& spec : {specs[2], specs[3], specs[6], specs[8]})
+      for (const std::string& spec : {specs[2], specs[3], specs[6], specs[8], specs[9], specs[10]})
         expect_loops_agree(spec, nan, "NaN among normals, " + std::to_string(t) + " threads");
     }
   }
