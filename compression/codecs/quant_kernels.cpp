@@ -1084,10 +1084,11 @@ TL_AVX512 bool scales_f16_avx512(int64_t s0, int64_t s1, const float* mn, const 
 // here (Zen 3): docs/COMPRESSION.md 3.11, "AVX2 loops".
 //
 // Note [runs in one call]. Scale groups that are runs of a multiple of 32 elements (block scales,
-// hadquant's tiles of 64 or 128, channels along dim 0) are coded and decoded a whole tile per call,
-// the group's scale looked up where a 32-element step starts a run, instead of a call per run: at
-// runs of 64 the calls and their set-up cost about as much as the codes (hadquant(2, tile=64) at 1
-// MiB: the span lambdas 13% of the run against the loops' 19%).
+// hadquant's tiles of 64 or 128, channels along dim 0) are decoded, and coded where max-abs and
+// nearest, a whole tile per call, the group's scale looked up where a 32-element step starts a
+// run, instead of a call per run: at runs of 64 the calls and their set-up cost about as much as
+// the codes (hadquant(2, tile=64) at 1 MiB: the span lambdas 13% of the run against the loops'
+// 19%). Min-max and stochastic codes still go run by run.
 //
 // Only the reciprocal's loop is compiled with FMA (a function of its own, called once a span): GCC
 // contracts a multiply and an add into one (Note [quant by AVX-512]), so the rest, whose min-max
